@@ -1,0 +1,23 @@
+"""SubmitFunction: the HTTP routes that change state (POST /tasks, POST /tasks/{id}/cancel)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from llmtasks import wiring
+from llmtasks.api import build_app, handle
+from llmtasks.observability import logger, tracer
+from llmtasks.service import TaskService
+
+app = build_app(commands=True)
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@tracer.capture_lambda_handler
+def lambda_handler(
+    event: dict[str, Any], context: LambdaContext, service: TaskService | None = None
+) -> dict[str, Any]:
+    return handle(app, event, context, service or wiring.task_service())

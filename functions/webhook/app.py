@@ -1,0 +1,49 @@
+"""WebhookFunction: two event sources, one job.
+
+- TasksTable's stream (filtered to tasks that just became terminal and have a webhook_url):
+  relay each to WebhookQueue. The terminal write itself is the outbox, so a worker that dies
+  right after storing its result still gets its webhook sent.
+- WebhookQueue: sign and POST one event; retries are visibility delays, the last failure goes
+  to WebhookDLQ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from llmtasks import wiring
+from llmtasks.models import WebhookMessage
+from llmtasks.observability import logger, tracer
+from llmtasks.queues import Queue
+from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay, tasks_of_stream_record
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(
+    event: dict[str, Any],
+    context: LambdaContext,
+    relay: WebhookRelay | None = None,
+    delivery: WebhookDelivery | None = None,
+    queue: Queue | None = None,
+) -> PartialItemFailureResponse:
+    if is_stream_event(event):
+        relay = relay or wiring.webhook_relay()
+
+        def relay_one(record: DynamoDBRecord) -> None:
+            relay.relay(*tasks_of_stream_record(record.raw_event))
+
+        return process_stream(event, context, relay_one)
+
+    delivery = delivery or wiring.webhook_delivery()
+
+    async def deliver_one(record: SQSRecord) -> None:
+        await delivery.deliver(WebhookMessage.model_validate_json(record.body), attempt=receive_count(record))
+
+    return process_sqs_concurrently(event, context, deliver_one, queue or wiring.webhook_queue())

@@ -1,0 +1,211 @@
+"""The HTTP API: routes (as Powertools routers), problem+json errors, and the OpenAPI document.
+
+`commands` (writes) is served by SubmitFunction and `queries` (reads) by StatusFunction; the
+template maps each path to one of them. Routes find their `TaskService` in the resolver's
+context, put there by the handler, so tests hand in one built on moto.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.types import (
+    OpenAPIResponse,
+    OpenAPIResponseContentModel,
+    OpenAPIResponseContentSchema,
+)
+from pydantic import BaseModel
+
+from llmtasks import __version__
+from llmtasks.errors import ApiError
+from llmtasks.models import (
+    Health,
+    Problem,
+    SubmitTaskRequest,
+    Task,
+    TaskAccepted,
+    TaskView,
+    WebhookSecret,
+)
+from llmtasks.observability import logger
+from llmtasks.service import TaskService
+
+PROBLEM_JSON = "application/problem+json"
+PROBLEM_BASE = "https://llmtasks.dev/problems/"
+# How long a client should wait between polls of a task that is not terminal yet.
+RETRY_AFTER_S = 2
+MAX_WAIT_S = 25
+WAIT_POLL_S = 0.5
+
+_PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
+    PROBLEM_JSON: {"model": Problem}
+}
+_NOT_FOUND: dict[int, OpenAPIResponse] = {
+    404: {"description": "Unknown, expired or another tenant's task", "content": _PROBLEM_CONTENT},
+}
+_CONFLICT: dict[int, OpenAPIResponse] = {
+    409: {"description": "Already terminal", "content": _PROBLEM_CONTENT}
+}
+
+
+def _service(app: APIGatewayHttpResolver) -> TaskService:
+    service: TaskService = app.context["service"]
+    return service
+
+
+def tenant_of(app: APIGatewayHttpResolver) -> str:
+    """The tenant the caller's key maps to (the authorizer's context), else the default tenant."""
+    authorizer = app.current_event.request_context.authorizer
+    lambda_context = authorizer.get_lambda if authorizer else None
+    tenant = (lambda_context or {}).get("tenant_id")
+    return str(tenant) if tenant else _service(app).default_tenant
+
+
+def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response(
+        status_code=status,
+        content_type="application/json",
+        body=model.model_dump_json(),
+        headers=headers or {},
+    )
+
+
+def _status_reply(task: Task) -> Response[TaskView]:
+    headers = {} if task.status.is_terminal else {"Retry-After": str(RETRY_AFTER_S)}
+    return _json(TaskView.of(task), 200, headers)
+
+
+def add_commands(app: APIGatewayHttpResolver) -> None:
+    """Routes that change state (SubmitFunction)."""
+
+    @app.post(
+        "/tasks",
+        status_code=202,
+        summary="Submit a task",
+        responses={
+            202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}}
+        },
+    )
+    def submit_task(body: SubmitTaskRequest) -> Response[TaskAccepted]:
+        task = _service(app).submit(tenant_of(app), body)
+        return _json(
+            TaskAccepted.of(task),
+            202,
+            {"Location": f"/tasks/{task.task_id}", "Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    @app.post(
+        "/tasks/<task_id>/cancel",
+        summary="Cancel a pending or processing task",
+        responses={**_NOT_FOUND, **_CONFLICT},
+    )
+    def cancel_task(task_id: str) -> Response[TaskView]:
+        return _status_reply(_service(app).cancel(tenant_of(app), task_id))
+
+
+def add_queries(app: APIGatewayHttpResolver) -> None:
+    """Routes that only read (StatusFunction)."""
+
+    @app.get(
+        "/tasks/<task_id>", summary="A task's status and, once completed, its result", responses=_NOT_FOUND
+    )
+    def get_task(
+        task_id: str,
+        wait: Annotated[
+            int, Query(ge=0, le=MAX_WAIT_S, description="Hold the reply up to N s until the task is terminal")
+        ] = 0,
+    ) -> Response[TaskView]:
+        service, tenant = _service(app), tenant_of(app)
+        task = service.get(tenant, task_id)
+        give_up = time.monotonic() + wait
+        while not task.status.is_terminal and time.monotonic() < give_up:
+            time.sleep(min(WAIT_POLL_S, max(0.0, give_up - time.monotonic())))
+            task = service.get(tenant, task_id)
+        return _status_reply(task)
+
+    @app.get("/webhooks/secret", summary="The tenant's webhook signing secret (Standard Webhooks)")
+    def get_webhook_secret() -> WebhookSecret:
+        return WebhookSecret(key=_service(app).webhook_secret(tenant_of(app)))
+
+    @app.get("/health", summary="Liveness")
+    def health() -> Health:
+        return Health(version=__version__)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def problem(
+    status: int, title: str, detail: str, *, slug: str, errors: list[dict[str, Any]] | None = None
+) -> Response[Any]:
+    body = Problem(type=PROBLEM_BASE + slug, title=title, status=status, detail=detail, errors=errors)
+    return Response(
+        status_code=status, content_type=PROBLEM_JSON, body=body.model_dump_json(exclude_none=True)
+    )
+
+
+def _field(loc: Any) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def _on_api_error(exc: ApiError) -> Response[Any]:
+    field = getattr(exc, "field", None)
+    errors = [{"field": field, "message": exc.detail}] if field else None
+    return problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
+
+
+def _on_validation_error(exc: RequestValidationError) -> Response[Any]:
+    raw = exc.errors()
+    if any(err.get("type") == "json_invalid" for err in raw):
+        return problem(400, "Malformed JSON", "The request body is not valid JSON.", slug="malformed-json")
+    errors = [{"field": _field(err.get("loc", ())), "message": str(err.get("msg", "invalid"))} for err in raw]
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return problem(422, "Invalid request", detail, slug="validation", errors=errors)
+
+
+def _on_not_found(_: NotFoundError) -> Response[Any]:
+    return problem(404, "Not found", "No such route.", slug="not-found")
+
+
+def _on_unexpected(exc: Exception) -> Response[Any]:
+    logger.exception("unhandled error", error_type=type(exc).__name__)
+    return problem(500, "Internal error", "Something went wrong on our side.", slug="internal")
+
+
+def build_app(*, commands: bool = False, queries: bool = False, docs: bool = False) -> APIGatewayHttpResolver:
+    """A resolver with the chosen routes; `docs` adds /docs and /openapi.json describing all of them."""
+    app = APIGatewayHttpResolver(enable_validation=True)
+    if commands or docs:
+        add_commands(app)
+    if queries or docs:
+        add_queries(app)
+    app.exception_handler(ApiError)(_on_api_error)
+    app.exception_handler(RequestValidationError)(_on_validation_error)
+    app.not_found(_on_not_found)
+    app.exception_handler(Exception)(_on_unexpected)
+    if docs:
+        description = "Long LLM calls, asynchronously: submit, then poll or receive a signed webhook."
+        app.enable_swagger(path="/docs", title="llmtasks", version=__version__, description=description)
+
+        @app.get("/openapi.json", include_in_schema=False)
+        def openapi_json() -> Response[str]:
+            schema = app.get_openapi_json_schema(
+                title="llmtasks", version=__version__, description=description
+            )
+            return Response(status_code=200, content_type="application/json", body=schema)
+
+    return app
+
+
+def handle(
+    app: APIGatewayHttpResolver, event: dict[str, Any], context: Any, service: TaskService
+) -> dict[str, Any]:
+    """One HTTP invocation: the routes read `service` from the resolver's context."""
+    app.append_context(service=service)  # type: ignore[no-untyped-call]
+    return app.resolve(event, context)

@@ -1,0 +1,68 @@
+"""Domain errors. The API maps each `ApiError` to one problem+json reply (api.py); the worker
+reads `LLMError.transient` to decide between a retry and a failure."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    status: int = 500
+    title: str = "Internal error"
+    slug: str = "internal"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class TaskNotFound(ApiError):
+    status, title, slug = 404, "Task not found", "not-found"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"No task '{task_id}' (unknown, expired, or not yours).")
+
+
+class TaskConflict(ApiError):
+    status, title, slug = 409, "Conflict", "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    status, title, slug = 413, "Payload too large", "payload-too-large"
+
+
+class InvalidInput(ApiError):
+    status, title, slug = 422, "Invalid input", "invalid-input"
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
+class ServiceUnavailable(ApiError):
+    status, title, slug = 503, "Service unavailable", "unavailable"
+
+
+class StaleWrite(Exception):
+    """A conditional write lost: the task moved on (cancelled, completed, or claimed by another)."""
+
+
+class LLMError(Exception):
+    """A provider call that did not produce a completion.
+
+    `transient` errors (429, 408, 409, 5xx, timeouts, connection errors) are retried; the rest fail
+    the task at once with `code` and a readable message.
+    """
+
+    def __init__(self, message: str, *, code: str, transient: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.transient = transient
+        self.retry_after = retry_after
+
+
+class RetryLater(Exception):
+    """This queue message must come back after `delay_s`: the record is reported as a batch-item
+    failure with its visibility pushed out, so the function never sleeps through a backoff."""
+
+    def __init__(self, delay_s: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s

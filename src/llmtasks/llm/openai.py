@@ -1,0 +1,132 @@
+"""Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp, the mock)."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from llmtasks.errors import LLMError
+from llmtasks.models import Completion, LLMRequest, Usage
+from llmtasks.settings import Settings
+
+# 408 and 409 are the provider's own transient conflicts; 429 is a rate limit.
+_TRANSIENT_STATUS = frozenset({408, 409, 429})
+
+
+def api_key_from_settings(settings: Settings) -> str | None:
+    if settings.llm_api_key is not None:
+        return settings.llm_api_key.get_secret_value()
+    if settings.llm_api_key_secret_arn:
+        # Powertools caches the value for 5 minutes, so a warm function does not call
+        # Secrets Manager per task; imported here so the local stack never needs it.
+        from aws_lambda_powertools.utilities.parameters import get_secret
+
+        return str(get_secret(settings.llm_api_key_secret_arn))
+    return None
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a Retry-After header: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - (now or datetime.now(tz=UTC))).total_seconds())
+
+
+class _Message(BaseModel):
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+
+
+class _ChatReply(BaseModel):
+    model: str | None = None
+    choices: list[_Choice]
+    usage: Usage | None = None
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body: Any = response.json()
+        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+    except ValueError:
+        message = None
+    return str(message or response.reason_phrase or "error")[:500]
+
+
+class OpenAIChat:
+    def __init__(self, *, base_url: str, api_key: str | None, default_model: str) -> None:
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._default_model = default_model
+        # One AsyncClient per event loop, kept across invocations: in Lambda the loop (and so the
+        # client's connection pool) lives as long as the sandbox; the local stack runs one loop
+        # per concurrent sandbox thread.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            client = httpx.AsyncClient(
+                headers=self._headers, limits=httpx.Limits(max_connections=100), follow_redirects=False
+            )
+            self._clients[loop] = client
+        return client
+
+    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+        body: dict[str, Any] = {
+            "model": request.model or self._default_model,
+            "messages": request.chat_messages(),
+        }
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        try:
+            response = await self._client().post(self._url, json=body, timeout=timeout_s)
+        except httpx.TimeoutException as exc:
+            raise LLMError(
+                f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
+            ) from exc
+        except httpx.TransportError as exc:
+            raise LLMError(
+                f"The LLM could not be reached ({type(exc).__name__}).",
+                code="llm_unreachable",
+                transient=True,
+            ) from exc
+        if response.status_code >= 400:
+            status = response.status_code
+            raise LLMError(
+                f"The LLM answered {status}: {_error_message(response)}",
+                code="llm_rate_limited" if status == 429 else f"llm_http_{status}",
+                transient=status in _TRANSIENT_STATUS or status >= 500,
+                retry_after=parse_retry_after(response.headers.get("retry-after")),
+            )
+        try:
+            reply = _ChatReply.model_validate_json(response.content)
+            text = reply.choices[0].message.content if reply.choices else None
+        except ValidationError as exc:
+            raise LLMError(
+                "The LLM's reply is not a chat completion.", code="llm_invalid_reply", transient=False
+            ) from exc
+        if text is None:
+            raise LLMError("The LLM's reply has no text.", code="llm_invalid_reply", transient=False)
+        return Completion(text=text, model=reply.model or body["model"], usage=reply.usage or Usage())

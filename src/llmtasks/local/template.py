@@ -1,0 +1,319 @@
+"""Reads template.yaml the way SAM and CloudFormation do, for the local stack.
+
+Nothing here keeps a second list of resources: tables, queues, functions, routes and event
+sources all come from the template, with Globals merged and intrinsic functions resolved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PSEUDO_PARAMETERS = {
+    "AWS::Region": "us-east-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::StackName": "llmtasks-local",
+    "AWS::Partition": "aws",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+NO_VALUE = object()
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short forms (!Ref, !GetAtt, !Sub, ...)."""
+
+
+def _short_form(loader: yaml.SafeLoader, tag_suffix: str, node: yaml.Node) -> dict[str, Any]:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if tag_suffix == "Ref":
+        return {"Ref": value}
+    if tag_suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{tag_suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _short_form)
+
+
+class TemplateError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class HttpRoute:
+    function_id: str
+    method: str  # upper case, or ANY
+    path: str  # /tasks/{task_id}; {proxy+} is greedy
+
+    @property
+    def route_key(self) -> str:
+        return f"{self.method} {self.path}"
+
+    def match(self, method: str, path: str) -> dict[str, str] | None:
+        """The path parameters when this route serves the request, else None."""
+        if self.method not in ("ANY", method.upper()):
+            return None
+        pattern = "^"
+        for part in re.split(r"(\{[^}]+\})", self.path):
+            if part.startswith("{") and part.endswith("+}"):
+                pattern += f"(?P<{part[1:-2]}>.+)"
+            elif part.startswith("{"):
+                pattern += f"(?P<{part[1:-1]}>[^/]+)"
+            else:
+                pattern += re.escape(part)
+        found = re.match(pattern + "$", path)
+        return found.groupdict() if found else None
+
+
+@dataclass(frozen=True)
+class SqsSource:
+    function_id: str
+    name: str
+    queue_arn: str
+    batch_size: int = 10
+    batching_window_s: float = 0
+    report_batch_item_failures: bool = False
+    maximum_concurrency: int | None = None
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    function_id: str
+    name: str
+    stream_arn: str
+    starting_position: str = "LATEST"
+    batch_size: int = 100
+    batching_window_s: float = 0
+    maximum_retry_attempts: int = -1
+    bisect_on_error: bool = False
+    report_batch_item_failures: bool = False
+    filter_patterns: tuple[str, ...] = ()
+    on_failure_arn: str | None = None
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    logical_id: str
+    code_dir: Path
+    handler: str  # module.function, relative to code_dir
+    timeout_s: int
+    memory_mb: int
+    environment: dict[str, str]
+    routes: tuple[HttpRoute, ...] = ()
+    sqs_sources: tuple[SqsSource, ...] = ()
+    stream_sources: tuple[StreamSource, ...] = ()
+
+    @property
+    def handler_file(self) -> Path:
+        module = self.handler.rsplit(".", 1)[0]
+        return self.code_dir / (module.replace(".", "/") + ".py")
+
+
+@dataclass
+class Template:
+    path: Path
+    body: dict[str, Any]
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | str, parameter_overrides: Mapping[str, str] | None = None) -> Template:
+        path = Path(path)
+        body = yaml.load(path.read_text(), Loader=_CfnLoader)  # noqa: S506 - SafeLoader subclass
+        declared = body.get("Parameters") or {}
+        unknown = set(parameter_overrides or {}) - set(declared)
+        if unknown:
+            raise TemplateError(f"unknown parameters: {', '.join(sorted(unknown))}")
+        parameters = {name: str(spec.get("Default", "")) for name, spec in declared.items()}
+        parameters.update({k: str(v) for k, v in (parameter_overrides or {}).items()})
+        return cls(path=path, body=body, parameters=parameters)
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def resources(self, resource_type: str) -> dict[str, dict[str, Any]]:
+        return {
+            logical_id: resource.get("Properties") or {}
+            for logical_id, resource in (self.body.get("Resources") or {}).items()
+            if resource.get("Type") == resource_type
+        }
+
+    def resource_type(self, logical_id: str) -> str | None:
+        resource = (self.body.get("Resources") or {}).get(logical_id)
+        return resource.get("Type") if resource else None
+
+    # --- intrinsic functions -----------------------------------------------------------------
+
+    def resolve(self, value: Any, refs: Mapping[str, str], attributes: Mapping[tuple[str, str], str]) -> Any:
+        """`value` with Ref, Fn::GetAtt, Fn::Sub, Fn::Join, Fn::If, ... replaced.
+
+        `refs` maps a logical id to what Ref returns, `attributes` (id, attribute) to GetAtt.
+        """
+
+        def ref(name: str) -> str:
+            if name in self.parameters:
+                return self.parameters[name]
+            if name in PSEUDO_PARAMETERS:
+                return PSEUDO_PARAMETERS[name]
+            if name in refs:
+                return refs[name]
+            raise TemplateError(f"Ref to '{name}', which the local stack does not know")
+
+        def get_att(target: list[str]) -> str:
+            key = (target[0], target[1])
+            if key not in attributes:
+                raise TemplateError(f"GetAtt {target[0]}.{target[1]} is not emulated")
+            return attributes[key]
+
+        def sub(template: str, extra: Mapping[str, Any]) -> str:
+            def one(found: re.Match[str]) -> str:
+                name = found.group(1)
+                if name in extra:
+                    return str(extra[name])
+                if "." in name and not name.startswith("AWS::"):
+                    return get_att(name.split(".", 1))
+                return ref(name)
+
+            return re.sub(r"\$\{([^!}][^}]*)\}", one, template)
+
+        def walk(node: Any) -> Any:
+            if isinstance(node, list):
+                return [item for item in (walk(n) for n in node) if item is not NO_VALUE]
+            if not isinstance(node, dict):
+                return node
+            if len(node) == 1:
+                (key, arg), = node.items()
+                if key == "Ref":
+                    return NO_VALUE if arg == "AWS::NoValue" else ref(arg)
+                if key == "Fn::GetAtt":
+                    return get_att(arg if isinstance(arg, list) else arg.split(".", 1))
+                if key == "Fn::Sub":
+                    if isinstance(arg, list):
+                        return sub(arg[0], {k: walk(v) for k, v in arg[1].items()})
+                    return sub(arg, {})
+                if key == "Fn::Join":
+                    return str(arg[0]).join(str(walk(part)) for part in walk(arg[1]))
+                if key == "Fn::Select":
+                    return walk(arg[1])[int(walk(arg[0]))]
+                if key == "Fn::If":
+                    return walk(arg[1] if self.condition(arg[0], walk) else arg[2])
+                if key in ("Fn::Equals", "Fn::Not", "Fn::And", "Fn::Or", "Condition"):
+                    return self._evaluate(node, walk)
+            return {k: v for k, v in ((k, walk(v)) for k, v in node.items()) if v is not NO_VALUE}
+
+        return walk(value)
+
+    def condition(self, name: str, walk: Any) -> bool:
+        conditions = self.body.get("Conditions") or {}
+        if name not in conditions:
+            raise TemplateError(f"unknown condition '{name}'")
+        return bool(self._evaluate(conditions[name], walk))
+
+    def _evaluate(self, node: Any, walk: Any) -> bool:
+        (key, arg), = node.items()
+        if key == "Fn::Equals":
+            return bool(walk(arg[0]) == walk(arg[1]))
+        if key == "Fn::Not":
+            return not self._evaluate(arg[0], walk)
+        if key == "Fn::And":
+            return all(self._evaluate(a, walk) for a in arg)
+        if key == "Fn::Or":
+            return any(self._evaluate(a, walk) for a in arg)
+        if key == "Condition":
+            return self.condition(arg, walk)
+        raise TemplateError(f"unsupported condition function {key}")
+
+    # --- functions ----------------------------------------------------------------------------
+
+    def functions(
+        self, refs: Mapping[str, str], attributes: Mapping[tuple[str, str], str]
+    ) -> dict[str, FunctionSpec]:
+        """Every AWS::Serverless::Function with Globals merged and intrinsics resolved."""
+        defaults = (self.body.get("Globals") or {}).get("Function") or {}
+        specs = {}
+        for logical_id, own in self.resources("AWS::Serverless::Function").items():
+            merged = {**defaults, **own}
+            variables = {
+                **((defaults.get("Environment") or {}).get("Variables") or {}),
+                **((own.get("Environment") or {}).get("Variables") or {}),
+            }
+            resolved = self.resolve(
+                {**merged, "Environment": {"Variables": variables}}, refs, attributes
+            )
+            events = resolved.get("Events") or {}
+            specs[logical_id] = FunctionSpec(
+                logical_id=logical_id,
+                code_dir=(self.root / str(resolved.get("CodeUri", "."))).resolve(),
+                handler=str(resolved["Handler"]),
+                timeout_s=int(resolved.get("Timeout", 3)),
+                memory_mb=int(resolved.get("MemorySize", 128)),
+                environment={k: str(v) for k, v in resolved["Environment"]["Variables"].items()},
+                routes=tuple(
+                    HttpRoute(logical_id, str(e["Properties"].get("Method", "ANY")).upper(), e["Properties"]["Path"])
+                    for e in events.values()
+                    if e.get("Type") == "HttpApi"
+                ),
+                sqs_sources=tuple(
+                    _sqs_source(logical_id, name, e["Properties"])
+                    for name, e in events.items()
+                    if e.get("Type") == "SQS"
+                ),
+                stream_sources=tuple(
+                    _stream_source(logical_id, name, e["Properties"])
+                    for name, e in events.items()
+                    if e.get("Type") == "DynamoDB"
+                ),
+            )
+        return specs
+
+
+def _report_failures(props: Mapping[str, Any]) -> bool:
+    return "ReportBatchItemFailures" in (props.get("FunctionResponseTypes") or [])
+
+
+def _sqs_source(function_id: str, name: str, props: Mapping[str, Any]) -> SqsSource:
+    concurrency = (props.get("ScalingConfig") or {}).get("MaximumConcurrency")
+    return SqsSource(
+        function_id=function_id,
+        name=name,
+        queue_arn=str(props["Queue"]),
+        batch_size=int(props.get("BatchSize", 10)),
+        batching_window_s=float(props.get("MaximumBatchingWindowInSeconds", 0)),
+        report_batch_item_failures=_report_failures(props),
+        maximum_concurrency=int(concurrency) if concurrency is not None else None,
+        enabled=bool(props.get("Enabled", True)),
+    )
+
+
+def _stream_source(function_id: str, name: str, props: Mapping[str, Any]) -> StreamSource:
+    filters = (props.get("FilterCriteria") or {}).get("Filters") or []
+    on_failure = ((props.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+    return StreamSource(
+        function_id=function_id,
+        name=name,
+        stream_arn=str(props["Stream"]),
+        starting_position=str(props.get("StartingPosition", "LATEST")),
+        batch_size=int(props.get("BatchSize", 100)),
+        batching_window_s=float(props.get("MaximumBatchingWindowInSeconds", 0)),
+        maximum_retry_attempts=int(props.get("MaximumRetryAttempts", -1)),
+        bisect_on_error=bool(props.get("BisectBatchOnFunctionError", False)),
+        report_batch_item_failures=_report_failures(props),
+        filter_patterns=tuple(
+            f["Pattern"] if isinstance(f["Pattern"], str) else json.dumps(f["Pattern"]) for f in filters
+        ),
+        on_failure_arn=str(on_failure) if on_failure else None,
+        enabled=bool(props.get("Enabled", True)),
+    )

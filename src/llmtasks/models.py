@@ -1,0 +1,271 @@
+"""Typed models at every edge: HTTP bodies, the stored task, SQS bodies, webhook payloads.
+
+The OpenAPI document is generated from these, so a field added here shows up in `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+class WebhookStatus(StrEnum):
+    PENDING = "pending"  # the task is not terminal yet, or the event is queued
+    RETRYING = "retrying"  # at least one attempt failed, more are scheduled
+    DELIVERED = "delivered"
+    FAILED = "failed"  # attempts exhausted (or 410): the event is in the webhook DLQ
+
+
+Priority = Literal["normal", "high"]
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class LLMRequest(_Strict):
+    """What the provider is asked: exactly one of `prompt` or `messages`, plus optional parameters."""
+
+    prompt: str | None = Field(default=None, description="A single user prompt.")
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="A chat history.")
+    model: str | None = Field(default=None, max_length=200, description="The provider's model id.")
+    system: str | None = Field(default=None, description="A system prompt placed before the conversation.")
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> LLMRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        chat = [{"role": "system", "content": self.system}] if self.system else []
+        if self.prompt is not None:
+            chat.append({"role": "user", "content": self.prompt})
+        chat.extend(m.model_dump() for m in self.messages or [])
+        return chat
+
+    def text_bytes(self) -> int:
+        """The size that the prompt cap applies to: every piece of text sent to the model."""
+        texts = [self.prompt or "", self.system or "", *(m.content for m in self.messages or [])]
+        return sum(len(text.encode()) for text in texts)
+
+
+class SubmitTaskRequest(LLMRequest):
+    """`POST /tasks`."""
+
+    webhook_url: str | None = Field(
+        default=None, max_length=2048, description="https URL that receives the terminal event, signed."
+    )
+    max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
+    )
+    priority: Priority = "normal"
+    metadata: dict[str, Any] | None = Field(default=None, description="Up to 2 KiB, echoed back.")
+
+    def llm_request(self) -> LLMRequest:
+        return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Task(BaseModel):
+    """The stored task: one TasksTable item. Times are epoch seconds (expires_at is the TTL attribute)."""
+
+    task_id: str
+    tenant_id: str
+    status: TaskStatus
+    request: LLMRequest
+    webhook_url: str | None = None
+    max_retries: int = 3
+    timeout_s: float | None = None
+    priority: Priority = "normal"
+    metadata: dict[str, Any] | None = None
+    batch_id: str | None = None
+    created_at: float
+    expires_at: int
+    started_at: float | None = None
+    completed_at: float | None = None
+    attempts: int = 0
+    lease_id: str | None = None
+    lease_until: float | None = None
+    next_attempt_at: float | None = None
+    result: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    # The error of the latest failed attempt while retries remain (`error` is set only on failure).
+    last_error: str | None = None
+    last_error_code: str | None = None
+    usage: Usage | None = None
+    model: str | None = None
+    webhook_status: WebhookStatus | None = None
+    webhook_attempts: int = 0
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout_s is None else self.created_at + self.timeout_s
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+
+class WebhookView(BaseModel):
+    status: WebhookStatus
+    attempts: int
+
+
+class TaskView(BaseModel):
+    """The public status object: `GET /tasks/{id}` and the webhook's `data`."""
+
+    task_id: str
+    status: TaskStatus
+    result: str | None = Field(default=None, description="The model's text, once completed.")
+    error: str | None = None
+    error_code: str | None = None
+    attempts: int
+    model: str | None = None
+    usage: Usage | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    expires_at: datetime
+    next_attempt_at: datetime | None = Field(default=None, description="When a retry is due, while pending.")
+    metadata: dict[str, Any] | None = None
+    batch_id: str | None = None
+    webhook: WebhookView | None = None
+
+    @classmethod
+    def of(cls, task: Task) -> TaskView:
+        return cls(
+            task_id=task.task_id,
+            status=task.status,
+            result=task.result,
+            error=task.error,
+            error_code=task.error_code,
+            attempts=task.attempts,
+            model=task.model,
+            usage=task.usage,
+            created_at=datetime.fromtimestamp(task.created_at, tz=UTC),
+            started_at=_utc(task.started_at),
+            completed_at=_utc(task.completed_at),
+            expires_at=datetime.fromtimestamp(task.expires_at, tz=UTC),
+            next_attempt_at=_utc(task.next_attempt_at) if task.status is TaskStatus.PENDING else None,
+            metadata=task.metadata,
+            batch_id=task.batch_id,
+            webhook=(
+                WebhookView(status=task.webhook_status, attempts=task.webhook_attempts)
+                if task.webhook_status
+                else None
+            ),
+        )
+
+
+class TaskAccepted(BaseModel):
+    """The `202` reply to `POST /tasks`."""
+
+    task_id: str
+    status: TaskStatus
+    created_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, task: Task) -> TaskAccepted:
+        return cls(
+            task_id=task.task_id,
+            status=task.status,
+            created_at=datetime.fromtimestamp(task.created_at, tz=UTC),
+            expires_at=datetime.fromtimestamp(task.expires_at, tz=UTC),
+        )
+
+
+class WebhookSecret(BaseModel):
+    key: Annotated[str, Field(description="The tenant's Standard Webhooks secret, whsec_...")]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    version: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, Any]] | None = Field(default=None, description="Per-field validation errors.")
+
+
+# --- queue bodies ---------------------------------------------------------------------------
+
+
+class TaskMessage(BaseModel):
+    """TaskQueue body: the task lives in the table; the message only points at it."""
+
+    task_id: str
+
+
+EventType = Literal["task.completed", "task.failed", "task.cancelled"]
+
+
+class WebhookMessage(BaseModel):
+    """WebhookQueue body: one event to deliver. `webhook_id` stays the same across every retry."""
+
+    webhook_id: str
+    task_id: str
+    event_type: EventType
+
+
+class WebhookEvent(BaseModel):
+    """The body POSTed to a webhook receiver."""
+
+    type: EventType
+    timestamp: datetime
+    data: TaskView
+
+    @field_serializer("timestamp")
+    def _iso(self, value: datetime) -> str:
+        return value.isoformat().replace("+00:00", "Z")
+
+
+# --- the LLM ------------------------------------------------------------------------------
+
+
+class Completion(BaseModel):
+    text: str
+    model: str
+    usage: Usage

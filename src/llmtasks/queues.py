@@ -1,0 +1,40 @@
+"""The SQS adapter: send a typed body, or push an in-flight message's next delivery later."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import boto3
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+# SQS limits: DelaySeconds <= 15 min, a message's visibility timeout <= 12 h.
+MAX_DELAY_S = 900
+MAX_VISIBILITY_S = 12 * 3600
+
+
+class Queue:
+    def __init__(self, queue_url: str, client: SQSClient | None = None) -> None:
+        self.url = queue_url
+        self._client: SQSClient = client or boto3.client("sqs")
+
+    def send(self, body: BaseModel, *, delay_s: float = 0) -> str:
+        reply = self._client.send_message(
+            QueueUrl=self.url,
+            MessageBody=body.model_dump_json(),
+            DelaySeconds=min(MAX_DELAY_S, max(0, round(delay_s))),
+        )
+        return reply["MessageId"]
+
+    def retry_later(self, receipt_handle: str, delay_s: float) -> None:
+        """The message comes back after `delay_s` instead of the queue's visibility timeout.
+
+        Used with a reported batch-item failure: the function does not sleep through a backoff.
+        """
+        self._client.change_message_visibility(
+            QueueUrl=self.url,
+            ReceiptHandle=receipt_handle,
+            VisibilityTimeout=min(MAX_VISIBILITY_S, max(0, round(delay_s))),
+        )

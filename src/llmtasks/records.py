@@ -1,0 +1,62 @@
+"""Event-source batches with partial failures (Powertools BatchProcessor).
+
+SQS records of one batch run concurrently on one event loop: ten 60 s LLM calls take about
+60 s. A record that raises is reported in `batchItemFailures`, so only it returns to the queue;
+`RetryLater` first pushes that message's visibility out to the wanted delay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aws_lambda_powertools.utilities.batch import (
+    AsyncBatchProcessor,
+    BatchProcessor,
+    EventType,
+    async_process_partial_response,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from llmtasks.errors import RetryLater
+from llmtasks.queues import Queue
+
+
+def receive_count(record: SQSRecord) -> int:
+    return int(record.attributes.approximate_receive_count or 1)
+
+
+def process_sqs_concurrently(
+    event: dict[str, Any],
+    context: LambdaContext,
+    handle: Callable[[SQSRecord], Awaitable[None]],
+    queue: Queue,
+) -> PartialItemFailureResponse:
+    async def record_handler(record: SQSRecord) -> None:
+        try:
+            await handle(record)
+        except RetryLater as later:
+            queue.retry_later(record.receipt_handle, later.delay_s)
+            raise
+
+    # A processor per invocation: it holds the batch's state, and the local stack may run several
+    # invocations of one function at once. A batch whose records all failed is still a partial
+    # response, not an exception, so the delays set above stand.
+    processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+    return async_process_partial_response(event, record_handler, processor, context)
+
+
+def process_stream(
+    event: dict[str, Any], context: LambdaContext, handle: Callable[[DynamoDBRecord], None]
+) -> PartialItemFailureResponse:
+    processor = BatchProcessor(event_type=EventType.DynamoDBStreams, raise_on_entire_batch_failure=False)
+    return process_partial_response(event, handle, processor, context)
+
+
+def is_stream_event(event: dict[str, Any]) -> bool:
+    records = event.get("Records") or [{}]
+    return bool(records[0].get("eventSource") == "aws:dynamodb")

@@ -1,0 +1,247 @@
+"""The task lifecycle: submit, read, cancel, and run one task in the worker.
+
+Everything here talks to the table and the queues through their adapters, never to boto3, and
+takes its clock and ids from the constructor so tests can pin them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable
+
+from llmtasks.errors import (
+    InvalidInput,
+    LLMError,
+    PayloadTooLarge,
+    RetryLater,
+    ServiceUnavailable,
+    StaleWrite,
+    TaskNotFound,
+)
+from llmtasks.llm import LLMProvider
+from llmtasks.models import SubmitTaskRequest, Task, TaskMessage, TaskStatus, WebhookStatus
+from llmtasks.observability import logger
+from llmtasks.queues import Queue
+from llmtasks.settings import Settings
+from llmtasks.store import ClaimRefused, TaskStore
+from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, system_resolver
+
+Clock = Callable[[], float]
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+class TaskService:
+    """What the HTTP API does: submit, read and cancel tasks for one tenant at a time."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: TaskStore,
+        task_queue: Queue,
+        *,
+        clock: Clock = time.time,
+        resolve: Resolver = system_resolver,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._queue = task_queue
+        self._clock = clock
+        self._resolve = resolve
+
+    @property
+    def default_tenant(self) -> str:
+        return self._settings.default_tenant
+
+    def submit(self, tenant_id: str, body: SubmitTaskRequest) -> Task:
+        self._check_limits(body)
+        now = self._clock()
+        task = Task(
+            task_id=new_task_id(),
+            tenant_id=tenant_id,
+            status=TaskStatus.PENDING,
+            request=body.llm_request(),
+            webhook_url=body.webhook_url,
+            webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
+            max_retries=body.max_retries,
+            timeout_s=body.timeout_s,
+            priority=body.priority,
+            metadata=body.metadata,
+            created_at=now,
+            expires_at=int(now + self._settings.task_ttl_seconds),
+        )
+        self._store.create(task)
+        try:
+            self._queue.send(TaskMessage(task_id=task.task_id))
+        except Exception as exc:
+            # Without its message the task would wait forever: take it back and tell the client.
+            self._store.delete(task.task_id)
+            logger.exception("enqueue failed", task_id=task.task_id)
+            raise ServiceUnavailable("The task could not be queued; nothing was stored. Retry.") from exc
+        logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id)
+        return task
+
+    def _check_limits(self, body: SubmitTaskRequest) -> None:
+        size = body.text_bytes()
+        if size > self._settings.max_prompt_bytes:
+            raise PayloadTooLarge(
+                f"The prompt is {size} bytes; the limit is {self._settings.max_prompt_bytes} bytes."
+            )
+        if body.metadata is not None:
+            meta_size = len(json.dumps(body.metadata, separators=(",", ":")).encode())
+            if meta_size > self._settings.max_metadata_bytes:
+                raise InvalidInput(
+                    f"metadata is {meta_size} bytes; the limit is {self._settings.max_metadata_bytes}.",
+                    field="metadata",
+                )
+        if body.webhook_url is not None:
+            check_webhook_url(
+                body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
+            )
+
+    def get(self, tenant_id: str, task_id: str) -> Task:
+        task = self._store.get(task_id, now=self._clock())
+        if task is None or task.tenant_id != tenant_id:
+            raise TaskNotFound(task_id)
+        return task
+
+    def cancel(self, tenant_id: str, task_id: str) -> Task:
+        task = self._store.cancel(task_id, tenant_id=tenant_id, now=self._clock())
+        logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
+        return task
+
+    def webhook_secret(self, tenant_id: str) -> str:
+        return self._store.webhook_secret(tenant_id, new_secret=new_webhook_secret())
+
+
+class TaskRunner:
+    """What the worker does with one TaskQueue message: claim, call the LLM, record the outcome."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: TaskStore,
+        task_queue: Queue,
+        llm: LLMProvider,
+        *,
+        clock: Clock = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._queue = task_queue
+        self._llm = llm
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+
+    async def run(self, task_id: str, *, remaining_s: float) -> None:
+        """Raises RetryLater when another delivery holds a live lease on this task."""
+        now = self._clock()
+        lease_id = uuid.uuid4().hex
+        try:
+            # The lease outlives this invocation, so no other delivery takes the task while we may
+            # still write; after a crash or timeout the next delivery takes over once it lapses.
+            task = self._store.claim(
+                task_id,
+                lease_id=lease_id,
+                lease_until=now + remaining_s + self._settings.lease_margin_s,
+                now=now,
+            )
+        except ClaimRefused as refused:
+            current = refused.current
+            if current is None or current.status.is_terminal:
+                logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
+                return
+            wait = (current.lease_until or now) - now + 1
+            logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
+            raise RetryLater(wait, "lease held by another delivery") from refused
+        logger.info("claimed", task_id=task_id, attempt=task.attempts)
+
+        deadline = task.deadline
+        if deadline is not None and now >= deadline:
+            self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
+            return
+        # Leave time to write the outcome before the function's own timeout.
+        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - 10))
+        if deadline is not None:
+            timeout = min(timeout, deadline - now)
+        try:
+            completion = await self._llm.complete(task.request, timeout_s=timeout)
+        except LLMError as error:
+            self._after_llm_error(task, lease_id, error)
+            return
+        try:
+            self._store.complete(task_id, lease_id=lease_id, completion=completion, now=self._clock())
+        except StaleWrite:
+            # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
+            # discarded, never written over a terminal state.
+            logger.info("result discarded", task_id=task_id)
+            return
+        logger.info(
+            "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
+        )
+
+    def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
+        now = self._clock()
+        logger.warning("llm error", task_id=task.task_id, error_code=error.code, transient=error.transient)
+        if not error.transient:
+            self._fail(task, lease_id, str(error), error.code)
+            return
+        if task.attempts > task.max_retries:
+            self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
+            return
+        delay = self.backoff_s(task.attempts)
+        if error.retry_after is not None:
+            if error.retry_after > self._settings.retry_after_cap_s:
+                self._fail(
+                    task,
+                    lease_id,
+                    f"{error} (the provider asked to retry in {error.retry_after:.0f} s, beyond the"
+                    f" {self._settings.retry_after_cap_s:.0f} s this service waits)",
+                    "retry_after_too_long",
+                )
+                return
+            delay = max(delay, error.retry_after)
+        deadline = task.deadline
+        if deadline is not None and now + delay >= deadline:
+            self._fail(
+                task, lease_id, f"{error} (no time left for a retry before the deadline)", "deadline_exceeded"
+            )
+            return
+        # A new message with a delay, sent before the task is released: if we die in between,
+        # the lease makes the new message wait and the old one finds the task already done.
+        self._queue.send(TaskMessage(task_id=task.task_id), delay_s=delay)
+        try:
+            self._store.release(
+                task.task_id,
+                lease_id=lease_id,
+                error=str(error),
+                error_code=error.code,
+                next_attempt_at=now + delay,
+            )
+        except StaleWrite:
+            logger.info("cancelled during the call", task_id=task.task_id)
+            return
+        logger.info("retry scheduled", task_id=task.task_id, attempt=task.attempts, delay_s=round(delay, 1))
+
+    def backoff_s(self, attempt: int) -> float:
+        """Exponential backoff with full jitter (AWS Architecture Blog, 'Exponential Backoff And Jitter')."""
+        ceiling = min(
+            self._settings.retry_max_delay_s, self._settings.retry_base_delay_s * 2 ** (attempt - 1)
+        )
+        return self._rng.uniform(0, ceiling)
+
+    def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
+        try:
+            self._store.fail(
+                task.task_id, lease_id=lease_id, error=error, error_code=error_code, now=self._clock()
+            )
+        except StaleWrite:
+            logger.info("cancelled during the call", task_id=task.task_id)
+            return
+        logger.info("failed", task_id=task.task_id, error_code=error_code)

@@ -1,0 +1,81 @@
+"""The one place where configuration is read from the environment.
+
+Every function reads the same `Settings`; template.yaml sets the variables (Globals for the
+shared resources, per function for the rest) and the local stack sets the same names. A bad
+deploy fails at cold start, when `get_settings()` validates, not at the first request.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KIB = 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    # Resources (template.yaml: Globals.Function.Environment)
+    tasks_table_name: str = Field(min_length=1)
+    task_queue_url: str = Field(min_length=1)
+    webhook_queue_url: str = Field(min_length=1)
+    webhook_dlq_url: str = Field(min_length=1)
+
+    # Task lifecycle
+    task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+    max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
+    max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
+    default_tenant: str = "default"
+    # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
+    retry_base_delay_s: float = Field(default=2.0, ge=0)
+    retry_max_delay_s: float = Field(default=300.0, ge=0)
+    # A provider's Retry-After beyond this fails the task instead of parking it for hours.
+    retry_after_cap_s: float = Field(default=900.0, ge=0)
+    # How much longer than the invocation's remaining time a claim's lease lives.
+    lease_margin_s: float = Field(default=30.0, ge=0)
+
+    # LLM provider
+    llm_provider: Literal["openai", "mock"] = "openai"
+    llm_base_url: str = "https://api.openai.com/v1"
+    llm_api_key: SecretStr | None = None
+    # In AWS the key lives in Secrets Manager; the worker reads it at cold start.
+    llm_api_key_secret_arn: str | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_s: float = Field(default=600.0, gt=0)
+
+    # Webhooks
+    webhook_timeout_s: float = Field(default=15.0, gt=0)
+    webhook_max_attempts: int = Field(default=5, ge=1)
+    # Seconds to wait before attempt 2, 3, ...; the last value repeats.
+    webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0)
+    # Hosts allowed past the SSRF guard (and over plain http): the local stack allows 127.0.0.1.
+    webhook_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    @field_validator("webhook_retry_schedule", mode="before")
+    @classmethod
+    def _split_schedule(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(float(part) for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("llm_api_key_secret_arn", "llm_api_key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        # CloudFormation cannot omit a variable conditionally without ceremony; "" means unset.
+        return None if value == "" else value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()  # the required fields come from the environment

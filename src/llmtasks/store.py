@@ -1,0 +1,281 @@
+"""TasksTable: the one adapter that talks to DynamoDB.
+
+Every state change is a conditional write, so no transition happens twice or backwards;
+`ClientError`s become domain errors here and nowhere else. Items are keyed by `pk`:
+`task#<id>` for tasks, `tenant#<id>` for a tenant's settings (its webhook secret).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.models import Completion, Task, TaskStatus, WebhookStatus
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"task#{task_id}"}}
+
+
+def _to_dynamo(value: Any) -> Any:
+    """DynamoDB numbers are Decimals; floats are refused by boto3's serializer."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _to_dynamo(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_to_dynamo(v) for v in value]
+    return value
+
+
+def _from_dynamo(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_dynamo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_dynamo(v) for v in value]
+    return value
+
+
+def serialize(values: Mapping[str, Any]) -> dict[str, AttributeValueTypeDef]:
+    return {k: _serializer.serialize(_to_dynamo(v)) for k, v in values.items() if v is not None}
+
+
+def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _from_dynamo(_deserializer.deserialize(v)) for k, v in item.items()}
+
+
+def task_from_item(item: Mapping[str, Any]) -> Task:
+    """A task from a DynamoDB item (GetItem, UpdateItem or a stream image)."""
+    return Task.model_validate(deserialize(item))
+
+
+def _failed_item(exc: ClientError) -> Task | None:
+    """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
+    item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
+    return task_from_item(item) if item else None
+
+
+def _is_condition_failure(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
+
+
+class ClaimRefused(Exception):
+    """The task cannot be claimed now; `current` says why (None: gone or expired)."""
+
+    def __init__(self, current: Task | None) -> None:
+        super().__init__("claim refused")
+        self.current = current
+
+
+class TaskStore:
+    def __init__(self, table_name: str, client: DynamoDBClient | None = None) -> None:
+        self.table_name = table_name
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+
+    # --- tasks ---------------------------------------------------------------------------
+
+    def create(self, task: Task) -> None:
+        item = serialize({"pk": f"task#{task.task_id}", **task.model_dump(mode="json", exclude_none=True)})
+        self._client.put_item(
+            TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
+        )
+
+    def delete(self, task_id: str) -> None:
+        self._client.delete_item(TableName=self.table_name, Key=task_key(task_id))
+
+    def get(self, task_id: str, *, now: float) -> Task | None:
+        """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
+        reply = self._client.get_item(TableName=self.table_name, Key=task_key(task_id), ConsistentRead=True)
+        item = reply.get("Item")
+        if not item:
+            return None
+        task = task_from_item(item)
+        return None if task.is_expired(now) else task
+
+    def claim(self, task_id: str, *, lease_id: str, lease_until: float, now: float) -> Task:
+        """pending (or processing with a dead lease) -> processing, under a new lease."""
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression=(
+                    "SET #status = :processing, lease_id = :lease, lease_until = :until,"
+                    " attempts = if_not_exists(attempts, :zero) + :one,"
+                    " started_at = if_not_exists(started_at, :now)"
+                    " REMOVE next_attempt_at"
+                ),
+                ConditionExpression=(
+                    "attribute_exists(pk) AND expires_at > :now AND"
+                    " (#status = :pending OR (#status = :processing AND lease_until < :now))"
+                ),
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=serialize(
+                    {
+                        ":processing": TaskStatus.PROCESSING.value,
+                        ":pending": TaskStatus.PENDING.value,
+                        ":lease": lease_id,
+                        ":until": lease_until,
+                        ":now": now,
+                        ":zero": 0,
+                        ":one": 1,
+                    }
+                ),
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                current = _failed_item(exc)
+                raise ClaimRefused(None if current is None or current.is_expired(now) else current) from exc
+            raise
+        return task_from_item(reply["Attributes"])
+
+    def complete(self, task_id: str, *, lease_id: str, completion: Completion, now: float) -> Task:
+        return self._finish(
+            task_id,
+            lease_id=lease_id,
+            status=TaskStatus.COMPLETED,
+            values={
+                "result": completion.text,
+                "usage": completion.usage.model_dump(),
+                "model": completion.model,
+                "completed_at": now,
+            },
+        )
+
+    def fail(self, task_id: str, *, lease_id: str | None, error: str, error_code: str, now: float) -> Task:
+        """processing (under this lease) -> failed; with lease_id None, pending -> failed."""
+        return self._finish(
+            task_id,
+            lease_id=lease_id,
+            status=TaskStatus.FAILED,
+            values={"error": error, "error_code": error_code, "completed_at": now},
+        )
+
+    def release(
+        self, task_id: str, *, lease_id: str, error: str, error_code: str, next_attempt_at: float
+    ) -> Task:
+        """processing -> pending after a transient error, with the time of the next attempt."""
+        return self._finish(
+            task_id,
+            lease_id=lease_id,
+            status=TaskStatus.PENDING,
+            values={"last_error": error, "last_error_code": error_code, "next_attempt_at": next_attempt_at},
+        )
+
+    def _finish(
+        self, task_id: str, *, lease_id: str | None, status: TaskStatus, values: Mapping[str, Any]
+    ) -> Task:
+        names = {"#status": "status", **{f"#{k}": k for k in values}}
+        assignments = ", ".join(f"#{k} = :{k}" for k in values)
+        expression_values = {":status": status.value, **{f":{k}": v for k, v in values.items()}}
+        if lease_id is None:
+            condition = "#status = :pending"
+            expression_values[":pending"] = TaskStatus.PENDING.value
+        else:
+            condition = "#status = :processing AND lease_id = :lease"
+            expression_values |= {":processing": TaskStatus.PROCESSING.value, ":lease": lease_id}
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression=f"SET #status = :status, {assignments} REMOVE lease_id, lease_until",
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=serialize(expression_values),
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise StaleWrite(task_id) from exc
+            raise
+        return task_from_item(reply["Attributes"])
+
+    def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
+        """pending | processing -> cancelled. A processing task's late result is then discarded,
+        because completing needs `status = processing`."""
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression="SET #status = :cancelled, completed_at = :now REMOVE lease_id, lease_until",
+                ConditionExpression=(
+                    "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
+                    " AND #status IN (:pending, :processing)"
+                ),
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=serialize(
+                    {
+                        ":cancelled": TaskStatus.CANCELLED.value,
+                        ":pending": TaskStatus.PENDING.value,
+                        ":processing": TaskStatus.PROCESSING.value,
+                        ":tenant": tenant_id,
+                        ":now": now,
+                    }
+                ),
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+            current = _failed_item(exc)
+            if current is None or current.tenant_id != tenant_id or current.is_expired(now):
+                raise TaskNotFound(task_id) from exc
+            raise TaskConflict(f"Task '{task_id}' is already {current.status.value}.") from exc
+        return task_from_item(reply["Attributes"])
+
+    def record_webhook(self, task_id: str, *, status: WebhookStatus, attempts: int) -> None:
+        """Delivery progress. Attempts only grow, so a late, stale update cannot roll them back."""
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression="SET webhook_status = :status, webhook_attempts = :attempts",
+                ConditionExpression=(
+                    "attribute_exists(pk) AND"
+                    " (attribute_not_exists(webhook_attempts) OR webhook_attempts <= :attempts)"
+                ),
+                ExpressionAttributeValues=serialize({":status": status.value, ":attempts": attempts}),
+            )
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+
+    # --- tenants ---------------------------------------------------------------------------
+
+    def webhook_secret(self, tenant_id: str, *, new_secret: str) -> str:
+        """The tenant's signing secret; `new_secret` is stored if the tenant has none yet."""
+        key: dict[str, AttributeValueTypeDef] = {"pk": {"S": f"tenant#{tenant_id}"}}
+        item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
+        if item:
+            return item["webhook_secret"]["S"]
+        try:
+            self._client.put_item(
+                TableName=self.table_name,
+                Item={**key, "webhook_secret": {"S": new_secret}},
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+            # Another request created it first: theirs is the secret.
+            return self.webhook_secret(tenant_id, new_secret=new_secret)
+        return new_secret

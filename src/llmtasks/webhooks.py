@@ -1,0 +1,260 @@
+"""Webhooks: the SSRF guard, Standard Webhooks signing, and delivery of one event.
+
+The flow: the worker's terminal write appears on the table's stream; the webhook function relays
+it to WebhookQueue (`WebhookRelay`), and delivers from there (`WebhookDelivery`) with retries
+as visibility delays, so one slow receiver never holds up a stream shard and no completion is
+lost between two writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+from standardwebhooks import Webhook
+
+from llmtasks.errors import InvalidInput, RetryLater
+from llmtasks.llm.openai import parse_retry_after
+from llmtasks.models import (
+    EventType,
+    Task,
+    TaskView,
+    WebhookEvent,
+    WebhookMessage,
+    WebhookStatus,
+)
+from llmtasks.observability import logger
+from llmtasks.store import task_from_item
+
+if TYPE_CHECKING:
+    from llmtasks.queues import Queue
+    from llmtasks.settings import Settings
+    from llmtasks.store import TaskStore
+
+# host, port -> the addresses it resolves to. Injected in tests so no lookup leaves the machine.
+Resolver = Callable[[str, int], list[str]]
+
+# Cloud metadata endpoints that are not covered by "private" or "link-local" everywhere.
+_METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+_WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+class UnsafeWebhookUrl(InvalidInput):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, field="webhook_url")
+
+
+def _is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast and ip not in _METADATA_ADDRESSES
+
+
+def check_webhook_url(
+    url: str, *, allowed_hosts: frozenset[str], resolve: Resolver = system_resolver
+) -> None:
+    """Refuse URLs that could reach inside the network (SSRF): https only, public addresses only.
+
+    Hosts in `allowed_hosts` skip the address check and may use plain http (the local stack).
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeWebhookUrl(f"webhook_url is not a valid URL: {exc}") from exc
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise UnsafeWebhookUrl("webhook_url has no host.")
+    allowed = host in allowed_hosts
+    if parts.scheme != "https" and not (allowed and parts.scheme == "http"):
+        raise UnsafeWebhookUrl("webhook_url must use https.")
+    if allowed:
+        return
+    try:
+        addresses = resolve(host, port or 443)
+    except OSError as exc:
+        raise UnsafeWebhookUrl(f"webhook_url's host '{host}' does not resolve.") from exc
+    if not addresses:
+        raise UnsafeWebhookUrl(f"webhook_url's host '{host}' does not resolve.")
+    for address in addresses:
+        if not _is_public(address):
+            raise UnsafeWebhookUrl(
+                f"webhook_url's host '{host}' resolves to a non-public address; it is refused."
+            )
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+
+def webhook_id(task_id: str, event_type: EventType) -> str:
+    """Stable across every retry and redrive of one event, so receivers can deduplicate on it."""
+    return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{task_id}/{event_type}").hex
+
+
+def event_type_of(task: Task) -> EventType:
+    if task.status.value == "completed":
+        return "task.completed"
+    if task.status.value == "failed":
+        return "task.failed"
+    return "task.cancelled"
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    delivered: bool
+    status_code: int | None = None
+    gone: bool = False  # 410: the receiver asks never to be called again for this
+    retry_after: float | None = None
+    error: str = ""
+
+
+class WebhookSender:
+    """Signs and POSTs one event. Redirects are not followed (a 3xx is a failed attempt)."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        allowed_hosts: frozenset[str],
+        resolve: Resolver = system_resolver,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._timeout_s = timeout_s
+        self._allowed_hosts = allowed_hosts
+        self._resolve = resolve
+        self._transport = transport
+
+    @staticmethod
+    def sign(secret: str, *, message_id: str, timestamp: datetime, body: str) -> dict[str, str]:
+        signature = Webhook(secret).sign(message_id, timestamp, body)
+        return {
+            "webhook-id": message_id,
+            "webhook-timestamp": str(int(timestamp.timestamp())),
+            "webhook-signature": signature,
+        }
+
+    async def send(self, url: str, *, message_id: str, event: WebhookEvent, secret: str) -> DeliveryResult:
+        try:
+            # Again at send time: DNS may have changed since the task was submitted.
+            check_webhook_url(url, allowed_hosts=self._allowed_hosts, resolve=self._resolve)
+        except UnsafeWebhookUrl as exc:
+            return DeliveryResult(delivered=False, gone=True, error=exc.detail)
+        body = event.model_dump_json()
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "llmtasks-webhooks/1",
+            **self.sign(secret, message_id=message_id, timestamp=datetime.now(tz=UTC), body=body),
+        }
+        try:
+            async with httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client:
+                response = await client.post(
+                    url, content=body.encode(), headers=headers, timeout=self._timeout_s
+                )
+        except httpx.TimeoutException:
+            return DeliveryResult(delivered=False, error=f"no answer within {self._timeout_s:g} s")
+        except httpx.TransportError as exc:
+            return DeliveryResult(delivered=False, error=f"connection failed ({type(exc).__name__})")
+        status = response.status_code
+        return DeliveryResult(
+            delivered=200 <= status < 300,
+            status_code=status,
+            gone=status == 410,
+            retry_after=parse_retry_after(response.headers.get("retry-after")),
+            error="" if 200 <= status < 300 else f"receiver answered {status}",
+        )
+
+
+class WebhookRelay:
+    """Stream side: a task that just became terminal and has a webhook_url gets one queued event."""
+
+    def __init__(self, webhook_queue: Queue) -> None:
+        self._queue = webhook_queue
+
+    def relay(self, old: Task | None, new: Task) -> bool:
+        if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
+            return False  # the stream filter should not have let it through; changes nothing
+        event_type = event_type_of(new)
+        self._queue.send(
+            WebhookMessage(
+                webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type
+            )
+        )
+        logger.info("webhook queued", task_id=new.task_id, event_type=event_type)
+        return True
+
+
+class WebhookDelivery:
+    """Queue side: one attempt at one event; raises RetryLater while attempts remain."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: TaskStore,
+        dead_letters: Queue,
+        sender: WebhookSender,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._dead_letters = dead_letters
+        self._sender = sender
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+
+    async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
+        task = self._store.get(message.task_id, now=self._clock())
+        if task is None or not task.webhook_url:
+            logger.info("webhook dropped: task gone", task_id=message.task_id)
+            return
+        secret = self._store.webhook_secret(task.tenant_id, new_secret=new_webhook_secret())
+        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=TaskView.of(task))
+        result = await self._sender.send(
+            task.webhook_url, message_id=message.webhook_id, event=event, secret=secret
+        )
+        log: dict[str, Any] = {"task_id": task.task_id, "attempt": attempt, "status_code": result.status_code}
+        if result.delivered:
+            self._store.record_webhook(task.task_id, status=WebhookStatus.DELIVERED, attempts=attempt)
+            logger.info("webhook delivered", **log)
+            return
+        if result.gone or attempt >= self._settings.webhook_max_attempts:
+            # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
+            self._dead_letters.send(message)
+            self._store.record_webhook(task.task_id, status=WebhookStatus.FAILED, attempts=attempt)
+            logger.warning("webhook failed", error=result.error, **log)
+            return
+        self._store.record_webhook(task.task_id, status=WebhookStatus.RETRYING, attempts=attempt)
+        schedule = self._settings.webhook_retry_schedule
+        delay = schedule[min(attempt, len(schedule)) - 1] if schedule else 0.0
+        delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out
+        if result.retry_after is not None:
+            delay = max(delay, result.retry_after)
+        logger.info("webhook retry scheduled", error=result.error, delay_s=round(delay, 1), **log)
+        raise RetryLater(delay, result.error)
+
+
+def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:
+    """The task before and after one stream record (view type NEW_AND_OLD_IMAGES)."""
+    images = raw.get("dynamodb", {})
+    old = images.get("OldImage")
+    return (task_from_item(old) if old else None), task_from_item(images["NewImage"])

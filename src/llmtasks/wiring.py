@@ -1,0 +1,80 @@
+"""Builds the real collaborators from `Settings`, once per process (a Lambda sandbox).
+
+Handlers take each collaborator as an optional argument and fall back to these, so tests pass
+their own without monkeypatching.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import boto3
+
+from llmtasks.llm import provider_from_settings
+from llmtasks.queues import Queue
+from llmtasks.service import TaskRunner, TaskService
+from llmtasks.settings import get_settings
+from llmtasks.store import TaskStore
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+# boto3's default session is not safe to create clients from concurrently (the local stack runs
+# several sandboxes in threads of one process).
+_client_lock = threading.Lock()
+
+
+def _client(service: str) -> Any:
+    with _client_lock:
+        return boto3.session.Session().client(service)  # type: ignore[call-overload]
+
+
+@lru_cache(maxsize=1)
+def dynamodb() -> DynamoDBClient:
+    client: DynamoDBClient = _client("dynamodb")
+    return client
+
+
+@lru_cache(maxsize=1)
+def sqs() -> SQSClient:
+    client: SQSClient = _client("sqs")
+    return client
+
+
+def task_store() -> TaskStore:
+    return TaskStore(get_settings().tasks_table_name, dynamodb())
+
+
+def task_queue() -> Queue:
+    return Queue(get_settings().task_queue_url, sqs())
+
+
+@lru_cache(maxsize=1)
+def task_service() -> TaskService:
+    return TaskService(get_settings(), task_store(), task_queue())
+
+
+@lru_cache(maxsize=1)
+def task_runner() -> TaskRunner:
+    settings = get_settings()
+    return TaskRunner(settings, task_store(), task_queue(), provider_from_settings(settings))
+
+
+def webhook_queue() -> Queue:
+    return Queue(get_settings().webhook_queue_url, sqs())
+
+
+@lru_cache(maxsize=1)
+def webhook_relay() -> WebhookRelay:
+    return WebhookRelay(webhook_queue())
+
+
+@lru_cache(maxsize=1)
+def webhook_delivery() -> WebhookDelivery:
+    settings = get_settings()
+    sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
+    return WebhookDelivery(settings, task_store(), Queue(settings.webhook_dlq_url, sqs()), sender)
