@@ -67,12 +67,8 @@ def tenant_of(app: APIGatewayHttpResolver) -> str:
 
 
 def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) -> Response[Any]:
-    return Response(
-        status_code=status,
-        content_type="application/json",
-        body=model.model_dump_json(),
-        headers=headers or {},
-    )
+    # The model itself, not its JSON: Powertools validates it against the route's declared type.
+    return Response(status_code=status, content_type="application/json", body=model, headers=headers or {})
 
 
 def _status_reply(task: Task) -> Response[TaskView]:

@@ -120,9 +120,12 @@ class MockLLM:
             self._random.seed(self.config.seed)
         return JSONResponse(self.config.model_dump())
 
-    async def reset(self, _: Request) -> JSONResponse:
+    def reset_stats(self) -> None:
         with self._lock:
             self.stats = MockStats(in_flight=self.stats.in_flight)
+
+    async def reset(self, _: Request) -> JSONResponse:
+        self.reset_stats()
         return JSONResponse(self.stats.model_dump())
 
     async def models(self, _: Request) -> JSONResponse:

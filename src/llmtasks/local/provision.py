@@ -124,7 +124,9 @@ def _create_queue(
 ) -> None:
     name = str(props.get("QueueName") or f"{prefix}-{logical_id}")
     attributes = {
-        key: json.dumps(props[key]) if isinstance(props[key], dict) else str(props[key]).lower()
+        key: json.dumps(props[key])
+        if isinstance(props[key], dict)
+        else str(props[key]).lower()
         if isinstance(props[key], bool)
         else str(props[key])
         for key in _QUEUE_ATTRIBUTES

@@ -189,13 +189,13 @@ class Template:
 
             return re.sub(r"\$\{([^!}][^}]*)\}", one, template)
 
-        def walk(node: Any) -> Any:
+        def walk(node: Any) -> Any:  # noqa: PLR0911 - one branch per intrinsic function
             if isinstance(node, list):
                 return [item for item in (walk(n) for n in node) if item is not NO_VALUE]
             if not isinstance(node, dict):
                 return node
             if len(node) == 1:
-                (key, arg), = node.items()
+                ((key, arg),) = node.items()
                 if key == "Ref":
                     return NO_VALUE if arg == "AWS::NoValue" else ref(arg)
                 if key == "Fn::GetAtt":
@@ -223,7 +223,7 @@ class Template:
         return bool(self._evaluate(conditions[name], walk))
 
     def _evaluate(self, node: Any, walk: Any) -> bool:
-        (key, arg), = node.items()
+        ((key, arg),) = node.items()
         if key == "Fn::Equals":
             return bool(walk(arg[0]) == walk(arg[1]))
         if key == "Fn::Not":
@@ -250,9 +250,7 @@ class Template:
                 **((defaults.get("Environment") or {}).get("Variables") or {}),
                 **((own.get("Environment") or {}).get("Variables") or {}),
             }
-            resolved = self.resolve(
-                {**merged, "Environment": {"Variables": variables}}, refs, attributes
-            )
+            resolved = self.resolve({**merged, "Environment": {"Variables": variables}}, refs, attributes)
             events = resolved.get("Events") or {}
             specs[logical_id] = FunctionSpec(
                 logical_id=logical_id,
@@ -262,7 +260,9 @@ class Template:
                 memory_mb=int(resolved.get("MemorySize", 128)),
                 environment={k: str(v) for k, v in resolved["Environment"]["Variables"].items()},
                 routes=tuple(
-                    HttpRoute(logical_id, str(e["Properties"].get("Method", "ANY")).upper(), e["Properties"]["Path"])
+                    HttpRoute(
+                        logical_id, str(e["Properties"].get("Method", "ANY")).upper(), e["Properties"]["Path"]
+                    )
                     for e in events.values()
                     if e.get("Type") == "HttpApi"
                 ),

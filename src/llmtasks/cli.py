@@ -1,0 +1,141 @@
+"""The `llmtasks` command."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+
+def _overrides(values: tuple[str, ...]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        for item in value.split():
+            name, sep, setting = item.partition("=")
+            if not sep:
+                raise click.BadParameter(
+                    f"expected Name=Value, got {item!r}", param_hint="--parameter-overrides"
+                )
+            pairs[name.removeprefix("ParameterKey=")] = setting
+    return pairs
+
+
+@click.group()
+@click.version_option(package_name="llmtasks")
+def main() -> None:
+    """llmtasks: long LLM calls, asynchronously, on AWS serverless or on this machine."""
+
+
+@main.command()
+@click.option(
+    "--template",
+    "-t",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="template.yaml",
+    show_default=True,
+    help="The SAM template to run.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP API listens.")
+@click.option("--port", default=3000, show_default=True, help="The HTTP API's port.")
+@click.option(
+    "--endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    default=None,
+    help="Use this AWS endpoint (e.g. a LocalStack) instead of the embedded moto server.",
+)
+@click.option("--moto-port", default=4566, show_default=True, help="Port of the embedded moto server.")
+@click.option(
+    "--llm-base-url",
+    envvar="LLM_BASE_URL",
+    default=None,
+    help="An OpenAI-compatible API to use instead of the mock LLM.",
+)
+@click.option("--mock-port", default=8800, show_default=True, help="Port of the mock LLM.")
+@click.option(
+    "--mock-latency", type=float, default=1.0, show_default=True, help="Seconds each mock call takes."
+)
+@click.option(
+    "--parameter-overrides", multiple=True, help="Template parameters, as Name=Value (SAM's format)."
+)
+@click.option("--no-auth", is_flag=True, help="Serve the API without API keys (local experiments).")
+@click.option("--verbose", is_flag=True, help="Show the output of moto and the mock LLM.")
+def up(
+    template: Path,
+    host: str,
+    port: int,
+    endpoint_url: str | None,
+    moto_port: int,
+    llm_base_url: str | None,
+    mock_port: int,
+    mock_latency: float,
+    parameter_overrides: tuple[str, ...],
+    no_auth: bool,
+    verbose: bool,
+) -> None:
+    """Run the whole application locally, from template.yaml, until Ctrl-C."""
+    from llmtasks.local.stack import LocalStack, StackOptions
+
+    options = StackOptions(
+        template=template,
+        host=host,
+        port=port,
+        endpoint_url=endpoint_url,
+        moto_port=moto_port,
+        llm_base_url=llm_base_url,
+        mock_port=mock_port,
+        mock_latency_s=mock_latency,
+        parameter_overrides=_overrides(parameter_overrides),
+        auth=not no_auth,
+        quiet_children=not verbose,
+    )
+    stack = LocalStack(options)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    click.echo("Starting the llmtasks local stack ...")
+    stack.start()
+    click.echo(f"  API          {stack.api_url}   (docs: {stack.api_url}/docs)")
+    click.echo(f"  AWS endpoint {stack.endpoint_url}")
+    click.echo(f"  LLM          {stack.llm_base_url}")
+    click.echo(f"  functions    {', '.join(stack.functions)}")
+    click.echo("  auth         off: API keys are not enforced yet in this version")
+    click.echo(f'Try: curl -X POST {stack.api_url}/tasks -d \'{{"prompt": "hello"}}\'')
+    click.echo("Ready. Ctrl-C stops.", err=False)
+    try:
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("Stopping ...")
+        stack.stop()
+
+
+@main.command("mock-llm")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8800, show_default=True)
+@click.option("--latency", type=float, default=None, help="Seconds per call (MOCK_LLM_LATENCY_S).")
+@click.option("--rate-429", type=float, default=None, help="Share of calls answered 429 (MOCK_LLM_RATE_429).")
+@click.option(
+    "--retry-after", type=float, default=None, help="Retry-After of each 429 (MOCK_LLM_RETRY_AFTER_S)."
+)
+@click.option("--rate-500", type=float, default=None, help="Share of calls answered 500 (MOCK_LLM_RATE_500).")
+def mock_llm(
+    host: str,
+    port: int,
+    latency: float | None,
+    rate_429: float | None,
+    retry_after: float | None,
+    rate_500: float | None,
+) -> None:
+    """Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config)."""
+    from llmtasks.llm.mock import MockConfig, serve
+
+    given = {"latency_s": latency, "rate_429": rate_429, "retry_after_s": retry_after, "rate_500": rate_500}
+    config = MockConfig.model_validate({k: v for k, v in given.items() if v is not None})
+    click.echo(f"mock LLM on http://{host}:{port}/v1 ({config.model_dump()})")
+    serve(host, port, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The HTTP API on 127.0.0.1: each request becomes an API Gateway payload 2.0 event for the
+function whose HttpApi route matches, and the function's reply becomes the HTTP response."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote_plus
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from llmtasks.local.runtime import FunctionRuntime
+from llmtasks.local.template import PSEUDO_PARAMETERS, HttpRoute
+
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-www-form-urlencoded")
+
+
+def _is_text(content_type: str) -> bool:
+    return (
+        not content_type
+        or any(kind in content_type for kind in _TEXT_TYPES)
+        or content_type.endswith("+json")
+    )
+
+
+def http_event(
+    *,
+    route: HttpRoute,
+    method: str,
+    path: str,
+    raw_query: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    path_parameters: Mapping[str, str],
+    source_ip: str = "127.0.0.1",
+    host: str = "127.0.0.1:3000",
+) -> dict[str, Any]:
+    """The event API Gateway's HTTP API (payload format 2.0) sends a Lambda integration."""
+    joined: dict[str, str] = {}
+    cookies: list[str] = []
+    for name, value in headers:
+        key = name.lower()
+        if key == "cookie":
+            cookies.extend(part.strip() for part in value.split(";") if part.strip())
+            continue
+        joined[key] = f"{joined[key]},{value}" if key in joined else value
+    query: dict[str, str] = {}
+    for pair in raw_query.split("&") if raw_query else []:
+        name, _, value = pair.partition("=")
+        name, value = unquote_plus(name), unquote_plus(value)
+        query[name] = f"{query[name]},{value}" if name in query else value
+    now = datetime.now(tz=UTC)
+    content_type = joined.get("content-type", "")
+    as_text = _is_text(content_type)
+    if as_text:
+        try:
+            text_body = body.decode()
+        except UnicodeDecodeError:
+            as_text = False
+    event: dict[str, Any] = {
+        "version": "2.0",
+        "routeKey": route.route_key,
+        "rawPath": path,
+        "rawQueryString": raw_query,
+        "headers": joined,
+        "requestContext": {
+            "accountId": PSEUDO_PARAMETERS["AWS::AccountId"],
+            "apiId": "local",
+            "domainName": host,
+            "domainPrefix": host.split(".", maxsplit=1)[0],
+            "http": {
+                "method": method.upper(),
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": source_ip,
+                "userAgent": joined.get("user-agent", ""),
+            },
+            "requestId": str(uuid.uuid4()),
+            "routeKey": route.route_key,
+            "stage": "$default",
+            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "timeEpoch": int(now.timestamp() * 1000),
+        },
+        "isBase64Encoded": bool(body) and not as_text,
+    }
+    if cookies:
+        event["cookies"] = cookies
+    if query:
+        event["queryStringParameters"] = query
+    if path_parameters:
+        event["pathParameters"] = dict(path_parameters)
+    if body:
+        event["body"] = text_body if as_text else base64.b64encode(body).decode()
+    return event
+
+
+def http_response(payload: Any) -> Response:
+    """A Lambda reply in payload format 2.0: a full response, or any JSON value meaning 200."""
+    if not isinstance(payload, dict) or "statusCode" not in payload:
+        return Response(json.dumps(payload), 200, media_type="application/json")
+    body = payload.get("body") or ""
+    content = base64.b64decode(body) if payload.get("isBase64Encoded") else str(body).encode()
+    response = Response(content, int(payload["statusCode"]))
+    for name, value in (payload.get("headers") or {}).items():
+        response.headers[name] = str(value)
+    for name, values in (payload.get("multiValueHeaders") or {}).items():
+        for value in values:
+            response.headers.append(name, str(value))
+    for cookie in payload.get("cookies") or []:
+        response.headers.append("set-cookie", cookie)
+    return response
+
+
+class HttpGateway:
+    def __init__(self, routes: Sequence[HttpRoute], runtimes: Mapping[str, FunctionRuntime]) -> None:
+        # Like API Gateway: the most specific route wins (fewer path variables, then longer).
+        self._routes = sorted(routes, key=lambda r: (r.path.count("{"), -len(r.path), r.method == "ANY"))
+        self._runtimes = runtimes
+
+    async def handle(self, request: Request) -> Response:
+        for route in self._routes:
+            parameters = route.match(request.method, request.url.path)
+            if parameters is not None:
+                break
+        else:
+            return JSONResponse({"message": "Not Found"}, 404)
+        event = http_event(
+            route=route,
+            method=request.method,
+            path=request.url.path,
+            raw_query=request.url.query,
+            headers=request.headers.items(),
+            body=await request.body(),
+            path_parameters=parameters,
+            source_ip=request.client.host if request.client else "127.0.0.1",
+            host=request.headers.get("host", "127.0.0.1"),
+        )
+        started = time.monotonic()
+        result = await run_in_threadpool(self._runtimes[route.function_id].invoke, event)
+        if result.timed_out:
+            # API Gateway's answer when the integration does not reply in time.
+            return JSONResponse({"message": "Service Unavailable"}, 503)
+        if result.error is not None:
+            print(f"[{route.function_id}] {result.error}", flush=True)
+            return JSONResponse({"message": "Internal Server Error"}, 500)
+        response = http_response(result.payload)
+        response.headers["apigw-requestid"] = event["requestContext"]["requestId"]
+        response.headers.setdefault(
+            "x-llmtasks-local-duration-ms", str(int((time.monotonic() - started) * 1000))
+        )
+        return response
+
+    def app(self) -> Starlette:
+        methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+        return Starlette(routes=[Route("/{path:path}", self.handle, methods=methods)])

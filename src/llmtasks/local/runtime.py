@@ -1,0 +1,150 @@
+"""Runs a function's handler the way Lambda does, in-process: sandboxes, contexts, timeouts.
+
+Each sandbox loads the handler module afresh (its own globals, as in its own Lambda execution
+environment) and runs one invocation at a time on its own thread; a function gets as many
+sandboxes as its concurrency allows. The handler code is exactly what Lambda runs; only the
+event and the context come from here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec
+
+_module_counter = itertools.count(1)
+
+
+class LocalLambdaContext:
+    """The attributes and method of Lambda's context object that handlers and Powertools use."""
+
+    def __init__(self, spec: FunctionSpec, deadline: float) -> None:
+        region, account = PSEUDO_PARAMETERS["AWS::Region"], PSEUDO_PARAMETERS["AWS::AccountId"]
+        self.function_name = spec.logical_id
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:{region}:{account}:function:{spec.logical_id}"
+        self.memory_limit_in_mb = spec.memory_mb
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = f"/aws/lambda/{spec.logical_id}"
+        self.log_stream_name = f"local/{self.aws_request_id}"
+        self._deadline = deadline
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+@dataclass(frozen=True)
+class Invocation:
+    payload: Any = None
+    error: str | None = None  # the handler raised: Lambda reports a function error
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
+    """A fresh copy of the handler module, as a new Lambda execution environment would import it."""
+    path = spec.handler_file
+    if not path.is_file():
+        raise FileNotFoundError(f"{spec.logical_id}: no handler module at {path}")
+    name = f"_llmtasks_local_{spec.logical_id}_{next(_module_counter)}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module: ModuleType = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    handler: Callable[..., Any] = getattr(module, spec.handler.rsplit(".", 1)[1])
+    return handler
+
+
+class _Sandbox:
+    def __init__(self, spec: FunctionSpec) -> None:
+        self.spec = spec
+        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], LocalLambdaContext, Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._handler: Callable[..., Any] | None = None
+        self._thread = threading.Thread(target=self._serve, name=f"sandbox-{spec.logical_id}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            event, context, future = job
+            try:
+                if self._handler is None:  # the cold start happens inside the first invocation
+                    self._handler = load_handler(self.spec)
+                future.set_result(self._handler(event, context))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def submit(self, event: dict[str, Any], context: LocalLambdaContext) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((event, context, future))
+        return future
+
+    def retire(self) -> None:
+        self._jobs.put(None)
+
+
+class FunctionRuntime:
+    """Invokes one function; at most `concurrency` invocations run at once."""
+
+    def __init__(self, spec: FunctionSpec, *, concurrency: int = 10) -> None:
+        self.spec = spec
+        self.concurrency = concurrency
+        self._idle: list[_Sandbox] = []
+        self._count = 0
+        self._available = threading.Condition()
+
+    def _acquire(self) -> _Sandbox:
+        with self._available:
+            while not self._idle and self._count >= self.concurrency:
+                self._available.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._count += 1
+        return _Sandbox(self.spec)
+
+    def _release(self, sandbox: _Sandbox, *, healthy: bool) -> None:
+        with self._available:
+            if healthy:
+                self._idle.append(sandbox)
+            else:
+                # A timed-out sandbox is thrown away, as Lambda does; its thread cannot be killed,
+                # so it finishes in the background and then exits.
+                self._count -= 1
+                sandbox.retire()
+            self._available.notify()
+
+    def invoke(self, event: dict[str, Any]) -> Invocation:
+        sandbox = self._acquire()
+        started = time.monotonic()
+        context = LocalLambdaContext(self.spec, started + self.spec.timeout_s)
+        future = sandbox.submit(event, context)
+        try:
+            payload = future.result(timeout=self.spec.timeout_s)
+        except TimeoutError:
+            self._release(sandbox, healthy=False)
+            return Invocation(timed_out=True, error="Task timed out", duration_s=time.monotonic() - started)
+        except Exception as exc:
+            self._release(sandbox, healthy=True)
+            detail = "".join(traceback.format_exception_only(exc)).strip()
+            return Invocation(error=detail, duration_s=time.monotonic() - started)
+        self._release(sandbox, healthy=True)
+        return Invocation(payload=payload, duration_s=time.monotonic() - started)

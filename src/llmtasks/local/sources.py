@@ -1,0 +1,247 @@
+"""Event source mappings, as Lambda runs them: SQS queues and DynamoDB streams polled into
+functions, read from the template's Events (batch size, batching window, partial batch
+responses, maximum concurrency, filters, retries, on-failure destination)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from moto.events.models import EventPattern, EventPatternParser
+
+from llmtasks.local.runtime import FunctionRuntime, Invocation
+from llmtasks.local.template import PSEUDO_PARAMETERS, SqsSource, StreamSource
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodbstreams import DynamoDBStreamsClient
+    from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
+
+# Without ScalingConfig, Lambda scales SQS pollers far beyond what one machine should run.
+DEFAULT_SQS_CONCURRENCY = 5
+# Long-poll slices: short enough that a stop is quick, long enough not to spin.
+POLL_WAIT_S = 1
+STREAM_IDLE_S = 0.25
+
+
+def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[str]) -> set[str]:
+    """Which records go back to the source, by Lambda's rules for a reply."""
+    if not invocation.ok:
+        return set(all_ids)  # an error or a timeout returns the whole batch
+    if not report_failures or not isinstance(invocation.payload, dict):
+        return set()
+    failures = invocation.payload.get("batchItemFailures") or []
+    ids = {str(f.get("itemIdentifier", "")) for f in failures if isinstance(f, dict)}
+    # An empty or unknown itemIdentifier makes Lambda treat the whole batch as failed.
+    if any(not i or i not in all_ids for i in ids) or len(ids) != len(failures):
+        return set(all_ids)
+    return ids
+
+
+def sqs_record(message: MessageTypeDef, queue_arn: str) -> dict[str, Any]:
+    def lower_first(attribute: dict[str, Any]) -> dict[str, Any]:
+        return {key[0].lower() + key[1:]: value for key, value in attribute.items()}
+
+    return {
+        "messageId": message["MessageId"],
+        "receiptHandle": message["ReceiptHandle"],
+        "body": message["Body"],
+        "attributes": dict(message.get("Attributes") or {}),
+        "messageAttributes": {
+            name: lower_first(dict(value)) for name, value in (message.get("MessageAttributes") or {}).items()
+        },
+        "md5OfBody": message.get("MD5OfBody", ""),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": PSEUDO_PARAMETERS["AWS::Region"],
+    }
+
+
+class SqsPoller:
+    """One SQS event source: `maximum_concurrency` pollers, each invoking with its own batch."""
+
+    def __init__(
+        self,
+        source: SqsSource,
+        runtime: FunctionRuntime,
+        sqs: SQSClient,
+        queue_url: str,
+        stop: threading.Event,
+    ) -> None:
+        self.source = source
+        self._runtime = runtime
+        self._sqs = sqs
+        self._queue_url = queue_url
+        self._stop = stop
+        self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
+        self.threads = [
+            threading.Thread(target=self._poll, name=f"sqs-{source.function_id}-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def _receive(self, limit: int, wait_s: float) -> list[MessageTypeDef]:
+        reply = self._sqs.receive_message(
+            QueueUrl=self._queue_url,
+            MaxNumberOfMessages=max(1, min(10, limit)),
+            WaitTimeSeconds=max(0, min(20, round(wait_s))),
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )
+        return list(reply.get("Messages") or [])
+
+    def next_batch(self) -> list[MessageTypeDef]:
+        """Up to BatchSize messages, waiting up to MaximumBatchingWindowInSeconds to fill it."""
+        batch = self._receive(self.source.batch_size, POLL_WAIT_S)
+        if not batch:
+            return batch
+        fill_until = time.monotonic() + self.source.batching_window_s
+        while len(batch) < self.source.batch_size and not self._stop.is_set():
+            left = fill_until - time.monotonic()
+            if left <= 0:
+                break
+            batch += self._receive(self.source.batch_size - len(batch), min(left, POLL_WAIT_S))
+        return batch
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self.next_batch()
+                if batch:
+                    self.deliver(batch)
+            except Exception as exc:
+                print(f"[{self.source.function_id}:{self.source.name}] poll failed: {exc!r}", flush=True)
+                self._stop.wait(1)
+
+    def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
+        records = [sqs_record(m, self.source.queue_arn) for m in batch]
+        invocation = self._runtime.invoke({"Records": records})
+        if invocation.error:
+            print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+        ids = [r["messageId"] for r in records]
+        keep = failed_ids(invocation, report_failures=self.source.report_batch_item_failures, all_ids=ids)
+        done = [r for r in records if r["messageId"] not in keep]
+        for start in range(0, len(done), 10):
+            chunk = done[start : start + 10]
+            self._sqs.delete_message_batch(
+                QueueUrl=self._queue_url,
+                Entries=[{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(chunk)],
+            )
+        return invocation
+
+
+def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
+    """A DynamoDB Streams record as Lambda hands it to a function."""
+    record = json.loads(json.dumps(record, default=str))  # datetimes to text, as on the wire
+    record["eventSourceARN"] = stream_arn
+    record.setdefault("awsRegion", PSEUDO_PARAMETERS["AWS::Region"])
+    return record
+
+
+def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
+    """Lambda event filtering: a record passes when any pattern matches (EventBridge syntax)."""
+    if not patterns:
+        return lambda _record: True
+    compiled = [EventPattern(raw, EventPatternParser(raw).parse()) for raw in patterns]
+    return lambda record: any(p.matches_event(record) for p in compiled)  # type: ignore[arg-type]
+
+
+class StreamPoller:
+    """One DynamoDB stream event source: shards read in order, batches retried, then skipped."""
+
+    def __init__(
+        self,
+        source: StreamSource,
+        runtime: FunctionRuntime,
+        streams: DynamoDBStreamsClient,
+        stop: threading.Event,
+        on_failure: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.source = source
+        self._runtime = runtime
+        self._streams = streams
+        self._stop = stop
+        self._on_failure = on_failure
+        self._matches = pattern_matcher(source.filter_patterns)
+        self.thread = threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _iterators(self) -> dict[str, str]:
+        shards = self._streams.describe_stream(StreamArn=self.source.stream_arn)["StreamDescription"][
+            "Shards"
+        ]
+        return {
+            shard["ShardId"]: self._streams.get_shard_iterator(
+                StreamArn=self.source.stream_arn,
+                ShardId=shard["ShardId"],
+                ShardIteratorType=self.source.starting_position,  # type: ignore[arg-type]
+            )["ShardIterator"]
+            for shard in shards
+        }
+
+    def _poll(self) -> None:
+        iterators: dict[str, str] = {}
+        while not self._stop.is_set():
+            try:
+                if not iterators:
+                    iterators = self._iterators()
+                busy = False
+                for shard_id, iterator in list(iterators.items()):
+                    reply = self._streams.get_records(ShardIterator=iterator, Limit=self.source.batch_size)
+                    iterators[shard_id] = reply.get("NextShardIterator") or iterator
+                    records = [
+                        stream_record(dict(r), self.source.stream_arn) for r in reply.get("Records") or []
+                    ]
+                    busy = busy or bool(records)
+                    chosen = [r for r in records if self._matches(r)]
+                    if chosen:
+                        self.deliver(chosen)
+                if not busy:
+                    self._stop.wait(STREAM_IDLE_S)
+            except Exception as exc:
+                print(
+                    f"[{self.source.function_id}:{self.source.name}] stream poll failed: {exc!r}", flush=True
+                )
+                self._stop.wait(1)
+
+    def deliver(self, records: list[dict[str, Any]]) -> None:
+        """Retries from the first failed record until MaximumRetryAttempts; then the on-failure
+        destination gets a note of the skipped records and the shard moves on."""
+        attempts = 0
+        while records and not self._stop.is_set():
+            invocation = self._runtime.invoke({"Records": records})
+            numbers = [r["dynamodb"]["SequenceNumber"] for r in records]
+            failed = failed_ids(
+                invocation, report_failures=self.source.report_batch_item_failures, all_ids=numbers
+            )
+            if not failed:
+                return
+            if invocation.error:
+                print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+            first = min(numbers.index(n) for n in failed)
+            records = records[first:]
+            attempts += 1
+            limit = self.source.maximum_retry_attempts
+            if limit != -1 and attempts > limit:
+                if self._on_failure is not None:
+                    self._on_failure(
+                        {
+                            "requestContext": {"condition": "RetryAttemptsExhausted"},
+                            "DDBStreamBatchInfo": {
+                                "streamArn": self.source.stream_arn,
+                                "startSequenceNumber": records[0]["dynamodb"]["SequenceNumber"],
+                                "endSequenceNumber": records[-1]["dynamodb"]["SequenceNumber"],
+                                "batchSize": len(records),
+                            },
+                        }
+                    )
+                return
+            self._stop.wait(min(30.0, 0.5 * 2**attempts))

@@ -1,0 +1,133 @@
+"""Fixtures shared by every suite. Unit tests use moto in-process; nothing leaves 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
+from llmtasks.local.provision import LocalResources, provision
+from llmtasks.local.runtime import LocalLambdaContext, load_handler
+from llmtasks.local.template import FunctionSpec, Template
+from llmtasks.settings import Settings
+from tests.helpers import TEMPLATE, WebhookReceiver, serve
+
+
+@dataclass
+class Aws:
+    dynamodb: Any
+    sqs: Any
+    streams: Any
+    resources: LocalResources
+    template: Template
+
+    def queue_url(self, logical_id: str) -> str:
+        return self.resources.queue_urls[logical_id]
+
+    def messages(self, logical_id: str, *, wait_s: int = 0) -> list[dict[str, Any]]:
+        """Every visible message of a queue (received, so now in flight)."""
+        found: list[dict[str, Any]] = []
+        while True:
+            reply = self.sqs.receive_message(
+                QueueUrl=self.queue_url(logical_id),
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=wait_s,
+                MessageSystemAttributeNames=["All"],
+            )
+            batch = reply.get("Messages", [])
+            if not batch:
+                return found
+            found += batch
+
+    def function(self, logical_id: str) -> FunctionSpec:
+        return self.template.functions(self.resources.refs, self.resources.attributes)[logical_id]
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
+    """moto in-process with every table and queue of template.yaml."""
+    for name in list(os.environ):
+        if name.startswith("AWS_ENDPOINT_URL") or name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # moto's in-process DynamoDB Streams need this (measured; its server mode does not).
+    monkeypatch.setenv("AWS_ACCOUNT_ID_ENDPOINT_MODE", "disabled")
+    with mock_aws():
+        dynamodb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+        template = Template.load(TEMPLATE)
+        resources = provision(template, dynamodb=dynamodb, sqs=sqs)
+        yield Aws(dynamodb, sqs, boto3.client("dynamodbstreams"), resources, template)
+
+
+@pytest.fixture(scope="session")
+def mock_llm_server() -> Iterator[tuple[MockLLM, str]]:
+    mock = MockLLM()
+    with serve(mock.app()) as url:
+        yield mock, url
+
+
+@dataclass
+class RunningMock:
+    server: MockLLM
+    url: str  # the OpenAI-style base URL, .../v1
+
+    def configure(self, **knobs: Any) -> None:
+        self.server.config = MockConfig(**knobs)
+
+    @property
+    def stats(self) -> MockStats:
+        return self.server.stats
+
+
+@pytest.fixture
+def mock_llm(mock_llm_server: tuple[MockLLM, str]) -> RunningMock:
+    """The mock LLM over real HTTP on 127.0.0.1, with default knobs and zeroed counters."""
+    server, url = mock_llm_server
+    server.config = MockConfig()
+    server.reset_stats()
+    return RunningMock(server, url + "/v1")
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
+    hook = WebhookReceiver()
+    with serve(hook.app()) as url:
+        yield hook, url + "/hook"
+
+
+@pytest.fixture
+def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
+    return Settings(
+        tasks_table_name=aws.resources.table_names["TasksTable"],
+        task_queue_url=aws.queue_url("TaskQueue"),
+        webhook_queue_url=aws.queue_url("WebhookQueue"),
+        webhook_dlq_url=aws.queue_url("WebhookDLQ"),
+        llm_base_url=mock_llm.url,
+        llm_model="mock-model",
+        webhook_allowed_hosts=frozenset({"127.0.0.1"}),
+        webhook_timeout_s=2,
+    )
+
+
+def lambda_context(spec: FunctionSpec, timeout_s: float | None = None) -> LocalLambdaContext:
+    return LocalLambdaContext(spec, time.monotonic() + (timeout_s or spec.timeout_s))
+
+
+@pytest.fixture
+def handler(aws: Aws) -> Any:
+    """handler("WorkerFunction") -> (the handler function as the template names it, a context)."""
+
+    def load(logical_id: str) -> tuple[Any, LocalLambdaContext]:
+        spec = aws.function(logical_id)
+        return load_handler(spec), lambda_context(spec)
+
+    return load

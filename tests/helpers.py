@@ -1,0 +1,88 @@
+"""Shared test helpers: real HTTP servers on 127.0.0.1, event files, handler loading."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+ROOT = Path(__file__).resolve().parent.parent
+EVENTS = ROOT / "events"
+TEMPLATE = ROOT / "template.yaml"
+
+
+def load_event(name: str) -> dict[str, Any]:
+    """One of the sample events in events/ (shared with `sam local invoke`)."""
+    return json.loads((EVENTS / name).read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Serve an ASGI app on 127.0.0.1 in a thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    give_up = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < give_up, "test server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@dataclass
+class Delivery:
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class WebhookReceiver:
+    """A webhook endpoint that records what it gets and answers from a script of status codes."""
+
+    answers: list[int] = field(default_factory=list)  # consumed in order; then 200
+    hang_s: float = 0.0
+    deliveries: list[Delivery] = field(default_factory=list)
+
+    async def _receive(self, request: Request) -> Response:
+        self.deliveries.append(Delivery(dict(request.headers), await request.body()))
+        if self.hang_s:
+            import asyncio
+
+            await asyncio.sleep(self.hang_s)
+        status = self.answers.pop(0) if self.answers else 200
+        return Response(status_code=status)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])
+
+    def wait_for(self, count: int, timeout_s: float = 20) -> list[Delivery]:
+        give_up = time.monotonic() + timeout_s
+        while len(self.deliveries) < count:
+            assert time.monotonic() < give_up, f"{len(self.deliveries)} of {count} webhook deliveries arrived"
+            time.sleep(0.05)
+        return self.deliveries

@@ -1,0 +1,192 @@
+"""The HTTP routes, through the very handlers the template names, with payload 2.0 events."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from llmtasks.queues import Queue
+from llmtasks.service import TaskService
+from llmtasks.settings import Settings
+from llmtasks.store import TaskStore
+from tests.conftest import Aws
+from tests.helpers import load_event
+
+pytestmark = pytest.mark.unit
+
+
+class Api:
+    """Calls SubmitFunction or StatusFunction as API Gateway would and decodes the reply."""
+
+    def __init__(self, aws: Aws, handler: Any, service: TaskService) -> None:
+        self.aws = aws
+        self.service = service
+        self.submit_fn, self.submit_ctx = handler("SubmitFunction")
+        self.status_fn, self.status_ctx = handler("StatusFunction")
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, raw: str | None = None, query: str = ""
+    ) -> dict[str, Any]:
+        template = "submit_task.json" if method == "POST" else "get_task.json"
+        event = copy.deepcopy(load_event(template))
+        route = self.aws.function("SubmitFunction").routes + self.aws.function("StatusFunction").routes
+        matched = [(r, r.match(method, path)) for r in route]
+        chosen = [(r, p) for r, p in matched if p is not None]
+        route_key, params = (chosen[0][0].route_key, chosen[0][1]) if chosen else (f"{method} {path}", {})
+        event.update(rawPath=path, routeKey=route_key, rawQueryString=query)
+        event["requestContext"].update(routeKey=route_key)
+        event["requestContext"]["http"].update(method=method, path=path)
+        event.pop("pathParameters", None)
+        event.pop("queryStringParameters", None)
+        if params:
+            event["pathParameters"] = params
+        if query:
+            event["queryStringParameters"] = dict(p.split("=", 1) for p in query.split("&"))
+        event.pop("body", None)
+        if raw is not None or body is not None:
+            event["body"] = raw if raw is not None else json.dumps(body)
+        fn, ctx = (self.submit_fn, self.submit_ctx) if method == "POST" else (self.status_fn, self.status_ctx)
+        reply = fn(event, ctx, service=self.service)
+        is_json = "json" in reply.get("headers", {}).get("Content-Type", "")
+        reply["json"] = json.loads(reply["body"]) if is_json and reply.get("body") else None
+        return reply
+
+
+@pytest.fixture
+def api(aws: Aws, handler: Any, settings: Settings) -> Api:
+    service = TaskService(
+        settings, TaskStore(settings.tasks_table_name, aws.dynamodb), Queue(settings.task_queue_url, aws.sqs)
+    )
+    return Api(aws, handler, service)
+
+
+def assert_problem(reply: dict[str, Any], status: int) -> dict[str, Any]:
+    assert reply["statusCode"] == status, reply
+    assert reply["headers"]["Content-Type"] == "application/problem+json"
+    problem = reply["json"]
+    assert {"type", "title", "status", "detail"} <= set(problem)
+    assert problem["status"] == status
+    return problem
+
+
+def test_sample_submit_event_is_accepted_with_location_and_retry_after(api: Api, aws: Aws) -> None:
+    submit, context = api.submit_fn, api.submit_ctx
+    reply = submit(load_event("submit_task.json"), context, service=api.service)
+    body = json.loads(reply["body"])
+    assert reply["statusCode"] == 202
+    assert reply["headers"]["Location"] == f"/tasks/{body['task_id']}"
+    assert int(reply["headers"]["Retry-After"]) > 0
+    assert body["status"] == "pending"
+    assert body["expires_at"] > body["created_at"]
+    [message] = aws.messages("TaskQueue")
+    assert json.loads(message["Body"]) == {"task_id": body["task_id"]}
+
+
+def test_a_submitted_task_reads_back_pending_with_its_metadata(api: Api) -> None:
+    task_id = api.call("POST", "/tasks", {"prompt": "hi", "metadata": {"k": [1, 2]}})["json"]["task_id"]
+    reply = api.call("GET", f"/tasks/{task_id}")
+    assert reply["statusCode"] == 200
+    assert reply["headers"]["Retry-After"] == "2"
+    assert reply["json"]["status"] == "pending"
+    assert reply["json"]["metadata"] == {"k": [1, 2]}
+    assert reply["json"]["attempts"] == 0
+
+
+def test_messages_are_accepted_instead_of_a_prompt(api: Api) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "system": "be brief", "temperature": 0.3}
+    assert api.call("POST", "/tasks", body)["statusCode"] == 202
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "body"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "body"),
+        ({"prompt": "a", "surprise": 1}, "surprise"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": "a", "max_retries": 11}, "max_retries"),
+        ({"prompt": "a", "temperature": 3}, "temperature"),
+        ({"prompt": "a", "priority": "urgent"}, "priority"),
+        ({"prompt": "a", "webhook_url": "http://example.com/hook"}, "webhook_url"),
+        ({"prompt": "a", "metadata": {"blob": "x" * 3000}}, "metadata"),
+        ({"messages": [{"role": "wizard", "content": "b"}]}, "messages.0.role"),
+    ],
+)
+def test_invalid_bodies_are_422_problems_naming_the_field_and_store_nothing(
+    api: Api, aws: Aws, body: dict[str, Any], field: str
+) -> None:
+    problem = assert_problem(api.call("POST", "/tasks", body), 422)
+    assert any(e["field"].startswith(field) for e in problem["errors"]), problem
+    assert aws.messages("TaskQueue") == []
+    assert aws.dynamodb.scan(TableName=api.service._store.table_name)["Count"] == 0
+
+
+def test_malformed_json_is_400(api: Api) -> None:
+    assert_problem(api.call("POST", "/tasks", raw='{"prompt": "unterminated'), 400)
+
+
+def test_a_prompt_over_the_cap_is_413_and_stores_nothing(api: Api, aws: Aws) -> None:
+    problem = assert_problem(api.call("POST", "/tasks", {"prompt": "x" * (200 * 1024 + 1)}), 413)
+    assert "limit" in problem["detail"]
+    assert aws.messages("TaskQueue") == []
+
+
+def test_unknown_task_is_404_problem(api: Api) -> None:
+    assert_problem(api.call("GET", "/tasks/does-not-exist"), 404)
+
+
+def test_cancel_then_cancel_again_is_409(api: Api) -> None:
+    task_id = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    first = api.call("POST", f"/tasks/{task_id}/cancel")
+    assert first["statusCode"] == 200
+    assert first["json"]["status"] == "cancelled"
+    assert "Retry-After" not in first["headers"]
+    assert_problem(api.call("POST", f"/tasks/{task_id}/cancel"), 409)
+    assert_problem(api.call("POST", "/tasks/nope/cancel"), 404)
+
+
+def test_a_task_of_another_tenant_is_404(api: Api) -> None:
+    task_id = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    event = load_event("get_task.json")
+    event["pathParameters"] = {"task_id": task_id}
+    event["rawPath"] = event["requestContext"]["http"]["path"] = f"/tasks/{task_id}"
+    event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": "intruder"}}
+    reply = api.status_fn(event, api.status_ctx, service=api.service)
+    assert reply["statusCode"] == 404
+
+
+def test_wait_returns_as_soon_as_the_task_is_terminal(api: Api) -> None:
+    task_id = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    api.call("POST", f"/tasks/{task_id}/cancel")
+    reply = api.call("GET", f"/tasks/{task_id}", query="wait=20")
+    assert reply["json"]["status"] == "cancelled"
+
+
+def test_wait_beyond_25_seconds_is_422(api: Api) -> None:
+    assert_problem(api.call("GET", "/tasks/x", query="wait=26"), 422)
+
+
+def test_health_and_openapi_describe_the_routes(api: Api) -> None:
+    assert api.call("GET", "/health")["json"]["status"] == "ok"
+    document = api.call("GET", "/openapi.json")["json"]
+    assert {"/tasks", "/tasks/{task_id}", "/tasks/{task_id}/cancel", "/webhooks/secret"} <= set(
+        document["paths"]
+    )
+    schema = document["components"]["schemas"]["SubmitTaskRequest"]
+    assert schema["additionalProperties"] is False
+    docs = api.call("GET", "/docs")
+    assert docs["statusCode"] == 200
+    assert "swagger" in docs["body"].lower()
+
+
+def test_webhook_secret_is_a_stable_whsec(api: Api) -> None:
+    first = api.call("GET", "/webhooks/secret")["json"]["key"]
+    assert first.startswith("whsec_")
+    assert api.call("GET", "/webhooks/secret")["json"]["key"] == first
+
+
+def test_an_unknown_route_is_a_404_problem(api: Api) -> None:
+    assert_problem(api.call("GET", "/nowhere"), 404)

@@ -1,0 +1,174 @@
+"""TasksTable transitions: every change is conditional, none happens twice or backwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.models import Completion, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
+from llmtasks.store import ClaimRefused, TaskStore
+from tests.conftest import Aws
+
+pytestmark = pytest.mark.unit
+NOW = 1_800_000_000.0
+
+
+def new_task(store: TaskStore, task_id: str = "t1", *, tenant: str = "acme", ttl: int = 3600) -> Task:
+    task = Task(
+        task_id=task_id,
+        tenant_id=tenant,
+        status=TaskStatus.PENDING,
+        request=LLMRequest(prompt="hello", temperature=0.2),
+        created_at=NOW,
+        expires_at=int(NOW + ttl),
+        metadata={"nested": {"ratio": 0.5}},
+    )
+    store.create(task)
+    return task
+
+
+@pytest.fixture
+def store(aws: Aws) -> TaskStore:
+    return TaskStore(aws.resources.table_names["TasksTable"], aws.dynamodb)
+
+
+def test_a_created_task_reads_back_equal_floats_included(store: TaskStore) -> None:
+    task = new_task(store)
+    assert store.get("t1", now=NOW) == task
+
+
+def test_a_task_id_cannot_be_created_twice(store: TaskStore) -> None:
+    new_task(store)
+    with pytest.raises(Exception, match="ConditionalCheckFailed"):
+        new_task(store)
+
+
+def test_an_expired_task_reads_as_missing_before_dynamodb_deletes_it(store: TaskStore) -> None:
+    new_task(store, ttl=10)
+    assert store.get("t1", now=NOW + 9) is not None
+    assert store.get("t1", now=NOW + 10) is None
+
+
+def test_claim_moves_pending_to_processing_under_a_lease(store: TaskStore) -> None:
+    new_task(store)
+    task = store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    assert (task.status, task.lease_id, task.attempts, task.started_at) == (
+        TaskStatus.PROCESSING,
+        "L1",
+        1,
+        NOW,
+    )
+
+
+def test_a_second_claim_while_the_lease_lives_is_refused_and_says_who_holds_it(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    with pytest.raises(ClaimRefused) as refused:
+        store.claim("t1", lease_id="L2", lease_until=NOW + 70, now=NOW + 10)
+    assert refused.value.current is not None
+    assert refused.value.current.lease_id == "L1"
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    task = store.claim("t1", lease_id="L2", lease_until=NOW + 200, now=NOW + 61)
+    assert (task.lease_id, task.attempts, task.started_at) == ("L2", 2, NOW)
+    completion = Completion(text="late", model="m", usage=Usage())
+    with pytest.raises(StaleWrite):
+        store.complete("t1", lease_id="L1", completion=completion, now=NOW + 62)
+
+
+def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
+    task = store.complete(
+        "t1", lease_id="L1", completion=Completion(text="hi", model="m", usage=usage), now=NOW + 5
+    )
+    assert (task.status, task.result, task.usage, task.completed_at) == (
+        TaskStatus.COMPLETED,
+        "hi",
+        usage,
+        NOW + 5,
+    )
+    assert task.lease_id is None and task.lease_until is None
+
+
+def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    store.fail("t1", lease_id="L1", error="boom", error_code="llm_http_400", now=NOW + 1)
+    with pytest.raises(ClaimRefused) as refused:
+        store.claim("t1", lease_id="L2", lease_until=NOW + 999, now=NOW + 500)
+    assert refused.value.current is not None
+    assert refused.value.current.status is TaskStatus.FAILED
+
+
+def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskStore) -> None:
+    with pytest.raises(ClaimRefused) as missing:
+        store.claim("nope", lease_id="L", lease_until=NOW + 1, now=NOW)
+    assert missing.value.current is None
+    new_task(store, ttl=5)
+    with pytest.raises(ClaimRefused) as expired:
+        store.claim("t1", lease_id="L", lease_until=NOW + 60, now=NOW + 6)
+    assert expired.value.current is None
+
+
+def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    task = store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
+    assert (task.status, task.next_attempt_at, task.last_error_code, task.attempts) == (
+        TaskStatus.PENDING,
+        NOW + 8,
+        "llm_http_503",
+        1,
+    )
+    assert store.claim("t1", lease_id="L2", lease_until=NOW + 90, now=NOW + 9).next_attempt_at is None
+
+
+def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
+    new_task(store)
+    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW)
+    assert store.cancel("t1", tenant_id="acme", now=NOW + 1).status is TaskStatus.CANCELLED
+    with pytest.raises(StaleWrite):
+        store.complete(
+            "t1", lease_id="L1", completion=Completion(text="x", model="m", usage=Usage()), now=NOW + 2
+        )
+    assert store.get("t1", now=NOW + 3).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+
+
+def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:
+    new_task(store)
+    store.cancel("t1", tenant_id="acme", now=NOW)
+    with pytest.raises(TaskConflict, match="already cancelled"):
+        store.cancel("t1", tenant_id="acme", now=NOW + 1)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "tenant", "now"), [("t1", "other", NOW), ("zz", "acme", NOW), ("t1", "acme", NOW + 4000)]
+)
+def test_cancel_of_a_foreign_missing_or_expired_task_is_not_found(
+    store: TaskStore, task_id: str, tenant: str, now: float
+) -> None:
+    new_task(store)
+    with pytest.raises(TaskNotFound):
+        store.cancel(task_id, tenant_id=tenant, now=now)
+    assert store.get("t1", now=NOW).status is TaskStatus.PENDING  # type: ignore[union-attr]
+
+
+def test_webhook_attempts_only_grow(store: TaskStore) -> None:
+    new_task(store)
+    store.record_webhook("t1", status=WebhookStatus.RETRYING, attempts=2)
+    store.record_webhook("t1", status=WebhookStatus.PENDING, attempts=1)  # a stale, late update
+    task = store.get("t1", now=NOW)
+    assert task is not None
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.RETRYING, 2)
+
+
+def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:
+    first = store.webhook_secret("acme", new_secret="whsec_first")
+    again = store.webhook_secret("acme", new_secret="whsec_second")
+    other = store.webhook_secret("globex", new_secret="whsec_third")
+    assert (first, again, other) == ("whsec_first", "whsec_first", "whsec_third")

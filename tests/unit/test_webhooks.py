@@ -1,0 +1,311 @@
+"""Webhooks: SSRF guard, Standard Webhooks signatures, the stream relay and delivery with retries."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+
+from llmtasks.errors import InvalidInput
+from llmtasks.llm.mock import reply_text
+from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
+from llmtasks.models import Completion, SubmitTaskRequest, TaskStatus, Usage, WebhookMessage, WebhookStatus
+from llmtasks.queues import Queue
+from llmtasks.service import TaskService
+from llmtasks.settings import Settings
+from llmtasks.store import TaskStore
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url
+from tests.conftest import Aws
+from tests.helpers import WebhookReceiver, load_event
+
+pytestmark = pytest.mark.unit
+
+
+def resolver(*addresses: str) -> Any:
+    def resolve(host: str, port: int) -> list[str]:
+        return list(addresses)
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.0.0.1",
+        "172.16.4.4",
+        "192.168.1.1",
+        "127.0.0.1",
+        "169.254.169.254",
+        "fd00:ec2::254",
+        "::1",
+        "::ffff:127.0.0.1",
+        "224.0.0.1",
+        "0.0.0.0",
+        "100.64.0.1",
+    ],
+)
+def test_urls_resolving_inside_the_network_are_refused(address: str) -> None:
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url("https://hooks.example.com/x", allowed_hosts=frozenset(), resolve=resolver(address))
+
+
+def test_one_private_address_among_public_ones_is_enough_to_refuse() -> None:
+    with pytest.raises(InvalidInput):
+        check_webhook_url(
+            "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("93.184.216.34", "10.1.1.1")
+        )
+
+
+def test_a_public_https_url_passes() -> None:
+    check_webhook_url("https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("93.184.216.34"))
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h.example/x", "ftp://h.example/x", "https:///nohost", "https://h.example:99999/"]
+)
+def test_only_https_urls_with_a_host(url: str) -> None:
+    with pytest.raises(InvalidInput):
+        check_webhook_url(url, allowed_hosts=frozenset(), resolve=resolver("93.184.216.34"))
+
+
+def test_an_unresolvable_host_is_refused() -> None:
+    def fail(host: str, port: int) -> list[str]:
+        raise OSError("no such host")
+
+    with pytest.raises(InvalidInput, match="does not resolve"):
+        check_webhook_url("https://nowhere.invalid/x", allowed_hosts=frozenset(), resolve=fail)
+
+
+def test_allowed_hosts_pass_without_a_lookup_even_over_http() -> None:
+    check_webhook_url("http://127.0.0.1:9/x", allowed_hosts=frozenset({"127.0.0.1"}), resolve=resolver())
+
+
+def test_submit_refuses_a_private_webhook_with_422_and_stores_nothing(aws: Aws, settings: Settings) -> None:
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    service = TaskService(
+        settings, store, Queue(settings.task_queue_url, aws.sqs), resolve=resolver("10.0.0.1")
+    )
+    with pytest.raises(InvalidInput) as refused:
+        service.submit("default", SubmitTaskRequest(prompt="p", webhook_url="https://internal.example/hook"))
+    assert refused.value.status == 422
+    assert aws.messages("TaskQueue") == []
+
+
+def test_the_stream_filter_passes_only_terminal_transitions_of_tasks_with_a_webhook(aws: Aws) -> None:
+    [pattern] = aws.function("WebhookFunction").stream_sources[0].filter_patterns
+    matches = pattern_matcher((pattern,))
+    [record] = load_event("webhook_stream.json")["Records"]
+    assert matches(record)
+    redelivered = json.loads(json.dumps(record))
+    redelivered["dynamodb"]["OldImage"]["status"] = {"S": "completed"}  # the webhook's own status write
+    assert not matches(redelivered)
+    no_hook = json.loads(json.dumps(record))
+    del no_hook["dynamodb"]["NewImage"]["webhook_url"]
+    assert not matches(no_hook)
+    still_running = json.loads(json.dumps(record))
+    still_running["dynamodb"]["NewImage"]["status"] = {"S": "processing"}
+    assert not matches(still_running)
+
+
+class Hooks:
+    """The webhook function wired to moto and a real receiver on 127.0.0.1."""
+
+    def __init__(self, aws: Aws, handler: Any, settings: Settings, url: str) -> None:
+        self.aws = aws
+        self.settings = settings
+        self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+        self.service = TaskService(settings, self.store, Queue(settings.task_queue_url, aws.sqs))
+        self.webhook_queue = Queue(settings.webhook_queue_url, aws.sqs)
+        self.fn, self.context = handler("WebhookFunction")
+        self.url = url
+
+    def finish_task(self, prompt: str = "hello") -> str:
+        """A task with a webhook that the worker completed."""
+        task = self.service.submit("default", SubmitTaskRequest(prompt=prompt, webhook_url=self.url))
+        self.store.claim(task.task_id, lease_id="L", lease_until=time.time() + 60, now=time.time())
+        completion = Completion(text=reply_text(prompt), model="m", usage=Usage(total_tokens=3))
+        self.store.complete(task.task_id, lease_id="L", completion=completion, now=time.time())
+        return task.task_id
+
+    def stream_event(self) -> dict[str, Any]:
+        arn = self.aws.resources.attributes[("TasksTable", "StreamArn")]
+        shard = self.aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+        iterator = self.aws.streams.get_shard_iterator(
+            StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        records = self.aws.streams.get_records(ShardIterator=iterator)["Records"]
+        [pattern] = self.aws.function("WebhookFunction").stream_sources[0].filter_patterns
+        matches = pattern_matcher((pattern,))
+        return {"Records": [r for r in (stream_record(dict(r), arn) for r in records) if matches(r)]}
+
+    def relay(self) -> dict[str, Any]:
+        relay = WebhookRelay(self.webhook_queue)
+        return self.fn(self.stream_event(), self.context, relay=relay)  # type: ignore[no-any-return]
+
+    def deliver(self, messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+        settings = self.settings.model_copy(update=overrides)
+        sender = WebhookSender(
+            timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts
+        )
+        dlq = Queue(settings.webhook_dlq_url, self.aws.sqs)
+        delivery = WebhookDelivery(settings, self.store, dlq, sender)
+        arn = self.aws.resources.attributes[("WebhookQueue", "Arn")]
+        event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
+        return self.fn(event, self.context, delivery=delivery, queue=self.webhook_queue)  # type: ignore[no-any-return]
+
+    def secret(self) -> str:
+        return self.service.webhook_secret("default")
+
+
+@pytest.fixture
+def hooks(aws: Aws, handler: Any, settings: Settings, receiver: tuple[WebhookReceiver, str]) -> Hooks:
+    return Hooks(aws, handler, settings.model_copy(update={"webhook_retry_schedule": (0.0,)}), receiver[1])
+
+
+def test_a_completed_task_is_relayed_once_and_delivered_signed(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, _ = receiver
+    task_id = hooks.finish_task("signed please")
+    assert hooks.relay() == {"batchItemFailures": []}
+    [message] = aws.messages("WebhookQueue")
+    assert hooks.deliver([message]) == {"batchItemFailures": []}
+    [delivery] = hook.deliveries
+    event = Webhook(hooks.secret()).verify(delivery.body, delivery.headers)  # raises if the signature is bad
+    assert event["type"] == "task.completed"
+    assert event["data"]["task_id"] == task_id
+    assert event["data"]["result"] == reply_text("signed please")
+    assert delivery.headers["webhook-id"].startswith("msg_")
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
+    # The delivery status write is itself a MODIFY on the stream; the filter keeps it out.
+    assert len(hooks.stream_event()["Records"]) == 1
+
+
+def test_a_tampered_body_fails_verification(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hooks.finish_task()
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    with pytest.raises(Exception, match="signature"):
+        Webhook(hooks.secret()).verify(delivery.body.replace(b"completed", b"failed"), delivery.headers)
+
+
+def test_a_failing_receiver_is_retried_with_the_same_webhook_id(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, _ = receiver
+    hook.answers = [500, 503]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    for attempt in (1, 2):
+        [message] = aws.messages("WebhookQueue")
+        assert int(message["Attributes"]["ApproximateReceiveCount"]) == attempt
+        assert len(hooks.deliver([message])["batchItemFailures"]) == 1
+        task = hooks.store.get(task_id, now=time.time())
+        assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.RETRYING, attempt)
+    [message] = aws.messages("WebhookQueue")
+    assert hooks.deliver([message]) == {"batchItemFailures": []}
+    assert len({d.headers["webhook-id"] for d in hook.deliveries}) == 1
+    assert len(hook.deliveries) == 3
+    assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.DELIVERED
+
+
+def test_410_stops_at_once_and_parks_the_event_in_the_dlq(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].answers = [410]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    assert hooks.deliver(aws.messages("WebhookQueue")) == {"batchItemFailures": []}
+    [parked] = aws.messages("WebhookDLQ")
+    assert WebhookMessage.model_validate_json(parked["Body"]).task_id == task_id
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.FAILED, 1)
+    assert len(receiver[0].deliveries) == 1
+
+
+def test_the_last_failed_attempt_parks_the_event_in_the_dlq(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].answers = [500, 500]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"), webhook_max_attempts=2)
+    hooks.deliver(aws.messages("WebhookQueue"), webhook_max_attempts=2)
+    assert aws.messages("WebhookQueue") == []
+    assert len(aws.messages("WebhookDLQ")) == 1
+    assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED
+
+
+def test_a_hanging_receiver_counts_as_a_failed_attempt(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].hang_s = 3
+    task_id = hooks.finish_task()
+    hooks.relay()
+    reply = hooks.deliver(aws.messages("WebhookQueue"), webhook_timeout_s=0.5)
+    assert len(reply["batchItemFailures"]) == 1
+    assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.RETRYING
+
+
+def test_the_url_is_checked_again_at_send_time_and_nothing_is_sent() -> None:
+    import asyncio
+
+    from llmtasks.models import TaskView, WebhookEvent
+
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
+    sender = WebhookSender(
+        timeout_s=1, allowed_hosts=frozenset(), resolve=resolver("169.254.169.254"), transport=transport
+    )
+    view = TaskView.model_validate(
+        {"task_id": "t", "status": "completed", "attempts": 1, "created_at": 0, "expires_at": 10}
+    )
+    event = WebhookEvent(type="task.completed", timestamp=view.created_at, data=view)
+    result = asyncio.run(
+        sender.send("https://rebound.example/h", message_id="msg_1", event=event, secret="whsec_" + "A" * 32)
+    )
+    assert (result.delivered, result.gone) == (False, True)
+    assert sent == []
+
+
+def test_the_sample_delivery_event_for_a_task_that_is_gone_is_dropped(
+    hooks: Hooks, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    sender = WebhookSender(timeout_s=1, allowed_hosts=hooks.settings.webhook_allowed_hosts)
+    delivery = WebhookDelivery(
+        hooks.settings, hooks.store, Queue(hooks.settings.webhook_dlq_url, hooks.aws.sqs), sender
+    )
+    reply = hooks.fn(
+        load_event("webhook_delivery.json"), hooks.context, delivery=delivery, queue=hooks.webhook_queue
+    )
+    assert reply == {"batchItemFailures": []}
+    assert receiver[0].deliveries == []
+
+
+def test_the_sample_stream_event_is_relayed_to_the_webhook_queue(hooks: Hooks, aws: Aws) -> None:
+    reply = hooks.fn(
+        load_event("webhook_stream.json"), hooks.context, relay=WebhookRelay(hooks.webhook_queue)
+    )
+    assert reply == {"batchItemFailures": []}
+    [message] = aws.messages("WebhookQueue")
+    assert WebhookMessage.model_validate_json(message["Body"]).event_type == "task.completed"
+
+
+def test_cancelled_tasks_get_a_task_cancelled_event(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    task = hooks.service.submit("default", SubmitTaskRequest(prompt="stop", webhook_url=hooks.url))
+    hooks.service.cancel("default", task.task_id)
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    assert json.loads(delivery.body)["type"] == "task.cancelled"
+    assert json.loads(delivery.body)["data"]["status"] == TaskStatus.CANCELLED
