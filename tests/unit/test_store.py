@@ -92,7 +92,8 @@ def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) 
         usage,
         NOW + 5,
     )
-    assert task.lease_id is None and task.lease_until is None
+    assert task.lease_id is None
+    assert task.lease_until is None
 
 
 def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
