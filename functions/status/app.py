@@ -15,7 +15,7 @@ from llmtasks.service import TaskService
 app = build_app(queries=True, docs=True)
 
 
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(
     event: dict[str, Any], context: LambdaContext, service: TaskService | None = None

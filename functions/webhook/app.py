@@ -24,7 +24,7 @@ from llmtasks.records import is_stream_event, process_sqs_concurrently, process_
 from llmtasks.webhooks import WebhookDelivery, WebhookRelay, tasks_of_stream_record
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(
     event: dict[str, Any],

@@ -16,7 +16,7 @@ from llmtasks.records import process_sqs_concurrently
 from llmtasks.service import TaskRunner
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(
     event: dict[str, Any],

@@ -203,5 +203,9 @@ def handle(
     app: APIGatewayHttpResolver, event: dict[str, Any], context: Any, service: TaskService
 ) -> dict[str, Any]:
     """One HTTP invocation: the routes read `service` from the resolver's context."""
+    headers = event.get("headers") or {}
+    if event.get("body") and "json" not in headers.get("content-type", ""):
+        # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type.
+        event = {**event, "headers": {**headers, "content-type": "application/json"}}
     app.append_context(service=service)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)

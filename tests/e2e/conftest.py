@@ -1,0 +1,99 @@
+"""The local stack as users start it (`llmtasks up`), in a subprocess on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ROOT, free_port
+
+
+@dataclass
+class RunningStack:
+    process: subprocess.Popen[bytes]
+    api: str
+    mock: str | None
+    moto_port: int
+    log: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.api, timeout=30)
+
+    def configure_mock(self, **knobs: float) -> None:
+        assert self.mock is not None
+        httpx.put(f"{self.mock}/_mock/config", json=knobs).raise_for_status()
+        httpx.post(f"{self.mock}/_mock/reset").raise_for_status()
+
+    def mock_stats(self) -> dict[str, int]:
+        assert self.mock is not None
+        stats: dict[str, int] = httpx.get(f"{self.mock}/_mock/stats").json()
+        return stats
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+
+def start_stack(*extra: str) -> RunningStack:
+    api_port, moto_port, mock_port = free_port(), free_port(), free_port()
+    log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL") and k != "LLM_BASE_URL"
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmtasks.cli",
+            "up",
+            "--port",
+            str(api_port),
+            "--moto-port",
+            str(moto_port),
+            "--mock-port",
+            str(mock_port),
+            "--mock-latency",
+            "0",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    give_up = time.monotonic() + 60
+    while "Ready." not in log.read_text():
+        if process.poll() is not None or time.monotonic() > give_up:
+            process.kill()
+            raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    mock = None if "--llm-base-url" in extra else f"http://127.0.0.1:{mock_port}"
+    return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[RunningStack]:
+    running = start_stack()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def fresh_mock(stack: RunningStack) -> RunningStack:
+    stack.configure_mock(latency_s=0)
+    return stack

@@ -1,0 +1,134 @@
+"""The local stack end to end over HTTP, as a user drives it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from llmtasks.llm.mock import reply_text
+from tests.e2e.conftest import RunningStack, start_stack
+from tests.helpers import WebhookReceiver, serve
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    give_up = time.monotonic() + timeout_s
+    while True:
+        task: dict[str, Any] = client.get(f"/tasks/{task_id}").json()
+        if task["status"] in ("completed", "failed", "cancelled"):
+            return task
+        assert time.monotonic() < give_up, f"task {task_id} still {task['status']}"
+        time.sleep(0.2)
+
+
+def test_a_curl_style_submit_is_polled_to_completion(fresh_mock: RunningStack) -> None:
+    with fresh_mock.client() as client:
+        # Given the body curl -d sends, with its form content type
+        reply = client.post(
+            "/tasks",
+            content=b'{"prompt":"hello"}',
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        # Then it is accepted at once
+        assert reply.status_code == 202, reply.text
+        task_id = reply.json()["task_id"]
+        assert reply.headers["location"] == f"/tasks/{task_id}"
+        # And polling reaches completed with the mock's text
+        task = wait_terminal(client, task_id)
+    assert task["status"] == "completed"
+    assert task["result"] == reply_text("hello")
+    assert task["attempts"] == 1
+
+
+def test_a_task_with_a_webhook_gets_one_signed_post(fresh_mock: RunningStack) -> None:
+    hook = WebhookReceiver()
+    with serve(hook.app()) as receiver_url, fresh_mock.client() as client:
+        secret = client.get("/webhooks/secret").json()["key"]
+        reply = client.post("/tasks", json={"prompt": "notify me", "webhook_url": receiver_url + "/hook"})
+        task_id = reply.json()["task_id"]
+        [delivery] = hook.wait_for(1)
+        time.sleep(1.5)  # room for a duplicate to show up, if there were one
+        assert len(hook.deliveries) == 1
+        event = Webhook(secret).verify(delivery.body, delivery.headers)
+        task = client.get(f"/tasks/{task_id}").json()
+    assert event["type"] == "task.completed"
+    assert event["data"]["task_id"] == task_id
+    assert event["data"]["result"] == reply_text("notify me")
+    assert task["webhook"] == {"status": "delivered", "attempts": 1}
+
+
+def test_ten_slow_calls_overlap_at_the_llm(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(latency_s=2)
+    started = time.monotonic()
+    with fresh_mock.client() as client:
+        ids = [client.post("/tasks", json={"prompt": f"slow {i}"}).json()["task_id"] for i in range(10)]
+        tasks = [wait_terminal(client, task_id, timeout_s=60) for task_id in ids]
+    elapsed = time.monotonic() - started
+    assert [t["status"] for t in tasks] == ["completed"] * 10
+    stats = fresh_mock.mock_stats()
+    assert stats["calls"] == 10
+    assert stats["max_in_flight"] == 10  # all ten calls were in flight at once at the provider
+    print(f"10 tasks x 2 s at the mock: {elapsed:.1f} s wall, max {stats['max_in_flight']} in flight")
+
+
+def test_cancel_and_problem_replies_over_http(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(latency_s=3)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "cancel me"}).json()["task_id"]
+        assert client.post(f"/tasks/{task_id}/cancel").json()["status"] == "cancelled"
+        again = client.post(f"/tasks/{task_id}/cancel")
+        assert again.status_code == 409
+        assert again.headers["content-type"] == "application/problem+json"
+        assert client.get("/tasks/unknown").status_code == 404
+        assert client.post("/tasks", json={"prompt": "x", "bogus": 1}).status_code == 422
+        assert client.get("/health").json()["status"] == "ok"
+        assert "/tasks" in client.get("/openapi.json").json()["paths"]
+        time.sleep(3.5)
+        assert client.get(f"/tasks/{task_id}").json()["status"] == "cancelled"
+
+
+def test_llm_base_url_points_the_stack_at_another_openai_compatible_server() -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def chat(request: Request) -> JSONResponse:
+        calls.append(json.loads(await request.body()))
+        return JSONResponse(
+            {
+                "model": "other-model",
+                "choices": [{"message": {"role": "assistant", "content": "from the other server"}}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6},
+            }
+        )
+
+    other = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    with serve(other) as other_url:
+        stack = start_stack("--llm-base-url", other_url + "/v1")
+        try:
+            with stack.client() as client:
+                task_id = client.post("/tasks", json={"prompt": "who answers?"}).json()["task_id"]
+                task = wait_terminal(client, task_id)
+        finally:
+            # Ctrl-C stops it cleanly: exit code 0 and its ports closed.
+            assert stack.stop(signal.SIGINT) == 0
+    assert (task["status"], task["result"], task["model"]) == (
+        "completed",
+        "from the other server",
+        "other-model",
+    )
+    assert [c["messages"] for c in calls] == [[{"role": "user", "content": "who answers?"}]]
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", stack.moto_port)) != 0, (
+            "the embedded moto server is still running"
+        )

@@ -1,0 +1,176 @@
+"""The emulator's own rules: routes, intrinsics, Lambda's reply semantics, timeouts, SQS deletes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llmtasks.local.gateway import http_event, http_response
+from llmtasks.local.runtime import FunctionRuntime, Invocation
+from llmtasks.local.sources import SqsPoller, failed_ids
+from llmtasks.local.template import FunctionSpec, HttpRoute, SqsSource, Template, TemplateError
+from tests.conftest import Aws
+
+pytestmark = pytest.mark.unit
+
+
+def test_routes_match_like_api_gateway() -> None:
+    route = HttpRoute("F", "GET", "/tasks/{task_id}")
+    assert route.match("GET", "/tasks/abc") == {"task_id": "abc"}
+    assert route.match("GET", "/tasks/abc/cancel") is None
+    assert route.match("POST", "/tasks/abc") is None
+    assert HttpRoute("F", "ANY", "/files/{proxy+}").match("PUT", "/files/a/b") == {"proxy": "a/b"}
+
+
+def test_http_events_are_payload_2_0() -> None:
+    event = http_event(
+        route=HttpRoute("F", "GET", "/tasks/{task_id}"),
+        method="GET",
+        path="/tasks/abc",
+        raw_query="wait=5&x=1&x=2",
+        headers=[("X-Thing", "a"), ("x-thing", "b"), ("Cookie", "s=1; t=2")],
+        body=b"",
+        path_parameters={"task_id": "abc"},
+    )
+    assert event["version"] == "2.0"
+    assert event["routeKey"] == "GET /tasks/{task_id}"
+    assert event["queryStringParameters"] == {"wait": "5", "x": "1,2"}
+    assert event["headers"]["x-thing"] == "a,b"
+    assert event["cookies"] == ["s=1", "t=2"]
+    assert event["pathParameters"] == {"task_id": "abc"}
+    assert "body" not in event
+
+
+def test_binary_bodies_are_base64_and_replies_decode() -> None:
+    event = http_event(
+        route=HttpRoute("F", "POST", "/x"),
+        method="POST",
+        path="/x",
+        raw_query="",
+        headers=[("content-type", "application/octet-stream")],
+        body=b"\xff\x00",
+        path_parameters={},
+    )
+    assert event["isBase64Encoded"] is True
+    reply = http_response({"statusCode": 201, "body": "aGk=", "isBase64Encoded": True, "headers": {"A": "b"}})
+    assert (reply.status_code, reply.body, reply.headers["a"]) == (201, b"hi", "b")
+    assert http_response({"plain": "dict"}).status_code == 200
+
+
+def test_intrinsics_resolve(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        textwrap.dedent("""
+        Parameters:
+          Stage: {Type: String, Default: dev}
+        Conditions:
+          IsProd: !Equals [!Ref Stage, prod]
+        Resources: {}
+    """)
+    )
+    template = Template.load(path, {"Stage": "prod"})
+    value = {
+        "a": {"Fn::Sub": "${Stage}-${AWS::Region}-${Q.Arn}"},
+        "b": {"Fn::If": ["IsProd", "big", "small"]},
+        "c": {"Fn::Join": ["/", ["x", {"Ref": "Stage"}]]},
+        "d": [{"Ref": "AWS::NoValue"}, 1],
+    }
+    resolved = template.resolve(value, {}, {("Q", "Arn"): "arn:q"})
+    assert resolved == {"a": "prod-us-east-1-arn:q", "b": "big", "c": "x/prod", "d": [1]}
+    with pytest.raises(TemplateError):
+        template.resolve({"Ref": "Nope"}, {}, {})
+    with pytest.raises(TemplateError):
+        Template.load(path, {"Unknown": "1"})
+
+
+@pytest.mark.parametrize(
+    ("invocation", "report", "expected"),
+    [
+        (Invocation(payload={"batchItemFailures": [{"itemIdentifier": "b"}]}), True, {"b"}),
+        (Invocation(payload={"batchItemFailures": [{"itemIdentifier": "b"}]}), False, set()),
+        (Invocation(payload={"batchItemFailures": [{"itemIdentifier": "zz"}]}), True, {"a", "b"}),
+        (Invocation(payload={"batchItemFailures": [{"itemIdentifier": ""}]}), True, {"a", "b"}),
+        (Invocation(error="boom"), True, {"a", "b"}),
+        (Invocation(timed_out=True, error="Task timed out"), True, {"a", "b"}),
+        (Invocation(payload=None), True, set()),
+    ],
+)
+def test_batch_replies_follow_lambdas_rules(invocation: Invocation, report: bool, expected: set[str]) -> None:
+    assert failed_ids(invocation, report_failures=report, all_ids=["a", "b"]) == expected
+
+
+def _function(tmp_path: Path, body: str, timeout_s: int = 1) -> FunctionSpec:
+    (tmp_path / "app.py").write_text(textwrap.dedent(body))
+    return FunctionSpec("F", tmp_path, "app.handler", timeout_s, 128, {})
+
+
+def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) -> None:
+    spec = _function(
+        tmp_path,
+        """
+        import time
+        def handler(event, context):
+            time.sleep(event["sleep"])
+            return context.get_remaining_time_in_millis()
+    """,
+    )
+    runtime = FunctionRuntime(spec, concurrency=2)
+    assert runtime.invoke({"sleep": 0}).payload > 900
+    late = runtime.invoke({"sleep": 1.5})
+    assert late.timed_out
+    assert not late.ok
+
+
+def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
+    spec = _function(
+        tmp_path,
+        """
+        import threading, time
+        calls = []
+        def handler(event, context):
+            calls.append(1)
+            time.sleep(event["sleep"])
+            return len(calls)
+    """,
+    )
+    runtime = FunctionRuntime(spec, concurrency=2)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(runtime.invoke, [{"sleep": 0.3}, {"sleep": 0.3}]))
+    assert [c.payload for c in counts] == [1, 1]  # two sandboxes, two copies of `calls`
+    assert runtime.invoke({"sleep": 0}).payload == 2  # a warm sandbox keeps its state
+
+
+def test_the_sqs_poller_deletes_all_but_the_reported_failures(aws: Aws, tmp_path: Path) -> None:
+    spec = _function(
+        tmp_path,
+        """
+        def handler(event, context):
+            return {"batchItemFailures": [
+                {"itemIdentifier": r["messageId"]} for r in event["Records"] if r["body"] == "bad"]}
+    """,
+        timeout_s=5,
+    )
+    url = aws.queue_url("WebhookQueue")
+    arn = aws.resources.attributes[("WebhookQueue", "Arn")]
+    for body in ("good", "bad", "good"):
+        aws.sqs.send_message(QueueUrl=url, MessageBody=body)
+    import threading
+
+    source = SqsSource("F", "S", arn, batch_size=10, report_batch_item_failures=True)
+    poller = SqsPoller(source, FunctionRuntime(spec), aws.sqs, url, threading.Event())
+    batch = poller.next_batch()
+    assert len(batch) == 3
+    poller.deliver(batch)
+    aws.sqs.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+            for i, m in enumerate(batch)
+        ],
+    )
+    left = aws.messages("WebhookQueue")
+    assert [m["Body"] for m in left] == ["bad"]
