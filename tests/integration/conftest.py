@@ -1,0 +1,52 @@
+"""A real AWS endpoint over HTTP: the moto server the local stack embeds, or the endpoint that
+AWS_ENDPOINT_URL names (a LocalStack), with the template's resources under a fresh prefix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from llmtasks.local.provision import LocalResources, provision
+from llmtasks.local.stack import wait_for_port
+from llmtasks.local.template import Template
+from tests.helpers import TEMPLATE, free_port
+
+
+@pytest.fixture(scope="session")
+def endpoint_url() -> Iterator[str]:
+    given = os.environ.get("AWS_ENDPOINT_URL")
+    if given:
+        yield given
+        return
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, process=server)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture
+def remote(endpoint_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", os.environ.get("AWS_ACCESS_KEY_ID", "testing"))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint_url)
+    sqs = boto3.client("sqs", endpoint_url=endpoint_url)
+    resources: LocalResources = provision(
+        Template.load(TEMPLATE), dynamodb=dynamodb, sqs=sqs, prefix=f"it-{uuid.uuid4().hex[:8]}"
+    )
+    return {"dynamodb": dynamodb, "sqs": sqs, "resources": resources}

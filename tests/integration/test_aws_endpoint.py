@@ -1,0 +1,59 @@
+"""The adapters and the template's queue wiring against a real endpoint over HTTP."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from llmtasks.models import LLMRequest, Task, TaskMessage, TaskStatus
+from llmtasks.queues import Queue
+from llmtasks.store import ClaimRefused, TaskStore
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
+    store = TaskStore(remote["resources"].table_names["TasksTable"], remote["dynamodb"])
+    now = time.time()
+    store.create(
+        Task(
+            task_id="t",
+            tenant_id="a",
+            status=TaskStatus.PENDING,
+            request=LLMRequest(prompt="p"),
+            created_at=now,
+            expires_at=int(now + 60),
+        )
+    )
+    store.claim("t", lease_id="L", lease_until=now + 30, now=now)
+    with pytest.raises(ClaimRefused):
+        store.claim("t", lease_id="M", lease_until=now + 30, now=now)
+    assert store.cancel("t", tenant_id="a", now=now).status is TaskStatus.CANCELLED
+
+
+def test_a_message_that_keeps_failing_moves_to_the_dlq_after_max_receive_count(
+    remote: dict[str, Any],
+) -> None:
+    # Given TaskQueue as the template declares it (maxReceiveCount 5 into TaskDLQ)
+    urls = remote["resources"].queue_urls
+    sqs = remote["sqs"]
+    Queue(urls["TaskQueue"], sqs).send(TaskMessage(task_id="poison"))
+    # When five deliveries each fail (made visible again at once instead of after 90 minutes)
+    for _ in range(5):
+        [message] = sqs.receive_message(QueueUrl=urls["TaskQueue"], WaitTimeSeconds=1)["Messages"]
+        Queue(urls["TaskQueue"], sqs).retry_later(message["ReceiptHandle"], 0)
+    # Then the next receive finds nothing and the message waits in TaskDLQ
+    assert sqs.receive_message(QueueUrl=urls["TaskQueue"], WaitTimeSeconds=1).get("Messages", []) == []
+    [dead] = sqs.receive_message(QueueUrl=urls["TaskDLQ"], WaitTimeSeconds=1)["Messages"]
+    assert TaskMessage.model_validate_json(dead["Body"]).task_id == "poison"
+
+
+def test_a_delayed_retry_stays_invisible_until_its_time(remote: dict[str, Any]) -> None:
+    url = remote["resources"].queue_urls["TaskQueue"]
+    Queue(url, remote["sqs"]).send(TaskMessage(task_id="later"), delay_s=2)
+    assert remote["sqs"].receive_message(QueueUrl=url).get("Messages", []) == []
+    time.sleep(2.2)
+    [message] = remote["sqs"].receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+    assert "later" in message["Body"]
