@@ -49,12 +49,12 @@ class RunningStack:
             raise
 
 
-def start_stack(*extra: str) -> RunningStack:
+def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
     api_port, moto_port, mock_port = free_port(), free_port(), free_port()
     log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL") and k != "LLM_BASE_URL"
-    }
+    # With AWS_ENDPOINT_URL set (e.g. a LocalStack), the stack uses it instead of its own moto.
+    given = env or {}
+    env = {**{k: v for k, v in os.environ.items() if k != "LLM_BASE_URL"}, **given}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -82,7 +82,7 @@ def start_stack(*extra: str) -> RunningStack:
             process.kill()
             raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
         time.sleep(0.1)
-    mock = None if "--llm-base-url" in extra else f"http://127.0.0.1:{mock_port}"
+    mock = None if "LLM_BASE_URL" in given else f"http://127.0.0.1:{mock_port}"
     return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 from standardwebhooks import Webhook
@@ -17,8 +20,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
+from llmtasks.local.stack import wait_for_port
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, serve
+from tests.helpers import WebhookReceiver, free_port, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -114,7 +118,7 @@ def test_llm_base_url_points_the_stack_at_another_openai_compatible_server() -> 
 
     other = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     with serve(other) as other_url:
-        stack = start_stack("--llm-base-url", other_url + "/v1")
+        stack = start_stack(env={"LLM_BASE_URL": other_url + "/v1"})
         try:
             with stack.client() as client:
                 task_id = client.post("/tasks", json={"prompt": "who answers?"}).json()["task_id"]
@@ -132,3 +136,37 @@ def test_llm_base_url_points_the_stack_at_another_openai_compatible_server() -> 
         assert probe.connect_ex(("127.0.0.1", stack.moto_port)) != 0, (
             "the embedded moto server is still running"
         )
+
+
+def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
+    # Given an AWS endpoint that the stack did not start (a LocalStack, here another moto server)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, process=server)
+        endpoint = f"http://127.0.0.1:{port}"
+        stack = start_stack("--endpoint-url", endpoint)
+        try:
+            with stack.client() as client:
+                task_id = client.post("/tasks", json={"prompt": "where am I stored?"}).json()["task_id"]
+                task = wait_terminal(client, task_id)
+        finally:
+            assert stack.stop() == 0
+        # Then the task lives on that endpoint, which outlives the stack
+        dynamodb = boto3.client(
+            "dynamodb",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        [table] = dynamodb.list_tables()["TableNames"]
+        item = dynamodb.get_item(TableName=table, Key={"pk": {"S": f"task#{task_id}"}})["Item"]
+        assert task["status"] == item["status"]["S"] == "completed"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
