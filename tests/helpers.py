@@ -86,3 +86,16 @@ class WebhookReceiver:
             assert time.monotonic() < give_up, f"{len(self.deliveries)} of {count} webhook deliveries arrived"
             time.sleep(0.05)
         return self.deliveries
+
+
+@contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """A moto server in its own process, as the local stack embeds it; yields its URL."""
+    from llmtasks.local.processes import spawn_moto_server, stop
+
+    port = free_port()
+    server = spawn_moto_server(port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(server)

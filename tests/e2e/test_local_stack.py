@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -20,9 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.stack import wait_for_port
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, free_port, serve
+from tests.helpers import WebhookReceiver, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -140,15 +137,7 @@ def test_llm_base_url_points_the_stack_at_another_openai_compatible_server() -> 
 
 def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
     # Given an AWS endpoint that the stack did not start (a LocalStack, here another moto server)
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port("127.0.0.1", port, process=server)
-        endpoint = f"http://127.0.0.1:{port}"
+    with moto_endpoint() as endpoint:
         stack = start_stack("--endpoint-url", endpoint)
         try:
             with stack.client() as client:
@@ -167,6 +156,3 @@ def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
         [table] = dynamodb.list_tables()["TableNames"]
         item = dynamodb.get_item(TableName=table, Key={"pk": {"S": f"task#{task_id}"}})["Item"]
         assert task["status"] == item["status"]["S"] == "completed"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)

@@ -4,8 +4,6 @@ AWS_ENDPOINT_URL names (a LocalStack), with the template's resources under a fre
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +12,8 @@ import boto3
 import pytest
 
 from llmtasks.local.provision import LocalResources, provision
-from llmtasks.local.stack import wait_for_port
 from llmtasks.local.template import Template
-from tests.helpers import TEMPLATE, free_port
+from tests.helpers import TEMPLATE, moto_endpoint
 
 
 @pytest.fixture(scope="session")
@@ -25,18 +22,8 @@ def endpoint_url() -> Iterator[str]:
     if given:
         yield given
         return
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port("127.0.0.1", port, process=server)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with moto_endpoint() as url:
+        yield url
 
 
 @pytest.fixture

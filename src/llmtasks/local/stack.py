@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +21,7 @@ import boto3
 import uvicorn
 
 from llmtasks.local.gateway import HttpGateway
+from llmtasks.local.processes import spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller
@@ -44,23 +43,6 @@ class StackOptions:
     parameter_overrides: dict[str, str] = field(default_factory=dict)
     auth: bool = True
     quiet_children: bool = True
-
-
-def wait_for_port(
-    host: str, port: int, *, timeout_s: float = 30, process: subprocess.Popen[bytes] | None = None
-) -> None:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"{process.args!r} exited with {process.returncode} before listening on {port}"
-            )
-        with socket.socket() as probe:
-            probe.settimeout(0.5)
-            if probe.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
 
 
 def merged_environment(functions: Mapping[str, FunctionSpec]) -> dict[str, str]:
@@ -95,17 +77,10 @@ class LocalStack:
     def api_url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
 
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        output = subprocess.DEVNULL if self.options.quiet_children else None
-        child = subprocess.Popen([sys.executable, *args], stdout=output, stderr=output)  # noqa: S603
-        self._children.append(child)
-        return child
-
     def _start_endpoint(self) -> None:
         if self.endpoint_url is None:
             port = self.options.moto_port
-            child = self._spawn("-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port))
-            wait_for_port("127.0.0.1", port, process=child)
+            self._children.append(spawn_moto_server(port, quiet=self.options.quiet_children))
             self.endpoint_url = f"http://127.0.0.1:{port}"
             # Never let the embedded stack pick up a real account's credentials.
             os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")  # noqa: S106 - moto's
@@ -119,7 +94,7 @@ class LocalStack:
     def _start_llm(self) -> None:
         if self.llm_base_url is None:
             port = self.options.mock_port
-            child = self._spawn(
+            child = spawn_python(
                 "-m",
                 "llmtasks.cli",
                 "mock-llm",
@@ -127,8 +102,10 @@ class LocalStack:
                 str(port),
                 "--latency",
                 str(self.options.mock_latency_s),
+                ready_port=port,
+                quiet=self.options.quiet_children,
             )
-            wait_for_port("127.0.0.1", port, process=child)
+            self._children.append(child)
             self.llm_base_url = f"http://127.0.0.1:{port}/v1"
 
     def start(self) -> LocalStack:
@@ -221,12 +198,7 @@ class LocalStack:
         for thread in self._threads:
             thread.join(timeout=10)
         for child in self._children:
-            child.terminate()
-        for child in self._children:
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
+            stop(child)
         self._children.clear()
 
     def __enter__(self) -> LocalStack:

@@ -1,0 +1,52 @@
+"""Child processes of the local stack (the moto server, the mock LLM), started and awaited."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+
+def wait_for_port(
+    host: str, port: int, *, timeout_s: float = 30, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"{process.args!r} exited with {process.returncode} before listening on {port}"
+            )
+        with socket.socket() as probe:
+            probe.settimeout(0.5)
+            if probe.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
+
+
+def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.Popen[bytes]:
+    """`python ARGS` in a child process, returned once it listens on 127.0.0.1:`ready_port`."""
+    output = subprocess.DEVNULL if quiet else None
+    child = subprocess.Popen([sys.executable, *args], stdout=output, stderr=output)  # noqa: S603
+    try:
+        wait_for_port("127.0.0.1", ready_port, process=child)
+    except BaseException:
+        child.kill()
+        raise
+    return child
+
+
+def spawn_moto_server(port: int, *, quiet: bool = True) -> subprocess.Popen[bytes]:
+    return spawn_python(
+        "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port), ready_port=port, quiet=quiet
+    )
+
+
+def stop(child: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
+    child.terminate()
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
