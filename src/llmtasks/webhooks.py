@@ -29,6 +29,7 @@ from llmtasks.llm.openai import parse_retry_after
 from llmtasks.models import (
     EventType,
     Task,
+    TaskStatus,
     TaskView,
     WebhookEvent,
     WebhookMessage,
@@ -110,12 +111,11 @@ def webhook_id(task_id: str, event_type: EventType) -> str:
     return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{task_id}/{event_type}").hex
 
 
-def event_type_of(task: Task) -> EventType:
-    if task.status.value == "completed":
-        return "task.completed"
-    if task.status.value == "failed":
-        return "task.failed"
-    return "task.cancelled"
+_EVENT_TYPES: dict[TaskStatus, EventType] = {
+    TaskStatus.COMPLETED: "task.completed",
+    TaskStatus.FAILED: "task.failed",
+    TaskStatus.CANCELLED: "task.cancelled",
+}
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ class WebhookRelay:
     def relay(self, old: Task | None, new: Task) -> bool:
         if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
             return False  # the stream filter should not have let it through; changes nothing
-        event_type = event_type_of(new)
+        event_type = _EVENT_TYPES[new.status]
         self._queue.send(
             WebhookMessage(
                 webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type

@@ -190,3 +190,14 @@ def test_webhook_secret_is_a_stable_whsec(api: Api) -> None:
 
 def test_an_unknown_route_is_a_404_problem(api: Api) -> None:
     assert_problem(api.call("GET", "/nowhere"), 404)
+
+
+def test_when_the_queue_refuses_the_task_is_taken_back_and_the_client_told_to_retry(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    broken_queue = Queue(settings.task_queue_url + "-gone", aws.sqs)
+    api = Api(aws, handler, TaskService(settings, store, broken_queue))
+    problem = assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
+    assert "Retry" in problem["detail"]
+    assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0

@@ -174,3 +174,33 @@ def test_the_sqs_poller_deletes_all_but_the_reported_failures(aws: Aws, tmp_path
     )
     left = aws.messages("WebhookQueue")
     assert [m["Body"] for m in left] == ["bad"]
+
+
+def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:
+    import httpx
+
+    from llmtasks.local.gateway import HttpGateway
+    from tests.helpers import serve
+
+    spec = _function(
+        tmp_path,
+        """
+        import time
+        def handler(event, context):
+            if event["rawPath"] == "/boom":
+                raise RuntimeError("boom")
+            if event["rawPath"] == "/slow":
+                time.sleep(1.5)
+            return {"statusCode": 200, "body": event["pathParameters"]["name"]}
+    """,
+    )
+    runtime = FunctionRuntime(spec)
+    gateway = HttpGateway([HttpRoute("F", "GET", "/{name}")], {"F": runtime})
+    with serve(gateway.app()) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/hello").text == "hello"
+        assert (client.get("/boom").status_code, client.get("/boom").json()) == (
+            500,
+            {"message": "Internal Server Error"},
+        )
+        assert client.get("/slow").status_code == 503
+        assert client.post("/hello").json() == {"message": "Not Found"}

@@ -247,10 +247,10 @@ def test_the_last_failed_attempt_parks_the_event_in_the_dlq(
 def test_a_hanging_receiver_counts_as_a_failed_attempt(
     hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
 ) -> None:
-    receiver[0].hang_s = 3
+    receiver[0].hang_s = 1.5
     task_id = hooks.finish_task()
     hooks.relay()
-    reply = hooks.deliver(aws.messages("WebhookQueue"), webhook_timeout_s=0.5)
+    reply = hooks.deliver(aws.messages("WebhookQueue"), webhook_timeout_s=0.3)
     assert len(reply["batchItemFailures"]) == 1
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.RETRYING
 

@@ -131,11 +131,8 @@ class LocalStack:
         self.resources = resources = provision(template, dynamodb=dynamodb, sqs=sqs)
         self.functions = template.functions(resources.refs, resources.attributes)
         os.environ.update(merged_environment(self.functions))
-        os.environ.update(
-            POWERTOOLS_TRACE_DISABLED="true",
-            POWERTOOLS_DEV=os.environ.get("POWERTOOLS_DEV", "false"),
-            LLMTASKS_AUTH="on" if self.options.auth else "off",
-        )
+        # X-Ray has no daemon here; the Tracer would only warn.
+        os.environ["POWERTOOLS_TRACE_DISABLED"] = "true"
         pollers: list[SqsPoller | StreamPoller] = []
         streams = boto3.client("dynamodbstreams")
         for spec in self.functions.values():
