@@ -62,9 +62,9 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
     # moto's in-process DynamoDB Streams need this (measured; its server mode does not).
     monkeypatch.setenv("AWS_ACCOUNT_ID_ENDPOINT_MODE", "disabled")
     with mock_aws():
-        dynamodb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+        dynamodb, sqs, s3 = boto3.client("dynamodb"), boto3.client("sqs"), boto3.client("s3")
         template = Template.load(TEMPLATE)
-        resources = provision(template, dynamodb=dynamodb, sqs=sqs)
+        resources = provision(template, dynamodb=dynamodb, sqs=sqs, s3=s3)
         yield Aws(dynamodb, sqs, boto3.client("dynamodbstreams"), resources, template)
 
 
@@ -111,6 +111,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
         task_queue_url=aws.queue_url("TaskQueue"),
         webhook_queue_url=aws.queue_url("WebhookQueue"),
         webhook_dlq_url=aws.queue_url("WebhookDLQ"),
+        results_bucket=aws.resources.bucket_names["ResultsBucket"],
         llm_base_url=mock_llm.url,
         llm_model="mock-model",
         webhook_allowed_hosts=frozenset({"127.0.0.1"}),

@@ -124,6 +124,8 @@ class Task(BaseModel):
     lease_until: float | None = None
     next_attempt_at: float | None = None
     result: str | None = None
+    # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
+    result_ref: str | None = None
     error: str | None = None
     error_code: str | None = None
     # The error of the latest failed attempt while retries remain (`error` is set only on failure).

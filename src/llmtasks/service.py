@@ -25,6 +25,7 @@ from llmtasks.llm import LLMProvider
 from llmtasks.models import SubmitTaskRequest, Task, TaskMessage, TaskStatus, WebhookStatus
 from llmtasks.observability import logger
 from llmtasks.queues import Queue
+from llmtasks.results import ResultBlobs
 from llmtasks.settings import Settings
 from llmtasks.store import ClaimRefused, TaskStore
 from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, system_resolver
@@ -47,12 +48,14 @@ class TaskService:
         *,
         clock: Clock = time.time,
         resolve: Resolver = system_resolver,
+        results: ResultBlobs | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._queue = task_queue
         self._clock = clock
         self._resolve = resolve
+        self._results = results or ResultBlobs(settings.results_bucket)
 
     @property
     def default_tenant(self) -> str:
@@ -108,7 +111,7 @@ class TaskService:
         task = self._store.get(task_id, now=self._clock())
         if task is None or task.tenant_id != tenant_id:
             raise TaskNotFound(task_id)
-        return task
+        return self._results.hydrate(task)
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         task = self._store.cancel(task_id, tenant_id=tenant_id, now=self._clock())
@@ -131,6 +134,7 @@ class TaskRunner:
         *,
         clock: Clock = time.time,
         rng: random.Random | None = None,
+        results: ResultBlobs | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -138,6 +142,7 @@ class TaskRunner:
         self._llm = llm
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._results = results or ResultBlobs(settings.results_bucket)
 
     async def run(self, task_id: str, *, remaining_s: float) -> None:
         """Raises RetryLater when another delivery holds a live lease on this task."""
@@ -175,8 +180,15 @@ class TaskRunner:
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
             return
+        result_ref = None
+        if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
+            # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
+            # rule removes it with the rest.
+            result_ref = self._results.put(task_id, completion.text)
         try:
-            self._store.complete(task_id, lease_id=lease_id, completion=completion, now=self._clock())
+            self._store.complete(
+                task_id, lease_id=lease_id, completion=completion, now=self._clock(), result_ref=result_ref
+            )
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
             # discarded, never written over a terminal state.

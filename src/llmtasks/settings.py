@@ -24,11 +24,14 @@ class Settings(BaseSettings):
     task_queue_url: str = Field(min_length=1)
     webhook_queue_url: str = Field(min_length=1)
     webhook_dlq_url: str = Field(min_length=1)
+    results_bucket: str = Field(min_length=1)
 
     # Task lifecycle
     task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
     max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
+    # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.
+    max_inline_result_bytes: int = Field(default=100 * KIB, ge=0)
     default_tenant: str = "default"
     # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
     retry_base_delay_s: float = Field(default=2.0, ge=0)

@@ -147,13 +147,23 @@ class TaskStore:
             raise
         return task_from_item(reply["Attributes"])
 
-    def complete(self, task_id: str, *, lease_id: str, completion: Completion, now: float) -> Task:
+    def complete(
+        self,
+        task_id: str,
+        *,
+        lease_id: str,
+        completion: Completion,
+        now: float,
+        result_ref: str | None = None,
+    ) -> Task:
+        """processing -> completed, with the text itself or, when it is in ResultsBucket, its key."""
         return self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.COMPLETED,
             values={
-                "result": completion.text,
+                "result": None if result_ref else completion.text,
+                "result_ref": result_ref,
                 "usage": completion.usage.model_dump(),
                 "model": completion.model,
                 "completed_at": now,
@@ -183,6 +193,7 @@ class TaskStore:
     def _finish(
         self, task_id: str, *, lease_id: str | None, status: TaskStatus, values: Mapping[str, Any]
     ) -> Task:
+        values = {k: v for k, v in values.items() if v is not None}
         names = {"#status": "status", **{f"#{k}": k for k in values}}
         assignments = ", ".join(f"#{k} = :{k}" for k in values)
         expression_values = {":status": status.value, **{f":{k}": v for k, v in values.items()}}

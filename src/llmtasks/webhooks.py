@@ -36,6 +36,7 @@ from llmtasks.models import (
     WebhookStatus,
 )
 from llmtasks.observability import logger
+from llmtasks.results import ResultBlobs
 from llmtasks.store import task_from_item
 
 if TYPE_CHECKING:
@@ -214,6 +215,7 @@ class WebhookDelivery:
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        results: ResultBlobs | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -221,6 +223,7 @@ class WebhookDelivery:
         self._sender = sender
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._results = results or ResultBlobs(settings.results_bucket)
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
         task = self._store.get(message.task_id, now=self._clock())
@@ -228,7 +231,8 @@ class WebhookDelivery:
             logger.info("webhook dropped: task gone", task_id=message.task_id)
             return
         secret = self._store.webhook_secret(task.tenant_id, new_secret=new_webhook_secret())
-        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=TaskView.of(task))
+        data = TaskView.of(self._results.hydrate(task))
+        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=data)
         result = await self._sender.send(
             task.webhook_url, message_id=message.webhook_id, event=event, secret=secret
         )

@@ -14,6 +14,7 @@ import boto3
 
 from llmtasks.llm import provider_from_settings
 from llmtasks.queues import Queue
+from llmtasks.results import ResultBlobs
 from llmtasks.service import TaskRunner, TaskService
 from llmtasks.settings import get_settings
 from llmtasks.store import TaskStore
@@ -54,14 +55,21 @@ def task_queue() -> Queue:
 
 
 @lru_cache(maxsize=1)
+def result_blobs() -> ResultBlobs:
+    return ResultBlobs(get_settings().results_bucket)
+
+
+@lru_cache(maxsize=1)
 def task_service() -> TaskService:
-    return TaskService(get_settings(), task_store(), task_queue())
+    return TaskService(get_settings(), task_store(), task_queue(), results=result_blobs())
 
 
 @lru_cache(maxsize=1)
 def task_runner() -> TaskRunner:
     settings = get_settings()
-    return TaskRunner(settings, task_store(), task_queue(), provider_from_settings(settings))
+    return TaskRunner(
+        settings, task_store(), task_queue(), provider_from_settings(settings), results=result_blobs()
+    )
 
 
 def webhook_queue() -> Queue:
@@ -77,4 +85,5 @@ def webhook_relay() -> WebhookRelay:
 def webhook_delivery() -> WebhookDelivery:
     settings = get_settings()
     sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
-    return WebhookDelivery(settings, task_store(), Queue(settings.webhook_dlq_url, sqs()), sender)
+    dead_letters = Queue(settings.webhook_dlq_url, sqs())
+    return WebhookDelivery(settings, task_store(), dead_letters, sender, results=result_blobs())

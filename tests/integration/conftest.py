@@ -33,7 +33,8 @@ def remote(endpoint_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     dynamodb = boto3.client("dynamodb", endpoint_url=endpoint_url)
     sqs = boto3.client("sqs", endpoint_url=endpoint_url)
+    s3 = boto3.client("s3", endpoint_url=endpoint_url)
     resources: LocalResources = provision(
-        Template.load(TEMPLATE), dynamodb=dynamodb, sqs=sqs, prefix=f"it-{uuid.uuid4().hex[:8]}"
+        Template.load(TEMPLATE), dynamodb=dynamodb, sqs=sqs, s3=s3, prefix=f"it-{uuid.uuid4().hex[:8]}"
     )
     return {"dynamodb": dynamodb, "sqs": sqs, "resources": resources}

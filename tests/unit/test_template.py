@@ -76,3 +76,14 @@ def test_the_layer_requirements_match_the_package_dependencies() -> None:
     ]
     # boto3 is part of the Lambda runtime; the layer does not ship it.
     assert names(layer) == names(declared) - {"boto3"}
+
+
+def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
+    parameters = aws.template.parameters
+    assert int(parameters["ResultRetentionDays"]) * 86400 > int(parameters["TaskTtlSeconds"])
+    import boto3
+
+    # The local bucket carries the template's lifecycle rule.
+    bucket = aws.resources.bucket_names["ResultsBucket"]
+    [rule] = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert rule["Expiration"]["Days"] == int(parameters["ResultRetentionDays"])

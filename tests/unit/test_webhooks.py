@@ -123,12 +123,14 @@ class Hooks:
         self.fn, self.context = handler("WebhookFunction")
         self.url = url
 
-    def finish_task(self, prompt: str = "hello") -> str:
+    def finish_task(self, prompt: str = "hello", *, result_ref: str | None = None) -> str:
         """A task with a webhook that the worker completed."""
         task = self.service.submit("default", SubmitTaskRequest(prompt=prompt, webhook_url=self.url))
         self.store.claim(task.task_id, lease_id="L", lease_until=time.time() + 60, now=time.time())
         completion = Completion(text=reply_text(prompt), model="m", usage=Usage(total_tokens=3))
-        self.store.complete(task.task_id, lease_id="L", completion=completion, now=time.time())
+        self.store.complete(
+            task.task_id, lease_id="L", completion=completion, now=time.time(), result_ref=result_ref
+        )
         return task.task_id
 
     def stream_event(self) -> dict[str, Any]:
@@ -309,3 +311,18 @@ def test_cancelled_tasks_get_a_task_cancelled_event(
     [delivery] = receiver[0].deliveries
     assert json.loads(delivery.body)["type"] == "task.cancelled"
     assert json.loads(delivery.body)["data"]["status"] == TaskStatus.CANCELLED
+
+
+def test_a_result_kept_in_s3_is_sent_whole_in_the_webhook(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    from llmtasks.results import ResultBlobs
+
+    blobs = ResultBlobs(hooks.settings.results_bucket)
+    big = "y" * 200_000
+    task_id = hooks.finish_task(result_ref=blobs.put("pending-id", big))
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    data = Webhook(hooks.secret()).verify(delivery.body, delivery.headers)["data"]
+    assert (data["task_id"], data["result"]) == (task_id, big)

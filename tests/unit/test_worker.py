@@ -190,3 +190,42 @@ def test_the_sample_event_runs(worker: Worker) -> None:
         load_event("worker_sqs.json"), worker.context, runner=worker.runner(), queue=worker.queue
     )
     assert reply == {"batchItemFailures": []}  # its task does not exist here: nothing to run
+
+
+def test_a_result_too_large_for_the_item_goes_to_s3_and_reads_back_whole(
+    worker: Worker, mock_llm: RunningMock, aws: Aws
+) -> None:
+    # Given a model whose answer (300 KB) would not fit beside a large prompt in one item
+    mock_llm.configure(reply_chars=300_000)
+    task_id = worker.submit("x" * 150_000)
+    worker.run_queued()
+    # Then the item keeps a reference, not the text
+    item = aws.dynamodb.get_item(
+        TableName=worker.settings.tasks_table_name, Key={"pk": {"S": f"task#{task_id}"}}
+    )
+    assert "result" not in item["Item"]
+    assert item["Item"]["result_ref"]["S"] == f"results/{task_id}.txt"
+    # And readers still get the whole text
+    task = worker.service.get("default", task_id)
+    assert task.status is TaskStatus.COMPLETED
+    assert task.result == reply_text("x" * 150_000, 300_000)
+
+
+def test_a_result_under_the_threshold_stays_in_the_item(
+    worker: Worker, mock_llm: RunningMock, aws: Aws
+) -> None:
+    mock_llm.configure(reply_chars=1000)
+    task_id = worker.submit("small")
+    worker.run_queued()
+    item = aws.dynamodb.get_item(
+        TableName=worker.settings.tasks_table_name, Key={"pk": {"S": f"task#{task_id}"}}
+    )
+    assert len(item["Item"]["result"]["S"]) == 1000
+    bucket = worker.settings.results_bucket
+    assert aws_objects(aws, bucket) == []
+
+
+def aws_objects(aws: Aws, bucket: str) -> list[str]:
+    import boto3
+
+    return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])]

@@ -28,6 +28,7 @@ class MockConfig(BaseSettings):
     rate_429: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 429.")
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with each 429.")
     rate_500: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 500.")
+    reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
     seed: int | None = None
 
 
@@ -42,8 +43,9 @@ class MockStats(BaseModel):
     calls_by_prompt: dict[str, int] = Field(default_factory=dict)
 
 
-def reply_text(prompt: str) -> str:
-    return f"Mock answer to a prompt of {len(prompt)} characters: {prompt[:200]}"
+def reply_text(prompt: str, reply_chars: int = 0) -> str:
+    text = f"Mock answer to a prompt of {len(prompt)} characters: {prompt[:200]}"
+    return text.ljust(reply_chars, ".")
 
 
 class MockLLM:
@@ -79,7 +81,7 @@ class MockLLM:
             if draw < self.config.rate_429 + self.config.rate_500:
                 self.stats.errors_500 += 1
                 return JSONResponse({"error": {"message": "internal error (mock)"}}, 500)
-            text = reply_text(prompt)
+            text = reply_text(prompt, self.config.reply_chars)
             prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
             completion_tokens = len(text.split())
             self.stats.completed += 1

@@ -1,4 +1,4 @@
-"""Creates the template's tables and queues on a local endpoint (moto, LocalStack) and returns
+"""Creates the template's tables, buckets and queues on a local endpoint (moto, LocalStack) and returns
 what Ref and GetAtt resolve to there."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from llmtasks.local.template import Template, TemplateError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_s3 import S3Client
     from mypy_boto3_sqs import SQSClient
 
 _TABLE_ARGUMENTS = (
@@ -44,6 +45,7 @@ class LocalResources:
     attributes: dict[tuple[str, str], str] = field(default_factory=dict)
     table_names: dict[str, str] = field(default_factory=dict)  # logical id -> name
     queue_urls: dict[str, str] = field(default_factory=dict)  # logical id -> URL
+    bucket_names: dict[str, str] = field(default_factory=dict)  # logical id -> name
 
     def queue_url_of_arn(self, arn: str) -> str:
         for logical_id, url in self.queue_urls.items():
@@ -59,7 +61,12 @@ class LocalResources:
 
 
 def provision(
-    template: Template, *, dynamodb: DynamoDBClient, sqs: SQSClient, prefix: str = "llmtasks-local"
+    template: Template,
+    *,
+    dynamodb: DynamoDBClient,
+    sqs: SQSClient,
+    s3: S3Client,
+    prefix: str = "llmtasks-local",
 ) -> LocalResources:
     """Creates what is missing and adopts what exists (a second `llmtasks up` on the same endpoint)."""
     resources = LocalResources()
@@ -68,6 +75,8 @@ def provision(
         resources.refs[logical_id] = logical_id
     for logical_id, props in template.resources("AWS::DynamoDB::Table").items():
         _create_table(template, resources, dynamodb, logical_id, props, prefix)
+    for logical_id, props in template.resources("AWS::S3::Bucket").items():
+        _create_bucket(template, resources, s3, logical_id, props, prefix)
     pending = dict(template.resources("AWS::SQS::Queue"))
     while pending:
         progressed = False
@@ -117,6 +126,43 @@ def _create_table(
     resources.attributes[(logical_id, "Arn")] = description["TableArn"]
     if "LatestStreamArn" in description:
         resources.attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
+
+
+def _create_bucket(
+    template: Template,
+    resources: LocalResources,
+    s3: S3Client,
+    logical_id: str,
+    props: dict[str, Any],
+    prefix: str,
+) -> None:
+    props = template.resolve(props, resources.refs, resources.attributes)
+    name = str(props.get("BucketName") or f"{prefix}-{logical_id}").lower()
+    try:
+        s3.create_bucket(Bucket=name)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+            raise
+    rules = (props.get("LifecycleConfiguration") or {}).get("Rules") or []
+    if rules:
+        s3.put_bucket_lifecycle_configuration(
+            Bucket=name,
+            LifecycleConfiguration={
+                "Rules": [
+                    {
+                        "ID": rule.get("Id", f"rule-{i}"),
+                        "Status": rule["Status"],
+                        "Filter": {"Prefix": rule.get("Prefix", "")},
+                        "Expiration": {"Days": int(rule["ExpirationInDays"])},
+                    }
+                    for i, rule in enumerate(rules)
+                    if "ExpirationInDays" in rule
+                ]
+            },
+        )
+    resources.bucket_names[logical_id] = name
+    resources.refs[logical_id] = name
+    resources.attributes[(logical_id, "Arn")] = f"arn:aws:s3:::{name}"
 
 
 def _create_queue(

@@ -127,8 +127,9 @@ class LocalStack:
             **self.options.parameter_overrides,
         }
         template = Template.load(self.options.template, overrides)
-        dynamodb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
-        self.resources = resources = provision(template, dynamodb=dynamodb, sqs=sqs)
+        self.resources = resources = provision(
+            template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
+        )
         self.functions = template.functions(resources.refs, resources.attributes)
         os.environ.update(merged_environment(self.functions))
         # X-Ray has no daemon here; the Tracer would only warn.

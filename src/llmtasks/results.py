@@ -1,0 +1,43 @@
+"""ResultsBucket: results too large to sit in the task's DynamoDB item (400 KB per item, and the
+prompt may take half of that) are stored in S3; readers get the text either way."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import boto3
+
+from llmtasks.models import Task
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+class ResultBlobs:
+    def __init__(self, bucket: str, client: S3Client | None = None) -> None:
+        self.bucket = bucket
+        self._given = client
+
+    @property
+    def _client(self) -> S3Client:
+        # Created on first use: most tasks never need S3, so cold starts do not pay for it.
+        if self._given is None:
+            self._given = boto3.session.Session().client("s3")  # a session per client is thread-safe
+        return self._given
+
+    def put(self, task_id: str, text: str) -> str:
+        """Stores the text; returns the key the task item keeps as `result_ref`."""
+        key = f"results/{task_id}.txt"
+        self._client.put_object(
+            Bucket=self.bucket, Key=key, Body=text.encode(), ContentType="text/plain; charset=utf-8"
+        )
+        return key
+
+    def get(self, key: str) -> str:
+        return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+    def hydrate(self, task: Task) -> Task:
+        """The task with its result text, fetched from the bucket when the item only has the key."""
+        if task.result_ref and task.result is None:
+            return task.model_copy(update={"result": self.get(task.result_ref)})
+        return task
