@@ -121,8 +121,9 @@ def test_llm_base_url_points_the_stack_at_another_openai_compatible_server() -> 
                 task_id = client.post("/tasks", json={"prompt": "who answers?"}).json()["task_id"]
                 task = wait_terminal(client, task_id)
         finally:
-            # Ctrl-C stops it cleanly: exit code 0 and its ports closed.
+            # Ctrl-C stops it cleanly: exit code 0, pollers before the endpoint, ports closed.
             assert stack.stop(signal.SIGINT) == 0
+            assert "poll failed" not in stack.log.read_text()
     assert (task["status"], task["result"], task["model"]) == (
         "completed",
         "from the other server",

@@ -28,7 +28,11 @@ def wait_for_port(
 def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.Popen[bytes]:
     """`python ARGS` in a child process, returned once it listens on 127.0.0.1:`ready_port`."""
     output = subprocess.DEVNULL if quiet else None
-    child = subprocess.Popen([sys.executable, *args], stdout=output, stderr=output)  # noqa: S603
+    # A session of its own: Ctrl-C in the terminal reaches only the stack, which then stops its
+    # children after its pollers, instead of every process dying at once.
+    child = subprocess.Popen(  # noqa: S603
+        [sys.executable, *args], stdout=output, stderr=output, start_new_session=True
+    )
     try:
         wait_for_port("127.0.0.1", ready_port, process=child)
     except BaseException:

@@ -115,7 +115,9 @@ class SqsPoller:
                 batch = self.next_batch()
                 if batch:
                     self.deliver(batch)
-            except Exception as exc:
+            except Exception as exc:  # a poller outlives a failed call, as Lambda's does
+                if self._stop.is_set():
+                    return  # the endpoint is going away with the stack
                 print(f"[{self.source.function_id}:{self.source.name}] poll failed: {exc!r}", flush=True)
                 self._stop.wait(1)
 
@@ -169,10 +171,11 @@ class StreamPoller:
         self._stop = stop
         self._on_failure = on_failure
         self._matches = pattern_matcher(source.filter_patterns)
-        self.thread = threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)
+        self.threads = [threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)]
 
     def start(self) -> None:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def _iterators(self) -> dict[str, str]:
         shards = self._streams.describe_stream(StreamArn=self.source.stream_arn)["StreamDescription"][
@@ -206,7 +209,9 @@ class StreamPoller:
                         self.deliver(chosen)
                 if not busy:
                     self._stop.wait(STREAM_IDLE_S)
-            except Exception as exc:
+            except Exception as exc:  # keep polling, as Lambda does
+                if self._stop.is_set():
+                    return
                 print(
                     f"[{self.source.function_id}:{self.source.name}] stream poll failed: {exc!r}", flush=True
                 )

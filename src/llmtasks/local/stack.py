@@ -155,6 +155,7 @@ class LocalStack:
         self._serve_http(HttpGateway(routes, self.runtimes))
         for poller in pollers:
             poller.start()
+            self._threads.extend(poller.threads)
 
     def _failure_sink(self, source: StreamSource) -> Callable[[dict[str, Any]], None] | None:
         """The stream's on-failure destination (an SQS queue): a note of each skipped batch."""
@@ -193,8 +194,9 @@ class LocalStack:
         self._stop.set()
         if self._server is not None:
             self._server.should_exit = True
+        # Pollers first (each finishes its long-poll slice), then the endpoint they talk to.
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=5)
         for child in self._children:
             stop(child)
         self._children.clear()
