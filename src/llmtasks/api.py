@@ -45,11 +45,16 @@ WAIT_POLL_S = 0.5
 _PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
     PROBLEM_JSON: {"model": Problem}
 }
-_NOT_FOUND: dict[int, OpenAPIResponse] = {
-    404: {"description": "Unknown, expired or another tenant's task", "content": _PROBLEM_CONTENT},
-}
-_CONFLICT: dict[int, OpenAPIResponse] = {
-    409: {"description": "Already terminal", "content": _PROBLEM_CONTENT}
+
+
+def _problem(description: str) -> OpenAPIResponse:
+    return {"description": description, "content": _PROBLEM_CONTENT}
+
+
+_STATUS: dict[int, OpenAPIResponse] = {
+    200: {"description": "The task's status object", "content": {"application/json": {"model": TaskView}}},
+    404: _problem("Unknown, expired or another tenant's task"),
+    422: _problem("An invalid parameter"),
 }
 
 
@@ -84,7 +89,11 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         status_code=202,
         summary="Submit a task",
         responses={
-            202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}}
+            202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}},
+            400: _problem("The body is not valid JSON"),
+            413: _problem("The prompt is over the size limit"),
+            422: _problem("A field is missing, unknown or invalid (see `errors`)"),
+            503: _problem("The task could not be queued; nothing was stored"),
         },
     )
     def submit_task(body: SubmitTaskRequest) -> Response[TaskAccepted]:
@@ -98,7 +107,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     @app.post(
         "/tasks/<task_id>/cancel",
         summary="Cancel a pending or processing task",
-        responses={**_NOT_FOUND, **_CONFLICT},
+        responses={**_STATUS, 409: _problem("The task is already terminal")},
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
         return _status_reply(_service(app).cancel(tenant_of(app), task_id))
@@ -107,9 +116,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
 def add_queries(app: APIGatewayHttpResolver) -> None:
     """Routes that only read (StatusFunction)."""
 
-    @app.get(
-        "/tasks/<task_id>", summary="A task's status and, once completed, its result", responses=_NOT_FOUND
-    )
+    @app.get("/tasks/<task_id>", summary="A task's status and, once completed, its result", responses=_STATUS)
     def get_task(
         task_id: str,
         wait: Annotated[
