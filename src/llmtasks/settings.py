@@ -35,9 +35,10 @@ class Settings(BaseSettings):
     default_tenant: str = "default"
     # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
     retry_base_delay_s: float = Field(default=2.0, ge=0)
-    retry_max_delay_s: float = Field(default=300.0, ge=0)
+    # Both at most 900 s: a retry is an SQS message delay, and SQS delays go up to 15 minutes.
+    retry_max_delay_s: float = Field(default=300.0, ge=0, le=900)
     # A provider's Retry-After beyond this fails the task instead of parking it for hours.
-    retry_after_cap_s: float = Field(default=900.0, ge=0)
+    retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
     # How much longer than the invocation's remaining time a claim's lease lives.
     lease_margin_s: float = Field(default=30.0, ge=0)
 

@@ -253,22 +253,23 @@ class TaskStore:
             raise TaskConflict(f"Task '{task_id}' is already {current.status.value}.") from exc
         return task_from_item(reply["Attributes"])
 
-    def record_webhook(self, task_id: str, *, status: WebhookStatus, attempts: int) -> None:
-        """Delivery progress. Attempts only grow, so a late, stale update cannot roll them back."""
+    def record_webhook_attempt(self, task_id: str, *, status: WebhookStatus) -> Task | None:
+        """Counts one delivery attempt and its outcome. Counting (not setting) keeps the total right
+        across retries, duplicate deliveries and redrives from the webhook DLQ."""
         try:
-            self._client.update_item(
+            reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
-                UpdateExpression="SET webhook_status = :status, webhook_attempts = :attempts",
-                ConditionExpression=(
-                    "attribute_exists(pk) AND"
-                    " (attribute_not_exists(webhook_attempts) OR webhook_attempts <= :attempts)"
-                ),
-                ExpressionAttributeValues=serialize({":status": status.value, ":attempts": attempts}),
+                UpdateExpression="SET webhook_status = :status ADD webhook_attempts :one",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=serialize({":status": status.value, ":one": 1}),
+                ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
-            if not _is_condition_failure(exc):
-                raise
+            if _is_condition_failure(exc):
+                return None  # the task expired and was deleted meanwhile
+            raise
+        return task_from_item(reply["Attributes"])
 
     # --- tenants ---------------------------------------------------------------------------
 

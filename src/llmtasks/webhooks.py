@@ -226,6 +226,8 @@ class WebhookDelivery:
         self._results = results or ResultBlobs(settings.results_bucket)
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
+        """`attempt` counts this message's deliveries (SQS's receive count): a redriven event
+        starts again at 1 and gets the full schedule."""
         task = self._store.get(message.task_id, now=self._clock())
         if task is None or not task.webhook_url:
             logger.info("webhook dropped: task gone", task_id=message.task_id)
@@ -238,16 +240,16 @@ class WebhookDelivery:
         )
         log: dict[str, Any] = {"task_id": task.task_id, "attempt": attempt, "status_code": result.status_code}
         if result.delivered:
-            self._store.record_webhook(task.task_id, status=WebhookStatus.DELIVERED, attempts=attempt)
+            self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.DELIVERED)
             logger.info("webhook delivered", **log)
             return
         if result.gone or attempt >= self._settings.webhook_max_attempts:
             # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
             self._dead_letters.send(message)
-            self._store.record_webhook(task.task_id, status=WebhookStatus.FAILED, attempts=attempt)
+            self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.FAILED)
             logger.warning("webhook failed", error=result.error, **log)
             return
-        self._store.record_webhook(task.task_id, status=WebhookStatus.RETRYING, attempts=attempt)
+        self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.RETRYING)
         schedule = self._settings.webhook_retry_schedule
         delay = schedule[min(attempt, len(schedule)) - 1] if schedule else 0.0
         delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out

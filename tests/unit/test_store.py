@@ -159,13 +159,15 @@ def test_cancel_of_a_foreign_missing_or_expired_task_is_not_found(
     assert store.get("t1", now=NOW).status is TaskStatus.PENDING  # type: ignore[union-attr]
 
 
-def test_webhook_attempts_only_grow(store: TaskStore) -> None:
+def test_every_webhook_attempt_is_counted_and_the_latest_outcome_kept(store: TaskStore) -> None:
     new_task(store)
-    store.record_webhook("t1", status=WebhookStatus.RETRYING, attempts=2)
-    store.record_webhook("t1", status=WebhookStatus.PENDING, attempts=1)  # a stale, late update
-    task = store.get("t1", now=NOW)
+    store.record_webhook_attempt("t1", status=WebhookStatus.RETRYING)
+    store.record_webhook_attempt("t1", status=WebhookStatus.FAILED)
+    # A redrive from the webhook DLQ that then succeeds:
+    task = store.record_webhook_attempt("t1", status=WebhookStatus.DELIVERED)
     assert task is not None
-    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.RETRYING, 2)
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 3)
+    assert store.record_webhook_attempt("gone", status=WebhookStatus.DELIVERED) is None
 
 
 def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:

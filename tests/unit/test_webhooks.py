@@ -326,3 +326,24 @@ def test_a_result_kept_in_s3_is_sent_whole_in_the_webhook(
     [delivery] = receiver[0].deliveries
     data = Webhook(hooks.secret()).verify(delivery.body, delivery.headers)["data"]
     assert (data["task_id"], data["result"]) == (task_id, big)
+
+
+def test_an_event_replayed_from_the_dlq_is_delivered_with_the_same_webhook_id(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given an event parked in WebhookDLQ after a 410
+    hook, _ = receiver
+    hook.answers = [410]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [parked] = aws.messages("WebhookDLQ")
+    # When it is moved back to WebhookQueue (what SQS redrive does) and the receiver is fixed
+    aws.sqs.send_message(QueueUrl=aws.queue_url("WebhookQueue"), MessageBody=parked["Body"])
+    assert hooks.deliver(aws.messages("WebhookQueue")) == {"batchItemFailures": []}
+    # Then it arrives, under the same webhook-id, and the task says so
+    assert [d.headers["webhook-id"] for d in hook.deliveries] == [
+        hook.deliveries[0].headers["webhook-id"]
+    ] * 2
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 2)
