@@ -7,7 +7,6 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
@@ -40,7 +39,6 @@ PROBLEM_BASE = "https://llmtasks.dev/problems/"
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
-WAIT_POLL_S = 0.5
 
 _PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
     PROBLEM_JSON: {"model": Problem}
@@ -123,13 +121,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             int, Query(ge=0, le=MAX_WAIT_S, description="Hold the reply up to N s until the task is terminal")
         ] = 0,
     ) -> Response[TaskView]:
-        service, tenant = _service(app), tenant_of(app)
-        task = service.get(tenant, task_id)
-        give_up = time.monotonic() + wait
-        while not task.status.is_terminal and time.monotonic() < give_up:
-            time.sleep(min(WAIT_POLL_S, max(0.0, give_up - time.monotonic())))
-            task = service.get(tenant, task_id)
-        return _status_reply(task)
+        return _status_reply(_service(app).get(tenant_of(app), task_id, wait_s=wait))
 
     @app.get("/webhooks/secret", summary="The tenant's webhook signing secret (Standard Webhooks)")
     def get_webhook_secret() -> WebhookSecret:

@@ -31,6 +31,7 @@ from llmtasks.store import ClaimRefused, TaskStore
 from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, system_resolver
 
 Clock = Callable[[], float]
+WAIT_POLL_S = 0.5
 
 
 def new_task_id() -> str:
@@ -107,11 +108,18 @@ class TaskService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
 
-    def get(self, tenant_id: str, task_id: str) -> Task:
-        task = self._store.get(task_id, now=self._clock())
-        if task is None or task.tenant_id != tenant_id:
-            raise TaskNotFound(task_id)
-        return self._results.hydrate(task)
+    def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
+        """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
+        give_up = time.monotonic() + wait_s
+        while True:
+            task = self._store.get(task_id, now=self._clock())
+            if task is None or task.tenant_id != tenant_id:
+                raise TaskNotFound(task_id)
+            left = give_up - time.monotonic()
+            if task.status.is_terminal or left <= 0:
+                return self._results.hydrate(task)
+            # One consistent read per half second: a long-poll costs what client polling would.
+            time.sleep(min(WAIT_POLL_S, left))
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         task = self._store.cancel(task_id, tenant_id=tenant_id, now=self._clock())

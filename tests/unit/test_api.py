@@ -201,3 +201,24 @@ def test_when_the_queue_refuses_the_task_is_taken_back_and_the_client_told_to_re
     problem = assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
     assert "Retry" in problem["detail"]
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
+
+
+def test_wait_holds_the_reply_until_the_task_turns_terminal(api: Api) -> None:
+    import threading
+    import time
+
+    task_id = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    threading.Timer(0.8, lambda: api.service.cancel("default", task_id)).start()
+    started = time.monotonic()
+    reply = api.call("GET", f"/tasks/{task_id}", query="wait=10")
+    held = time.monotonic() - started
+    assert reply["json"]["status"] == "cancelled"
+    assert 0.7 < held < 9  # back when the task ended, not when the 10 s ran out
+    assert "Retry-After" not in reply["headers"]
+
+
+def test_wait_gives_up_after_n_seconds_with_the_current_status(api: Api) -> None:
+    task_id = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    reply = api.call("GET", f"/tasks/{task_id}", query="wait=1")
+    assert reply["json"]["status"] == "pending"
+    assert reply["headers"]["Retry-After"] == "2"
