@@ -74,9 +74,11 @@ def provision(
         # Layers, the HTTP API and the like have no local counterpart; Ref yields their id.
         resources.refs[logical_id] = logical_id
     for logical_id, props in template.resources("AWS::DynamoDB::Table").items():
-        _create_table(template, resources, dynamodb, logical_id, props, prefix)
+        resolved = template.resolve(props, resources.refs, resources.attributes)
+        _create_table(resources, dynamodb, logical_id, resolved, prefix)
     for logical_id, props in template.resources("AWS::S3::Bucket").items():
-        _create_bucket(template, resources, s3, logical_id, props, prefix)
+        resolved = template.resolve(props, resources.refs, resources.attributes)
+        _create_bucket(resources, s3, logical_id, resolved, prefix)
     pending = dict(template.resources("AWS::SQS::Queue"))
     while pending:
         progressed = False
@@ -94,14 +96,8 @@ def provision(
 
 
 def _create_table(
-    template: Template,
-    resources: LocalResources,
-    dynamodb: DynamoDBClient,
-    logical_id: str,
-    props: dict[str, Any],
-    prefix: str,
+    resources: LocalResources, dynamodb: DynamoDBClient, logical_id: str, props: dict[str, Any], prefix: str
 ) -> None:
-    props = template.resolve(props, resources.refs, resources.attributes)
     name = str(props.get("TableName") or f"{prefix}-{logical_id}")
     arguments: dict[str, Any] = {key: props[key] for key in _TABLE_ARGUMENTS if key in props}
     stream = props.get("StreamSpecification")
@@ -129,14 +125,8 @@ def _create_table(
 
 
 def _create_bucket(
-    template: Template,
-    resources: LocalResources,
-    s3: S3Client,
-    logical_id: str,
-    props: dict[str, Any],
-    prefix: str,
+    resources: LocalResources, s3: S3Client, logical_id: str, props: dict[str, Any], prefix: str
 ) -> None:
-    props = template.resolve(props, resources.refs, resources.attributes)
     name = str(props.get("BucketName") or f"{prefix}-{logical_id}").lower()
     try:
         s3.create_bucket(Bucket=name)
