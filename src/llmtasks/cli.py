@@ -87,7 +87,6 @@ def up(
         mock_port=mock_port,
         mock_latency_s=mock_latency,
         parameter_overrides=_overrides(parameter_overrides),
-        auth=not no_auth,
         quiet_children=not verbose,
     )
     stack = LocalStack(options)
@@ -99,7 +98,9 @@ def up(
     click.echo(f"  AWS endpoint {stack.endpoint_url}")
     click.echo(f"  LLM          {stack.llm_base_url}")
     click.echo(f"  functions    {', '.join(stack.functions)}")
-    click.echo("  auth         off: API keys are not enforced yet in this version")
+    # API keys do not exist yet, so every request is the default tenant; --no-auth is accepted
+    # now so that scripts written today keep working once keys are enforced.
+    click.echo("  auth         off (API keys are not enforced yet; --no-auth will keep it off)")
     click.echo(f'Try: curl -X POST {stack.api_url}/tasks -d \'{{"prompt": "hello"}}\'')
     click.echo("Ready. Ctrl-C stops.", err=False)
     try:

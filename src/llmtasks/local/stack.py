@@ -41,7 +41,6 @@ class StackOptions:
     mock_port: int = 8800
     mock_latency_s: float = 0.0
     parameter_overrides: dict[str, str] = field(default_factory=dict)
-    auth: bool = True
     quiet_children: bool = True
 
 
