@@ -28,6 +28,10 @@ def lambda_handler(
 
     async def run_one(record: SQSRecord) -> None:
         message = TaskMessage.model_validate_json(record.body)
-        await runner.run(message.task_id, remaining_s=context.get_remaining_time_in_millis() / 1000)
+        await runner.run(
+            message.task_id,
+            remaining_s=context.get_remaining_time_in_millis() / 1000,
+            sent_at=int(record.attributes.sent_timestamp) / 1000,
+        )
 
     return process_sqs_concurrently(event, context, run_one, queue or wiring.task_queue())

@@ -41,6 +41,10 @@ class ServiceUnavailable(ApiError):
     status, title, slug = 503, "Service unavailable", "unavailable"
 
 
+class BackendError(Exception):
+    """DynamoDB, SQS or S3 did not do what was asked (throttled, unreachable, misconfigured)."""
+
+
 class StaleWrite(Exception):
     """A conditional write lost: the task moved on (cancelled, completed, or claimed by another)."""
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
+
+from llmtasks.errors import BackendError
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -21,11 +24,14 @@ class Queue:
         self._client: SQSClient = client or boto3.client("sqs")
 
     def send(self, body: BaseModel, *, delay_s: float = 0) -> str:
-        reply = self._client.send_message(
-            QueueUrl=self.url,
-            MessageBody=body.model_dump_json(),
-            DelaySeconds=min(MAX_DELAY_S, max(0, round(delay_s))),
-        )
+        try:
+            reply = self._client.send_message(
+                QueueUrl=self.url,
+                MessageBody=body.model_dump_json(),
+                DelaySeconds=min(MAX_DELAY_S, max(0, round(delay_s))),
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"SQS send failed: {exc}") from exc
         return reply["MessageId"]
 
     def retry_later(self, receipt_handle: str, delay_s: float) -> None:

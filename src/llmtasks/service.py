@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 
 from llmtasks.errors import (
+    BackendError,
     InvalidInput,
     LLMError,
     PayloadTooLarge,
@@ -79,14 +80,16 @@ class TaskService:
             created_at=now,
             expires_at=int(now + self._settings.task_ttl_seconds),
         )
-        self._store.create(task)
+        # The message first, then the item: a stored task always has its message, whatever dies
+        # in between. A message whose item never arrives is dropped by the worker after a grace.
         try:
             self._queue.send(TaskMessage(task_id=task.task_id))
-        except Exception as exc:
-            # Without its message the task would wait forever: take it back and tell the client.
-            self._store.delete(task.task_id)
-            logger.exception("enqueue failed", task_id=task.task_id)
-            raise ServiceUnavailable("The task could not be queued; nothing was stored. Retry.") from exc
+            self._store.create(task)
+        except BackendError as exc:
+            logger.exception("submit failed", task_id=task.task_id)
+            raise ServiceUnavailable(
+                "The task could not be stored or queued; nothing was kept. Retry."
+            ) from exc
         logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id)
         return task
 
@@ -152,8 +155,9 @@ class TaskRunner:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results or ResultBlobs(settings.results_bucket)
 
-    async def run(self, task_id: str, *, remaining_s: float) -> None:
-        """Raises RetryLater when another delivery holds a live lease on this task."""
+    async def run(self, task_id: str, *, remaining_s: float, sent_at: float) -> None:
+        """Raises RetryLater when another delivery holds a live lease on this task, or when the
+        message (sent at `sent_at`, epoch s) arrived before its task's item was written."""
         now = self._clock()
         lease_id = uuid.uuid4().hex
         try:
@@ -167,6 +171,8 @@ class TaskRunner:
             )
         except ClaimRefused as refused:
             current = refused.current
+            if refused.missing and now - sent_at < self._settings.unwritten_task_grace_s:
+                raise RetryLater(1, "the task's item is not written yet") from refused
             if current is None or current.status.is_terminal:
                 logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
                 return

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     retry_max_delay_s: float = Field(default=300.0, ge=0, le=900)
     # A provider's Retry-After beyond this fails the task instead of parking it for hours.
     retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
+    # Submit sends the message before it writes the item; a worker that finds no item waits this
+    # long (from the message's send time) before it takes the message for an abandoned submit.
+    unwritten_task_grace_s: float = Field(default=60.0, ge=0)
     # How much longer than the invocation's remaining time a claim's lease lives.
     lease_margin_s: float = Field(default=30.0, ge=0)
 

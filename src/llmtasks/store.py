@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import Completion, Task, TaskStatus, WebhookStatus
 
 if TYPE_CHECKING:
@@ -77,11 +77,12 @@ def _is_condition_failure(exc: ClientError) -> bool:
 
 
 class ClaimRefused(Exception):
-    """The task cannot be claimed now; `current` says why (None: gone or expired)."""
+    """The task cannot be claimed now; `current` says why (None: no item, or an expired one)."""
 
-    def __init__(self, current: Task | None) -> None:
+    def __init__(self, current: Task | None, *, missing: bool = False) -> None:
         super().__init__("claim refused")
         self.current = current
+        self.missing = missing  # no item at all: not written yet, or already deleted
 
 
 class TaskStore:
@@ -93,12 +94,12 @@ class TaskStore:
 
     def create(self, task: Task) -> None:
         item = serialize({"pk": f"task#{task.task_id}", **task.model_dump(mode="json", exclude_none=True)})
-        self._client.put_item(
-            TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
-        )
-
-    def delete(self, task_id: str) -> None:
-        self._client.delete_item(TableName=self.table_name, Key=task_key(task_id))
+        try:
+            self._client.put_item(
+                TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB put failed: {exc}") from exc
 
     def get(self, task_id: str, *, now: float) -> Task | None:
         """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
@@ -143,7 +144,9 @@ class TaskStore:
         except ClientError as exc:
             if _is_condition_failure(exc):
                 current = _failed_item(exc)
-                raise ClaimRefused(None if current is None or current.is_expired(now) else current) from exc
+                if current is None:
+                    raise ClaimRefused(None, missing=True) from exc
+                raise ClaimRefused(None if current.is_expired(now) else current) from exc
             raise
         return task_from_item(reply["Attributes"])
 

@@ -192,7 +192,7 @@ def test_an_unknown_route_is_a_404_problem(api: Api) -> None:
     assert_problem(api.call("GET", "/nowhere"), 404)
 
 
-def test_when_the_queue_refuses_the_task_is_taken_back_and_the_client_told_to_retry(
+def test_when_the_queue_refuses_nothing_is_stored_and_the_client_is_told_to_retry(
     aws: Aws, handler: Any, settings: Settings
 ) -> None:
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)
@@ -222,3 +222,14 @@ def test_wait_gives_up_after_n_seconds_with_the_current_status(api: Api) -> None
     reply = api.call("GET", f"/tasks/{task_id}", query="wait=1")
     assert reply["json"]["status"] == "pending"
     assert reply["headers"]["Retry-After"] == "2"
+
+
+def test_when_the_table_refuses_the_client_is_told_to_retry_and_no_task_exists(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    broken_store = TaskStore(settings.tasks_table_name + "-gone", aws.dynamodb)
+    api = Api(aws, handler, TaskService(settings, broken_store, Queue(settings.task_queue_url, aws.sqs)))
+    assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
+    assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
+    # Its message was sent first; the worker drops it once the grace has passed (test_worker).
+    assert len(aws.messages("TaskQueue")) == 1

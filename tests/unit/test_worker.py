@@ -229,3 +229,41 @@ def aws_objects(aws: Aws, bucket: str) -> list[str]:
     import boto3
 
     return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a message whose task item is not written yet (submit sends first, then writes)
+    from llmtasks.models import LLMRequest, Task, TaskMessage
+
+    worker.queue.send(TaskMessage(task_id="early"))
+    [message] = worker.queued()
+    # When the worker gets it, it is returned to the queue instead of dropped
+    assert len(worker.run([message])["batchItemFailures"]) == 1
+    assert mock_llm.stats.calls == 0
+    # And once the item exists the next delivery runs it
+    now = time.time()
+    worker.store.create(
+        Task(
+            task_id="early",
+            tenant_id="default",
+            status=TaskStatus.PENDING,
+            request=LLMRequest(prompt="p"),
+            created_at=now,
+            expires_at=int(now + 60),
+        )
+    )
+    assert worker.run([message]) == {"batchItemFailures": []}
+    assert worker.task("early").status is TaskStatus.COMPLETED
+
+
+def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    from llmtasks.models import TaskMessage
+
+    worker.queue.send(TaskMessage(task_id="abandoned"))
+    worker.clock = lambda: time.time() + worker.settings.unwritten_task_grace_s + 1
+    assert worker.run_queued() == {"batchItemFailures": []}
+    assert mock_llm.stats.calls == 0
