@@ -5,11 +5,12 @@ The OpenAPI document is generated from these, so a field added here shows up in 
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 
 class TaskStatus(StrEnum):
@@ -45,18 +46,61 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# DynamoDB's limits on what an item may hold: numbers of 38 digits between 1e-130 and 1e126,
+# maps nested 32 deep (the task item is the first level), names of at least one character.
+_MAX_DEPTH = 31
+_MAX_ABS_INT = 10**38
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from exc
+    return text
+
+
+def _storable(value: Any, depth: int = 1) -> Any:
+    """JSON that DynamoDB can store as it is; anything else is refused with 422, not a 5xx."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"nests deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or (value != 0 and not 1e-130 < abs(value) < 1e125):
+            raise ValueError("numbers must be finite and between 1e-130 and 1e125")
+    elif isinstance(value, int) and abs(value) >= _MAX_ABS_INT:
+        raise ValueError("integers must have at most 38 digits")
+    elif isinstance(value, str):
+        _utf8(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not key:
+                raise ValueError("keys must not be empty")
+            _utf8(key)
+            _storable(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _storable(item, depth + 1)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+StorableJson = Annotated[dict[str, Any], AfterValidator(_storable)]
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
 
 
 class LLMRequest(_Strict):
     """What the provider is asked: exactly one of `prompt` or `messages`, plus optional parameters."""
 
-    prompt: str | None = Field(default=None, description="A single user prompt.")
+    prompt: Text | None = Field(default=None, description="A single user prompt.")
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="A chat history.")
-    model: str | None = Field(default=None, max_length=200, description="The provider's model id.")
-    system: str | None = Field(default=None, description="A system prompt placed before the conversation.")
+    model: Text | None = Field(default=None, max_length=200, description="The provider's model id.")
+    system: Text | None = Field(default=None, description="A system prompt placed before the conversation.")
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0, le=2)
 
@@ -82,15 +126,15 @@ class LLMRequest(_Strict):
 class SubmitTaskRequest(LLMRequest):
     """`POST /tasks`."""
 
-    webhook_url: str | None = Field(
+    webhook_url: Text | None = Field(
         default=None, max_length=2048, description="https URL that receives the terminal event, signed."
     )
     max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
     timeout_s: float | None = Field(
-        default=None, gt=0, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
+        default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
     )
     priority: Priority = "normal"
-    metadata: dict[str, Any] | None = Field(default=None, description="Up to 2 KiB, echoed back.")
+    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
 
     def llm_request(self) -> LLMRequest:
         return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))

@@ -37,7 +37,7 @@ def _to_dynamo(value: Any) -> Any:
     if isinstance(value, float):
         return Decimal(repr(value))
     if isinstance(value, dict):
-        return {k: _to_dynamo(v) for k, v in value.items() if v is not None}
+        return {k: _to_dynamo(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_to_dynamo(v) for v in value]
     return value
@@ -93,7 +93,9 @@ class TaskStore:
     # --- tasks ---------------------------------------------------------------------------
 
     def create(self, task: Task) -> None:
-        item = serialize({"pk": f"task#{task.task_id}", **task.model_dump(mode="json", exclude_none=True)})
+        # Unset fields are left out of the item, but the client's metadata is kept exactly, nulls too.
+        fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": task.metadata}
+        item = serialize({"pk": f"task#{task.task_id}", **fields})
         try:
             self._client.put_item(
                 TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"

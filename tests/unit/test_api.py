@@ -233,3 +233,37 @@ def test_when_the_table_refuses_the_client_is_told_to_retry_and_no_task_exists(
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
     # Its message was sent first; the worker drops it once the grace has passed (test_worker).
     assert len(aws.messages("TaskQueue")) == 1
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"prompt": "a", "metadata": {"x": NaN}}',
+        '{"prompt": "a", "metadata": {"x": Infinity}}',
+        '{"prompt": "a", "metadata": {"x": 1e400}}',
+        '{"prompt": "a", "metadata": {"x": 1e-200}}',
+        '{"prompt": "a", "metadata": {"x": 123456789012345678901234567890123456789012}}',
+        '{"prompt": "a", "metadata": ' + '{"a":' * 40 + "1" + "}" * 40 + "}",
+        '{"prompt": "a", "metadata": {"": 1}}',
+        '{"prompt": "a", "metadata": {"k": "\\udc00"}}',
+        '{"prompt": "\\ud800"}',
+        '{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        '{"prompt": "a", "temperature": NaN}',
+        '{"prompt": "a", "timeout_s": 1e-300}',
+        '{"prompt": "a", "webhook_url": "https://[::1"}',
+        "[1, 2]",
+        '"just a string"',
+        "null",
+    ],
+)
+def test_bodies_the_table_could_not_store_are_refused_with_4xx_not_5xx(api: Api, aws: Aws, raw: str) -> None:
+    reply = api.call("POST", "/tasks", raw=raw)
+    assert 400 <= reply["statusCode"] < 500, (raw, reply)
+    assert reply["headers"]["Content-Type"] == "application/problem+json"
+    assert aws.messages("TaskQueue") == []
+
+
+def test_unusual_but_storable_metadata_is_echoed_back_exactly(api: Api) -> None:
+    metadata = {"big": 10**37, "small": 1.5e-100, "deep": {"a": {"b": [1, {"c": None}]}}, "text": "ünïcødé ✓"}
+    task_id = api.call("POST", "/tasks", {"prompt": "a", "metadata": metadata})["json"]["task_id"]
+    assert api.call("GET", f"/tasks/{task_id}")["json"]["metadata"] == metadata
