@@ -39,6 +39,12 @@ def new_task_id() -> str:
     return uuid.uuid4().hex
 
 
+def is_task_id(text: str) -> bool:
+    """The shape new_task_id makes. Anything else cannot name a task, so it is not looked up
+    (a 3 KB id would otherwise reach DynamoDB and fail its key-size check)."""
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
 class TaskService:
     """What the HTTP API does: submit, read and cancel tasks for one tenant at a time."""
 
@@ -113,6 +119,8 @@ class TaskService:
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
         """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
+        if not is_task_id(task_id):
+            raise TaskNotFound(task_id[:64])
         give_up = time.monotonic() + wait_s
         while True:
             task = self._store.get(task_id, now=self._clock())
@@ -125,6 +133,8 @@ class TaskService:
             time.sleep(min(WAIT_POLL_S, left))
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
+        if not is_task_id(task_id):
+            raise TaskNotFound(task_id[:64])
         task = self._store.cancel(task_id, tenant_id=tenant_id, now=self._clock())
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         return task

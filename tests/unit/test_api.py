@@ -267,3 +267,15 @@ def test_unusual_but_storable_metadata_is_echoed_back_exactly(api: Api) -> None:
     metadata = {"big": 10**37, "small": 1.5e-100, "deep": {"a": {"b": [1, {"c": None}]}}, "text": "ünïcødé ✓"}
     task_id = api.call("POST", "/tasks", {"prompt": "a", "metadata": metadata})["json"]["task_id"]
     assert api.call("GET", f"/tasks/{task_id}")["json"]["metadata"] == metadata
+
+
+@pytest.mark.parametrize("task_id", ["x" * 3000, "%00", "ABCDEF0123456789ABCDEF0123456789", "nope"])
+def test_ids_that_cannot_name_a_task_are_404_without_a_table_lookup(
+    aws: Aws, handler: Any, settings: Settings, task_id: str
+) -> None:
+    # A table that does not exist: any lookup would fail, so a 404 proves none was made
+    # (real DynamoDB refuses keys over 2048 bytes with an error; moto does not check).
+    store = TaskStore("no-such-table", aws.dynamodb)
+    api = Api(aws, handler, TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs)))
+    assert_problem(api.call("GET", f"/tasks/{task_id}"), 404)
+    assert_problem(api.call("POST", f"/tasks/{task_id}/cancel"), 404)
