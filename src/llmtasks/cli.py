@@ -91,7 +91,10 @@ def up(
     )
     stack = LocalStack(options)
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    # Both set explicitly: a shell starts background jobs with SIGINT ignored, and Python then
+    # raises no KeyboardInterrupt, so `kill -INT` would do nothing.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, lambda *_: stopped.set())
     click.echo("Starting the llmtasks local stack ...")
     stack.start()
     click.echo(f"  API          {stack.api_url}   (docs: {stack.api_url}/docs)")
@@ -105,8 +108,6 @@ def up(
     click.echo("Ready. Ctrl-C stops.", err=False)
     try:
         stopped.wait()
-    except KeyboardInterrupt:
-        pass
     finally:
         click.echo("Stopping ...")
         stack.stop()

@@ -76,12 +76,17 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
         stderr=subprocess.STDOUT,
         env=env,
     )
-    give_up = time.monotonic() + 60
-    while "Ready." not in log.read_text():
-        if process.poll() is not None or time.monotonic() > give_up:
-            process.kill()
-            raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+    try:
+        give_up = time.monotonic() + 60
+        while "Ready." not in log.read_text():
+            if process.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
+            time.sleep(0.1)
+    except BaseException:
+        # Never leave a stack behind a failed test: SIGTERM lets it stop its own children.
+        process.terminate()
+        process.wait(timeout=30)
+        raise
     mock = None if "LLM_BASE_URL" in given else f"http://127.0.0.1:{mock_port}"
     return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log)
 

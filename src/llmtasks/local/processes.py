@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -25,13 +26,29 @@ def wait_for_port(
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
 
 
+def _die_with_parent() -> None:
+    """On Linux, the child gets SIGTERM if the stack itself is killed (kill -9 included).
+
+    Linux sends it when the spawning *thread* ends, so spawn from a thread that lives as long
+    as the child should (the stack's main thread does)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.Popen[bytes]:
     """`python ARGS` in a child process, returned once it listens on 127.0.0.1:`ready_port`."""
     output = subprocess.DEVNULL if quiet else None
     # A session of its own: Ctrl-C in the terminal reaches only the stack, which then stops its
     # children after its pollers, instead of every process dying at once.
     child = subprocess.Popen(  # noqa: S603
-        [sys.executable, *args], stdout=output, stderr=output, start_new_session=True
+        [sys.executable, *args],
+        stdout=output,
+        stderr=output,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, before exec
     )
     try:
         wait_for_port("127.0.0.1", ready_port, process=child)
