@@ -105,7 +105,7 @@ def up(
     # now so that scripts written today keep working once keys are enforced.
     click.echo("  auth         off (API keys are not enforced yet; --no-auth will keep it off)")
     click.echo(f'Try: curl -X POST {stack.api_url}/tasks -d \'{{"prompt": "hello"}}\'')
-    click.echo("Ready. Ctrl-C stops.", err=False)
+    click.echo("Ready. Ctrl-C stops.")
     try:
         stopped.wait()
     finally:

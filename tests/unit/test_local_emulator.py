@@ -204,3 +204,17 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
         )
         assert client.get("/slow").status_code == 503
         assert client.post("/hello").json() == {"message": "Not Found"}
+
+
+def test_a_handler_that_exits_is_a_function_error_not_a_dead_poller(tmp_path: Path) -> None:
+    spec = _function(
+        tmp_path,
+        """
+        import sys
+        def handler(event, context):
+            sys.exit(3)
+    """,
+    )
+    invocation = FunctionRuntime(spec).invoke({})
+    assert not invocation.ok
+    assert "SystemExit" in (invocation.error or "")

@@ -90,7 +90,7 @@ class _Sandbox:
                 if self._handler is None:  # the cold start happens inside the first invocation
                     self._handler = load_handler(self.spec)
                 future.set_result(self._handler(event, context))
-            except BaseException as exc:
+            except BaseException as exc:  # sys.exit in a handler too: Lambda reports it as an error
                 future.set_exception(exc)
 
     def submit(self, event: dict[str, Any], context: LocalLambdaContext) -> Future[Any]:
@@ -142,7 +142,7 @@ class FunctionRuntime:
         except TimeoutError:
             self._release(sandbox, healthy=False)
             return Invocation(timed_out=True, error="Task timed out", duration_s=time.monotonic() - started)
-        except Exception as exc:
+        except BaseException as exc:  # re-raised from the sandbox thread; SystemExit included
             self._release(sandbox, healthy=True)
             detail = "".join(traceback.format_exception_only(exc)).strip()
             return Invocation(error=detail, duration_s=time.monotonic() - started)
