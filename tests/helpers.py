@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmtasks.models import LLMRequest, Task, TaskStatus
+
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
 TEMPLATE = ROOT / "template.yaml"
@@ -99,3 +101,18 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(server)
+
+
+def pending_task(
+    task_id: str, *, tenant: str = "default", now: float, ttl_s: int = 60, **fields: Any
+) -> Task:
+    """A task as submit stores it, for tests that write items directly."""
+    return Task(
+        task_id=task_id,
+        tenant_id=tenant,
+        status=TaskStatus.PENDING,
+        request=fields.pop("request", LLMRequest(prompt="p")),
+        created_at=now,
+        expires_at=int(now + ttl_s),
+        **fields,
+    )

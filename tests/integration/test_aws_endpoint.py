@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from llmtasks.models import LLMRequest, Task, TaskMessage, TaskStatus
+from llmtasks.models import TaskMessage, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.store import ClaimRefused, TaskStore
+from tests.helpers import pending_task
 
 pytestmark = pytest.mark.integration
 
@@ -17,16 +18,7 @@ pytestmark = pytest.mark.integration
 def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
     store = TaskStore(remote["resources"].table_names["TasksTable"], remote["dynamodb"])
     now = time.time()
-    store.create(
-        Task(
-            task_id="t",
-            tenant_id="a",
-            status=TaskStatus.PENDING,
-            request=LLMRequest(prompt="p"),
-            created_at=now,
-            expires_at=int(now + 60),
-        )
-    )
+    store.create(pending_task("t", tenant="a", now=now))
     store.claim("t", lease_id="L", lease_until=now + 30, now=now)
     with pytest.raises(ClaimRefused):
         store.claim("t", lease_id="M", lease_until=now + 30, now=now)

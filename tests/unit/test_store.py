@@ -8,19 +8,19 @@ from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import Completion, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from llmtasks.store import ClaimRefused, TaskStore
 from tests.conftest import Aws
+from tests.helpers import pending_task
 
 pytestmark = pytest.mark.unit
 NOW = 1_800_000_000.0
 
 
 def new_task(store: TaskStore, task_id: str = "t1", *, tenant: str = "acme", ttl: int = 3600) -> Task:
-    task = Task(
-        task_id=task_id,
-        tenant_id=tenant,
-        status=TaskStatus.PENDING,
+    task = pending_task(
+        task_id,
+        tenant=tenant,
+        now=NOW,
+        ttl_s=ttl,
         request=LLMRequest(prompt="hello", temperature=0.2),
-        created_at=NOW,
-        expires_at=int(NOW + ttl),
         metadata={"nested": {"ratio": 0.5}},
     )
     store.create(task)

@@ -17,7 +17,7 @@ from llmtasks.service import TaskRunner, TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock
-from tests.helpers import free_port
+from tests.helpers import free_port, pending_task
 
 pytestmark = pytest.mark.unit
 
@@ -235,7 +235,7 @@ def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a message whose task item is not written yet (submit sends first, then writes)
-    from llmtasks.models import LLMRequest, Task, TaskMessage
+    from llmtasks.models import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="early"))
     [message] = worker.queued()
@@ -243,17 +243,7 @@ def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
     assert len(worker.run([message])["batchItemFailures"]) == 1
     assert mock_llm.stats.calls == 0
     # And once the item exists the next delivery runs it
-    now = time.time()
-    worker.store.create(
-        Task(
-            task_id="early",
-            tenant_id="default",
-            status=TaskStatus.PENDING,
-            request=LLMRequest(prompt="p"),
-            created_at=now,
-            expires_at=int(now + 60),
-        )
-    )
+    worker.store.create(pending_task("early", now=time.time()))
     assert worker.run([message]) == {"batchItemFailures": []}
     assert worker.task("early").status is TaskStatus.COMPLETED
 
