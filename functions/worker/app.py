@@ -12,8 +12,8 @@ from llmtasks import wiring
 from llmtasks.models import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.queues import Queue
-from llmtasks.records import process_sqs_concurrently
-from llmtasks.service import TaskRunner
+from llmtasks.records import process_sqs_concurrently, receive_count
+from llmtasks.service import Delivery, TaskRunner
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -28,10 +28,11 @@ def lambda_handler(
 
     async def run_one(record: SQSRecord) -> None:
         message = TaskMessage.model_validate_json(record.body)
-        await runner.run(
-            message.task_id,
-            remaining_s=context.get_remaining_time_in_millis() / 1000,
+        delivery = Delivery(
+            message_id=record.message_id,
+            receive_count=receive_count(record),
             sent_at=int(record.attributes.sent_timestamp) / 1000,
         )
+        await runner.run(message.task_id, delivery, remaining_s=context.get_remaining_time_in_millis() / 1000)
 
     return process_sqs_concurrently(event, context, run_one, queue or wiring.task_queue())

@@ -122,6 +122,9 @@ def up(
     "--retry-after", type=float, default=None, help="Retry-After of each 429 (MOCK_LLM_RETRY_AFTER_S)."
 )
 @click.option("--rate-500", type=float, default=None, help="Share of calls answered 500 (MOCK_LLM_RATE_500).")
+@click.option("--rate-hang", type=float, default=None, help="Share of calls that hang (MOCK_LLM_RATE_HANG).")
+@click.option("--hang", type=float, default=None, help="Seconds a hanging call lasts (MOCK_LLM_HANG_S).")
+@click.option("--max-rps", type=float, default=None, help="Calls per second before 429s (MOCK_LLM_MAX_RPS).")
 def mock_llm(
     host: str,
     port: int,
@@ -129,11 +132,22 @@ def mock_llm(
     rate_429: float | None,
     retry_after: float | None,
     rate_500: float | None,
+    rate_hang: float | None,
+    hang: float | None,
+    max_rps: float | None,
 ) -> None:
     """Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config)."""
     from llmtasks.llm.mock import MockConfig, serve
 
-    given = {"latency_s": latency, "rate_429": rate_429, "retry_after_s": retry_after, "rate_500": rate_500}
+    given = {
+        "latency_s": latency,
+        "rate_429": rate_429,
+        "retry_after_s": retry_after,
+        "rate_500": rate_500,
+        "rate_hang": rate_hang,
+        "hang_s": hang,
+        "max_rps": max_rps,
+    }
     config = MockConfig.model_validate({k: v for k, v in given.items() if v is not None})
     click.echo(f"mock LLM on http://{host}:{port}/v1 ({config.model_dump()})")
     serve(host, port, config)

@@ -26,6 +26,8 @@ class TaskStatus(StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+# error_code of a task whose message went to TaskDLQ.
+DEAD_LETTERED = "dead_lettered"
 
 
 class WebhookStatus(StrEnum):
@@ -166,6 +168,9 @@ class Task(BaseModel):
     attempts: int = 0
     lease_id: str | None = None
     lease_until: float | None = None
+    # The TaskQueue message whose delivery holds the lease, and its ApproximateReceiveCount then.
+    lease_message_id: str | None = None
+    lease_receive_count: int = 0
     next_attempt_at: float | None = None
     result: str | None = None
     # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
@@ -186,6 +191,37 @@ class Task(BaseModel):
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
+
+    def is_dead_lettered(self, now: float, max_receive_count: int) -> bool:
+        """The delivery holding the task died (crash, timeout) and was its message's last before
+        TaskDLQ: nothing runs the task again until the DLQ is redriven.
+
+        Derived on read rather than written by a sweeper: no writer races a live worker, nothing
+        runs while nothing fails, and a redriven message claims the task as it stands.
+        """
+        return (
+            self.status is TaskStatus.PROCESSING
+            and self.lease_until is not None
+            and self.lease_until < now
+            and self.lease_receive_count >= max_receive_count
+        )
+
+    def as_read(self, now: float, max_receive_count: int) -> Task:
+        """The task as clients see it: a dead-lettered one reads as failed."""
+        if not self.is_dead_lettered(now, max_receive_count):
+            return self
+        return self.model_copy(
+            update={
+                "status": TaskStatus.FAILED,
+                "error_code": DEAD_LETTERED,
+                "error": (
+                    f"The task's message was delivered {self.lease_receive_count} times and the last"
+                    " delivery stopped without finishing (a crash or a timeout); the message is in"
+                    " TaskDLQ, and `llmtasks dlq redrive` runs the task again."
+                ),
+                "completed_at": self.lease_until,
+            }
+        )
 
 
 class WebhookView(BaseModel):

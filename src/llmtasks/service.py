@@ -11,6 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from llmtasks.errors import (
     BackendError,
@@ -20,6 +21,7 @@ from llmtasks.errors import (
     RetryLater,
     ServiceUnavailable,
     StaleWrite,
+    TaskConflict,
     TaskNotFound,
 )
 from llmtasks.llm import LLMProvider
@@ -123,9 +125,11 @@ class TaskService:
             raise TaskNotFound(task_id[:64])
         give_up = time.monotonic() + wait_s
         while True:
-            task = self._store.get(task_id, now=self._clock())
-            if task is None or task.tenant_id != tenant_id:
+            now = self._clock()
+            stored = self._store.get(task_id, now=now)
+            if stored is None or stored.tenant_id != tenant_id:
                 raise TaskNotFound(task_id)
+            task = stored.as_read(now, self._settings.task_max_receive_count)
             left = give_up - time.monotonic()
             if task.status.is_terminal or left <= 0:
                 return self._results.hydrate(task)
@@ -135,12 +139,26 @@ class TaskService:
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         if not is_task_id(task_id):
             raise TaskNotFound(task_id[:64])
-        task = self._store.cancel(task_id, tenant_id=tenant_id, now=self._clock())
+        now = self._clock()
+        stored = self._store.get(task_id, now=now)
+        if stored is not None and stored.is_dead_lettered(now, self._settings.task_max_receive_count):
+            # It reads as failed; a redrive, not a cancel, is what changes it now.
+            raise TaskConflict(f"Task '{task_id}' is already failed (dead_lettered).")
+        task = self._store.cancel(task_id, tenant_id=tenant_id, now=now)
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         return task
 
     def webhook_secret(self, tenant_id: str) -> str:
         return self._store.webhook_secret(tenant_id, new_secret=new_webhook_secret())
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One receipt of a TaskQueue message, as the worker got it."""
+
+    message_id: str
+    receive_count: int  # SQS ApproximateReceiveCount: 1 on the first delivery
+    sent_at: float  # epoch s
 
 
 class TaskRunner:
@@ -165,9 +183,9 @@ class TaskRunner:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results or ResultBlobs(settings.results_bucket)
 
-    async def run(self, task_id: str, *, remaining_s: float, sent_at: float) -> None:
-        """Raises RetryLater when another delivery holds a live lease on this task, or when the
-        message (sent at `sent_at`, epoch s) arrived before its task's item was written."""
+    async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
+        """Raises RetryLater when this delivery must come back later: another delivery holds a
+        live lease on the task, or the message arrived before its task's item was written."""
         now = self._clock()
         lease_id = uuid.uuid4().hex
         try:
@@ -178,17 +196,13 @@ class TaskRunner:
                 lease_id=lease_id,
                 lease_until=now + remaining_s + self._settings.lease_margin_s,
                 now=now,
+                message_id=delivery.message_id,
+                receive_count=delivery.receive_count,
             )
         except ClaimRefused as refused:
-            current = refused.current
-            if refused.missing and now - sent_at < self._settings.unwritten_task_grace_s:
-                raise RetryLater(1, "the task's item is not written yet") from refused
-            if current is None or current.status.is_terminal:
-                logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
-                return
-            wait = (current.lease_until or now) - now + 1
-            logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
-            raise RetryLater(wait, "lease held by another delivery") from refused
+            self._refused(task_id, delivery, refused, now)
+            return
+        logger.info("claimed", task_id=task_id, attempt=task.attempts, receive_count=delivery.receive_count)
         logger.info("claimed", task_id=task_id, attempt=task.attempts)
 
         deadline = task.deadline
@@ -221,6 +235,35 @@ class TaskRunner:
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
         )
+
+    def _refused(self, task_id: str, delivery: Delivery, refused: ClaimRefused, now: float) -> None:
+        """Returns when the message is done with; raises RetryLater when it must come back."""
+        max_receives = self._settings.task_max_receive_count
+        if refused.missing:
+            grace_left = self._settings.unwritten_task_grace_s - (now - delivery.sent_at)
+            if grace_left <= 0:
+                logger.warning("no task for this message; dropped", task_id=task_id)
+                return
+            # The item is usually milliseconds behind its message, so the first waits are short;
+            # the delivery before the last waits out the grace, so that a late item is never left
+            # pending with its message in TaskDLQ.
+            if delivery.receive_count >= max_receives - 1:
+                raise RetryLater(grace_left + 1, "the task's item is not written yet") from refused
+            delay = min(grace_left, 2.0 ** (delivery.receive_count - 1))
+            raise RetryLater(delay, "the task's item is not written yet") from refused
+        current = refused.current
+        if current is None or current.status.is_terminal:
+            logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
+            return
+        # Another message's delivery holds a live lease (a duplicate, or a retry that came early).
+        if delivery.receive_count >= max_receives:
+            # Returned once more, this copy would only land in TaskDLQ. The holder's own message
+            # brings the task back if that delivery dies.
+            logger.info("duplicate delivery dropped", task_id=task_id)
+            return
+        wait = (current.lease_until or now) - now + 1
+        logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
+        raise RetryLater(wait, "lease held by another delivery") from refused
 
     def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
         now = self._clock()

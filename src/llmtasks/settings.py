@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     unwritten_task_grace_s: float = Field(default=60.0, ge=0)
     # How much longer than the invocation's remaining time a claim's lease lives.
     lease_margin_s: float = Field(default=30.0, ge=0)
+    # TaskQueue's maxReceiveCount (template.yaml: TaskMaxReceiveCount).
+    task_max_receive_count: int = Field(default=5, ge=2)
 
     # LLM provider
     llm_provider: Literal["openai", "mock"] = "openai"

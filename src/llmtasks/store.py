@@ -26,6 +26,7 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+_LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count"
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -112,21 +113,34 @@ class TaskStore:
         task = task_from_item(item)
         return None if task.is_expired(now) else task
 
-    def claim(self, task_id: str, *, lease_id: str, lease_until: float, now: float) -> Task:
-        """pending (or processing with a dead lease) -> processing, under a new lease."""
+    def claim(
+        self,
+        task_id: str,
+        *,
+        lease_id: str,
+        lease_until: float,
+        now: float,
+        message_id: str,
+        receive_count: int,
+    ) -> Task:
+        """pending -> processing under a new lease; also processing -> processing when the lease
+        is dead, or when it is held by an earlier delivery of this same message (that delivery
+        crashed or timed out: SQS only redelivers a message after its visibility timeout)."""
         try:
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
                 UpdateExpression=(
                     "SET #status = :processing, lease_id = :lease, lease_until = :until,"
+                    " lease_message_id = :message, lease_receive_count = :receives,"
                     " attempts = if_not_exists(attempts, :zero) + :one,"
                     " started_at = if_not_exists(started_at, :now)"
                     " REMOVE next_attempt_at"
                 ),
                 ConditionExpression=(
-                    "attribute_exists(pk) AND expires_at > :now AND"
-                    " (#status = :pending OR (#status = :processing AND lease_until < :now))"
+                    "attribute_exists(pk) AND expires_at > :now AND (#status = :pending OR"
+                    " (#status = :processing AND (lease_until < :now OR"
+                    " (lease_message_id = :message AND lease_receive_count < :receives))))"
                 ),
                 ExpressionAttributeNames={"#status": "status"},
                 ExpressionAttributeValues=serialize(
@@ -135,6 +149,8 @@ class TaskStore:
                         ":pending": TaskStatus.PENDING.value,
                         ":lease": lease_id,
                         ":until": lease_until,
+                        ":message": message_id,
+                        ":receives": receive_count,
                         ":now": now,
                         ":zero": 0,
                         ":one": 1,
@@ -212,7 +228,7 @@ class TaskStore:
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
-                UpdateExpression=f"SET #status = :status, {assignments} REMOVE lease_id, lease_until",
+                UpdateExpression=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}",
                 ConditionExpression=condition,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=serialize(expression_values),
@@ -224,6 +240,33 @@ class TaskStore:
             raise
         return task_from_item(reply["Attributes"])
 
+    def requeue_dead_lettered(self, task_id: str, *, now: float, max_receive_count: int) -> bool:
+        """processing -> pending for a dead-lettered task (see `Task.is_dead_lettered`) whose
+        message is being redriven; False when the task is anything else by now."""
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression=f"SET #status = :pending REMOVE {_LEASE_FIELDS}",
+                ConditionExpression=(
+                    "#status = :processing AND lease_until < :now AND lease_receive_count >= :max"
+                ),
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=serialize(
+                    {
+                        ":pending": TaskStatus.PENDING.value,
+                        ":processing": TaskStatus.PROCESSING.value,
+                        ":now": now,
+                        ":max": max_receive_count,
+                    }
+                ),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
+
     def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
         """pending | processing -> cancelled. A processing task's late result is then discarded,
         because completing needs `status = processing`."""
@@ -231,7 +274,7 @@ class TaskStore:
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
-                UpdateExpression="SET #status = :cancelled, completed_at = :now REMOVE lease_id, lease_until",
+                UpdateExpression=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 ConditionExpression=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
                     " AND #status IN (:pending, :processing)"

@@ -19,9 +19,9 @@ def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
     store = TaskStore(remote["resources"].table_names["TasksTable"], remote["dynamodb"])
     now = time.time()
     store.create(pending_task("t", tenant="a", now=now))
-    store.claim("t", lease_id="L", lease_until=now + 30, now=now)
+    store.claim("t", lease_id="L", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
     with pytest.raises(ClaimRefused):
-        store.claim("t", lease_id="M", lease_until=now + 30, now=now)
+        store.claim("t", lease_id="M", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
     assert store.cancel("t", tenant_id="a", now=now).status is TaskStatus.CANCELLED
 
 

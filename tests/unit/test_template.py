@@ -41,17 +41,23 @@ def test_runtime_is_python_312_or_newer() -> None:
 
 
 def test_queues_follow_the_sqs_event_source_rules(aws: Aws) -> None:
-    queues = aws.template.resources("AWS::SQS::Queue")
+    queues = {
+        queue_id: aws.template.resolve(props, aws.resources.refs, aws.resources.attributes)
+        for queue_id, props in aws.template.resources("AWS::SQS::Queue").items()
+    }
     for logical_id in FUNCTIONS:
         spec = aws.function(logical_id)
         for source in spec.sqs_sources:
             queue_id = aws.resources.logical_id_of_arn(source.queue_arn)
             # AWS: the visibility timeout at least six times the function's timeout.
             assert int(queues[queue_id]["VisibilityTimeout"]) >= 6 * spec.timeout_s, queue_id
-            assert queues[queue_id]["RedrivePolicy"]["maxReceiveCount"] >= 1
+            assert int(queues[queue_id]["RedrivePolicy"]["maxReceiveCount"]) >= 1
             assert source.report_batch_item_failures
             assert source.maximum_concurrency is not None
-    assert queues["TaskQueue"]["RedrivePolicy"]["maxReceiveCount"] == 5
+    assert int(queues["TaskQueue"]["RedrivePolicy"]["maxReceiveCount"]) == 5
+    # Every function knows the count, so a reader can tell a dead-lettered task.
+    for logical_id in FUNCTIONS:
+        assert aws.function(logical_id).environment["TASK_MAX_RECEIVE_COUNT"] == "5"
     assert int(queues["TaskDLQ"]["MessageRetentionPeriod"]) == 14 * 24 * 3600
 
 

@@ -126,7 +126,14 @@ class Hooks:
     def finish_task(self, prompt: str = "hello", *, result_ref: str | None = None) -> str:
         """A task with a webhook that the worker completed."""
         task = self.service.submit("default", SubmitTaskRequest(prompt=prompt, webhook_url=self.url))
-        self.store.claim(task.task_id, lease_id="L", lease_until=time.time() + 60, now=time.time())
+        self.store.claim(
+            task.task_id,
+            lease_id="L",
+            lease_until=time.time() + 60,
+            now=time.time(),
+            message_id="m1",
+            receive_count=1,
+        )
         completion = Completion(text=reply_text(prompt), model="m", usage=Usage(total_tokens=3))
         self.store.complete(
             task.task_id, lease_id="L", completion=completion, now=time.time(), result_ref=result_ref

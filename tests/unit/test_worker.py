@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 import pytest
 
+from llmtasks.errors import LLMError, RetryLater, TaskConflict
+from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import sqs_record
-from llmtasks.models import SubmitTaskRequest, TaskStatus
+from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.queues import Queue
-from llmtasks.service import TaskRunner, TaskService
+from llmtasks.service import Delivery, TaskRunner, TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock
@@ -36,9 +39,9 @@ class Worker:
     def submit(self, prompt: str, **options: Any) -> str:
         return self.service.submit("default", SubmitTaskRequest(prompt=prompt, **options)).task_id
 
-    def runner(self, **overrides: Any) -> TaskRunner:
+    def runner(self, llm: LLMProvider | None = None, **overrides: Any) -> TaskRunner:
         settings = self.settings.model_copy(update=overrides)
-        llm = OpenAIChat(
+        llm = llm or OpenAIChat(
             base_url=overrides.get("llm_base_url", self.llm_url), api_key=None, default_model="mock-model"
         )
         return TaskRunner(settings, self.store, self.queue, llm, clock=self.clock)
@@ -46,10 +49,13 @@ class Worker:
     def queued(self) -> list[dict[str, Any]]:
         return self.aws.messages("TaskQueue")
 
-    def run(self, messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    def run(
+        self, messages: list[dict[str, Any]], llm: LLMProvider | None = None, **overrides: Any
+    ) -> dict[str, Any]:
         arn = self.aws.resources.attributes[("TaskQueue", "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
-        return self.fn(event, self.context, runner=self.runner(**overrides), queue=self.queue)  # type: ignore[no-any-return]
+        runner = self.runner(llm, **overrides)
+        return self.fn(event, self.context, runner=runner, queue=self.queue)  # type: ignore[no-any-return]
 
     def run_queued(self, **overrides: Any) -> dict[str, Any]:
         return self.run(self.queued(), **overrides)
@@ -257,3 +263,149 @@ def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace
     worker.clock = lambda: time.time() + worker.settings.unwritten_task_grace_s + 1
     assert worker.run_queued() == {"batchItemFailures": []}
     assert mock_llm.stats.calls == 0
+
+
+# --- crashes, leases and dead letters -----------------------------------------------------
+
+
+class CrashingLLM:
+    """A worker that dies after its claim and before any token is spent (an unexpected bug)."""
+
+    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+        raise RuntimeError("injected crash")
+
+
+def redelivered(message: dict[str, Any], receive_count: int, message_id: str | None = None) -> dict[str, Any]:
+    """`message` as SQS hands it out again (or, with another id, a copy of it)."""
+    attributes = {**message["Attributes"], "ApproximateReceiveCount": str(receive_count)}
+    return {**message, "MessageId": message_id or message["MessageId"], "Attributes": attributes}
+
+
+def test_a_crashed_delivery_is_taken_over_by_its_own_redelivery_without_waiting_for_the_lease(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit("crash once")
+    [message] = worker.queued()
+    # When the first delivery dies after its claim
+    reply = worker.run([message], llm=CrashingLLM())
+    assert reply == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
+    crashed = worker.task(task_id)
+    assert crashed.status is TaskStatus.PROCESSING
+    assert crashed.lease_until > time.time() + 60  # the lease outlives the function's timeout
+    # Then SQS's redelivery of that message (after its visibility timeout) runs it at once
+    assert worker.run([redelivered(message, 2)]) == {"batchItemFailures": []}
+    task = worker.task(task_id)
+    assert (task.status, task.attempts) == (TaskStatus.COMPLETED, 2)
+    assert mock_llm.stats.calls == 1
+
+
+def test_a_copy_of_the_message_waits_for_the_lease_then_takes_over(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit("crash, then a duplicate")
+    [message] = worker.queued()
+    worker.run([message], llm=CrashingLLM())
+    copy = redelivered(message, 1, message_id="another-message")
+    # While the crashed delivery's lease lives, a copy does not call the LLM and comes back later
+    assert len(worker.run([copy])["batchItemFailures"]) == 1
+    assert mock_llm.stats.calls == 0
+    # Once the lease has lapsed, the copy's next delivery takes the task over
+    lease_until = worker.task(task_id).lease_until
+    worker.clock = lambda: lease_until + 1
+    assert worker.run([redelivered(copy, 2)]) == {"batchItemFailures": []}
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+    assert mock_llm.stats.calls == 1
+
+
+def test_a_copy_on_its_last_delivery_is_dropped_rather_than_dead_lettered(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit("held elsewhere")
+    [message] = worker.queued()
+    worker.run([message], llm=CrashingLLM())
+    last = redelivered(message, worker.settings.task_max_receive_count, message_id="a-copy")
+    assert worker.run([last]) == {"batchItemFailures": []}  # deleted, not sent to TaskDLQ
+    assert worker.task(task_id).status is TaskStatus.PROCESSING  # its own message will resume it
+    assert mock_llm.stats.calls == 0
+
+
+def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit("poison")
+    [message] = worker.queued()
+    last = worker.settings.task_max_receive_count
+    for receive in range(1, last + 1):
+        worker.run([redelivered(message, receive)], llm=CrashingLLM())
+    # While the last delivery's lease lives, the task is still processing
+    assert worker.service.get("default", task_id).status is TaskStatus.PROCESSING
+    # Once it lapses nothing will run it again, so it reads as failed, with no write at all
+    lapsed = worker.task(task_id).lease_until + 1
+    worker.clock = lambda: lapsed
+    worker.service = TaskService(worker.settings, worker.store, worker.queue, clock=worker.clock)
+    task = worker.service.get("default", task_id)
+    assert (task.status, task.error_code) == (TaskStatus.FAILED, "dead_lettered")
+    assert f"delivered {last} times" in task.error
+    assert "llmtasks dlq redrive" in task.error
+    with pytest.raises(TaskConflict):
+        worker.service.cancel("default", task_id)
+    # A redrive puts it back to pending, and the moved message (a new one) runs it to completion
+    assert worker.store.requeue_dead_lettered(task_id, now=lapsed, max_receive_count=last)
+    assert worker.service.get("default", task_id).status is TaskStatus.PENDING
+    assert worker.run([redelivered(message, 1, message_id="redriven")]) == {"batchItemFailures": []}
+    task = worker.service.get("default", task_id)
+    assert (task.status, task.result) == (TaskStatus.COMPLETED, reply_text("poison"))
+    assert mock_llm.stats.calls == 1
+
+
+def test_requeue_leaves_a_task_alone_unless_it_is_dead_lettered(worker: Worker) -> None:
+    task_id = worker.submit("fine")
+    last = worker.settings.task_max_receive_count
+    assert not worker.store.requeue_dead_lettered(task_id, now=time.time(), max_receive_count=last)
+    worker.run_queued()
+    assert not worker.store.requeue_dead_lettered(task_id, now=time.time() + 10_000, max_receive_count=last)
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("receive_count", "expected_delay"),
+    [(1, 1.0), (2, 2.0), (3, 4.0), (4, 60.0)],  # the delivery before the last waits out the grace
+)
+def test_a_message_ahead_of_its_item_backs_off_and_never_reaches_the_dlq_early(
+    worker: Worker, receive_count: int, expected_delay: float
+) -> None:
+    now = time.time()
+    worker.clock = lambda: now
+    delivery = Delivery(message_id="m", receive_count=receive_count, sent_at=now)
+    with pytest.raises(RetryLater) as later:
+        asyncio.run(worker.runner().run("not-written-yet", delivery, remaining_s=60))
+    assert later.value.delay_s == pytest.approx(expected_delay, abs=1.01)
+
+
+def test_a_call_that_trickles_forever_is_cut_at_the_worker_s_deadline(mock_llm: RunningMock) -> None:
+    # Given a provider that sends its headers and then a byte a second (no read timeout fires)
+    mock_llm.configure(rate_hang=1.0, hang_s=30)
+    llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
+    started = time.monotonic()
+    with pytest.raises(LLMError) as error:
+        asyncio.run(llm.complete(LLMRequest(prompt="hang"), timeout_s=1.5))
+    # Then the call ends at its deadline as a transient timeout, not when the function is killed
+    assert (error.value.code, error.value.transient) == ("llm_timeout", True)
+    assert time.monotonic() - started < 5
+    assert mock_llm.stats.outcomes_by_prompt == {"hang": ["hang"]}
+
+
+def test_the_mock_s_requests_per_second_limit_is_a_429_with_retry_after(mock_llm: RunningMock) -> None:
+    mock_llm.configure(max_rps=2)
+    llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
+
+    async def four_at_once() -> list[Completion | BaseException]:
+        calls = [llm.complete(LLMRequest(prompt=f"p{i}"), timeout_s=5) for i in range(4)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = asyncio.run(four_at_once())
+    limited = [o for o in outcomes if isinstance(o, LLMError)]
+    assert len(limited) == 2
+    assert all(e.code == "llm_rate_limited" and e.transient for e in limited)
+    assert all(e.retry_after is not None and 0 < e.retry_after <= 1 for e in limited)
+    assert mock_llm.stats.rps_limited == 2

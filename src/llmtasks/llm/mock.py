@@ -8,16 +8,20 @@ counters at `GET /_mock/stats` let tests assert concurrency and spend at the pro
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
-from typing import Any
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 
@@ -28,8 +32,24 @@ class MockConfig(BaseSettings):
     rate_429: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 429.")
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with each 429.")
     rate_500: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 500.")
+    rate_hang: float = Field(
+        default=0.0, ge=0, le=1, description="Share of calls that hang: 200 sent, then a byte a second."
+    )
+    hang_s: float = Field(default=3600.0, ge=0, description="How long a hanging call trickles.")
+    max_rps: float | None = Field(
+        default=None, gt=0, description="Calls per second accepted; the rest get 429 with Retry-After."
+    )
     reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
     seed: int | None = None
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> MockConfig:
+        if self.rate_429 + self.rate_500 + self.rate_hang > 1:
+            raise ValueError("rate_429 + rate_500 + rate_hang must be at most 1")
+        return self
+
+
+Outcome = Literal["ok", "429", "500", "hang", "rps"]
 
 
 class MockStats(BaseModel):
@@ -37,15 +57,39 @@ class MockStats(BaseModel):
     completed: int = 0
     errors_429: int = 0
     errors_500: int = 0
+    hangs: int = 0
+    rps_limited: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
-    # Calls per prompt text: give each task a unique prompt to count the spend per task.
-    calls_by_prompt: dict[str, int] = Field(default_factory=dict)
+    # What each call with a given prompt got, in order: give each task a unique prompt to see
+    # its spend and whether its first call succeeded.
+    outcomes_by_prompt: dict[str, list[Outcome]] = Field(default_factory=dict)
+
+    def calls_for(self, prompt: str) -> int:
+        return len(self.outcomes_by_prompt.get(prompt, ()))
 
 
 def reply_text(prompt: str, reply_chars: int = 0) -> str:
     text = f"Mock answer to a prompt of {len(prompt)} characters: {prompt[:200]}"
     return text.ljust(reply_chars, ".")
+
+
+class _RateLimit:
+    """At most `rate` calls in any one-second window (a sliding log, as providers count RPS)."""
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque()
+
+    def retry_after(self, rate: float | None, now: float) -> float | None:
+        """None when this call is within the limit; else seconds until it would be."""
+        if rate is None:
+            return None
+        while self._recent and self._recent[0] <= now - 1:
+            self._recent.popleft()
+        if len(self._recent) >= rate:
+            return self._recent[0] + 1 - now
+        self._recent.append(now)
+        return None
 
 
 class MockLLM:
@@ -54,60 +98,94 @@ class MockLLM:
         self.stats = MockStats()
         self._lock = threading.Lock()
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
+        self._rate_limit = _RateLimit()
 
-    async def chat_completions(self, request: Request) -> JSONResponse:
+    def _decide(self, prompt: str) -> tuple[Outcome, float | None]:
+        """This call's fate, drawn and counted under the lock."""
+        config = self.config
+        with self._lock:
+            self.stats.calls += 1
+            wait = self._rate_limit.retry_after(config.max_rps, time.monotonic())
+            draw = self._random.random()
+            outcome: Outcome
+            if wait is not None:
+                outcome = "rps"
+                self.stats.rps_limited += 1
+            elif draw < config.rate_429:
+                outcome, wait = "429", config.retry_after_s
+                self.stats.errors_429 += 1
+            elif draw < config.rate_429 + config.rate_500:
+                outcome = "500"
+                self.stats.errors_500 += 1
+            elif draw < config.rate_429 + config.rate_500 + config.rate_hang:
+                outcome = "hang"
+                self.stats.hangs += 1
+            else:
+                outcome = "ok"
+            self.stats.outcomes_by_prompt.setdefault(prompt, []).append(outcome)
+            self.stats.in_flight += 1
+            self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
+        return outcome, wait
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.stats.in_flight -= 1
+
+    async def chat_completions(self, request: Request) -> Response:
         try:
             body: dict[str, Any] = await request.json()
             messages = body["messages"]
             prompt = str(messages[-1]["content"])
         except (ValueError, KeyError, IndexError, TypeError):
             return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
-        with self._lock:
-            self.stats.calls += 1
-            self.stats.in_flight += 1
-            self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
-            self.stats.calls_by_prompt[prompt] = self.stats.calls_by_prompt.get(prompt, 0) + 1
-            draw = self._random.random()
+        outcome, wait = self._decide(prompt)
+        if outcome == "hang":
+            # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
+            # the whole call ends it.
+            return StreamingResponse(self._trickle(body, messages, prompt), media_type="application/json")
         try:
+            if outcome == "rps":
+                return _error(429, "requests per second limit (mock)", retry_after=wait)
             if self.config.latency_s:
                 await asyncio.sleep(self.config.latency_s)
-            if draw < self.config.rate_429:
-                self.stats.errors_429 += 1
-                return JSONResponse(
-                    {"error": {"message": "rate limited (mock)", "type": "rate_limit_error"}},
-                    429,
-                    headers={"Retry-After": f"{self.config.retry_after_s:g}"},
-                )
-            if draw < self.config.rate_429 + self.config.rate_500:
-                self.stats.errors_500 += 1
-                return JSONResponse({"error": {"message": "internal error (mock)"}}, 500)
-            text = reply_text(prompt, self.config.reply_chars)
-            prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
-            completion_tokens = len(text.split())
-            self.stats.completed += 1
-            return JSONResponse(
-                {
-                    "id": f"chatcmpl-mock-{self.stats.calls}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model") or "mock",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                    },
-                }
-            )
-        finally:
+            if outcome == "429":
+                return _error(429, "rate limited (mock)", retry_after=wait)
+            if outcome == "500":
+                return _error(500, "internal error (mock)")
             with self._lock:
-                self.stats.in_flight -= 1
+                self.stats.completed += 1
+            return JSONResponse(self._completion(body, messages, prompt))
+        finally:
+            self._leave()
+
+    async def _trickle(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
+        try:
+            give_up = time.monotonic() + self.config.hang_s
+            while time.monotonic() < give_up:
+                yield b" "
+                await asyncio.sleep(min(1.0, max(0.0, give_up - time.monotonic())))
+            yield json.dumps(self._completion(body, messages, prompt)).encode()
+        finally:
+            self._leave()
+
+    def _completion(self, body: dict[str, Any], messages: list[Any], prompt: str) -> dict[str, Any]:
+        text = reply_text(prompt, self.config.reply_chars)
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+        completion_tokens = len(text.split())
+        return {
+            "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or "mock",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
 
     async def get_stats(self, _: Request) -> JSONResponse:
         return JSONResponse(self.stats.model_dump())
@@ -144,6 +222,12 @@ class MockLLM:
                 Route("/_mock/reset", self.reset, methods=["POST"]),
             ]
         )
+
+
+def _error(status: int, message: str, *, retry_after: float | None = None) -> JSONResponse:
+    # Fractions are off-standard but keep compressed test schedules short; llmtasks reads them.
+    headers = {"Retry-After": f"{retry_after:.3g}"} if retry_after is not None else None
+    return JSONResponse({"error": {"message": message}}, status, headers=headers)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8800, config: MockConfig | None = None) -> None:

@@ -101,8 +101,11 @@ class OpenAIChat:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         try:
-            response = await self._client().post(self._url, json=body, timeout=timeout_s)
-        except httpx.TimeoutException as exc:
+            # httpx's timeout bounds each read, not the call: a server that trickles bytes would
+            # outlive it (and the function). asyncio.timeout bounds the whole call.
+            async with asyncio.timeout(timeout_s):
+                response = await self._client().post(self._url, json=body, timeout=timeout_s)
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise LLMError(
                 f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
             ) from exc
