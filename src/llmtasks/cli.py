@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+from llmtasks.deadletters import QUEUE_NAMES, QueueName
+
+if TYPE_CHECKING:
+    from llmtasks.deadletters import DeadLetters
+
+# Where `llmtasks up` serves its embedded AWS endpoint.
+LOCAL_ENDPOINT = "http://127.0.0.1:4566"
 
 
 def _overrides(values: tuple[str, ...]) -> dict[str, str]:
@@ -111,6 +121,94 @@ def up(
     finally:
         click.echo("Stopping ...")
         stack.stop()
+
+
+def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLetters:
+    import boto3
+
+    from llmtasks.deadletters import DeadLetters, Deployment
+    from llmtasks.local.template import PSEUDO_PARAMETERS
+    from llmtasks.store import TaskStore
+
+    if stack_name:
+        deployment = Deployment.of_stack(stack_name)
+        sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
+    else:
+        # The local stack: moto's keys are fixed, and a real account's must never reach it.
+        session = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",  # noqa: S106 - moto's
+            region_name=PSEUDO_PARAMETERS["AWS::Region"],
+        )
+        url = endpoint_url or LOCAL_ENDPOINT
+        sqs, dynamodb = session.client("sqs", endpoint_url=url), session.client("dynamodb", endpoint_url=url)
+        deployment = Deployment.local(sqs)
+    return DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
+
+
+_target = [
+    click.option(
+        "--stack-name", default=None, help="A deployed stack (sam deploy); default: the local stack."
+    ),
+    click.option(
+        "--endpoint-url",
+        envvar="AWS_ENDPOINT_URL",
+        default=None,
+        help=f"The local stack's AWS endpoint [default: {LOCAL_ENDPOINT}].",
+    ),
+]
+
+
+def _targeted(command: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(_target):
+        command = option(command)
+    return command
+
+
+@main.group()
+def dlq() -> None:
+    """Dead-letter queues: what is in them, and replaying them."""
+
+
+@dlq.command("list")
+@click.option(
+    "--queue", "queues", type=click.Choice(QUEUE_NAMES), multiple=True, help="Only this DLQ (default: both)."
+)
+@click.option("--limit", default=100, show_default=True, help="Messages shown per queue.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@_targeted
+def dlq_list(
+    queues: tuple[QueueName, ...], limit: int, as_json: bool, stack_name: str | None, endpoint_url: str | None
+) -> None:
+    """Show each DLQ's depth and its messages with their tasks' last errors."""
+    dead_letters = _dead_letters(stack_name, endpoint_url)
+    for queue in queues or QUEUE_NAMES:
+        letters = dead_letters.letters(queue, limit=limit)
+        if as_json:
+            for letter in letters:
+                click.echo(letter.model_dump_json())
+            continue
+        click.echo(f"{queue} DLQ: {dead_letters.depth(queue)} message(s)")
+        for letter in letters:
+            click.echo(
+                f"  {letter.task_id or '(no task)':32}  {letter.task_status or 'gone':30}"
+                f"  attempts={letter.attempts if letter.attempts is not None else '-'}"
+                f"  {(letter.error or '')[:100]}"
+            )
+
+
+@dlq.command("redrive")
+@click.option(
+    "--queue", type=click.Choice(QUEUE_NAMES), default="tasks", show_default=True, help="Which DLQ to replay."
+)
+@_targeted
+def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | None) -> None:
+    """Move a DLQ's messages back to their queue (SQS StartMessageMoveTask); their tasks run again."""
+    redrive = _dead_letters(stack_name, endpoint_url).redrive(queue)
+    click.echo(
+        f"Redriving {redrive.messages} message(s) from the {queue} DLQ (task handle"
+        f" {redrive.task_handle[:24]}...); {len(redrive.requeued_tasks)} task(s) back to pending."
+    )
 
 
 @main.command("mock-llm")

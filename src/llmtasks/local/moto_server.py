@@ -12,6 +12,9 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
+    from llmtasks.local import moto_redrive
+
+    moto_redrive.install()
     moto_main(argv if argv is not None else sys.argv[1:])
 
 

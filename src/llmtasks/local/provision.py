@@ -37,6 +37,14 @@ _QUEUE_ATTRIBUTES = (
 )
 
 
+# Resources without an explicit name are called <prefix>-<LogicalId> on a local endpoint.
+LOCAL_PREFIX = "llmtasks-local"
+
+
+def local_name(logical_id: str, prefix: str = LOCAL_PREFIX) -> str:
+    return f"{prefix}-{logical_id}"
+
+
 @dataclass
 class LocalResources:
     """What the template's resources are called on the local endpoint."""
@@ -66,7 +74,7 @@ def provision(
     dynamodb: DynamoDBClient,
     sqs: SQSClient,
     s3: S3Client,
-    prefix: str = "llmtasks-local",
+    prefix: str = LOCAL_PREFIX,
 ) -> LocalResources:
     """Creates what is missing and adopts what exists (a second `llmtasks up` on the same endpoint)."""
     resources = LocalResources()
@@ -98,7 +106,7 @@ def provision(
 def _create_table(
     resources: LocalResources, dynamodb: DynamoDBClient, logical_id: str, props: dict[str, Any], prefix: str
 ) -> None:
-    name = str(props.get("TableName") or f"{prefix}-{logical_id}")
+    name = str(props.get("TableName") or local_name(logical_id, prefix))
     arguments: dict[str, Any] = {key: props[key] for key in _TABLE_ARGUMENTS if key in props}
     stream = props.get("StreamSpecification")
     if stream:
@@ -127,7 +135,7 @@ def _create_table(
 def _create_bucket(
     resources: LocalResources, s3: S3Client, logical_id: str, props: dict[str, Any], prefix: str
 ) -> None:
-    name = str(props.get("BucketName") or f"{prefix}-{logical_id}").lower()
+    name = str(props.get("BucketName") or local_name(logical_id, prefix)).lower()
     try:
         s3.create_bucket(Bucket=name)
     except ClientError as exc:
@@ -158,7 +166,7 @@ def _create_bucket(
 def _create_queue(
     resources: LocalResources, sqs: SQSClient, logical_id: str, props: dict[str, Any], prefix: str
 ) -> None:
-    name = str(props.get("QueueName") or f"{prefix}-{logical_id}")
+    name = str(props.get("QueueName") or local_name(logical_id, prefix))
     attributes = {
         key: json.dumps(props[key])
         if isinstance(props[key], dict)

@@ -1,0 +1,209 @@
+"""What is in the dead-letter queues, and redriving them (`llmtasks dlq list|redrive`).
+
+Redrive is SQS's own (StartMessageMoveTask: each message goes back to the queue it came from);
+the tasks of a TaskDLQ redrive are then put back to `pending`, so they read as queued again
+rather than as failed until the worker picks them up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import boto3
+from pydantic import BaseModel, ValidationError
+
+from llmtasks.models import TaskMessage, WebhookMessage
+from llmtasks.store import TaskStore
+
+if TYPE_CHECKING:
+    from mypy_boto3_cloudformation import CloudFormationClient
+    from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
+
+QueueName = Literal["tasks", "webhooks"]
+QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "webhooks")
+# While listing, messages already seen are hidden this long so the next receive returns others;
+# they are made visible again as soon as the listing ends.
+_LISTING_HIDE_S = 60
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where one deployment's table and dead-letter queues are."""
+
+    tasks_table: str
+    dlq_urls: dict[QueueName, str]
+
+    @classmethod
+    def of_stack(cls, stack_name: str, cloudformation: CloudFormationClient | None = None) -> Deployment:
+        """A `sam deploy`ed stack, from its Outputs."""
+        client = cloudformation or boto3.client("cloudformation")
+        [stack] = client.describe_stacks(StackName=stack_name)["Stacks"]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+        return cls(
+            tasks_table=outputs["TasksTableName"],
+            dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
+        )
+
+    @classmethod
+    def local(cls, sqs: SQSClient) -> Deployment:
+        """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
+        from llmtasks.local.provision import local_name
+
+        return cls(
+            tasks_table=local_name("TasksTable"),
+            dlq_urls={
+                "tasks": sqs.get_queue_url(QueueName=local_name("TaskDLQ"))["QueueUrl"],
+                "webhooks": sqs.get_queue_url(QueueName=local_name("WebhookDLQ"))["QueueUrl"],
+            },
+        )
+
+
+class DeadLetter(BaseModel):
+    """One message in a dead-letter queue, with what its task says now."""
+
+    queue: QueueName
+    message_id: str
+    task_id: str | None  # None: a body that names no task
+    sent_at: float
+    task_status: str | None = None  # as a client reads it; None when the task is gone
+    attempts: int | None = None
+    error: str | None = None
+
+
+class Redrive(BaseModel):
+    queue: QueueName
+    task_handle: str
+    messages: int  # in the DLQ when the move started
+    requeued_tasks: list[str]  # put back to pending (TaskDLQ only)
+
+
+class DeadLetters:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        store: TaskStore,
+        sqs: SQSClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._deployment = deployment
+        self._store = store
+        self._sqs: SQSClient = sqs or boto3.client("sqs")
+        self._clock = clock
+        self._max_receive_count = self._source_max_receive_count()
+
+    def _source_max_receive_count(self) -> int:
+        """TaskQueue's maxReceiveCount, read from the queue itself so it is never out of date."""
+        [source] = self._sqs.list_dead_letter_source_queues(QueueUrl=self._deployment.dlq_urls["tasks"])[
+            "queueUrls"
+        ]
+        policy = self._sqs.get_queue_attributes(QueueUrl=source, AttributeNames=["RedrivePolicy"])[
+            "Attributes"
+        ]
+        return int(json.loads(policy["RedrivePolicy"])["maxReceiveCount"])
+
+    def depth(self, queue: QueueName) -> int:
+        attributes = self._sqs.get_queue_attributes(
+            QueueUrl=self._deployment.dlq_urls[queue], AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes.get("ApproximateNumberOfMessages", 0))
+
+    def letters(self, queue: QueueName, *, limit: int = 100) -> list[DeadLetter]:
+        """Up to `limit` messages, left in the queue and visible."""
+        url = self._deployment.dlq_urls[queue]
+        seen: dict[str, DeadLetter] = {}
+        handles: list[str] = []
+        while len(seen) < limit:
+            batch = self._sqs.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=min(10, limit - len(seen)),
+                VisibilityTimeout=_LISTING_HIDE_S,
+                MessageSystemAttributeNames=["SentTimestamp"],
+            ).get("Messages", [])
+            if not batch:
+                break
+            for message in batch:
+                handles.append(message["ReceiptHandle"])
+                seen[message["MessageId"]] = self._describe(queue, message)
+        for start in range(0, len(handles), 10):
+            self._sqs.change_message_visibility_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+                    for i, handle in enumerate(handles[start : start + 10])
+                ],
+            )
+        return sorted(seen.values(), key=lambda letter: letter.sent_at)
+
+    def _describe(self, queue: QueueName, message: MessageTypeDef) -> DeadLetter:
+        sent_at = int(message.get("Attributes", {}).get("SentTimestamp", 0)) / 1000
+        body = message.get("Body", "")
+        message_id = message["MessageId"]
+        try:
+            parsed: BaseModel = (TaskMessage if queue == "tasks" else WebhookMessage).model_validate_json(
+                body
+            )
+        except ValidationError:
+            return DeadLetter(queue=queue, message_id=message_id, task_id=None, sent_at=sent_at)
+        task_id: str = parsed.task_id  # type: ignore[attr-defined]
+        now = self._clock()
+        stored = self._store.get(task_id, now=now)
+        if stored is None:
+            return DeadLetter(queue=queue, message_id=message_id, task_id=task_id, sent_at=sent_at)
+        task = stored.as_read(now, self._max_receive_count)
+        if queue == "webhooks":
+            status = task.webhook_status.value if task.webhook_status else None
+            return DeadLetter(
+                queue=queue,
+                message_id=message_id,
+                task_id=task_id,
+                sent_at=sent_at,
+                task_status=f"{task.status.value}, webhook {status}",
+                attempts=task.webhook_attempts,
+            )
+        return DeadLetter(
+            queue=queue,
+            message_id=message_id,
+            task_id=task_id,
+            sent_at=sent_at,
+            task_status=task.status.value,
+            attempts=task.attempts,
+            error=task.error or task.last_error,
+        )
+
+    def redrive(self, queue: QueueName) -> Redrive:
+        """Moves every message back to its source queue (SQS StartMessageMoveTask)."""
+        url = self._deployment.dlq_urls[queue]
+        letters = self.letters(queue, limit=10_000)
+        arn = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        handle = self._sqs.start_message_move_task(SourceArn=arn)["TaskHandle"]
+        # After the move has started, never before: a task put back to pending whose message
+        # failed to move would wait for nothing. A worker that claims first wins; the requeue
+        # then finds a live lease and leaves the task alone.
+        requeued: list[str] = []
+        if queue == "tasks":
+            now = self._clock()
+            for letter in letters:
+                if letter.task_id and self._store.requeue_dead_lettered(
+                    letter.task_id, now=now, max_receive_count=self._max_receive_count
+                ):
+                    requeued.append(letter.task_id)
+        return Redrive(queue=queue, task_handle=handle, messages=len(letters), requeued_tasks=requeued)
+
+    def moves(self, queue: QueueName) -> list[dict[str, object]]:
+        """The latest redrives of this queue, as SQS reports them (ListMessageMoveTasks)."""
+        url = self._deployment.dlq_urls[queue]
+        arn = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        return [
+            dict(entry)
+            for entry in self._sqs.list_message_move_tasks(SourceArn=arn, MaxResults=10)["Results"]
+        ]

@@ -1,0 +1,158 @@
+"""Dead-letter queues: listing them with their tasks, and redriving them (StartMessageMoveTask)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from botocore.exceptions import ClientError
+from botocore.stub import Stubber
+
+from llmtasks.deadletters import DeadLetters, Deployment
+from llmtasks.models import TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
+from llmtasks.store import TaskStore
+from tests.conftest import Aws
+from tests.helpers import pending_task
+
+pytestmark = pytest.mark.unit
+
+MAX_RECEIVES = 5
+
+
+@pytest.fixture
+def store(aws: Aws) -> TaskStore:
+    return TaskStore(aws.resources.table_names["TasksTable"], aws.dynamodb)
+
+
+@pytest.fixture
+def dead_letters(aws: Aws, store: TaskStore) -> DeadLetters:
+    deployment = Deployment(
+        tasks_table=store.table_name,
+        dlq_urls={"tasks": aws.queue_url("TaskDLQ"), "webhooks": aws.queue_url("WebhookDLQ")},
+    )
+    return DeadLetters(deployment, store=store, sqs=aws.sqs)
+
+
+def dead_lettered_task(aws: Aws, store: TaskStore, task_id: str) -> None:
+    """A task whose message died on each of its deliveries, moved to TaskDLQ by SQS itself."""
+    now = time.time()
+    store.create(pending_task(task_id, now=now, ttl_s=3600))
+    url = aws.queue_url("TaskQueue")
+    aws.sqs.send_message(QueueUrl=url, MessageBody=TaskMessage(task_id=task_id).model_dump_json())
+    for receive in range(1, MAX_RECEIVES + 1):
+        [message] = aws.sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
+        # each delivery claims the task, then dies holding a lease that lapses at once
+        store.claim(
+            task_id,
+            lease_id=f"L{receive}",
+            lease_until=now - 1,
+            now=now,
+            message_id=message["MessageId"],
+            receive_count=receive,
+        )
+    assert aws.sqs.receive_message(QueueUrl=url).get("Messages") is None  # this receive moved it
+
+
+def test_the_task_queue_hands_over_its_max_receive_count(dead_letters: DeadLetters) -> None:
+    assert dead_letters._max_receive_count == MAX_RECEIVES
+
+
+def test_a_listing_shows_each_message_with_its_task_and_leaves_them_in_place(
+    aws: Aws, store: TaskStore, dead_letters: DeadLetters
+) -> None:
+    dead_lettered_task(aws, store, "t1")
+    aws.sqs.send_message(QueueUrl=aws.queue_url("TaskDLQ"), MessageBody="not a task message")
+    letters = dead_letters.letters("tasks")
+    assert [(letter.task_id, letter.task_status) for letter in letters] == [("t1", "failed"), (None, None)]
+    assert letters[0].attempts == MAX_RECEIVES
+    assert "TaskDLQ" in (letters[0].error or "")
+    # Listing hides nothing: both are still visible and counted
+    assert dead_letters.depth("tasks") == 2
+    assert len(aws.messages("TaskDLQ")) == 2
+
+
+def test_a_listing_pages_past_ten_messages(aws: Aws, dead_letters: DeadLetters) -> None:
+    for i in range(23):
+        aws.sqs.send_message(
+            QueueUrl=aws.queue_url("TaskDLQ"), MessageBody=TaskMessage(task_id=f"gone{i}").model_dump_json()
+        )
+    letters = dead_letters.letters("tasks")
+    assert len({letter.message_id for letter in letters}) == 23
+    assert all(letter.task_status is None for letter in letters)  # no such tasks: shown as gone
+    assert len(dead_letters.letters("tasks", limit=5)) == 5
+
+
+def test_redrive_moves_messages_back_and_puts_their_tasks_back_to_pending(
+    aws: Aws, store: TaskStore, dead_letters: DeadLetters
+) -> None:
+    dead_lettered_task(aws, store, "t1")
+    redrive = dead_letters.redrive("tasks")
+    assert (redrive.messages, redrive.requeued_tasks) == (1, ["t1"])
+    # The message is back in TaskQueue as a new message, with a fresh receive count
+    [message] = aws.sqs.receive_message(
+        QueueUrl=aws.queue_url("TaskQueue"), MessageSystemAttributeNames=["All"]
+    )["Messages"]
+    assert TaskMessage.model_validate_json(message["Body"]).task_id == "t1"
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert dead_letters.depth("tasks") == 0
+    task = store.get("t1", now=time.time())
+    assert task is not None
+    assert (task.status, task.lease_id) == (TaskStatus.PENDING, None)
+    # SQS reports the move as done
+    [move] = dead_letters.moves("tasks")
+    assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
+
+
+def test_redriving_the_webhook_dlq_returns_events_to_the_webhook_queue(
+    aws: Aws, store: TaskStore, dead_letters: DeadLetters
+) -> None:
+    task = pending_task(
+        "t2", now=time.time(), webhook_url="https://example.test/hook", webhook_status=WebhookStatus.FAILED
+    )
+    store.create(task)
+    event = WebhookMessage(webhook_id="msg_1", task_id="t2", event_type="task.completed")
+    aws.sqs.send_message(QueueUrl=aws.queue_url("WebhookDLQ"), MessageBody=event.model_dump_json())
+    [letter] = dead_letters.letters("webhooks")
+    assert (letter.task_id, letter.task_status) == ("t2", "pending, webhook failed")
+    redrive = dead_letters.redrive("webhooks")
+    assert (redrive.messages, redrive.requeued_tasks) == (1, [])
+    [message] = aws.messages("WebhookQueue")
+    assert WebhookMessage.model_validate_json(message["Body"]) == event
+
+
+def test_only_a_dead_letter_queue_can_be_redriven(aws: Aws) -> None:
+    arn = aws.resources.attributes[("TaskQueue", "Arn")]
+    with pytest.raises(ClientError, match="Dead Letter Queue"):
+        aws.sqs.start_message_move_task(SourceArn=arn)
+
+
+def test_a_deployed_stack_is_found_from_its_outputs() -> None:
+    import boto3
+
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    outputs = {
+        "TasksTableName": "prod-TasksTable-1",
+        "TaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskDLQ",
+        "WebhookDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookDLQ",
+        "ApiUrl": "https://x.execute-api.us-east-1.amazonaws.com",
+    }
+    with Stubber(cloudformation) as stub:
+        stub.add_response(
+            "describe_stacks",
+            {
+                "Stacks": [
+                    {
+                        "StackName": "prod",
+                        "CreationTime": "2026-11-29T00:00:00Z",
+                        "StackStatus": "CREATE_COMPLETE",
+                        "Outputs": [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()],
+                    }
+                ]
+            },
+            {"StackName": "prod"},
+        )
+        deployment = Deployment.of_stack("prod", cloudformation)
+    assert deployment == Deployment(
+        tasks_table="prod-TasksTable-1",
+        dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
+    )
