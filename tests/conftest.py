@@ -20,7 +20,6 @@ from llmtasks.local.template import FunctionSpec, Template
 from llmtasks.settings import Settings
 from tests.helpers import TEMPLATE, WebhookReceiver, serve
 
-
 # The in-process moto gets the redrive API the local stack's moto server has.
 moto_redrive.install()
 
