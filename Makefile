@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test test-fast lint format e2e clean
+.PHONY: up test test-fast lint format e2e faults clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "llmtasks needs Python 3.11+ (set PYTHON=...)"; exit 2; }
@@ -27,6 +27,9 @@ test-fast: $(STAMP)
 
 e2e: $(STAMP)
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+faults: $(STAMP)
+	$(BIN)/pytest -m faults -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from llmtasks.llm.mock import MockConfig
 from tests.helpers import ROOT, free_port
 
 
@@ -29,10 +31,12 @@ class RunningStack:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.api, timeout=30)
 
-    def configure_mock(self, **knobs: float) -> None:
+    def configure_mock(self, *, reset: bool = True, **knobs: Any) -> None:
+        """Changes the given knobs of the mock, and zeroes its counters unless told not to."""
         assert self.mock is not None
         httpx.put(f"{self.mock}/_mock/config", json=knobs).raise_for_status()
-        httpx.post(f"{self.mock}/_mock/reset").raise_for_status()
+        if reset:
+            httpx.post(f"{self.mock}/_mock/reset").raise_for_status()
 
     def mock_stats(self) -> dict[str, int]:
         assert self.mock is not None
@@ -100,5 +104,6 @@ def stack() -> Iterator[RunningStack]:
 
 @pytest.fixture
 def fresh_mock(stack: RunningStack) -> RunningStack:
-    stack.configure_mock(latency_s=0)
+    """The session's stack with the mock's knobs at their defaults and its counters zeroed."""
+    stack.configure_mock(**MockConfig().model_dump(exclude={"seed"}))
     return stack

@@ -144,19 +144,32 @@ class MockLLM:
             # the whole call ends it.
             return StreamingResponse(self._trickle(body, messages, prompt), media_type="application/json")
         try:
-            if outcome == "rps":
-                return _error(429, "requests per second limit (mock)", retry_after=wait)
-            if self.config.latency_s:
-                await asyncio.sleep(self.config.latency_s)
-            if outcome == "429":
-                return _error(429, "rate limited (mock)", retry_after=wait)
-            if outcome == "500":
-                return _error(500, "internal error (mock)")
-            with self._lock:
-                self.stats.completed += 1
-            return JSONResponse(self._completion(body, messages, prompt))
+            return await self._answer(request, outcome, wait, body, messages, prompt)
         finally:
             self._leave()
+
+    async def _answer(
+        self,
+        request: Request,
+        outcome: Outcome,
+        wait: float | None,
+        body: dict[str, Any],
+        messages: list[Any],
+        prompt: str,
+    ) -> Response:
+        if outcome == "rps":
+            return _error(429, "requests per second limit (mock)", retry_after=wait)
+        if self.config.latency_s and not await _stay_connected(request, self.config.latency_s):
+            return Response(status_code=499)  # nobody is listening any more
+        if outcome in ("429", "500"):
+            return _error(
+                int(outcome),
+                f"{'rate limited' if outcome == '429' else 'internal error'} (mock)",
+                retry_after=wait,
+            )
+        with self._lock:
+            self.stats.completed += 1
+        return JSONResponse(self._completion(body, messages, prompt))
 
     async def _trickle(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
         try:
@@ -224,9 +237,23 @@ class MockLLM:
         )
 
 
+async def _stay_connected(request: Request, seconds: float) -> bool:
+    """Sleeps `seconds` unless the client goes away first (then False), so `in_flight` counts
+    only calls someone still waits for."""
+    give_up = time.monotonic() + seconds
+    while (left := give_up - time.monotonic()) > 0:
+        if await request.is_disconnected():
+            return False
+        await asyncio.sleep(min(0.05, left))
+    return True
+
+
 def _error(status: int, message: str, *, retry_after: float | None = None) -> JSONResponse:
     # Fractions are off-standard but keep compressed test schedules short; llmtasks reads them.
-    headers = {"Retry-After": f"{retry_after:.3g}"} if retry_after is not None else None
+    headers = None
+    if retry_after is not None:
+        value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
+        headers = {"Retry-After": value}
     return JSONResponse({"error": {"message": message}}, status, headers=headers)
 
 

@@ -1,0 +1,99 @@
+"""WorkerFunction with faults injected, for the fault suite: the real handler, wrapped.
+
+The faults are read per invocation from the JSON file named by LLMTASKS_FAULTS_FILE, so the
+suite can turn them off while the stack runs:
+- crash_rate: share of invocations that die, split evenly between dying before any record is
+  touched, right after the first claim (before any token is spent), and after every record is
+  done (the reply is lost, so the whole batch comes back);
+- duplicate_rate: share of first deliveries that SQS delivers twice (a copy is sent);
+- poison: prompts containing this text fail their record after the claim, every time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from llmtasks import wiring
+from llmtasks.llm import provider_from_settings
+from llmtasks.models import Completion, LLMRequest, TaskMessage
+from llmtasks.service import TaskRunner
+from llmtasks.settings import get_settings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _real_handler() -> Any:
+    spec = importlib.util.spec_from_file_location("_real_worker_app", ROOT / "functions/worker/app.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.lambda_handler
+
+
+real_handler = _real_handler()
+rng = random.Random()
+
+
+def faults() -> dict[str, Any]:
+    path = Path(os.environ["LLMTASKS_FAULTS_FILE"])
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def injected(kind: str) -> None:
+    """One line per injected fault, beside the faults file, for the suite's accounting."""
+    with Path(os.environ["LLMTASKS_FAULTS_FILE"]).with_suffix(".log").open("a") as log:
+        log.write(kind + "\n")
+
+
+class InjectedCrash(SystemExit):
+    """Ends the invocation as a dying process would: no record is reported, the batch returns."""
+
+
+class FaultyLLM:
+    def __init__(self, real: Any, *, poison: str | None, crash_on_first_call: bool) -> None:
+        self._real = real
+        self._poison = poison
+        self._crash = crash_on_first_call
+
+    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+        if self._crash:
+            raise InjectedCrash("injected: the worker died after its claim")
+        if self._poison and self._poison in request.prompt:
+            raise RuntimeError("injected: a poison task")
+        completion: Completion = await self._real.complete(request, timeout_s=timeout_s)
+        return completion
+
+
+def lambda_handler(event: dict[str, Any], context: Any) -> Any:
+    now = faults()
+    records = event.get("Records") or []
+    sqs, queue_url = wiring.sqs(), get_settings().task_queue_url
+    for record in records:
+        first = record["attributes"].get("ApproximateReceiveCount") == "1"
+        if first and rng.random() < now.get("duplicate_rate", 0):
+            task_id = TaskMessage.model_validate_json(record["body"]).task_id
+            sqs.send_message(QueueUrl=queue_url, MessageBody=TaskMessage(task_id=task_id).model_dump_json())
+            injected("duplicate delivery")
+    crash = rng.random() < now.get("crash_rate", 0)
+    where = rng.choice(("start", "after_claim", "after_reply")) if crash else None
+    if where is not None:
+        injected(f"worker crash {where}")
+    if where == "start":
+        raise RuntimeError("injected: the worker died on start")
+    settings = get_settings()
+    llm = FaultyLLM(
+        provider_from_settings(settings), poison=now.get("poison"), crash_on_first_call=where == "after_claim"
+    )
+    runner = TaskRunner(
+        settings, wiring.task_store(), wiring.task_queue(), llm, results=wiring.result_blobs()
+    )
+    reply = real_handler(event, context, runner=runner)
+    if where == "after_reply":
+        raise RuntimeError("injected: the worker died before it could reply")
+    return reply

@@ -1,0 +1,194 @@
+"""The fault-injection suite: 300 tasks through the local stack while the LLM, the worker and
+SQS misbehave; once the faults stop, every task is accounted for and none was paid twice.
+
+Faults: the mock LLM answers 20% 500s and 10% 429s and hangs on 2% of calls (past the worker's
+Timeout); the worker dies in 5% of invocations (at start, after a claim, or before replying)
+and 5% of messages are delivered twice; a few poison tasks fail on every delivery until they
+are dead-lettered, and are redriven with `llmtasks dlq redrive` once the faults stop.
+Timings are compressed through template parameters (Timeout and visibility 20 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmtasks.llm.mock import reply_text
+from tests.e2e.conftest import RunningStack, start_stack
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+
+TASKS = 300
+POISONED = 3
+POISON = "poison-pill"
+TERMINAL = ("completed", "failed", "cancelled")
+FAULTS = {"crash_rate": 0.05, "duplicate_rate": 0.05, "poison": POISON}
+LLM_FAULTS = {"rate_500": 0.2, "rate_429": 0.1, "retry_after_s": 1, "rate_hang": 0.02, "hang_s": 3600}
+
+
+def faulty_template(directory: Path) -> Path:
+    """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper."""
+    text = (ROOT / "template.yaml").read_text()
+    worker = "CodeUri: functions/worker/\n      Handler: app.lambda_handler"
+    assert worker in text
+    text = text.replace(
+        worker, f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
+    )
+    text = text.replace("CodeUri: functions/", f"CodeUri: {ROOT}/functions/")
+    path = directory / "template.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
+    directory = Path(tempfile.mkdtemp(prefix="llmtasks-faults-"))
+    faults_file = directory / "faults.json"
+    faults_file.write_text(json.dumps(FAULTS))
+    env = {
+        "LLMTASKS_FAULTS_FILE": str(faults_file),
+        "LEASE_MARGIN_S": "2",
+        "RETRY_BASE_DELAY_S": "0.5",
+        "RETRY_MAX_DELAY_S": "4",
+    }
+    stack = start_stack(
+        "-t",
+        str(faulty_template(directory)),
+        "--parameter-overrides",
+        "WorkerTimeoutSeconds=20 TaskVisibilityTimeoutSeconds=20",
+        env=env,
+    )
+    try:
+        yield stack, faults_file
+    finally:
+        stack.stop()
+
+
+def llmtasks_cli(stack: RunningStack, *args: str) -> str:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmtasks.cli",
+            *args,
+            "--endpoint-url",
+            f"http://127.0.0.1:{stack.moto_port}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def read_all(client: httpx.Client, ids: list[str]) -> dict[str, dict[str, Any]]:
+    return {task_id: client.get(f"/tasks/{task_id}").json() for task_id in ids}
+
+
+def wait_until(condition: Any, timeout_s: float, what: str) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(2)
+
+
+def test_every_task_is_accounted_for_after_faults(faulty_stack: tuple[RunningStack, Path]) -> None:
+    stack, faults_file = faulty_stack
+    stack.configure_mock(**LLM_FAULTS)
+    prompts = {f"fault suite task {i}": i for i in range(TASKS)}
+    prompts |= {f"fault suite {POISON} {i}": TASKS + i for i in range(POISONED)}
+    started = time.monotonic()
+    with stack.client() as client:
+        ids = {}
+        for prompt in prompts:
+            reply = client.post("/tasks", json={"prompt": prompt, "max_retries": 4})
+            assert reply.status_code == 202, reply.text
+            ids[reply.json()["task_id"]] = prompt
+        task_ids = list(ids)
+
+        # Under faults, every task reaches an end; the poison ones read as dead-lettered
+        def settled() -> bool:
+            return all(t["status"] in TERMINAL for t in read_all(client, task_ids).values())
+
+        wait_until(settled, 600, "every task to settle under faults")
+        under_faults = read_all(client, task_ids)
+        settled_s = time.monotonic() - started
+        dead = sorted(i for i, t in under_faults.items() if t.get("error_code") == "dead_lettered")
+        assert {ids[i] for i in dead} >= {p for p in prompts if POISON in p}
+
+        # The faults stop
+        faults_file.write_text("{}")
+        stack.configure_mock(reset=False, **{knob: 0 for knob in LLM_FAULTS})
+
+        # The dead-lettered messages reach TaskDLQ, and `llmtasks dlq list` shows them
+        def in_dlq() -> bool:
+            listed = llmtasks_cli(stack, "dlq", "list", "--queue", "tasks", "--json")
+            return {json.loads(line)["task_id"] for line in listed.splitlines()} >= set(dead)
+
+        wait_until(in_dlq, 120, "the dead-lettered messages to reach TaskDLQ")
+        listing = llmtasks_cli(stack, "dlq", "list")
+        for task_id in dead:
+            assert task_id in listing
+        redrive = llmtasks_cli(stack, "dlq", "redrive", "--queue", "tasks")
+        assert f"{len(dead)} task(s) back to pending" in redrive
+        wait_until(
+            lambda: all(read_all(client, dead)[i]["status"] == "completed" for i in dead), 120, "redrive"
+        )
+        final = read_all(client, task_ids)
+    stats = stack.mock_stats()
+    worker_faults = Counter(faults_file.with_suffix(".log").read_text().splitlines())
+    outcomes: dict[str, list[str]] = stats["outcomes_by_prompt"]  # type: ignore[assignment]
+
+    # Accounting
+    by_status = Counter(t["status"] for t in final.values())
+    failed_codes = Counter(t["error_code"] for t in final.values() if t["status"] == "failed")
+    first_ok = [i for i, p in ids.items() if (outcomes.get(p) or ["-"])[0] == "ok"]
+    double_charged = [i for i in first_ok if len(outcomes[ids[i]]) != 1]
+    completed_wrong = [
+        i for i, t in final.items() if t["status"] == "completed" and t["result"] != reply_text(ids[i])
+    ]
+    rows = [
+        ("tasks submitted", len(final)),
+        ("completed", by_status["completed"]),
+        ("  of which first LLM call succeeded", sum(final[i]["status"] == "completed" for i in first_ok)),
+        ("  of which dead-lettered, then redriven", sum(final[i]["status"] == "completed" for i in dead)),
+        *((f"failed: {code}", n) for code, n in sorted(failed_codes.items())),
+        ("cancelled", by_status["cancelled"]),
+        ("pending or processing (stuck)", by_status["pending"] + by_status["processing"]),
+        ("lost (404)", sum("status" not in t for t in final.values())),
+        ("double-charged (first call ok, then called again)", len(double_charged)),
+        ("LLM calls at the mock", stats["calls"]),
+        ("  500s / 429s / hangs", f"{stats['errors_500']} / {stats['errors_429']} / {stats['hangs']}"),
+        *((f"injected: {kind}", n) for kind, n in sorted(worker_faults.items())),
+        ("settled under faults in", f"{settled_s:.0f} s"),
+    ]
+    print("\nFault suite accounting")
+    for label, value in rows:
+        print(f"  {label:<52} {value:>8}")
+
+    assert len(final) == TASKS + POISONED
+    assert by_status["pending"] == by_status["processing"] == 0
+    assert all(t["status"] in TERMINAL for t in final.values())
+    assert all(t.get("error_code") for t in final.values() if t["status"] == "failed")
+    assert not double_charged, double_charged
+    assert not completed_wrong
+    # Faults really happened
+    assert min(stats["errors_500"], stats["errors_429"], stats["hangs"]) > 0
+    assert sum(n for kind, n in worker_faults.items() if kind.startswith("worker crash")) > 0
+    assert worker_faults["duplicate delivery"] > 0

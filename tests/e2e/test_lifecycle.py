@@ -1,0 +1,98 @@
+"""The task lifecycle on the local stack: retries, cancellation and deadlines, over HTTP."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import RunningStack
+from tests.e2e.test_local_stack import wait_terminal
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_for(client: httpx.Client, task_id: str, status: str, timeout_s: float = 15) -> dict[str, Any]:
+    give_up = time.monotonic() + timeout_s
+    while (task := client.get(f"/tasks/{task_id}").json())["status"] != status:
+        assert time.monotonic() < give_up, f"task {task_id} is {task['status']}, never {status}"
+        time.sleep(0.1)
+    return task
+
+
+def test_a_rate_limited_task_shows_its_retry_then_completes(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(rate_429=1.0, retry_after_s=3)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "retry me"}).json()["task_id"]
+        # Given a 429 with Retry-After: 3, the task waits in the queue, not in the function
+        give_up = time.monotonic() + 15
+        while (task := client.get(f"/tasks/{task_id}").json())["attempts"] < 1 or task["status"] != "pending":
+            assert time.monotonic() < give_up, task
+            time.sleep(0.1)
+        retry_at = datetime.fromisoformat(task["next_attempt_at"]).timestamp()
+        assert 2 <= retry_at - time.time() <= 4
+        fresh_mock.configure_mock(reset=False, rate_429=0.0)
+        done = wait_terminal(client, task_id, timeout_s=15)
+    assert (done["status"], done["attempts"]) == ("completed", 2)
+    assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"retry me": ["429", "ok"]}
+
+
+def test_a_retry_after_of_days_fails_the_task_with_a_clear_error(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(rate_429=1.0, retry_after_s=114 * 3600)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "come back next week"}).json()["task_id"]
+        task = wait_terminal(client, task_id)
+    assert (task["status"], task["error_code"]) == ("failed", "retry_after_too_long")
+    assert "410400 s" in task["error"]
+
+
+def test_cancelling_a_pending_task_keeps_it_from_the_llm(fresh_mock: RunningStack) -> None:
+    # Given a task waiting for its retry
+    fresh_mock.configure_mock(rate_429=1.0, retry_after_s=2)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "cancel while waiting"}).json()["task_id"]
+        give_up = time.monotonic() + 15
+        while client.get(f"/tasks/{task_id}").json()["attempts"] < 1:
+            assert time.monotonic() < give_up
+            time.sleep(0.1)
+        wait_for(client, task_id, "pending")
+        fresh_mock.configure_mock(reset=False, rate_429=0.0)
+        # When it is cancelled
+        assert client.post(f"/tasks/{task_id}/cancel").json()["status"] == "cancelled"
+        time.sleep(3)  # past the retry's delay
+        task = client.get(f"/tasks/{task_id}").json()
+    # Then the retry never reaches the LLM
+    assert task["status"] == "cancelled"
+    assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"cancel while waiting": ["429"]}
+
+
+def test_cancelling_a_processing_task_discards_its_late_result(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(latency_s=2)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "too slow"}).json()["task_id"]
+        wait_for(client, task_id, "processing")
+        assert client.post(f"/tasks/{task_id}/cancel").json()["status"] == "cancelled"
+        give_up = time.monotonic() + 10
+        while fresh_mock.mock_stats()["completed"] < 1:  # the provider answered after all
+            assert time.monotonic() < give_up
+            time.sleep(0.1)
+        time.sleep(0.5)
+        task = client.get(f"/tasks/{task_id}").json()
+    assert (task["status"], task["result"]) == ("cancelled", None)
+
+
+def test_a_task_that_cannot_finish_in_time_fails_with_deadline_exceeded(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(latency_s=10)
+    started = time.monotonic()
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "hurry", "timeout_s": 2}).json()["task_id"]
+        task = wait_terminal(client, task_id, timeout_s=15)
+    assert (task["status"], task["error_code"]) == ("failed", "deadline_exceeded")
+    assert time.monotonic() - started < 6  # the call was cut at the deadline, not at the mock's 10 s
+    assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"hurry": ["ok"]}
+    # and the provider saw the caller go away (the mock stops waiting when its client does)
+    time.sleep(0.5)
+    assert fresh_mock.mock_stats()["in_flight"] == 0
