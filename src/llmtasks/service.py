@@ -255,6 +255,11 @@ class TaskRunner:
         if current is None or current.status.is_terminal:
             logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
             return
+        if current.status is TaskStatus.PENDING:
+            # A retry is scheduled and has its own delayed message: this one (a duplicate, or a
+            # redelivery after a lost reply) would only call the provider before its Retry-After.
+            logger.info("early delivery dropped; the retry's message runs the task", task_id=task_id)
+            return
         # Another message's delivery holds a live lease (a duplicate, or a retry that came early).
         if delivery.receive_count >= max_receives:
             # Returned once more, this copy would only land in TaskDLQ. The holder's own message

@@ -27,6 +27,7 @@ _deserializer = TypeDeserializer()
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 _LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count"
+RETRY_EARLY_S = 1.0
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -123,7 +124,8 @@ class TaskStore:
         message_id: str,
         receive_count: int,
     ) -> Task:
-        """pending -> processing under a new lease; also processing -> processing when the lease
+        """pending (and due, when a retry is scheduled) -> processing under a new lease; also
+        processing -> processing when the lease
         is dead, or when it is held by an earlier delivery of this same message (that delivery
         crashed or timed out: SQS only redelivers a message after its visibility timeout)."""
         try:
@@ -138,8 +140,9 @@ class TaskStore:
                     " REMOVE next_attempt_at"
                 ),
                 ConditionExpression=(
-                    "attribute_exists(pk) AND expires_at > :now AND (#status = :pending OR"
-                    " (#status = :processing AND (lease_until < :now OR"
+                    "attribute_exists(pk) AND expires_at > :now AND ((#status = :pending AND"
+                    " (attribute_not_exists(next_attempt_at) OR next_attempt_at <= :due))"
+                    " OR (#status = :processing AND (lease_until < :now OR"
                     " (lease_message_id = :message AND lease_receive_count < :receives))))"
                 ),
                 ExpressionAttributeNames={"#status": "status"},
@@ -152,6 +155,8 @@ class TaskStore:
                         ":message": message_id,
                         ":receives": receive_count,
                         ":now": now,
+                        # SQS delays are whole seconds, so a retry's message may come a little early.
+                        ":due": now + RETRY_EARLY_S,
                         ":zero": 0,
                         ":one": 1,
                     }

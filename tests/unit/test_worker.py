@@ -19,7 +19,7 @@ from llmtasks.queues import Queue
 from llmtasks.service import Delivery, TaskRunner, TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
-from tests.conftest import Aws, RunningMock
+from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import free_port, pending_task
 
 pytestmark = pytest.mark.unit
@@ -409,3 +409,38 @@ def test_the_mock_s_requests_per_second_limit_is_a_429_with_retry_after(mock_llm
     assert all(e.code == "llm_rate_limited" and e.transient for e in limited)
     assert all(e.retry_after is not None and 0 < e.retry_after <= 1 for e in limited)
     assert mock_llm.stats.rps_limited == 2
+
+
+def test_an_early_copy_of_a_task_waiting_for_its_retry_after_does_not_call_the_provider(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit("patience")
+    [message] = worker.queued()
+    mock_llm.configure(rate_429=1.0, retry_after_s=40)
+    worker.run([message])
+    waiting = worker.task(task_id)
+    # When the first message comes again (its reply was lost) long before the Retry-After
+    mock_llm.configure()
+    assert worker.run([redelivered(message, 2)]) == {"batchItemFailures": []}
+    # Then it is done with, and the task still waits for its retry's own message
+    assert worker.task(task_id).status is TaskStatus.PENDING
+    assert worker.task(task_id).next_attempt_at == waiting.next_attempt_at
+    assert mock_llm.stats.calls == 1
+    # Which runs it when due
+    worker.clock = lambda: waiting.next_attempt_at
+    assert worker.run([redelivered(message, 1, message_id="the-retry")]) == {"batchItemFailures": []}
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_hanging_call_ends_before_the_function_s_timeout_and_is_retried(
+    worker: Worker, mock_llm: RunningMock, aws: Aws
+) -> None:
+    mock_llm.configure(rate_hang=1.0, hang_s=60)
+    task_id = worker.submit("hangs")
+    # Given an invocation with 12 s left, of which the worker keeps 10 s to save the outcome
+    worker.context = lambda_context(aws.function("WorkerFunction"), timeout_s=12)
+    started = time.monotonic()
+    assert worker.run_queued() == {"batchItemFailures": []}
+    assert time.monotonic() - started < 6
+    task = worker.task(task_id)
+    assert (task.status, task.last_error_code, task.lease_id) == (TaskStatus.PENDING, "llm_timeout", None)
