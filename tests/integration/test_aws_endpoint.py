@@ -38,8 +38,18 @@ def test_a_message_that_keeps_failing_moves_to_the_dlq_after_max_receive_count(
         Queue(urls["TaskQueue"], sqs).retry_later(message["ReceiptHandle"], 0)
     # Then the next receive finds nothing and the message waits in TaskDLQ
     assert sqs.receive_message(QueueUrl=urls["TaskQueue"], WaitTimeSeconds=1).get("Messages", []) == []
-    [dead] = sqs.receive_message(QueueUrl=urls["TaskDLQ"], WaitTimeSeconds=1)["Messages"]
+    [dead] = sqs.receive_message(QueueUrl=urls["TaskDLQ"], WaitTimeSeconds=1, VisibilityTimeout=0)["Messages"]
     assert TaskMessage.model_validate_json(dead["Body"]).task_id == "poison"
+    # And a redrive (StartMessageMoveTask, asynchronous in AWS) brings it back to TaskQueue
+    dlq_arn = remote["resources"].attributes[("TaskDLQ", "Arn")]
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    give_up = time.monotonic() + 30
+    while (move := sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0])["Status"] == "RUNNING":
+        assert time.monotonic() < give_up
+        time.sleep(0.5)
+    assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
+    [back] = sqs.receive_message(QueueUrl=urls["TaskQueue"], WaitTimeSeconds=1)["Messages"]
+    assert TaskMessage.model_validate_json(back["Body"]).task_id == "poison"
 
 
 def test_a_delayed_retry_stays_invisible_until_its_time(remote: dict[str, Any]) -> None:
