@@ -205,6 +205,9 @@ def dlq_list(
 def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | None) -> None:
     """Move a DLQ's messages back to their queue (SQS StartMessageMoveTask); their tasks run again."""
     redrive = _dead_letters(stack_name, endpoint_url).redrive(queue)
+    if redrive.task_handle is None:
+        click.echo(f"The {queue} DLQ is empty; nothing to redrive.")
+        return
     click.echo(
         f"Redriving {redrive.messages} message(s) from the {queue} DLQ (task handle"
         f" {redrive.task_handle[:24]}...); {len(redrive.requeued_tasks)} task(s) back to pending."

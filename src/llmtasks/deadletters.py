@@ -77,7 +77,7 @@ class DeadLetter(BaseModel):
 
 class Redrive(BaseModel):
     queue: QueueName
-    task_handle: str
+    task_handle: str | None  # None: the DLQ was empty, so no move was started
     messages: int  # in the DLQ when the move started
     requeued_tasks: list[str]  # put back to pending (TaskDLQ only)
 
@@ -180,6 +180,8 @@ class DeadLetters:
         """Moves every message back to its source queue (SQS StartMessageMoveTask)."""
         url = self._deployment.dlq_urls[queue]
         letters = self.letters(queue, limit=10_000)
+        if not letters:
+            return Redrive(queue=queue, task_handle=None, messages=0, requeued_tasks=[])
         arn = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"
         ]

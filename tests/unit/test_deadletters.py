@@ -120,6 +120,12 @@ def test_redriving_the_webhook_dlq_returns_events_to_the_webhook_queue(
     assert WebhookMessage.model_validate_json(message["Body"]) == event
 
 
+def test_an_empty_dlq_starts_no_move(dead_letters: DeadLetters) -> None:
+    redrive = dead_letters.redrive("tasks")
+    assert (redrive.task_handle, redrive.messages) == (None, 0)
+    assert dead_letters.moves("tasks") == []
+
+
 def test_only_a_dead_letter_queue_can_be_redriven(aws: Aws) -> None:
     arn = aws.resources.attributes[("TaskQueue", "Arn")]
     with pytest.raises(ClientError, match="Dead Letter Queue"):
