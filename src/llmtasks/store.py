@@ -28,6 +28,7 @@ _deserializer = TypeDeserializer()
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 _LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count"
 RETRY_EARLY_S = 1.0
+_STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -78,6 +79,12 @@ def _is_condition_failure(exc: ClientError) -> bool:
     return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
 
 
+class _ConditionFailed(Exception):
+    def __init__(self, old: Task | None) -> None:
+        super().__init__("condition failed")
+        self.old = old  # the item as it was; None when there was none
+
+
 class ClaimRefused(Exception):
     """The task cannot be claimed now; `current` says why (None: no item, or an expired one)."""
 
@@ -125,53 +132,44 @@ class TaskStore:
         receive_count: int,
     ) -> Task:
         """pending (and due, when a retry is scheduled) -> processing under a new lease; also
-        processing -> processing when the lease
-        is dead, or when it is held by an earlier delivery of this same message (that delivery
-        crashed or timed out: SQS only redelivers a message after its visibility timeout)."""
+        processing -> processing when the lease is dead, or when it is held by an earlier
+        delivery of this same message (that delivery crashed or timed out: SQS redelivers a
+        message only after its visibility timeout)."""
         try:
-            reply = self._client.update_item(
-                TableName=self.table_name,
-                Key=task_key(task_id),
-                UpdateExpression=(
+            return self._transition(
+                task_id,
+                update=(
                     "SET #status = :processing, lease_id = :lease, lease_until = :until,"
                     " lease_message_id = :message, lease_receive_count = :receives,"
                     " attempts = if_not_exists(attempts, :zero) + :one,"
                     " started_at = if_not_exists(started_at, :now)"
                     " REMOVE next_attempt_at"
                 ),
-                ConditionExpression=(
+                condition=(
                     "attribute_exists(pk) AND expires_at > :now AND ((#status = :pending AND"
                     " (attribute_not_exists(next_attempt_at) OR next_attempt_at <= :due))"
                     " OR (#status = :processing AND (lease_until < :now OR"
                     " (lease_message_id = :message AND lease_receive_count < :receives))))"
                 ),
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues=serialize(
-                    {
-                        ":processing": TaskStatus.PROCESSING.value,
-                        ":pending": TaskStatus.PENDING.value,
-                        ":lease": lease_id,
-                        ":until": lease_until,
-                        ":message": message_id,
-                        ":receives": receive_count,
-                        ":now": now,
-                        # SQS delays are whole seconds, so a retry's message may come a little early.
-                        ":due": now + RETRY_EARLY_S,
-                        ":zero": 0,
-                        ":one": 1,
-                    }
-                ),
-                ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                names=_STATUS,
+                values={
+                    ":processing": TaskStatus.PROCESSING.value,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":lease": lease_id,
+                    ":until": lease_until,
+                    ":message": message_id,
+                    ":receives": receive_count,
+                    ":now": now,
+                    # SQS delays are whole seconds, so a retry's message may come a little early.
+                    ":due": now + RETRY_EARLY_S,
+                    ":zero": 0,
+                    ":one": 1,
+                },
             )
-        except ClientError as exc:
-            if _is_condition_failure(exc):
-                current = _failed_item(exc)
-                if current is None:
-                    raise ClaimRefused(None, missing=True) from exc
-                raise ClaimRefused(None if current.is_expired(now) else current) from exc
-            raise
-        return task_from_item(reply["Attributes"])
+        except _ConditionFailed as failed:
+            if failed.old is None:
+                raise ClaimRefused(None, missing=True) from failed
+            raise ClaimRefused(None if failed.old.is_expired(now) else failed.old) from failed
 
     def complete(
         self,
@@ -230,97 +228,101 @@ class TaskStore:
             condition = "#status = :processing AND lease_id = :lease"
             expression_values |= {":processing": TaskStatus.PROCESSING.value, ":lease": lease_id}
         try:
-            reply = self._client.update_item(
-                TableName=self.table_name,
-                Key=task_key(task_id),
-                UpdateExpression=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}",
-                ConditionExpression=condition,
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=serialize(expression_values),
-                ReturnValues="ALL_NEW",
+            return self._transition(
+                task_id,
+                update=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}",
+                condition=condition,
+                names=names,
+                values=expression_values,
             )
-        except ClientError as exc:
-            if _is_condition_failure(exc):
-                raise StaleWrite(task_id) from exc
-            raise
-        return task_from_item(reply["Attributes"])
+        except _ConditionFailed as failed:
+            raise StaleWrite(task_id) from failed
 
     def requeue_dead_lettered(self, task_id: str, *, now: float, max_receive_count: int) -> bool:
         """processing -> pending for a dead-lettered task (see `Task.is_dead_lettered`) whose
         message is being redriven; False when the task is anything else by now."""
         try:
-            self._client.update_item(
-                TableName=self.table_name,
-                Key=task_key(task_id),
-                UpdateExpression=f"SET #status = :pending REMOVE {_LEASE_FIELDS}",
-                ConditionExpression=(
-                    "#status = :processing AND lease_until < :now AND lease_receive_count >= :max"
-                ),
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues=serialize(
-                    {
-                        ":pending": TaskStatus.PENDING.value,
-                        ":processing": TaskStatus.PROCESSING.value,
-                        ":now": now,
-                        ":max": max_receive_count,
-                    }
-                ),
+            self._transition(
+                task_id,
+                update=f"SET #status = :pending REMOVE {_LEASE_FIELDS}",
+                condition="#status = :processing AND lease_until < :now AND lease_receive_count >= :max",
+                names=_STATUS,
+                values={
+                    ":pending": TaskStatus.PENDING.value,
+                    ":processing": TaskStatus.PROCESSING.value,
+                    ":now": now,
+                    ":max": max_receive_count,
+                },
             )
-        except ClientError as exc:
-            if _is_condition_failure(exc):
-                return False
-            raise
+        except _ConditionFailed:
+            return False
         return True
 
     def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
         """pending | processing -> cancelled. A processing task's late result is then discarded,
         because completing needs `status = processing`."""
         try:
-            reply = self._client.update_item(
-                TableName=self.table_name,
-                Key=task_key(task_id),
-                UpdateExpression=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
-                ConditionExpression=(
+            return self._transition(
+                task_id,
+                update=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
+                condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
                     " AND #status IN (:pending, :processing)"
                 ),
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues=serialize(
-                    {
-                        ":cancelled": TaskStatus.CANCELLED.value,
-                        ":pending": TaskStatus.PENDING.value,
-                        ":processing": TaskStatus.PROCESSING.value,
-                        ":tenant": tenant_id,
-                        ":now": now,
-                    }
-                ),
-                ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                names=_STATUS,
+                values={
+                    ":cancelled": TaskStatus.CANCELLED.value,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":processing": TaskStatus.PROCESSING.value,
+                    ":tenant": tenant_id,
+                    ":now": now,
+                },
             )
-        except ClientError as exc:
-            if not _is_condition_failure(exc):
-                raise
-            current = _failed_item(exc)
+        except _ConditionFailed as failed:
+            current = failed.old
             if current is None or current.tenant_id != tenant_id or current.is_expired(now):
-                raise TaskNotFound(task_id) from exc
-            raise TaskConflict(f"Task '{task_id}' is already {current.status.value}.") from exc
-        return task_from_item(reply["Attributes"])
+                raise TaskNotFound(task_id) from failed
+            raise TaskConflict(f"Task '{task_id}' is already {current.status.value}.") from failed
 
     def record_webhook_attempt(self, task_id: str, *, status: WebhookStatus) -> Task | None:
         """Counts one delivery attempt and its outcome. Counting (not setting) keeps the total right
         across retries, duplicate deliveries and redrives from the webhook DLQ."""
         try:
+            return self._transition(
+                task_id,
+                update="SET webhook_status = :status ADD webhook_attempts :one",
+                condition="attribute_exists(pk)",
+                values={":status": status.value, ":one": 1},
+            )
+        except _ConditionFailed:
+            return None  # the task expired and was deleted meanwhile
+
+    def _transition(
+        self,
+        task_id: str,
+        *,
+        update: str,
+        condition: str,
+        values: Mapping[str, Any],
+        names: Mapping[str, str] | None = None,
+    ) -> Task:
+        """One conditional UpdateItem on a task: the task as it is after it, or _ConditionFailed
+        carrying the item as it was (DynamoDB returns it with the failure, at no extra read)."""
+        optional: dict[str, Any] = {"ExpressionAttributeNames": dict(names)} if names else {}
+        try:
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
-                UpdateExpression="SET webhook_status = :status ADD webhook_attempts :one",
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeValues=serialize({":status": status.value, ":one": 1}),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=serialize(values),
                 ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **optional,
             )
         except ClientError as exc:
             if _is_condition_failure(exc):
-                return None  # the task expired and was deleted meanwhile
+                raise _ConditionFailed(_failed_item(exc)) from exc
             raise
         return task_from_item(reply["Attributes"])
 

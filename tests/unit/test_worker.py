@@ -60,6 +60,14 @@ class Worker:
     def run_queued(self, **overrides: Any) -> dict[str, Any]:
         return self.run(self.queued(), **overrides)
 
+    def crashed(self, prompt: str) -> tuple[str, dict[str, Any]]:
+        """A submitted task whose first delivery died after its claim, and that delivery's message."""
+        task_id = self.submit(prompt)
+        [message] = self.queued()
+        reply = self.run([message], llm=CrashingLLM())
+        assert reply == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
+        return task_id, message
+
     def task(self, task_id: str) -> Any:
         return self.store.get(task_id, now=time.time())
 
@@ -284,11 +292,8 @@ def redelivered(message: dict[str, Any], receive_count: int, message_id: str | N
 def test_a_crashed_delivery_is_taken_over_by_its_own_redelivery_without_waiting_for_the_lease(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
-    task_id = worker.submit("crash once")
-    [message] = worker.queued()
     # When the first delivery dies after its claim
-    reply = worker.run([message], llm=CrashingLLM())
-    assert reply == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
+    task_id, message = worker.crashed("crash once")
     crashed = worker.task(task_id)
     assert crashed.status is TaskStatus.PROCESSING
     assert crashed.lease_until > time.time() + 60  # the lease outlives the function's timeout
@@ -302,9 +307,7 @@ def test_a_crashed_delivery_is_taken_over_by_its_own_redelivery_without_waiting_
 def test_a_copy_of_the_message_waits_for_the_lease_then_takes_over(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
-    task_id = worker.submit("crash, then a duplicate")
-    [message] = worker.queued()
-    worker.run([message], llm=CrashingLLM())
+    task_id, message = worker.crashed("crash, then a duplicate")
     copy = redelivered(message, 1, message_id="another-message")
     # While the crashed delivery's lease lives, a copy does not call the LLM and comes back later
     assert len(worker.run([copy])["batchItemFailures"]) == 1
@@ -320,9 +323,7 @@ def test_a_copy_of_the_message_waits_for_the_lease_then_takes_over(
 def test_a_copy_on_its_last_delivery_is_dropped_rather_than_dead_lettered(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
-    task_id = worker.submit("held elsewhere")
-    [message] = worker.queued()
-    worker.run([message], llm=CrashingLLM())
+    task_id, message = worker.crashed("held elsewhere")
     last = redelivered(message, worker.settings.task_max_receive_count, message_id="a-copy")
     assert worker.run([last]) == {"batchItemFailures": []}  # deleted, not sent to TaskDLQ
     assert worker.task(task_id).status is TaskStatus.PROCESSING  # its own message will resume it
