@@ -29,7 +29,7 @@ e2e: $(STAMP)
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
 
 faults: $(STAMP)
-	$(BIN)/pytest -m faults -s $(PYTEST_ARGS)
+	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -108,7 +108,9 @@ def wait_until(condition: Any, timeout_s: float, what: str) -> None:
         time.sleep(2)
 
 
-def test_every_task_is_accounted_for_after_faults(faulty_stack: tuple[RunningStack, Path]) -> None:
+def test_every_task_is_accounted_for_after_faults(
+    faulty_stack: tuple[RunningStack, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     stack, faults_file = faulty_stack
     stack.configure_mock(**LLM_FAULTS)
     prompts = {f"fault suite task {i}": i for i in range(TASKS)}
@@ -178,9 +180,10 @@ def test_every_task_is_accounted_for_after_faults(faulty_stack: tuple[RunningSta
         *((f"injected: {kind}", n) for kind, n in sorted(worker_faults.items())),
         ("settled under faults in", f"{settled_s:.0f} s"),
     ]
-    print("\nFault suite accounting")
-    for label, value in rows:
-        print(f"  {label:<52} {value:>8}")
+    with capsys.disabled():  # the table is the suite's report: shown even when it passes
+        print("\nFault suite accounting")
+        for label, value in rows:
+            print(f"  {label:<52} {value:>8}")
 
     assert len(final) == TASKS + POISONED
     assert by_status["pending"] == by_status["processing"] == 0
