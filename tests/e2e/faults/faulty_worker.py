@@ -2,15 +2,16 @@
 
 The faults are read per invocation from the JSON file named by LLMTASKS_FAULTS_FILE, so the
 suite can turn them off while the stack runs:
-- crash_rate: share of invocations that die, split evenly between dying before any record is
-  touched, right after the first claim (before any token is spent), and after every record is
-  done (the reply is lost, so the whole batch comes back);
+- crash_rate: share of invocations that die (every 1/crash_rate-th), in turn before any
+  record is touched, right after the first claim (before any token is spent), and after every
+  record is done (the reply is lost, so the whole batch comes back);
 - duplicate_rate: share of first deliveries that SQS delivers twice (a copy is sent);
 - poison: prompts containing this text fail their record after the claim, every time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -37,6 +38,7 @@ def _real_handler() -> Any:
 
 
 real_handler = _real_handler()
+CRASH_POINTS = ("start", "after_claim", "after_reply")
 rng = random.Random()
 
 
@@ -45,10 +47,15 @@ def faults() -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def injected(kind: str) -> None:
-    """One line per injected fault, beside the faults file, for the suite's accounting."""
-    with Path(os.environ["LLMTASKS_FAULTS_FILE"]).with_suffix(".log").open("a") as log:
+def injected(kind: str) -> int:
+    """Logs one event beside the faults file, for the suite's accounting; returns how many
+    events of this kind there have been, this one included (sandboxes share the count)."""
+    with Path(os.environ["LLMTASKS_FAULTS_FILE"]).with_suffix(".log").open("a+") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)
         log.write(kind + "\n")
+        log.flush()
+        log.seek(0)
+        return log.read().splitlines().count(kind)
 
 
 class InjectedCrash(SystemExit):
@@ -80,9 +87,13 @@ def lambda_handler(event: dict[str, Any], context: Any) -> Any:
             task_id = TaskMessage.model_validate_json(record["body"]).task_id
             sqs.send_message(QueueUrl=queue_url, MessageBody=TaskMessage(task_id=task_id).model_dump_json())
             injected("duplicate delivery")
-    crash = rng.random() < now.get("crash_rate", 0)
-    where = rng.choice(("start", "after_claim", "after_reply")) if crash else None
-    if where is not None:
+    # Every 1/crash_rate-th invocation dies, at each of the three places in turn: the suite
+    # sees each kind of crash, whatever the random draws.
+    invocation = injected("invocation")
+    period = round(1 / now["crash_rate"]) if now.get("crash_rate") else 0
+    where = None
+    if period and invocation % period == 3 % period:
+        where = CRASH_POINTS[(invocation // period) % len(CRASH_POINTS)]
         injected(f"worker crash {where}")
     if where == "start":
         raise RuntimeError("injected: the worker died on start")
