@@ -110,6 +110,13 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     def cancel_task(task_id: str) -> Response[TaskView]:
         return _status_reply(_service(app).cancel(tenant_of(app), task_id))
 
+    @app.post(
+        "/webhooks/secret/rotate",
+        summary="Replace the webhook signing secret; the old one keeps signing, beside it, for 24 h",
+    )
+    def rotate_webhook_secret() -> WebhookSecret:
+        return _service(app).rotate_webhook_secret(tenant_of(app))
+
 
 def add_queries(app: APIGatewayHttpResolver) -> None:
     """Routes that only read (StatusFunction)."""
@@ -125,7 +132,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
 
     @app.get("/webhooks/secret", summary="The tenant's webhook signing secret (Standard Webhooks)")
     def get_webhook_secret() -> WebhookSecret:
-        return WebhookSecret(key=_service(app).webhook_secret(tenant_of(app)))
+        return _service(app).webhook_secret(tenant_of(app))
 
     @app.get("/health", summary="Liveness")
     def health() -> Health:

@@ -35,6 +35,15 @@ class WebhookStatus(StrEnum):
     RETRYING = "retrying"  # at least one attempt failed, more are scheduled
     DELIVERED = "delivered"
     FAILED = "failed"  # attempts exhausted (or 410): the event is in the webhook DLQ
+    SKIPPED = "skipped"  # the task ended with an event it did not ask for (webhook_events)
+
+
+EventType = Literal["task.completed", "task.failed", "task.cancelled"]
+EVENT_OF_STATUS: dict[TaskStatus, EventType] = {
+    TaskStatus.COMPLETED: "task.completed",
+    TaskStatus.FAILED: "task.failed",
+    TaskStatus.CANCELLED: "task.cancelled",
+}
 
 
 Priority = Literal["normal", "high"]
@@ -135,8 +144,19 @@ class SubmitTaskRequest(LLMRequest):
     timeout_s: float | None = Field(
         default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
     )
+    webhook_events: list[EventType] | None = Field(
+        default=None,
+        min_length=1,
+        description="The events to send to webhook_url (default: every terminal event).",
+    )
     priority: Priority = "normal"
     metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+
+    @model_validator(mode="after")
+    def _events_need_a_url(self) -> SubmitTaskRequest:
+        if self.webhook_events is not None and self.webhook_url is None:
+            raise ValueError("'webhook_events' needs a 'webhook_url'")
+        return self
 
     def llm_request(self) -> LLMRequest:
         return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
@@ -156,6 +176,7 @@ class Task(BaseModel):
     status: TaskStatus
     request: LLMRequest
     webhook_url: str | None = None
+    webhook_events: list[EventType] | None = None  # None: all of them
     max_retries: int = 3
     timeout_s: float | None = None
     priority: Priority = "normal"
@@ -191,6 +212,20 @@ class Task(BaseModel):
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
+
+    def wants_webhook(self, event_type: EventType) -> bool:
+        return self.webhook_url is not None and (
+            self.webhook_events is None or event_type in self.webhook_events
+        )
+
+    @property
+    def webhook_state(self) -> WebhookStatus | None:
+        """The webhook's status as clients see it: a terminal event the task did not ask for
+        is `skipped` (the relay sends nothing and writes nothing)."""
+        unwanted = self.status.is_terminal and not self.wants_webhook(EVENT_OF_STATUS[self.status])
+        if self.webhook_status is WebhookStatus.PENDING and unwanted:
+            return WebhookStatus.SKIPPED
+        return self.webhook_status
 
     def is_dead_lettered(self, now: float, max_receive_count: int) -> bool:
         """The delivery holding the task died (crash, timeout) and was its message's last before
@@ -268,8 +303,8 @@ class TaskView(BaseModel):
             metadata=task.metadata,
             batch_id=task.batch_id,
             webhook=(
-                WebhookView(status=task.webhook_status, attempts=task.webhook_attempts)
-                if task.webhook_status
+                WebhookView(status=task.webhook_state, attempts=task.webhook_attempts)
+                if task.webhook_state
                 else None
             ),
         )
@@ -293,8 +328,39 @@ class TaskAccepted(BaseModel):
         )
 
 
+class WebhookSecrets(BaseModel):
+    """A tenant's signing secrets, as stored (the tenant's item in TasksTable)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    webhook_secret: str
+    previous_webhook_secret: str | None = None
+    previous_secret_until: float | None = None
+
+    def signing(self, now: float) -> list[str]:
+        """The secrets that sign a delivery now: during a rotation's overlap the previous one too,
+        so a receiver still holding it keeps verifying (Standard Webhooks allows several)."""
+        previous = self.previous_webhook_secret
+        if previous and self.previous_secret_until is not None and self.previous_secret_until > now:
+            return [self.webhook_secret, previous]
+        return [self.webhook_secret]
+
+
 class WebhookSecret(BaseModel):
+    """`GET /webhooks/secret` and `POST /webhooks/secret/rotate`."""
+
     key: Annotated[str, Field(description="The tenant's Standard Webhooks secret, whsec_...")]
+    previous_key_expires_at: datetime | None = Field(
+        default=None, description="Until when deliveries are also signed with the previous secret."
+    )
+
+    @classmethod
+    def of(cls, secrets: WebhookSecrets, now: float) -> WebhookSecret:
+        live = len(secrets.signing(now)) > 1
+        return cls(
+            key=secrets.webhook_secret,
+            previous_key_expires_at=_utc(secrets.previous_secret_until) if live else None,
+        )
 
 
 class Health(BaseModel):
@@ -319,9 +385,6 @@ class TaskMessage(BaseModel):
     """TaskQueue body: the task lives in the table; the message only points at it."""
 
     task_id: str
-
-
-EventType = Literal["task.completed", "task.failed", "task.cancelled"]
 
 
 class WebhookMessage(BaseModel):

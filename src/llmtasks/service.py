@@ -25,7 +25,14 @@ from llmtasks.errors import (
     TaskNotFound,
 )
 from llmtasks.llm import LLMProvider
-from llmtasks.models import SubmitTaskRequest, Task, TaskMessage, TaskStatus, WebhookStatus
+from llmtasks.models import (
+    SubmitTaskRequest,
+    Task,
+    TaskMessage,
+    TaskStatus,
+    WebhookSecret,
+    WebhookStatus,
+)
 from llmtasks.observability import logger
 from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
@@ -80,6 +87,7 @@ class TaskService:
             status=TaskStatus.PENDING,
             request=body.llm_request(),
             webhook_url=body.webhook_url,
+            webhook_events=sorted(set(body.webhook_events)) if body.webhook_events else None,
             webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
             max_retries=body.max_retries,
             timeout_s=body.timeout_s,
@@ -148,8 +156,19 @@ class TaskService:
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         return task
 
-    def webhook_secret(self, tenant_id: str) -> str:
-        return self._store.webhook_secret(tenant_id, new_secret=new_webhook_secret())
+    def webhook_secret(self, tenant_id: str) -> WebhookSecret:
+        secrets = self._store.webhook_secrets(tenant_id, new_secret=new_webhook_secret())
+        return WebhookSecret.of(secrets, self._clock())
+
+    def rotate_webhook_secret(self, tenant_id: str) -> WebhookSecret:
+        now = self._clock()
+        secrets = self._store.rotate_webhook_secret(
+            tenant_id,
+            new_secret=new_webhook_secret(),
+            previous_until=now + self._settings.webhook_secret_overlap_s,
+        )
+        logger.info("webhook secret rotated", tenant_id=tenant_id)
+        return WebhookSecret.of(secrets, now)
 
 
 @dataclass(frozen=True)

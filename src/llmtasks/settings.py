@@ -58,11 +58,17 @@ class Settings(BaseSettings):
 
     # Webhooks
     webhook_timeout_s: float = Field(default=15.0, gt=0)
-    webhook_max_attempts: int = Field(default=5, ge=1)
-    # Seconds to wait before attempt 2, 3, ...; the last value repeats.
-    webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0)
+    # Seconds to wait before each retry (Svix's schedule: 5 s, 5 min, 30 min, 2 h, 5 h): an event
+    # gets one attempt more than the schedule has entries, then goes to WebhookDLQ.
+    webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0, 18000.0)
+    # After a rotation, the previous secret still signs (beside the new one) this long.
+    webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
     # Hosts allowed past the SSRF guard (and over plain http): the local stack allows 127.0.0.1.
     webhook_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    @property
+    def webhook_attempts(self) -> int:
+        return len(self.webhook_retry_schedule) + 1
 
     @field_validator("webhook_retry_schedule", mode="before")
     @classmethod

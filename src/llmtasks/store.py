@@ -16,7 +16,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import Completion, Task, TaskStatus, WebhookStatus
+from llmtasks.models import Completion, Task, TaskStatus, WebhookSecrets, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -328,12 +328,12 @@ class TaskStore:
 
     # --- tenants ---------------------------------------------------------------------------
 
-    def webhook_secret(self, tenant_id: str, *, new_secret: str) -> str:
-        """The tenant's signing secret; `new_secret` is stored if the tenant has none yet."""
-        key: dict[str, AttributeValueTypeDef] = {"pk": {"S": f"tenant#{tenant_id}"}}
+    def webhook_secrets(self, tenant_id: str, *, new_secret: str) -> WebhookSecrets:
+        """The tenant's signing secrets; `new_secret` is stored if the tenant has none yet."""
+        key = _tenant_key(tenant_id)
         item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
         if item:
-            return item["webhook_secret"]["S"]
+            return WebhookSecrets.model_validate(deserialize(item))
         try:
             self._client.put_item(
                 TableName=self.table_name,
@@ -344,5 +344,27 @@ class TaskStore:
             if not _is_condition_failure(exc):
                 raise
             # Another request created it first: theirs is the secret.
-            return self.webhook_secret(tenant_id, new_secret=new_secret)
-        return new_secret
+            return self.webhook_secrets(tenant_id, new_secret=new_secret)
+        return WebhookSecrets(webhook_secret=new_secret)
+
+    def rotate_webhook_secret(
+        self, tenant_id: str, *, new_secret: str, previous_until: float
+    ) -> WebhookSecrets:
+        """`new_secret` becomes the secret; the one it replaces keeps signing until `previous_until`."""
+        self.webhook_secrets(tenant_id, new_secret=new_secret)  # a tenant's first secret is created
+        reply = self._client.update_item(
+            TableName=self.table_name,
+            Key=_tenant_key(tenant_id),
+            UpdateExpression=(
+                "SET previous_webhook_secret = webhook_secret, previous_secret_until = :until,"
+                " webhook_secret = :new"
+            ),
+            ConditionExpression="webhook_secret <> :new",  # rotating to the same secret is a no-op
+            ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
+            ReturnValues="ALL_NEW",
+        )
+        return WebhookSecrets.model_validate(deserialize(reply["Attributes"]))
+
+
+def _tenant_key(tenant_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"tenant#{tenant_id}"}}

@@ -27,9 +27,9 @@ from standardwebhooks import Webhook
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.llm.openai import parse_retry_after
 from llmtasks.models import (
+    EVENT_OF_STATUS,
     EventType,
     Task,
-    TaskStatus,
     TaskView,
     WebhookEvent,
     WebhookMessage,
@@ -112,13 +112,6 @@ def webhook_id(task_id: str, event_type: EventType) -> str:
     return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{task_id}/{event_type}").hex
 
 
-_EVENT_TYPES: dict[TaskStatus, EventType] = {
-    TaskStatus.COMPLETED: "task.completed",
-    TaskStatus.FAILED: "task.failed",
-    TaskStatus.CANCELLED: "task.cancelled",
-}
-
-
 @dataclass(frozen=True)
 class DeliveryResult:
     delivered: bool
@@ -145,15 +138,18 @@ class WebhookSender:
         self._transport = transport
 
     @staticmethod
-    def sign(secret: str, *, message_id: str, timestamp: datetime, body: str) -> dict[str, str]:
-        signature = Webhook(secret).sign(message_id, timestamp, body)
+    def sign(secrets: list[str], *, message_id: str, timestamp: datetime, body: str) -> dict[str, str]:
+        """Standard Webhooks headers; several secrets give several space-separated signatures."""
+        signatures = [Webhook(secret).sign(message_id, timestamp, body) for secret in secrets]
         return {
             "webhook-id": message_id,
             "webhook-timestamp": str(int(timestamp.timestamp())),
-            "webhook-signature": signature,
+            "webhook-signature": " ".join(signatures),
         }
 
-    async def send(self, url: str, *, message_id: str, event: WebhookEvent, secret: str) -> DeliveryResult:
+    async def send(
+        self, url: str, *, message_id: str, event: WebhookEvent, secrets: list[str]
+    ) -> DeliveryResult:
         try:
             # Again at send time: DNS may have changed since the task was submitted.
             check_webhook_url(url, allowed_hosts=self._allowed_hosts, resolve=self._resolve)
@@ -163,7 +159,7 @@ class WebhookSender:
         headers = {
             "content-type": "application/json",
             "user-agent": "llmtasks-webhooks/1",
-            **self.sign(secret, message_id=message_id, timestamp=datetime.now(tz=UTC), body=body),
+            **self.sign(secrets, message_id=message_id, timestamp=datetime.now(tz=UTC), body=body),
         }
         try:
             async with httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client:
@@ -193,7 +189,10 @@ class WebhookRelay:
     def relay(self, old: Task | None, new: Task) -> bool:
         if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
             return False  # the stream filter should not have let it through; changes nothing
-        event_type = _EVENT_TYPES[new.status]
+        event_type = EVENT_OF_STATUS[new.status]
+        if not new.wants_webhook(event_type):
+            logger.info("webhook not wanted for this event", task_id=new.task_id, event_type=event_type)
+            return False
         self._queue.send(
             WebhookMessage(
                 webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type
@@ -232,26 +231,28 @@ class WebhookDelivery:
         if task is None or not task.webhook_url:
             logger.info("webhook dropped: task gone", task_id=message.task_id)
             return
-        secret = self._store.webhook_secret(task.tenant_id, new_secret=new_webhook_secret())
+        secrets = self._store.webhook_secrets(task.tenant_id, new_secret=new_webhook_secret())
         data = TaskView.of(self._results.hydrate(task))
         event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=data)
         result = await self._sender.send(
-            task.webhook_url, message_id=message.webhook_id, event=event, secret=secret
+            task.webhook_url,
+            message_id=message.webhook_id,
+            event=event,
+            secrets=secrets.signing(self._clock()),
         )
         log: dict[str, Any] = {"task_id": task.task_id, "attempt": attempt, "status_code": result.status_code}
         if result.delivered:
             self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.DELIVERED)
             logger.info("webhook delivered", **log)
             return
-        if result.gone or attempt >= self._settings.webhook_max_attempts:
+        if result.gone or attempt >= self._settings.webhook_attempts:
             # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
             self._dead_letters.send(message)
             self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.FAILED)
             logger.warning("webhook failed", error=result.error, **log)
             return
         self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.RETRYING)
-        schedule = self._settings.webhook_retry_schedule
-        delay = schedule[min(attempt, len(schedule)) - 1] if schedule else 0.0
+        delay = self._settings.webhook_retry_schedule[attempt - 1]
         delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out
         if result.retry_after is not None:
             delay = max(delay, result.retry_after)

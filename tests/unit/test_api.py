@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -186,6 +188,30 @@ def test_webhook_secret_is_a_stable_whsec(api: Api) -> None:
     first = api.call("GET", "/webhooks/secret")["json"]["key"]
     assert first.startswith("whsec_")
     assert api.call("GET", "/webhooks/secret")["json"]["key"] == first
+
+
+def test_rotating_the_webhook_secret_keeps_the_old_one_signing_for_a_day(api: Api) -> None:
+    old = api.call("GET", "/webhooks/secret")["json"]
+    assert old["previous_key_expires_at"] is None
+    rotated = api.call("POST", "/webhooks/secret/rotate")
+    assert rotated["statusCode"] == 200
+    new = rotated["json"]
+    assert new["key"].startswith("whsec_")
+    assert new["key"] != old["key"]
+    overlap = datetime.fromisoformat(new["previous_key_expires_at"]).timestamp() - time.time()
+    assert 24 * 3600 - 60 < overlap <= 24 * 3600
+    assert api.call("GET", "/webhooks/secret")["json"] == new
+
+
+def test_webhook_events_need_a_webhook_url(api: Api) -> None:
+    reply = api.call("POST", "/tasks", {"prompt": "p", "webhook_events": ["task.failed"]})
+    assert "webhook_url" in assert_problem(reply, 422)["detail"] + json.dumps(reply["json"])
+    unknown = api.call(
+        "POST",
+        "/tasks",
+        {"prompt": "p", "webhook_url": "http://127.0.0.1/h", "webhook_events": ["task.exploded"]},
+    )
+    assert_problem(unknown, 422)
 
 
 def test_an_unknown_route_is_a_404_problem(api: Api) -> None:

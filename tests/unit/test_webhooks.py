@@ -10,6 +10,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from llmtasks.client import WebhookVerificationError, verify_webhook
 from llmtasks.errors import InvalidInput
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
@@ -123,9 +124,12 @@ class Hooks:
         self.fn, self.context = handler("WebhookFunction")
         self.url = url
 
-    def finish_task(self, prompt: str = "hello", *, result_ref: str | None = None) -> str:
+    def finish_task(
+        self, prompt: str = "hello", *, result_ref: str | None = None, events: list[Any] | None = None
+    ) -> str:
         """A task with a webhook that the worker completed."""
-        task = self.service.submit("default", SubmitTaskRequest(prompt=prompt, webhook_url=self.url))
+        request = SubmitTaskRequest(prompt=prompt, webhook_url=self.url, webhook_events=events)
+        task = self.service.submit("default", request)
         self.store.claim(
             task.task_id,
             lease_id="L",
@@ -155,10 +159,17 @@ class Hooks:
         relay = WebhookRelay(self.webhook_queue)
         return self.fn(self.stream_event(), self.context, relay=relay)  # type: ignore[no-any-return]
 
-    def deliver(self, messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    def deliver(
+        self,
+        messages: list[dict[str, Any]],
+        transport: httpx.AsyncBaseTransport | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
         settings = self.settings.model_copy(update=overrides)
         sender = WebhookSender(
-            timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts
+            timeout_s=settings.webhook_timeout_s,
+            allowed_hosts=settings.webhook_allowed_hosts,
+            transport=transport,
         )
         dlq = Queue(settings.webhook_dlq_url, self.aws.sqs)
         delivery = WebhookDelivery(settings, self.store, dlq, sender)
@@ -167,12 +178,14 @@ class Hooks:
         return self.fn(event, self.context, delivery=delivery, queue=self.webhook_queue)  # type: ignore[no-any-return]
 
     def secret(self) -> str:
-        return self.service.webhook_secret("default")
+        return self.service.webhook_secret("default").key
 
 
 @pytest.fixture
 def hooks(aws: Aws, handler: Any, settings: Settings, receiver: tuple[WebhookReceiver, str]) -> Hooks:
-    return Hooks(aws, handler, settings.model_copy(update={"webhook_retry_schedule": (0.0,)}), receiver[1])
+    # Five attempts, no waits between them
+    schedule = {"webhook_retry_schedule": (0.0,) * 4}
+    return Hooks(aws, handler, settings.model_copy(update=schedule), receiver[1])
 
 
 def test_a_completed_task_is_relayed_once_and_delivered_signed(
@@ -246,8 +259,8 @@ def test_the_last_failed_attempt_parks_the_event_in_the_dlq(
     receiver[0].answers = [500, 500]
     task_id = hooks.finish_task()
     hooks.relay()
-    hooks.deliver(aws.messages("WebhookQueue"), webhook_max_attempts=2)
-    hooks.deliver(aws.messages("WebhookQueue"), webhook_max_attempts=2)
+    hooks.deliver(aws.messages("WebhookQueue"), webhook_retry_schedule=(0.0,))  # two attempts
+    hooks.deliver(aws.messages("WebhookQueue"), webhook_retry_schedule=(0.0,))
     assert aws.messages("WebhookQueue") == []
     assert len(aws.messages("WebhookDLQ")) == 1
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED
@@ -279,7 +292,9 @@ def test_the_url_is_checked_again_at_send_time_and_nothing_is_sent() -> None:
     )
     event = WebhookEvent(type="task.completed", timestamp=view.created_at, data=view)
     result = asyncio.run(
-        sender.send("https://rebound.example/h", message_id="msg_1", event=event, secret="whsec_" + "A" * 32)
+        sender.send(
+            "https://rebound.example/h", message_id="msg_1", event=event, secrets=["whsec_" + "A" * 32]
+        )
     )
     assert (result.delivered, result.gone) == (False, True)
     assert sent == []
@@ -354,3 +369,86 @@ def test_an_event_replayed_from_the_dlq_is_delivered_with_the_same_webhook_id(
     ] * 2
     task = hooks.store.get(task_id, now=time.time())
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 2)
+
+
+def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new_one(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    old = hooks.secret()
+    hooks.finish_task("rotating")
+    new = hooks.service.rotate_webhook_secret("default").key
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    # Two signatures, space-separated; each secret verifies, with the package and with the SDK
+    assert len(delivery.headers["webhook-signature"].split(" ")) == 2
+    for secret in (old, new):
+        Webhook(secret).verify(delivery.body, delivery.headers)
+        assert verify_webhook(delivery.body, delivery.headers, secret).type == "task.completed"
+    # Once the overlap is over, only the new secret signs
+    overlap_over = hooks.settings.model_copy(update={"webhook_secret_overlap_s": 0})
+    TaskService(overlap_over, hooks.store, hooks.webhook_queue).rotate_webhook_secret("default")
+    newest = hooks.secret()
+    hooks.finish_task("after the overlap")
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    latest = receiver[0].deliveries[-1]
+    assert len(latest.headers["webhook-signature"].split(" ")) == 1
+    verify_webhook(latest.body, latest.headers, newest)
+    with pytest.raises(WebhookVerificationError):
+        verify_webhook(latest.body, latest.headers, new)
+
+
+def test_verify_webhook_returns_the_event_and_refuses_a_tampered_one(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    task_id = hooks.finish_task("verify me")
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    upper = {k.title(): v for k, v in delivery.headers.items()}  # header case does not matter
+    event = verify_webhook(delivery.body, upper, hooks.secret())
+    assert (event.data.task_id, event.data.status, event.data.result) == (
+        task_id,
+        TaskStatus.COMPLETED,
+        reply_text("verify me"),
+    )
+    with pytest.raises(WebhookVerificationError):
+        verify_webhook(delivery.body.replace(b"verify", b"forged"), delivery.headers, hooks.secret())
+
+
+def test_a_task_gets_only_the_events_it_asked_for(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given a task that wants only failures, and it completes
+    quiet = hooks.finish_task("only failures", events=["task.failed"])
+    hooks.relay()
+    # Then nothing is queued or sent, and its webhook reads as skipped
+    assert aws.messages("WebhookQueue") == []
+    view = hooks.service.get("default", quiet)
+    assert view.webhook_state is WebhookStatus.SKIPPED
+    # While one that wants completions gets its event
+    wanted = hooks.finish_task("completions please", events=["task.completed", "task.failed"])
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    [delivery] = receiver[0].deliveries
+    assert json.loads(delivery.body)["data"]["task_id"] == wanted
+
+
+def test_a_delivery_that_dies_mid_send_is_retried(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    task_id = hooks.finish_task("crash while sending")
+    hooks.relay()
+    [message] = aws.messages("WebhookQueue")
+
+    def die(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("the function died mid-send")
+
+    # When the function dies while posting, the record is reported failed and comes back
+    assert len(hooks.deliver([message], transport=httpx.MockTransport(die))["batchItemFailures"]) == 1
+    # Then its next delivery sends it, under the same webhook-id
+    assert hooks.deliver([message]) == {"batchItemFailures": []}
+    [delivery] = receiver[0].deliveries
+    assert delivery.headers["webhook-id"] == WebhookMessage.model_validate_json(message["Body"]).webhook_id
+    assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.DELIVERED
