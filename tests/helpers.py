@@ -68,6 +68,7 @@ class WebhookReceiver:
 
     answers: list[int] = field(default_factory=list)  # consumed in order; then 200
     hang_s: float = 0.0
+    answer_headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
     deliveries: list[Delivery] = field(default_factory=list)
 
     async def _receive(self, request: Request) -> Response:
@@ -77,7 +78,7 @@ class WebhookReceiver:
 
             await asyncio.sleep(self.hang_s)
         status = self.answers.pop(0) if self.answers else 200
-        return Response(status_code=status)
+        return Response(status_code=status, headers=self.answer_headers)
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])

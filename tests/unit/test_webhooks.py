@@ -85,15 +85,47 @@ def test_allowed_hosts_pass_without_a_lookup_even_over_http() -> None:
     check_webhook_url("http://127.0.0.1:9/x", allowed_hosts=frozenset({"127.0.0.1"}), resolve=resolver())
 
 
-def test_submit_refuses_a_private_webhook_with_422_and_stores_nothing(aws: Aws, settings: Settings) -> None:
-    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
-    service = TaskService(
-        settings, store, Queue(settings.task_queue_url, aws.sqs), resolve=resolver("10.0.0.1")
-    )
-    with pytest.raises(InvalidInput) as refused:
-        service.submit("default", SubmitTaskRequest(prompt="p", webhook_url="https://internal.example/hook"))
-    assert refused.value.status == 422
+@pytest.mark.parametrize("address", ["10.0.0.1", "169.254.169.254", "127.0.0.1"])
+def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores_nothing(
+    aws: Aws, settings: Settings, handler: Any, address: str
+) -> None:
+    # Given no allowance for any host, and a name that resolves (by injection) inside the network
+    strict = settings.model_copy(update={"webhook_allowed_hosts": frozenset()})
+    store = TaskStore(strict.tasks_table_name, aws.dynamodb)
+    service = TaskService(strict, store, Queue(strict.task_queue_url, aws.sqs), resolve=resolver(address))
+    submit, context = handler("SubmitFunction")
+    event = load_event("submit_task.json")
+    event["body"] = json.dumps({"prompt": "p", "webhook_url": "https://innocent.example/hook"})
+    reply = submit(event, context, service=service)
+    assert reply["statusCode"] == 422
+    assert reply["headers"]["Content-Type"] == "application/problem+json"
+    assert "non-public" in json.loads(reply["body"])["detail"]
     assert aws.messages("TaskQueue") == []
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1", "169.254.169.254", "127.0.0.1"])
+def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> None:
+    import asyncio
+
+    from llmtasks.models import TaskView, WebhookEvent
+
+    # A recording fake transport: even a broken check could not send a packet anywhere
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
+    sender = WebhookSender(
+        timeout_s=1, allowed_hosts=frozenset(), resolve=resolver(address), transport=transport
+    )
+    view = TaskView.model_validate(
+        {"task_id": "t", "status": "completed", "attempts": 1, "created_at": 0, "expires_at": 10}
+    )
+    event = WebhookEvent(type="task.completed", timestamp=view.created_at, data=view)
+    result = asyncio.run(
+        sender.send(
+            "https://rebound.example/h", message_id="msg_1", event=event, secrets=["whsec_" + "A" * 32]
+        )
+    )
+    assert (result.delivered, result.gone) == (False, True)
+    assert sent == []
 
 
 def test_the_stream_filter_passes_only_terminal_transitions_of_tasks_with_a_webhook(aws: Aws) -> None:
@@ -277,29 +309,6 @@ def test_a_hanging_receiver_counts_as_a_failed_attempt(
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.RETRYING
 
 
-def test_the_url_is_checked_again_at_send_time_and_nothing_is_sent() -> None:
-    import asyncio
-
-    from llmtasks.models import TaskView, WebhookEvent
-
-    sent: list[httpx.Request] = []
-    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
-    sender = WebhookSender(
-        timeout_s=1, allowed_hosts=frozenset(), resolve=resolver("169.254.169.254"), transport=transport
-    )
-    view = TaskView.model_validate(
-        {"task_id": "t", "status": "completed", "attempts": 1, "created_at": 0, "expires_at": 10}
-    )
-    event = WebhookEvent(type="task.completed", timestamp=view.created_at, data=view)
-    result = asyncio.run(
-        sender.send(
-            "https://rebound.example/h", message_id="msg_1", event=event, secrets=["whsec_" + "A" * 32]
-        )
-    )
-    assert (result.delivered, result.gone) == (False, True)
-    assert sent == []
-
-
 def test_the_sample_delivery_event_for_a_task_that_is_gone_is_dropped(
     hooks: Hooks, receiver: tuple[WebhookReceiver, str]
 ) -> None:
@@ -452,3 +461,29 @@ def test_a_delivery_that_dies_mid_send_is_retried(
     [delivery] = receiver[0].deliveries
     assert delivery.headers["webhook-id"] == WebhookMessage.model_validate_json(message["Body"]).webhook_id
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.DELIVERED
+
+
+def test_a_429_s_retry_after_sets_the_next_attempt(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].answers = [429]
+    receiver[0].answer_headers = {"Retry-After": "30"}
+    hooks.finish_task("slow down")
+    hooks.relay()
+    assert len(hooks.deliver(aws.messages("WebhookQueue"))["batchItemFailures"]) == 1
+    # The schedule says now (0 s); the receiver said 30 s: the event is not visible yet
+    assert aws.messages("WebhookQueue") == []
+
+
+def test_a_redirect_is_a_failed_attempt_and_is_not_followed(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    hook.answers = [307]
+    hook.answer_headers = {"Location": url + "?elsewhere"}
+    task_id = hooks.finish_task("moved")
+    hooks.relay()
+    assert len(hooks.deliver(aws.messages("WebhookQueue"))["batchItemFailures"]) == 1
+    assert len(hook.deliveries) == 1
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.RETRYING, 1)
