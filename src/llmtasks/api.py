@@ -28,6 +28,8 @@ from llmtasks.models import (
     SubmitTaskRequest,
     Task,
     TaskAccepted,
+    TaskList,
+    TaskStatus,
     TaskView,
     WebhookSecret,
 )
@@ -39,6 +41,7 @@ PROBLEM_BASE = "https://llmtasks.dev/problems/"
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
+MAX_LIST_LIMIT = 100
 
 _PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
     PROBLEM_JSON: {"model": Problem}
@@ -120,6 +123,27 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
 
 def add_queries(app: APIGatewayHttpResolver) -> None:
     """Routes that only read (StatusFunction)."""
+
+    @app.get(
+        "/tasks",
+        summary="The tenant's tasks, newest first",
+        responses={
+            200: {"description": "A page of tasks", "content": {"application/json": {"model": TaskList}}},
+            422: _problem("An invalid parameter (an unknown status, a limit out of range, a foreign cursor)"),
+        },
+    )
+    def list_tasks(
+        status: Annotated[TaskStatus | None, Query(description="Only tasks in this status")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description="Tasks per page")] = 20,
+        cursor: Annotated[
+            str | None, Query(max_length=2048, description="next_cursor of the previous page")
+        ] = None,
+    ) -> Response[TaskList]:
+        tasks, next_cursor = _service(app).list_tasks(
+            tenant_of(app), status=status, limit=limit, cursor=cursor
+        )
+        views = [TaskView.of(task).model_copy(update={"result": None}) for task in tasks]
+        return _json(TaskList(data=views, next_cursor=next_cursor), 200)
 
     @app.get("/tasks/<task_id>", summary="A task's status and, once completed, its result", responses=_STATUS)
     def get_task(

@@ -310,6 +310,16 @@ class TaskView(BaseModel):
         )
 
 
+class TaskList(BaseModel):
+    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out `result`
+    (read the task for it)."""
+
+    data: list[TaskView]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last page."
+    )
+
+
 class TaskAccepted(BaseModel):
     """The `202` reply to `POST /tasks`."""
 

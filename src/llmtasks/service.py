@@ -6,12 +6,14 @@ takes its clock and ids from the constructor so tests can pin them.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from llmtasks.errors import (
     BackendError,
@@ -42,6 +44,8 @@ from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, s
 
 Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
+# Queries one listing may make to fill a page when a status filter skips most tasks.
+MAX_LIST_PAGES = 10
 
 
 def new_task_id() -> str:
@@ -52,6 +56,33 @@ def is_task_id(text: str) -> bool:
     """The shape new_task_id makes. Anything else cannot name a task, so it is not looked up
     (a 3 KB id would otherwise reach DynamoDB and fail its key-size check)."""
     return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def _encode_cursor(start: dict[str, Any], tenant_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"tenant": tenant_id, "start": start}).encode()).decode()
+
+
+def _decode_cursor(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
+    """The continuation a cursor carries, checked: a cursor is opaque to clients, so anything
+    that is not one this service made for this tenant is a 422, never a query error."""
+    if cursor is None:
+        return None
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        start = decoded["start"]
+        valid = (
+            decoded["tenant"] == tenant_id
+            and set(start) == {"pk", "tenant_id", "created_at"}
+            and start["tenant_id"] == tenant_id
+            and isinstance(start["pk"], str)
+            and is_task_id(start["pk"].removeprefix("task#"))
+            and isinstance(start["created_at"], int | float)
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        valid = False
+    if not valid:
+        raise InvalidInput("cursor is not one this API returned.", field="cursor")
+    return start  # type: ignore[no-any-return]
 
 
 class TaskService:
@@ -143,6 +174,25 @@ class TaskService:
                 return self._results.hydrate(task)
             # One consistent read per half second: a long-poll costs what client polling would.
             time.sleep(min(WAIT_POLL_S, left))
+
+    def list_tasks(
+        self, tenant_id: str, *, status: TaskStatus | None = None, limit: int = 20, cursor: str | None = None
+    ) -> tuple[list[Task], str | None]:
+        """Up to `limit` of the tenant's tasks, newest first, as clients read them, and the cursor
+        of the next page (None on the last). The status filter applies to the status as read,
+        so dead-lettered tasks count as failed; a page may come back short when few match."""
+        start = _decode_cursor(cursor, tenant_id)
+        now = self._clock()
+        found: list[Task] = []
+        for _ in range(MAX_LIST_PAGES):
+            page, start = self._store.tenant_tasks(tenant_id, limit=limit - len(found), start=start)
+            for stored in page:
+                task = stored.as_read(now, self._settings.task_max_receive_count)
+                if not task.is_expired(now) and (status is None or task.status is status):
+                    found.append(task)
+            if start is None or len(found) >= limit:
+                break
+        return found, _encode_cursor(start, tenant_id) if start else None
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         if not is_task_id(task_id):

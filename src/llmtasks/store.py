@@ -28,6 +28,7 @@ _deserializer = TypeDeserializer()
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 _LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count"
 RETRY_EARLY_S = 1.0
+TENANT_INDEX = "by_tenant"
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 
 
@@ -120,6 +121,32 @@ class TaskStore:
             return None
         task = task_from_item(item)
         return None if task.is_expired(now) else task
+
+    def tenant_tasks(
+        self, tenant_id: str, *, limit: int, start: Mapping[str, Any] | None = None
+    ) -> tuple[list[Task], dict[str, Any] | None]:
+        """One page of a tenant's tasks, newest first (GSI by_tenant), and where the next starts.
+
+        `start` is the previous page's continuation, as returned; expired items are included
+        (DynamoDB deletes them late), so callers filter.
+        """
+        extra: dict[str, Any] = {"ExclusiveStartKey": serialize(start)} if start else {}
+        try:
+            reply = self._client.query(
+                TableName=self.table_name,
+                IndexName=TENANT_INDEX,
+                KeyConditionExpression="tenant_id = :tenant",
+                ExpressionAttributeValues=serialize({":tenant": tenant_id}),
+                ScanIndexForward=False,
+                Limit=limit,
+                **extra,
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB query failed: {exc}") from exc
+        following = reply.get("LastEvaluatedKey")
+        return [task_from_item(item) for item in reply.get("Items", [])], deserialize(
+            following
+        ) if following else None
 
     def claim(
         self,

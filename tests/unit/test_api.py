@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmtasks.models import SubmitTaskRequest
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -305,3 +307,57 @@ def test_ids_that_cannot_name_a_task_are_404_without_a_table_lookup(
     api = Api(aws, handler, TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs)))
     assert_problem(api.call("GET", f"/tasks/{task_id}"), 404)
     assert_problem(api.call("POST", f"/tasks/{task_id}/cancel"), 404)
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+def submit_n(api: Api, count: int, **body: Any) -> list[str]:
+    return [api.call("POST", "/tasks", {"prompt": f"p{i}", **body})["json"]["task_id"] for i in range(count)]
+
+
+def test_listing_pages_through_a_tenant_s_tasks_newest_first(api: Api) -> None:
+    ids = submit_n(api, 5)
+    first = api.call("GET", "/tasks", query="limit=2")["json"]
+    assert [t["task_id"] for t in first["data"]] == ids[::-1][:2]
+    second = api.call("GET", "/tasks", query=f"limit=2&cursor={first['next_cursor']}")["json"]
+    third = api.call("GET", "/tasks", query=f"limit=2&cursor={second['next_cursor']}")["json"]
+    seen = [t["task_id"] for page in (first, second, third) for t in page["data"]]
+    assert seen == ids[::-1]
+    assert third["next_cursor"] is None
+    assert all(t["result"] is None for t in first["data"])
+
+
+def test_listing_filters_by_status_and_shows_only_the_tenant_s_own(api: Api) -> None:
+    pending = submit_n(api, 3)
+    api.call("POST", f"/tasks/{pending[0]}/cancel")
+    other = api.service.submit("globex", SubmitTaskRequest(prompt="not yours")).task_id
+    cancelled = api.call("GET", "/tasks", query="status=cancelled")["json"]["data"]
+    assert [t["task_id"] for t in cancelled] == [pending[0]]
+    everything = [t["task_id"] for t in api.call("GET", "/tasks")["json"]["data"]]
+    assert other not in everything
+    assert set(everything) == set(pending)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "status=exploded",
+        "limit=0",
+        "limit=101",
+        "limit=ten",
+        "cursor=not-a-cursor",
+        # a well-formed cursor of another tenant
+        "cursor="
+        + base64.urlsafe_b64encode(
+            json.dumps(
+                {
+                    "tenant": "globex",
+                    "start": {"pk": "task#" + "a" * 32, "tenant_id": "globex", "created_at": 1},
+                }
+            ).encode()
+        ).decode(),
+    ],
+)
+def test_bad_listing_parameters_are_422_problems(api: Api, query: str) -> None:
+    assert_problem(api.call("GET", "/tasks", query=query), 422)
