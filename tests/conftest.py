@@ -115,6 +115,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
         task_queue_url=aws.queue_url("TaskQueue"),
         webhook_queue_url=aws.queue_url("WebhookQueue"),
         webhook_dlq_url=aws.queue_url("WebhookDLQ"),
+        idempotency_table_name=aws.resources.table_names["IdempotencyTable"],
         results_bucket=aws.resources.bucket_names["ResultsBucket"],
         llm_base_url=mock_llm.url,
         llm_model="mock-model",

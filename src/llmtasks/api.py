@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import (
     OpenAPIResponse,
     OpenAPIResponseContentModel,
@@ -92,18 +92,32 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={
             202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}},
             400: _problem("The body is not valid JSON"),
+            409: _problem("A request with this Idempotency-Key is still being processed"),
             413: _problem("The prompt is over the size limit"),
-            422: _problem("A field is missing, unknown or invalid (see `errors`)"),
+            422: _problem(
+                "A field is missing, unknown or invalid, or the Idempotency-Key was used with another body"
+            ),
             503: _problem("The task could not be queued; nothing was stored"),
         },
     )
-    def submit_task(body: SubmitTaskRequest) -> Response[TaskAccepted]:
-        task = _service(app).submit(tenant_of(app), body)
-        return _json(
-            TaskAccepted.of(task),
-            202,
-            {"Location": f"/tasks/{task.task_id}", "Retry-After": str(RETRY_AFTER_S)},
-        )
+    def submit_task(
+        body: SubmitTaskRequest,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="idempotency-key",
+                min_length=1,
+                max_length=255,
+                description="Sent again with the same body, it returns the same task instead of a new one",
+            ),
+        ] = None,
+    ) -> Response[TaskAccepted]:
+        submission = _service(app).submit(tenant_of(app), body, idempotency_key=idempotency_key)
+        task = submission.task
+        headers = {"Location": f"/tasks/{task.task_id}", "Retry-After": str(RETRY_AFTER_S)}
+        if submission.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return _json(TaskAccepted.of(task), 202, headers)
 
     @app.post(
         "/tasks/<task_id>/cancel",
@@ -237,5 +251,7 @@ def handle(
     if event.get("body") and "json" not in headers.get("content-type", ""):
         # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type.
         event = {**event, "headers": {**headers, "content-type": "application/json"}}
+    if service.idempotency is not None:
+        service.idempotency.register_lambda_context(context)
     app.append_context(service=service)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)

@@ -26,6 +26,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
+from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import LLMProvider
 from llmtasks.models import (
     SubmitTaskRequest,
@@ -85,6 +86,12 @@ def _decode_cursor(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
     return start  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class Submission:
+    task: Task
+    replayed: bool = False  # an Idempotency-Key replay: the task existed already
+
+
 class TaskService:
     """What the HTTP API does: submit, read and cancel tasks for one tenant at a time."""
 
@@ -97,6 +104,7 @@ class TaskService:
         clock: Clock = time.time,
         resolve: Resolver = system_resolver,
         results: ResultBlobs | None = None,
+        idempotency: IdempotencyKeys | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -104,13 +112,30 @@ class TaskService:
         self._clock = clock
         self._resolve = resolve
         self._results = results or ResultBlobs(settings.results_bucket)
+        self.idempotency = idempotency
 
     @property
     def default_tenant(self) -> str:
         return self._settings.default_tenant
 
-    def submit(self, tenant_id: str, body: SubmitTaskRequest) -> Task:
-        self._check_limits(body)
+    def submit(
+        self, tenant_id: str, body: SubmitTaskRequest, *, idempotency_key: str | None = None
+    ) -> Submission:
+        """A new task; with an Idempotency-Key, the task this key already made (a replay)."""
+        self._check_limits(body)  # before the key is recorded: a refused body leaves no trace
+        if idempotency_key is None:
+            return Submission(self._create(tenant_id, body))
+        if self.idempotency is None:
+            raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
+        stored, replayed = self.idempotency.once(
+            lambda: self._create(tenant_id, body).model_dump(mode="json"),
+            tenant=tenant_id,
+            key=idempotency_key,
+            body=body.model_dump(mode="json", exclude_unset=True),
+        )
+        return Submission(Task.model_validate(stored), replayed=replayed)
+
+    def _create(self, tenant_id: str, body: SubmitTaskRequest) -> Task:
         now = self._clock()
         task = Task(
             task_id=new_task_id(),

@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     webhook_dlq_url: str = Field(min_length=1)
     results_bucket: str = Field(min_length=1)
 
+    # Idempotency-Key records (SubmitFunction only: other functions never read it).
+    idempotency_table_name: str | None = None
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
+
     # Task lifecycle
     task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     max_prompt_bytes: int = Field(default=200 * KIB, ge=1)

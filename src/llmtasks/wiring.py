@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 
+from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import provider_from_settings
 from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
@@ -61,7 +62,22 @@ def result_blobs() -> ResultBlobs:
 
 @lru_cache(maxsize=1)
 def task_service() -> TaskService:
-    return TaskService(get_settings(), task_store(), task_queue(), results=result_blobs())
+    settings = get_settings()
+    return TaskService(
+        settings, task_store(), task_queue(), results=result_blobs(), idempotency=idempotency_keys()
+    )
+
+
+def idempotency_keys() -> IdempotencyKeys | None:
+    settings = get_settings()
+    if settings.idempotency_table_name is None:
+        return None  # a function that takes no submits (StatusFunction)
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
+    persistence = DynamoDBPersistenceLayer(
+        table_name=settings.idempotency_table_name, boto3_client=dynamodb()
+    )
+    return IdempotencyKeys(persistence, ttl_s=settings.idempotency_ttl_s)
 
 
 @lru_cache(maxsize=1)

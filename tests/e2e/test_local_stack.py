@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
+from llmtasks.local.provision import local_name
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.helpers import WebhookReceiver, moto_endpoint, serve
 
@@ -154,6 +155,7 @@ def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
-        [table] = dynamodb.list_tables()["TableNames"]
-        item = dynamodb.get_item(TableName=table, Key={"pk": {"S": f"task#{task_id}"}})["Item"]
+        item = dynamodb.get_item(TableName=local_name("TasksTable"), Key={"pk": {"S": f"task#{task_id}"}})[
+            "Item"
+        ]
         assert task["status"] == item["status"]["S"] == "completed"

@@ -5,12 +5,16 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import threading
 import time
 from datetime import datetime
 from typing import Any
 
 import pytest
+from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
+from llmtasks.errors import TaskConflict
+from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.models import SubmitTaskRequest
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
@@ -32,7 +36,14 @@ class Api:
         self.status_fn, self.status_ctx = handler("StatusFunction")
 
     def call(
-        self, method: str, path: str, body: Any = None, *, raw: str | None = None, query: str = ""
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: str | None = None,
+        query: str = "",
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         template = "submit_task.json" if method == "POST" else "get_task.json"
         event = copy.deepcopy(load_event(template))
@@ -49,6 +60,7 @@ class Api:
             event["pathParameters"] = params
         if query:
             event["queryStringParameters"] = dict(p.split("=", 1) for p in query.split("&"))
+        event["headers"] = {**event.get("headers", {}), **(headers or {})}
         event.pop("body", None)
         if raw is not None or body is not None:
             event["body"] = raw if raw is not None else json.dumps(body)
@@ -61,10 +73,21 @@ class Api:
 
 @pytest.fixture
 def api(aws: Aws, handler: Any, settings: Settings) -> Api:
-    service = TaskService(
-        settings, TaskStore(settings.tasks_table_name, aws.dynamodb), Queue(settings.task_queue_url, aws.sqs)
+    return Api(aws, handler, task_service(aws, settings))
+
+
+def task_service(aws: Aws, settings: Settings, queue: Queue | None = None) -> TaskService:
+    """The service as SubmitFunction builds it, with Idempotency-Key records in moto."""
+    assert settings.idempotency_table_name is not None
+    persistence = DynamoDBPersistenceLayer(
+        table_name=settings.idempotency_table_name, boto3_client=aws.dynamodb
     )
-    return Api(aws, handler, service)
+    return TaskService(
+        settings,
+        TaskStore(settings.tasks_table_name, aws.dynamodb),
+        queue or Queue(settings.task_queue_url, aws.sqs),
+        idempotency=IdempotencyKeys(persistence, ttl_s=settings.idempotency_ttl_s),
+    )
 
 
 def assert_problem(reply: dict[str, Any], status: int) -> dict[str, Any]:
@@ -331,7 +354,7 @@ def test_listing_pages_through_a_tenant_s_tasks_newest_first(api: Api) -> None:
 def test_listing_filters_by_status_and_shows_only_the_tenant_s_own(api: Api) -> None:
     pending = submit_n(api, 3)
     api.call("POST", f"/tasks/{pending[0]}/cancel")
-    other = api.service.submit("globex", SubmitTaskRequest(prompt="not yours")).task_id
+    other = api.service.submit("globex", SubmitTaskRequest(prompt="not yours")).task.task_id
     cancelled = api.call("GET", "/tasks", query="status=cancelled")["json"]["data"]
     assert [t["task_id"] for t in cancelled] == [pending[0]]
     everything = [t["task_id"] for t in api.call("GET", "/tasks")["json"]["data"]]
@@ -361,3 +384,73 @@ def test_listing_filters_by_status_and_shows_only_the_tenant_s_own(api: Api) -> 
 )
 def test_bad_listing_parameters_are_422_problems(api: Api, query: str) -> None:
     assert_problem(api.call("GET", "/tasks", query=query), 422)
+
+
+# --- Idempotency-Key ----------------------------------------------------------------------------
+
+
+def test_the_same_key_and_body_return_the_same_task_once(api: Api, aws: Aws) -> None:
+    key = {"idempotency-key": "order-42"}
+    first = api.call("POST", "/tasks", {"prompt": "once"}, headers=key)
+    again = api.call("POST", "/tasks", {"prompt": "once"}, headers=key)
+    assert first["statusCode"] == again["statusCode"] == 202
+    assert again["json"] == first["json"]
+    assert again["headers"]["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first["headers"]
+    assert len(aws.messages("TaskQueue")) == 1
+
+
+def test_the_same_key_with_another_body_is_422_and_changes_nothing(api: Api, aws: Aws) -> None:
+    key = {"idempotency-key": "order-43"}
+    api.call("POST", "/tasks", {"prompt": "first"}, headers=key)
+    other = api.call("POST", "/tasks", {"prompt": "second"}, headers=key)
+    assert "Idempotency-Key" in assert_problem(other, 422)["detail"]
+    assert len(aws.messages("TaskQueue")) == 1
+
+
+def test_keys_are_scoped_to_their_tenant(api: Api) -> None:
+    body = SubmitTaskRequest(prompt="same")
+    acme = api.service.submit("acme", body, idempotency_key="k1")
+    globex = api.service.submit("globex", body, idempotency_key="k1")
+    assert acme.task.task_id != globex.task.task_id
+    assert not acme.replayed
+    assert not globex.replayed
+
+
+def test_a_refused_body_does_not_use_up_its_key(api: Api) -> None:
+    key = {"idempotency-key": "order-44"}
+    assert_problem(api.call("POST", "/tasks", {"prompt": "x" * 300_000}, headers=key), 413)
+    assert api.call("POST", "/tasks", {"prompt": "fixed"}, headers=key)["statusCode"] == 202
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256])
+def test_an_empty_or_overlong_key_is_422(api: Api, key: str) -> None:
+    assert_problem(api.call("POST", "/tasks", {"prompt": "p"}, headers={"idempotency-key": key}), 422)
+
+
+class SlowQueue(Queue):
+    """A queue whose sends take a while, so that a duplicate arrives mid-request."""
+
+    def send(self, body: Any, *, delay_s: float = 0) -> str:
+        time.sleep(0.5)
+        return super().send(body, delay_s=delay_s)
+
+
+def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, settings: Settings) -> None:
+    service = task_service(aws, settings, SlowQueue(settings.task_queue_url, aws.sqs))
+    outcomes: list[object] = []
+
+    def submit() -> None:
+        try:
+            outcomes.append(service.submit("acme", SubmitTaskRequest(prompt="p"), idempotency_key="race"))
+        except TaskConflict as conflict:
+            outcomes.append(conflict)
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    assert sorted(type(o).__name__ for o in outcomes) == ["Submission", "TaskConflict"]
+    assert len(aws.messages("TaskQueue")) == 1

@@ -161,7 +161,7 @@ class Hooks:
     ) -> str:
         """A task with a webhook that the worker completed."""
         request = SubmitTaskRequest(prompt=prompt, webhook_url=self.url, webhook_events=events)
-        task = self.service.submit("default", request)
+        task = self.service.submit("default", request).task
         self.store.claim(
             task.task_id,
             lease_id="L",
@@ -335,7 +335,7 @@ def test_the_sample_stream_event_is_relayed_to_the_webhook_queue(hooks: Hooks, a
 def test_cancelled_tasks_get_a_task_cancelled_event(
     hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
 ) -> None:
-    task = hooks.service.submit("default", SubmitTaskRequest(prompt="stop", webhook_url=hooks.url))
+    task = hooks.service.submit("default", SubmitTaskRequest(prompt="stop", webhook_url=hooks.url)).task
     hooks.service.cancel("default", task.task_id)
     hooks.relay()
     hooks.deliver(aws.messages("WebhookQueue"))

@@ -37,7 +37,7 @@ class Worker:
         self.clock = time.time
 
     def submit(self, prompt: str, **options: Any) -> str:
-        return self.service.submit("default", SubmitTaskRequest(prompt=prompt, **options)).task_id
+        return self.service.submit("default", SubmitTaskRequest(prompt=prompt, **options)).task.task_id
 
     def runner(self, llm: LLMProvider | None = None, **overrides: Any) -> TaskRunner:
         settings = self.settings.model_copy(update=overrides)
