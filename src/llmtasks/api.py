@@ -7,6 +7,7 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
@@ -21,7 +22,8 @@ from aws_lambda_powertools.event_handler.openapi.types import (
 from pydantic import BaseModel
 
 from llmtasks import __version__
-from llmtasks.errors import ApiError
+from llmtasks.apikeys import REFUSALS
+from llmtasks.errors import ApiError, Unauthorized
 from llmtasks.models import (
     Health,
     Problem,
@@ -42,6 +44,8 @@ PROBLEM_BASE = "https://llmtasks.dev/problems/"
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
 MAX_LIST_LIMIT = 100
+# Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
+PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
 
 _PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
     PROBLEM_JSON: {"model": Problem}
@@ -65,11 +69,21 @@ def _service(app: APIGatewayHttpResolver) -> TaskService:
 
 
 def tenant_of(app: APIGatewayHttpResolver) -> str:
-    """The tenant the caller's key maps to (the authorizer's context), else the default tenant."""
-    authorizer = app.current_event.request_context.authorizer
-    lambda_context = authorizer.get_lambda if authorizer else None
-    tenant = (lambda_context or {}).get("tenant_id")
-    return str(tenant) if tenant else _service(app).default_tenant
+    tenant: str = app.context["tenant"]
+    return tenant
+
+
+def _caller(event: dict[str, Any], service: TaskService) -> str:
+    """The tenant of the caller's key, as the Api's authorizer decided (its context); without
+    auth, the default tenant. HTTP APIs cannot shape an authorizer's refusal, so the authorizer
+    passes its verdict along and this turns a refusal into a 401 problem."""
+    verdict = ((event.get("requestContext") or {}).get("authorizer") or {}).get("lambda") or {}
+    if verdict.get("tenant_id"):
+        return str(verdict["tenant_id"])
+    if not service.auth_required:
+        return service.default_tenant
+    refusal = verdict.get("refusal")
+    raise Unauthorized(REFUSALS[refusal] if refusal in REFUSALS else REFUSALS["missing"])
 
 
 def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) -> Response[Any]:
@@ -197,7 +211,10 @@ def _field(loc: Any) -> str:
 def _on_api_error(exc: ApiError) -> Response[Any]:
     field = getattr(exc, "field", None)
     errors = [{"field": field, "message": exc.detail}] if field else None
-    return problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
+    reply = problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
+    if isinstance(exc, Unauthorized):
+        reply.headers["WWW-Authenticate"] = 'Bearer realm="llmtasks"'
+    return reply
 
 
 def _on_validation_error(exc: RequestValidationError) -> Response[Any]:
@@ -253,5 +270,17 @@ def handle(
         event = {**event, "headers": {**headers, "content-type": "application/json"}}
     if service.idempotency is not None:
         service.idempotency.register_lambda_context(context)
-    app.append_context(service=service)  # type: ignore[no-untyped-call]
+    tenant = service.default_tenant
+    if event.get("routeKey") not in PUBLIC_ROUTES:
+        try:
+            tenant = _caller(event, service)
+        except Unauthorized as refused:
+            # Before any route runs, so an unauthenticated caller learns nothing about its body.
+            return _lambda_reply(_on_api_error(refused))
+    app.append_context(service=service, tenant=tenant)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
+
+
+def _lambda_reply(response: Response[Any]) -> dict[str, Any]:
+    body = response.body if isinstance(response.body, str) else json.dumps(response.body)
+    return {"statusCode": response.status_code, "headers": dict(response.headers), "body": body}

@@ -5,14 +5,21 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from llmtasks.deadletters import QUEUE_NAMES, QueueName
+from llmtasks.deadletters import QUEUE_NAMES
+from llmtasks.deployment import Deployment, QueueName
 
 if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+    from llmtasks.apikeys import ApiKeys
     from llmtasks.deadletters import DeadLetters
 
 # Where `llmtasks up` serves its embedded AWS endpoint.
@@ -98,6 +105,7 @@ def up(
         mock_latency_s=mock_latency,
         parameter_overrides=_overrides(parameter_overrides),
         quiet_children=not verbose,
+        auth=not no_auth,
     )
     stack = LocalStack(options)
     stopped = threading.Event()
@@ -111,10 +119,13 @@ def up(
     click.echo(f"  AWS endpoint {stack.endpoint_url}")
     click.echo(f"  LLM          {stack.llm_base_url}")
     click.echo(f"  functions    {', '.join(stack.functions)}")
-    # API keys do not exist yet, so every request is the default tenant; --no-auth is accepted
-    # now so that scripts written today keep working once keys are enforced.
-    click.echo("  auth         off (API keys are not enforced yet; --no-auth will keep it off)")
-    click.echo(f'Try: curl -X POST {stack.api_url}/tasks -d \'{{"prompt": "hello"}}\'')
+    if stack.dev_key:
+        click.echo(f"  API key      {stack.dev_key}   (tenant 'dev'; more: llmtasks keys create)")
+        auth = f' -H "Authorization: Bearer {stack.dev_key}"'
+    else:
+        click.echo("  auth         off (--no-auth): every request is the default tenant")
+        auth = ""
+    click.echo(f'Try: curl -X POST {stack.api_url}/tasks{auth} -d \'{{"prompt": "hello"}}\'')
     click.echo("Ready. Ctrl-C stops.")
     try:
         stopped.wait()
@@ -123,27 +134,49 @@ def up(
         stack.stop()
 
 
-def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLetters:
+@dataclass(frozen=True)
+class Target:
+    """The deployment an operator command works on, with clients for it."""
+
+    deployment: Deployment
+    sqs: SQSClient
+    dynamodb: DynamoDBClient
+
+
+def _target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     import boto3
 
-    from llmtasks.deadletters import DeadLetters, Deployment
+    from llmtasks.deployment import Deployment
     from llmtasks.local.template import PSEUDO_PARAMETERS
-    from llmtasks.store import TaskStore
 
     if stack_name:
-        deployment = Deployment.of_stack(stack_name)
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
-    else:
-        # The local stack: moto's keys are fixed, and a real account's must never reach it.
-        session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",  # noqa: S106 - moto's
-            region_name=PSEUDO_PARAMETERS["AWS::Region"],
-        )
-        url = endpoint_url or LOCAL_ENDPOINT
-        sqs, dynamodb = session.client("sqs", endpoint_url=url), session.client("dynamodb", endpoint_url=url)
-        deployment = Deployment.local(sqs)
-    return DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
+        return Target(Deployment.of_stack(stack_name), sqs, dynamodb)
+    # The local stack: moto's keys are fixed, and a real account's must never reach it.
+    session = boto3.session.Session(
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",  # noqa: S106 - moto's
+        region_name=PSEUDO_PARAMETERS["AWS::Region"],
+    )
+    url = endpoint_url or LOCAL_ENDPOINT
+    sqs, dynamodb = session.client("sqs", endpoint_url=url), session.client("dynamodb", endpoint_url=url)
+    return Target(Deployment.local(sqs), sqs, dynamodb)
+
+
+def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLetters:
+    from llmtasks.deadletters import DeadLetters
+    from llmtasks.store import TaskStore
+
+    target = _target_of(stack_name, endpoint_url)
+    store = TaskStore(target.deployment.tasks_table, target.dynamodb)
+    return DeadLetters(target.deployment, store=store, sqs=target.sqs)
+
+
+def _api_keys(stack_name: str | None, endpoint_url: str | None) -> ApiKeys:
+    from llmtasks.apikeys import ApiKeys
+
+    target = _target_of(stack_name, endpoint_url)
+    return ApiKeys(target.deployment.api_keys_table, target.dynamodb)
 
 
 _target = [
@@ -212,6 +245,42 @@ def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | No
         f"Redriving {redrive.messages} message(s) from the {queue} DLQ (task handle"
         f" {redrive.task_handle[:24]}...); {len(redrive.requeued_tasks)} task(s) back to pending."
     )
+
+
+@main.group()
+def keys() -> None:
+    """API keys: each maps to a tenant; only their SHA-256 is stored."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="The tenant whose tasks the key reaches.")
+@click.option("--name", default="", help="A note to recognise the key by (who or what uses it).")
+@_targeted
+def keys_create(tenant: str, name: str, stack_name: str | None, endpoint_url: str | None) -> None:
+    """Create a key; it is printed once and cannot be shown again."""
+    key, record = _api_keys(stack_name, endpoint_url).create(tenant, name=name)
+    click.echo(key)
+    click.echo(f"(key id {record.key_id}, tenant {tenant}; keep the key: only its hash is stored)", err=True)
+
+
+@keys.command("list")
+@_targeted
+def keys_list(stack_name: str | None, endpoint_url: str | None) -> None:
+    """Every key: id, tenant, name, created, revoked (never the key itself)."""
+    for record in _api_keys(stack_name, endpoint_url).all():
+        created = datetime.fromtimestamp(record.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M")
+        revoked = "revoked" if record.revoked_at is not None else "active"
+        click.echo(f"{record.key_id}  {record.tenant_id:20} {revoked:8} {created}  {record.name}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@_targeted
+def keys_revoke(key_id: str, stack_name: str | None, endpoint_url: str | None) -> None:
+    """Revoke a key by its id (the part after lt_ and before the next _)."""
+    if _api_keys(stack_name, endpoint_url).revoke(key_id) is None:
+        raise click.ClickException(f"no key with id {key_id}")
+    click.echo(f"revoked {key_id}; requests with it are refused within the authorizer's cache time")
 
 
 @main.command("mock-llm")

@@ -10,57 +10,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import boto3
 from pydantic import BaseModel, ValidationError
 
+from llmtasks.deployment import Deployment, QueueName
 from llmtasks.models import TaskMessage, WebhookMessage
 from llmtasks.store import TaskStore
 
 if TYPE_CHECKING:
-    from mypy_boto3_cloudformation import CloudFormationClient
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_sqs.type_defs import MessageTypeDef
 
-QueueName = Literal["tasks", "webhooks"]
 QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "webhooks")
 # While listing, messages already seen are hidden this long so the next receive returns others;
 # they are made visible again as soon as the listing ends.
 _LISTING_HIDE_S = 60
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """Where one deployment's table and dead-letter queues are."""
-
-    tasks_table: str
-    dlq_urls: dict[QueueName, str]
-
-    @classmethod
-    def of_stack(cls, stack_name: str, cloudformation: CloudFormationClient | None = None) -> Deployment:
-        """A `sam deploy`ed stack, from its Outputs."""
-        client = cloudformation or boto3.client("cloudformation")
-        [stack] = client.describe_stacks(StackName=stack_name)["Stacks"]
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-        return cls(
-            tasks_table=outputs["TasksTableName"],
-            dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
-        )
-
-    @classmethod
-    def local(cls, sqs: SQSClient) -> Deployment:
-        """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
-        from llmtasks.local.provision import local_name
-
-        return cls(
-            tasks_table=local_name("TasksTable"),
-            dlq_urls={
-                "tasks": sqs.get_queue_url(QueueName=local_name("TaskDLQ"))["QueueUrl"],
-                "webhooks": sqs.get_queue_url(QueueName=local_name("WebhookDLQ"))["QueueUrl"],
-            },
-        )
 
 
 class DeadLetter(BaseModel):

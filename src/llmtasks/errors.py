@@ -14,6 +14,10 @@ class ApiError(Exception):
         self.detail = detail
 
 
+class Unauthorized(ApiError):
+    status, title, slug = 401, "Unauthorized", "unauthorized"
+
+
 class TaskNotFound(ApiError):
     status, title, slug = 404, "Task not found", "not-found"
 

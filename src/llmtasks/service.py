@@ -118,6 +118,10 @@ class TaskService:
     def default_tenant(self) -> str:
         return self._settings.default_tenant
 
+    @property
+    def auth_required(self) -> bool:
+        return self._settings.auth_required
+
     def submit(
         self, tenant_id: str, body: SubmitTaskRequest, *, idempotency_key: str | None = None
     ) -> Submission:

@@ -26,6 +26,11 @@ class Settings(BaseSettings):
     webhook_dlq_url: str = Field(min_length=1)
     results_bucket: str = Field(min_length=1)
 
+    # API keys (template.yaml: the Api's authorizer). Off only in `llmtasks up --no-auth`.
+    auth_required: bool = True
+    api_keys_table_name: str | None = None  # AuthorizerFunction only
+    auth_cache_s: float = Field(default=60.0, ge=0)
+
     # Idempotency-Key records (SubmitFunction only: other functions never read it).
     idempotency_table_name: str | None = None
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)

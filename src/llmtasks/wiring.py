@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 
+from llmtasks.apikeys import ApiKeys, CachedAuthenticator
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import provider_from_settings
 from llmtasks.queues import Queue
@@ -103,3 +104,11 @@ def webhook_delivery() -> WebhookDelivery:
     sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
     dead_letters = Queue(settings.webhook_dlq_url, sqs())
     return WebhookDelivery(settings, task_store(), dead_letters, sender, results=result_blobs())
+
+
+@lru_cache(maxsize=1)
+def authenticator() -> CachedAuthenticator:
+    settings = get_settings()
+    if settings.api_keys_table_name is None:
+        raise RuntimeError("API_KEYS_TABLE_NAME is not set: only AuthorizerFunction checks keys")
+    return CachedAuthenticator(ApiKeys(settings.api_keys_table_name, dynamodb()), ttl_s=settings.auth_cache_s)

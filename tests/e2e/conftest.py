@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,9 +28,13 @@ class RunningStack:
     mock: str | None
     moto_port: int
     log: Path
+    api_key: str | None  # the dev key `llmtasks up` printed; None with --no-auth
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api, timeout=30)
+    def client(self, api_key: str | None = None) -> httpx.Client:
+        """A client that sends the dev key (or `api_key`)."""
+        key = api_key or self.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.api, timeout=30, headers=headers)
 
     def configure_mock(self, *, reset: bool = True, **knobs: Any) -> None:
         """Changes the given knobs of the mock, and zeroes its counters unless told not to."""
@@ -57,7 +62,8 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
     api_port, moto_port, mock_port = free_port(), free_port(), free_port()
     log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
     # With AWS_ENDPOINT_URL set (e.g. a LocalStack), the stack uses it instead of its own moto.
-    given = env or {}
+    # Revoked keys stop working within a second here (60 s by default).
+    given = {"AUTH_CACHE_S": "1", **(env or {})}
     env = {**{k: v for k, v in os.environ.items() if k != "LLM_BASE_URL"}, **given}
     process = subprocess.Popen(
         [
@@ -92,7 +98,8 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
         process.wait(timeout=30)
         raise
     mock = None if "LLM_BASE_URL" in given else f"http://127.0.0.1:{mock_port}"
-    return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log)
+    key = re.search(r"API key\s+(lt_\S+)", log.read_text())
+    return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log, key and key.group(1))
 
 
 @pytest.fixture(scope="session")

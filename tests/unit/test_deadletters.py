@@ -8,7 +8,8 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from llmtasks.deadletters import DeadLetters, Deployment
+from llmtasks.deadletters import DeadLetters
+from llmtasks.deployment import Deployment
 from llmtasks.models import TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
@@ -28,6 +29,7 @@ def store(aws: Aws) -> TaskStore:
 def dead_letters(aws: Aws, store: TaskStore) -> DeadLetters:
     deployment = Deployment(
         tasks_table=store.table_name,
+        api_keys_table=aws.resources.table_names["ApiKeysTable"],
         dlq_urls={"tasks": aws.queue_url("TaskDLQ"), "webhooks": aws.queue_url("WebhookDLQ")},
     )
     return DeadLetters(deployment, store=store, sqs=aws.sqs)
@@ -138,6 +140,7 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
     cloudformation = boto3.client("cloudformation", region_name="us-east-1")
     outputs = {
         "TasksTableName": "prod-TasksTable-1",
+        "ApiKeysTableName": "prod-ApiKeysTable-1",
         "TaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskDLQ",
         "WebhookDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookDLQ",
         "ApiUrl": "https://x.execute-api.us-east-1.amazonaws.com",
@@ -160,5 +163,6 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
         deployment = Deployment.of_stack("prod", cloudformation)
     assert deployment == Deployment(
         tasks_table="prod-TasksTable-1",
+        api_keys_table="prod-ApiKeysTable-1",
         dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
     )

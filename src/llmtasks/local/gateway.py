@@ -120,11 +120,55 @@ def http_response(payload: Any) -> Response:
     return response
 
 
+def authorizer_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The event an HTTP API sends a Lambda authorizer (payload format 2.0, REQUEST)."""
+    context = event["requestContext"]
+    route_arn = (
+        f"arn:aws:execute-api:{PSEUDO_PARAMETERS['AWS::Region']}:{context['accountId']}:{context['apiId']}"
+        f"/{context['stage']}/{context['http']['method']}{context['http']['path']}"
+    )
+    copied = (
+        "version",
+        "routeKey",
+        "rawPath",
+        "rawQueryString",
+        "cookies",
+        "headers",
+        "queryStringParameters",
+    )
+    return {
+        **{key: event[key] for key in copied if key in event},
+        "type": "REQUEST",
+        "routeArn": route_arn,
+        "identitySource": [],
+        "requestContext": context,
+        "pathParameters": event.get("pathParameters") or {},
+        "stageVariables": {},
+    }
+
+
 class HttpGateway:
-    def __init__(self, routes: Sequence[HttpRoute], runtimes: Mapping[str, FunctionRuntime]) -> None:
+    def __init__(
+        self, routes: Sequence[HttpRoute], runtimes: Mapping[str, FunctionRuntime], *, authorize: bool = True
+    ) -> None:
         # Like API Gateway: the most specific route wins (fewer path variables, then longer).
         self._routes = sorted(routes, key=lambda r: (r.path.count("{"), -len(r.path), r.method == "ANY"))
         self._runtimes = runtimes
+        self._authorize = authorize
+
+    async def _authorized(self, route: HttpRoute, event: dict[str, Any]) -> Response | None:
+        """Runs the route's authorizer: None to go on (its context now in the event), else the
+        reply API Gateway gives instead."""
+        if route.authorizer is None or not self._authorize:
+            return None
+        result = await run_in_threadpool(self._runtimes[route.authorizer].invoke, authorizer_event(event))
+        if not result.ok or not isinstance(result.payload, dict):
+            print(f"[{route.authorizer}] {result.error or 'not a simple response'}", flush=True)
+            return JSONResponse({"message": "Internal Server Error"}, 500)
+        if result.payload.get("isAuthorized") is not True:
+            return JSONResponse({"message": "Forbidden"}, 403)
+        event["requestContext"]["authorizer"] = {"lambda": result.payload.get("context") or {}}
+        return None
 
     async def handle(self, request: Request) -> Response:
         for route in self._routes:
@@ -145,6 +189,9 @@ class HttpGateway:
             host=request.headers.get("host", "127.0.0.1"),
         )
         started = time.monotonic()
+        refused = await self._authorized(route, event)
+        if refused is not None:
+            return refused
         result = await run_in_threadpool(self._runtimes[route.function_id].invoke, event)
         if result.timed_out:
             # API Gateway's answer when the integration does not reply in time.

@@ -20,6 +20,7 @@ from typing import Any
 import boto3
 import uvicorn
 
+from llmtasks.apikeys import ApiKeys
 from llmtasks.local.gateway import HttpGateway
 from llmtasks.local.processes import spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
@@ -42,6 +43,7 @@ class StackOptions:
     mock_latency_s: float = 0.0
     parameter_overrides: dict[str, str] = field(default_factory=dict)
     quiet_children: bool = True
+    auth: bool = True  # False: `--no-auth`, every request is the default tenant
 
 
 def merged_environment(functions: Mapping[str, FunctionSpec]) -> dict[str, str]:
@@ -71,6 +73,7 @@ class LocalStack:
         self.runtimes: dict[str, FunctionRuntime] = {}
         self.endpoint_url = options.endpoint_url
         self.llm_base_url = options.llm_base_url
+        self.dev_key: str | None = None
 
     @property
     def api_url(self) -> str:
@@ -131,12 +134,17 @@ class LocalStack:
         )
         self.functions = template.functions(resources.refs, resources.attributes)
         os.environ.update(merged_environment(self.functions))
+        os.environ["AUTH_REQUIRED"] = str(self.options.auth).lower()
         # X-Ray has no daemon here; the Tracer would only warn.
         os.environ["POWERTOOLS_TRACE_DISABLED"] = "true"
+        if self.options.auth:
+            self.dev_key = self._create_dev_key()
         pollers: list[SqsPoller | StreamPoller] = []
         streams = boto3.client("dynamodbstreams")
+        authorizers = {route.authorizer for spec in self.functions.values() for route in spec.routes}
         for spec in self.functions.values():
-            concurrency = (HTTP_CONCURRENCY if spec.routes else 0) + len(spec.stream_sources)
+            serves_http = bool(spec.routes) or spec.logical_id in authorizers
+            concurrency = (HTTP_CONCURRENCY if serves_http else 0) + len(spec.stream_sources)
             concurrency += sum(s.maximum_concurrency or 5 for s in spec.sqs_sources)
             runtime = self.runtimes[spec.logical_id] = FunctionRuntime(spec, concurrency=max(1, concurrency))
             for sqs_source in spec.sqs_sources:
@@ -151,10 +159,18 @@ class LocalStack:
                         )
                     )
         routes = [route for spec in self.functions.values() for route in spec.routes]
-        self._serve_http(HttpGateway(routes, self.runtimes))
+        self._serve_http(HttpGateway(routes, self.runtimes, authorize=self.options.auth))
         for poller in pollers:
             poller.start()
             self._threads.extend(poller.threads)
+
+    def _create_dev_key(self) -> str | None:
+        """A key for this run, tenant `dev`, when the template has an authorizer with a keys table."""
+        table = os.environ.get("API_KEYS_TABLE_NAME")
+        if not table:
+            return None
+        key, _ = ApiKeys(table, boto3.client("dynamodb")).create("dev", name="llmtasks up")
+        return key
 
     def _failure_sink(self, source: StreamSource) -> Callable[[dict[str, Any]], None] | None:
         """The stream's on-failure destination (an SQS queue): a note of each skipped batch."""

@@ -55,6 +55,7 @@ class HttpRoute:
     function_id: str
     method: str  # upper case, or ANY
     path: str  # /tasks/{task_id}; {proxy+} is greedy
+    authorizer: str | None = None  # the Lambda authorizer's function (logical id), if any
 
     @property
     def route_key(self) -> str:
@@ -261,7 +262,10 @@ class Template:
                 environment={k: str(v) for k, v in resolved["Environment"]["Variables"].items()},
                 routes=tuple(
                     HttpRoute(
-                        logical_id, str(e["Properties"].get("Method", "ANY")).upper(), e["Properties"]["Path"]
+                        logical_id,
+                        str(e["Properties"].get("Method", "ANY")).upper(),
+                        e["Properties"]["Path"],
+                        self._authorizer_of(e["Properties"].get("ApiId"), e["Properties"].get("Auth")),
                     )
                     for e in events.values()
                     if e.get("Type") == "HttpApi"
@@ -278,6 +282,25 @@ class Template:
                 ),
             )
         return specs
+
+    def _authorizer_of(self, api_id: Any, route_auth: Mapping[str, Any] | None) -> str | None:
+        """The function that authorizes a route: its own Auth.Authorizer, else its Api's
+        DefaultAuthorizer; NONE means none. Lambda authorizers only (what this template uses)."""
+        api = (self.body.get("Resources") or {}).get(str(api_id), {}) if api_id else {}
+        auth = (api.get("Properties") or {}).get("Auth") or {}
+        name = (route_auth or {}).get("Authorizer", auth.get("DefaultAuthorizer"))
+        if not name or name == "NONE":
+            return None
+        arn = ((auth.get("Authorizers") or {}).get(name) or {}).get("FunctionArn")
+        if (
+            isinstance(arn, dict)
+            and isinstance(arn.get("Fn::GetAtt"), list)
+            and arn["Fn::GetAtt"][1] == "Arn"
+        ):
+            return str(arn["Fn::GetAtt"][0])
+        raise TemplateError(
+            f"authorizer {name}: the emulator runs Lambda authorizers given as !GetAtt Fn.Arn"
+        )
 
 
 def _report_failures(props: Mapping[str, Any]) -> bool:

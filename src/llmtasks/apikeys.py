@@ -1,0 +1,149 @@
+"""API keys: each maps to a tenant, and only its SHA-256 is stored (ApiKeysTable).
+
+A key reads `lt_<key id>_<secret>`. The key id is the item's key and is safe to show (`llmtasks
+keys list`, logs); the secret never leaves the response that created it. Keys are 256-bit
+random, so a plain SHA-256 is enough to store them (as GitHub and Stripe do); a slow password
+hash would only slow every request down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Literal
+
+import boto3
+from botocore.exceptions import ClientError
+from pydantic import BaseModel
+
+from llmtasks.store import deserialize, serialize
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+PREFIX = "lt_"
+Refusal = Literal["missing", "malformed", "unknown", "revoked"]
+REFUSALS: dict[Refusal, str] = {
+    "missing": "Send an API key: 'Authorization: Bearer lt_...' or 'x-api-key: lt_...'.",
+    "malformed": "That is not an llmtasks API key (they start with 'lt_').",
+    "unknown": "This API key is not valid.",
+    "revoked": "This API key was revoked.",
+}
+
+
+class ApiKey(BaseModel):
+    key_id: str
+    tenant_id: str
+    name: str = ""
+    created_at: float
+    revoked_at: float | None = None
+
+
+class Authentication(BaseModel):
+    tenant_id: str | None = None
+    refusal: Refusal | None = None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries: `Authorization: Bearer <key>`, else `x-api-key: <key>`."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    scheme, _, credentials = lowered.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return lowered.get("x-api-key", "").strip() or None
+
+
+class ApiKeys:
+    def __init__(self, table_name: str, client: DynamoDBClient | None = None) -> None:
+        self.table_name = table_name
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+
+    def create(self, tenant_id: str, *, name: str = "", now: float | None = None) -> tuple[str, ApiKey]:
+        """A new key for `tenant_id`: the key itself (shown once) and what is stored of it."""
+        record = ApiKey(
+            key_id=secrets.token_hex(6), tenant_id=tenant_id, name=name, created_at=now or time.time()
+        )
+        key = f"{PREFIX}{record.key_id}_{secrets.token_urlsafe(32)}"
+        self._client.put_item(
+            TableName=self.table_name,
+            Item=serialize({**record.model_dump(exclude_none=True), "key_hash": _digest(key)}),
+            ConditionExpression="attribute_not_exists(key_id)",
+        )
+        return key, record
+
+    def all(self) -> list[ApiKey]:
+        """Every key, newest first (a scan: the table holds one small item per key)."""
+        items = []
+        for page in self._client.get_paginator("scan").paginate(TableName=self.table_name):
+            items += [ApiKey.model_validate(deserialize(item)) for item in page.get("Items", [])]
+        return sorted(items, key=lambda k: k.created_at, reverse=True)
+
+    def revoke(self, key_id: str, *, now: float | None = None) -> ApiKey | None:
+        """Marks the key revoked (kept, so `list` still shows it); None when there is no such key."""
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key={"key_id": {"S": key_id}},
+                UpdateExpression="SET revoked_at = if_not_exists(revoked_at, :now)",
+                ConditionExpression="attribute_exists(key_id)",
+                ExpressionAttributeValues=serialize({":now": now or time.time()}),
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return None
+            raise
+        return ApiKey.model_validate(deserialize(reply["Attributes"]))
+
+    def authenticate(self, key: str | None) -> Authentication:
+        if not key:
+            return Authentication(refusal="missing")
+        prefix, _, rest = key.partition(PREFIX)
+        key_id, _, secret = rest.partition("_")
+        if prefix or not key_id or not secret or len(key) > 200:
+            return Authentication(refusal="malformed")
+        item = self._client.get_item(
+            TableName=self.table_name, Key={"key_id": {"S": key_id}}, ConsistentRead=True
+        ).get("Item")
+        if not item or not hmac.compare_digest(item["key_hash"]["S"], _digest(key)):
+            return Authentication(refusal="unknown")
+        record = ApiKey.model_validate(deserialize(item))
+        if record.revoked_at is not None:
+            return Authentication(refusal="revoked")
+        return Authentication(tenant_id=record.tenant_id)
+
+
+class CachedAuthenticator:
+    """Decisions kept `ttl_s` per key digest in a warm sandbox: API Gateway cannot cache them
+    (that needs one fixed identity header, and keys may come in either of two), so the
+    authorizer does. A revocation takes effect within `ttl_s`."""
+
+    def __init__(self, keys: ApiKeys, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._decisions: dict[str, tuple[float, Authentication]] = {}
+        self._lock = threading.Lock()
+
+    def authenticate(self, key: str | None) -> Authentication:
+        if not key or self._ttl_s <= 0:
+            return self._keys.authenticate(key)
+        digest, now = _digest(key), self._clock()
+        with self._lock:
+            cached = self._decisions.get(digest)
+        if cached and cached[0] > now:
+            return cached[1]
+        decision = self._keys.authenticate(key)
+        with self._lock:
+            if len(self._decisions) > 10_000:
+                self._decisions.clear()
+            self._decisions[digest] = (now + self._ttl_s, decision)
+        return decision
