@@ -118,6 +118,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
         idempotency_table_name=aws.resources.table_names["IdempotencyTable"],
         # Handlers are called without the Api's authorizer here; test_auth turns it on.
         auth_required=False,
+        webhook_resolve_names=False,
         results_bucket=aws.resources.bucket_names["ResultsBucket"],
         llm_base_url=mock_llm.url,
         llm_model="mock-model",

@@ -7,6 +7,7 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Annotated, Any
 
@@ -217,10 +218,14 @@ def _on_api_error(exc: ApiError) -> Response[Any]:
     return reply
 
 
+def _malformed_json() -> Response[Any]:
+    return problem(400, "Malformed JSON", "The request body is not valid UTF-8 JSON.", slug="malformed-json")
+
+
 def _on_validation_error(exc: RequestValidationError) -> Response[Any]:
     raw = exc.errors()
     if any(err.get("type") == "json_invalid" for err in raw):
-        return problem(400, "Malformed JSON", "The request body is not valid JSON.", slug="malformed-json")
+        return _malformed_json()
     errors = [{"field": _field(err.get("loc", ())), "message": str(err.get("msg", "invalid"))} for err in raw]
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
     return problem(422, "Invalid request", detail, slug="validation", errors=errors)
@@ -265,6 +270,12 @@ def handle(
 ) -> dict[str, Any]:
     """One HTTP invocation: the routes read `service` from the resolver's context."""
     headers = event.get("headers") or {}
+    if event.get("body") and event.get("isBase64Encoded"):
+        # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
+        try:
+            event = {**event, "body": base64.b64decode(event["body"]).decode(), "isBase64Encoded": False}
+        except (ValueError, UnicodeDecodeError):
+            return _lambda_reply(_malformed_json())
     if event.get("body") and "json" not in headers.get("content-type", ""):
         # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type.
         event = {**event, "headers": {**headers, "content-type": "application/json"}}

@@ -41,7 +41,7 @@ from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
 from llmtasks.settings import Settings
 from llmtasks.store import ClaimRefused, TaskStore
-from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, system_resolver
+from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings
 
 Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
@@ -102,7 +102,7 @@ class TaskService:
         task_queue: Queue,
         *,
         clock: Clock = time.time,
-        resolve: Resolver = system_resolver,
+        resolve: Resolver | None = None,
         results: ResultBlobs | None = None,
         idempotency: IdempotencyKeys | None = None,
     ) -> None:
@@ -110,7 +110,7 @@ class TaskService:
         self._store = store
         self._queue = task_queue
         self._clock = clock
-        self._resolve = resolve
+        self._resolve = resolve or resolver_from_settings(settings)
         self._results = results or ResultBlobs(settings.results_bucket)
         self.idempotency = idempotency
 

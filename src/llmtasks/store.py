@@ -378,7 +378,9 @@ class TaskStore:
         self, tenant_id: str, *, new_secret: str, previous_until: float
     ) -> WebhookSecrets:
         """`new_secret` becomes the secret; the one it replaces keeps signing until `previous_until`."""
-        self.webhook_secrets(tenant_id, new_secret=new_secret)  # a tenant's first secret is created
+        current = self.webhook_secrets(tenant_id, new_secret=new_secret)
+        if current.webhook_secret == new_secret:
+            return current  # the tenant had none: this is its first, with nothing to overlap
         reply = self._client.update_item(
             TableName=self.table_name,
             Key=_tenant_key(tenant_id),
@@ -386,7 +388,6 @@ class TaskStore:
                 "SET previous_webhook_secret = webhook_secret, previous_secret_until = :until,"
                 " webhook_secret = :new"
             ),
-            ConditionExpression="webhook_secret <> :new",  # rotating to the same secret is a no-op
             ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
             ReturnValues="ALL_NEW",
         )

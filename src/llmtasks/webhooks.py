@@ -58,6 +58,19 @@ def system_resolver(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
 
 
+def no_lookups(host: str, port: int) -> list[str]:
+    """For deployments that must not look names up (WEBHOOK_RESOLVE_NAMES=false): addresses
+    written as such are checked, every name but an allowed host is refused."""
+    try:
+        return [str(ipaddress.ip_address(host.strip("[]")))]
+    except ValueError:
+        raise OSError(f"name lookups are off here; '{host}' is not an allowed host") from None
+
+
+def resolver_from_settings(settings: Settings) -> Resolver:
+    return system_resolver if settings.webhook_resolve_names else no_lookups
+
+
 class UnsafeWebhookUrl(InvalidInput):
     def __init__(self, detail: str) -> None:
         super().__init__(detail, field="webhook_url")

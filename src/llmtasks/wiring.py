@@ -20,7 +20,7 @@ from llmtasks.results import ResultBlobs
 from llmtasks.service import TaskRunner, TaskService
 from llmtasks.settings import get_settings
 from llmtasks.store import TaskStore
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -65,7 +65,11 @@ def result_blobs() -> ResultBlobs:
 def task_service() -> TaskService:
     settings = get_settings()
     return TaskService(
-        settings, task_store(), task_queue(), results=result_blobs(), idempotency=idempotency_keys()
+        settings,
+        task_store(),
+        task_queue(),
+        results=result_blobs(),
+        idempotency=idempotency_keys(),
     )
 
 
@@ -101,7 +105,11 @@ def webhook_relay() -> WebhookRelay:
 @lru_cache(maxsize=1)
 def webhook_delivery() -> WebhookDelivery:
     settings = get_settings()
-    sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
+    sender = WebhookSender(
+        timeout_s=settings.webhook_timeout_s,
+        allowed_hosts=settings.webhook_allowed_hosts,
+        resolve=resolver_from_settings(settings),
+    )
     dead_letters = Queue(settings.webhook_dlq_url, sqs())
     return WebhookDelivery(settings, task_store(), dead_letters, sender, results=result_blobs())
 

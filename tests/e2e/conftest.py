@@ -63,7 +63,8 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
     log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
     # With AWS_ENDPOINT_URL set (e.g. a LocalStack), the stack uses it instead of its own moto.
     # Revoked keys stop working within a second here (60 s by default).
-    given = {"AUTH_CACHE_S": "1", **(env or {})}
+    # and no webhook host is ever looked up in DNS: fuzzed URLs must not reach past 127.0.0.1.
+    given = {"AUTH_CACHE_S": "1", "WEBHOOK_RESOLVE_NAMES": "false", **(env or {})}
     env = {**{k: v for k, v in os.environ.items() if k != "LLM_BASE_URL"}, **given}
     process = subprocess.Popen(
         [

@@ -44,6 +44,7 @@ class Api:
         raw: str | None = None,
         query: str = "",
         headers: dict[str, str] | None = None,
+        base64_body: bool = False,
     ) -> dict[str, Any]:
         template = "submit_task.json" if method == "POST" else "get_task.json"
         event = copy.deepcopy(load_event(template))
@@ -64,6 +65,7 @@ class Api:
         event.pop("body", None)
         if raw is not None or body is not None:
             event["body"] = raw if raw is not None else json.dumps(body)
+            event["isBase64Encoded"] = base64_body
         fn, ctx = (self.submit_fn, self.submit_ctx) if method == "POST" else (self.status_fn, self.status_ctx)
         reply = fn(event, ctx, service=self.service)
         is_json = "json" in reply.get("headers", {}).get("Content-Type", "")
@@ -213,6 +215,19 @@ def test_webhook_secret_is_a_stable_whsec(api: Api) -> None:
     first = api.call("GET", "/webhooks/secret")["json"]["key"]
     assert first.startswith("whsec_")
     assert api.call("GET", "/webhooks/secret")["json"]["key"] == first
+
+
+def test_a_tenant_s_first_rotation_just_creates_its_secret(api: Api) -> None:
+    first = api.call("POST", "/webhooks/secret/rotate")
+    assert first["statusCode"] == 200
+    assert first["json"]["previous_key_expires_at"] is None
+    assert api.call("GET", "/webhooks/secret")["json"]["key"] == first["json"]["key"]
+
+
+def test_a_body_that_is_not_utf8_is_a_400_problem(api: Api) -> None:
+    event_body = base64.b64encode(b'{"prompt": "\xff\xfe"}').decode()
+    reply = api.call("POST", "/tasks", raw=event_body, base64_body=True)
+    assert_problem(reply, 400)
 
 
 def test_rotating_the_webhook_secret_keeps_the_old_one_signing_for_a_day(api: Api) -> None:

@@ -19,7 +19,7 @@ from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url, no_lookups
 from tests.conftest import Aws
 from tests.helpers import WebhookReceiver, load_event
 
@@ -79,6 +79,16 @@ def test_an_unresolvable_host_is_refused() -> None:
 
     with pytest.raises(InvalidInput, match="does not resolve"):
         check_webhook_url("https://nowhere.invalid/x", allowed_hosts=frozenset(), resolve=fail)
+
+
+def test_with_lookups_off_names_are_refused_and_literal_addresses_still_checked() -> None:
+    with pytest.raises(InvalidInput, match="does not resolve"):
+        check_webhook_url("https://example.com/x", allowed_hosts=frozenset(), resolve=no_lookups)
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url("https://10.0.0.1/x", allowed_hosts=frozenset(), resolve=no_lookups)
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url("https://[::1]/x", allowed_hosts=frozenset(), resolve=no_lookups)
+    check_webhook_url("https://93.184.216.34/x", allowed_hosts=frozenset(), resolve=no_lookups)
 
 
 def test_allowed_hosts_pass_without_a_lookup_even_over_http() -> None:
