@@ -103,6 +103,19 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
     return RunningStack(process, f"http://127.0.0.1:{api_port}", mock, moto_port, log, key and key.group(1))
 
 
+def derived_template(directory: Path, replacements: dict[str, str]) -> Path:
+    """template.yaml with some text replaced (each must occur) and code paths made absolute,
+    written to `directory`: the same application, rewired for one suite."""
+    text = (ROOT / "template.yaml").read_text()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    text = text.replace("CodeUri: functions/", f"CodeUri: {ROOT}/functions/")
+    path = directory / "template.yaml"
+    path.write_text(text)
+    return path
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[RunningStack]:
     running = start_stack()

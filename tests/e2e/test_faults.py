@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from llmtasks.llm.mock import reply_text
-from tests.e2e.conftest import RunningStack, start_stack
+from tests.e2e.conftest import RunningStack, derived_template, start_stack
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
@@ -40,16 +40,9 @@ LLM_FAULTS = {"rate_500": 0.2, "rate_429": 0.1, "retry_after_s": 1, "rate_hang":
 
 def faulty_template(directory: Path) -> Path:
     """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper."""
-    text = (ROOT / "template.yaml").read_text()
     worker = "CodeUri: functions/worker/\n      Handler: app.lambda_handler"
-    assert worker in text
-    text = text.replace(
-        worker, f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
-    )
-    text = text.replace("CodeUri: functions/", f"CodeUri: {ROOT}/functions/")
-    path = directory / "template.yaml"
-    path.write_text(text)
-    return path
+    faulty = f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
+    return derived_template(directory, {worker: faulty})
 
 
 @pytest.fixture(scope="module")
