@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, HTTPBearer, SecurityScheme
 from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import (
     OpenAPIResponse,
@@ -57,7 +58,20 @@ def _problem(description: str) -> OpenAPIResponse:
     return {"description": description, "content": _PROBLEM_CONTENT}
 
 
+# Either header carries an API key (template.yaml: the Api's authorizer).
+SECURITY_SCHEMES: dict[str, SecurityScheme] = {
+    "bearer": HTTPBearer(bearerFormat="lt_<key id>_<secret>", description="Authorization: Bearer <API key>"),
+    "apiKey": APIKey(**{"in": APIKeyIn.header}, name="x-api-key", description="x-api-key: <API key>"),
+}
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+_AUTH: dict[int, OpenAPIResponse] = {401: _problem("No API key, or an unknown or revoked one")}
+
+_SECRET: dict[int, OpenAPIResponse] = {
+    **_AUTH,
+    200: {"description": "The signing secret", "content": {"application/json": {"model": WebhookSecret}}},
+}
 _STATUS: dict[int, OpenAPIResponse] = {
+    **_AUTH,
     200: {"description": "The task's status object", "content": {"application/json": {"model": TaskView}}},
     404: _problem("Unknown, expired or another tenant's task"),
     422: _problem("An invalid parameter"),
@@ -104,7 +118,9 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         "/tasks",
         status_code=202,
         summary="Submit a task",
+        security=SECURITY,
         responses={
+            **_AUTH,
             202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}},
             400: _problem("The body is not valid JSON"),
             409: _problem("A request with this Idempotency-Key is still being processed"),
@@ -137,6 +153,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     @app.post(
         "/tasks/<task_id>/cancel",
         summary="Cancel a pending or processing task",
+        security=SECURITY,
         responses={**_STATUS, 409: _problem("The task is already terminal")},
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
@@ -145,6 +162,8 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     @app.post(
         "/webhooks/secret/rotate",
         summary="Replace the webhook signing secret; the old one keeps signing, beside it, for 24 h",
+        security=SECURITY,
+        responses=_SECRET,
     )
     def rotate_webhook_secret() -> WebhookSecret:
         return _service(app).rotate_webhook_secret(tenant_of(app))
@@ -156,7 +175,9 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     @app.get(
         "/tasks",
         summary="The tenant's tasks, newest first",
+        security=SECURITY,
         responses={
+            **_AUTH,
             200: {"description": "A page of tasks", "content": {"application/json": {"model": TaskList}}},
             422: _problem("An invalid parameter (an unknown status, a limit out of range, a foreign cursor)"),
         },
@@ -174,7 +195,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         views = [TaskView.of(task).model_copy(update={"result": None}) for task in tasks]
         return _json(TaskList(data=views, next_cursor=next_cursor), 200)
 
-    @app.get("/tasks/<task_id>", summary="A task's status and, once completed, its result", responses=_STATUS)
+    @app.get(
+        "/tasks/<task_id>",
+        summary="A task's status and, once completed, its result",
+        security=SECURITY,
+        responses=_STATUS,
+    )
     def get_task(
         task_id: str,
         wait: Annotated[
@@ -183,7 +209,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     ) -> Response[TaskView]:
         return _status_reply(_service(app).get(tenant_of(app), task_id, wait_s=wait))
 
-    @app.get("/webhooks/secret", summary="The tenant's webhook signing secret (Standard Webhooks)")
+    @app.get(
+        "/webhooks/secret",
+        summary="The tenant's webhook signing secret (Standard Webhooks)",
+        security=SECURITY,
+        responses=_SECRET,
+    )
     def get_webhook_secret() -> WebhookSecret:
         return _service(app).webhook_secret(tenant_of(app))
 
@@ -253,12 +284,21 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
     app.exception_handler(Exception)(_on_unexpected)
     if docs:
         description = "Long LLM calls, asynchronously: submit, then poll or receive a signed webhook."
-        app.enable_swagger(path="/docs", title="llmtasks", version=__version__, description=description)
+        app.enable_swagger(
+            path="/docs",
+            title="llmtasks",
+            version=__version__,
+            description=description,
+            security_schemes=SECURITY_SCHEMES,
+        )
 
         @app.get("/openapi.json", include_in_schema=False)
         def openapi_json() -> Response[str]:
             schema = app.get_openapi_json_schema(
-                title="llmtasks", version=__version__, description=description
+                title="llmtasks",
+                version=__version__,
+                description=description,
+                security_schemes=SECURITY_SCHEMES,
             )
             return Response(status_code=200, content_type="application/json", body=schema)
 

@@ -206,6 +206,27 @@ def test_health_and_openapi_describe_the_routes(api: Api) -> None:
     )
     schema = document["components"]["schemas"]["SubmitTaskRequest"]
     assert schema["additionalProperties"] is False
+    # Auth as the API does it: either header, on every route but the public ones
+    assert set(document["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    for path, route in [
+        ("/tasks", "post"),
+        ("/tasks", "get"),
+        ("/tasks/{task_id}", "get"),
+        ("/webhooks/secret", "get"),
+    ]:
+        operation = document["paths"][path][route]
+        assert operation["security"] == [{"bearer": []}, {"apiKey": []}]
+        assert "401" in operation["responses"]
+    assert "security" not in document["paths"]["/health"]["get"]
+    assert set(document["paths"]["/tasks"]["post"]["responses"]) >= {
+        "202",
+        "400",
+        "401",
+        "409",
+        "413",
+        "422",
+        "503",
+    }
     docs = api.call("GET", "/docs")
     assert docs["statusCode"] == 200
     assert "swagger" in docs["body"].lower()
