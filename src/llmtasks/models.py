@@ -98,6 +98,8 @@ def _storable(value: Any, depth: int = 1) -> Any:
 
 Text = Annotated[str, AfterValidator(_utf8)]
 StorableJson = Annotated[dict[str, Any], AfterValidator(_storable)]
+# A float of the request that goes into the item (2.2e-311 is a valid float, not a DynamoDB number).
+StorableFloat = Annotated[float, AfterValidator(_storable)]
 
 
 class ChatMessage(_Strict):
@@ -113,7 +115,7 @@ class LLMRequest(_Strict):
     model: Text | None = Field(default=None, max_length=200, description="The provider's model id.")
     system: Text | None = Field(default=None, description="A system prompt placed before the conversation.")
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0, le=2)
+    temperature: StorableFloat | None = Field(default=None, ge=0, le=2)
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> LLMRequest:
@@ -141,7 +143,7 @@ class SubmitTaskRequest(LLMRequest):
         default=None, max_length=2048, description="https URL that receives the terminal event, signed."
     )
     max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
-    timeout_s: float | None = Field(
+    timeout_s: StorableFloat | None = Field(
         default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
     )
     webhook_events: list[EventType] | None = Field(

@@ -336,6 +336,7 @@ def test_when_the_table_refuses_the_client_is_told_to_retry_and_no_task_exists(
         '{"prompt": "\\ud800"}',
         '{"messages": [{"role": "user", "content": "\\ud800"}]}',
         '{"prompt": "a", "temperature": NaN}',
+        '{"prompt": "a", "temperature": 2.225073858507e-311}',
         '{"prompt": "a", "timeout_s": 1e-300}',
         '{"prompt": "a", "webhook_url": "https://[::1"}',
         "[1, 2]",
