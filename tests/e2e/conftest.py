@@ -36,6 +36,27 @@ class RunningStack:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.api, timeout=30, headers=headers)
 
+    def cli(self, *args: str) -> str:
+        """`llmtasks ARGS` against this stack's AWS endpoint, as an operator runs it; its output."""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llmtasks.cli",
+                *args,
+                "--endpoint-url",
+                f"http://127.0.0.1:{self.moto_port}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
     def configure_mock(self, *, reset: bool = True, **knobs: Any) -> None:
         """Changes the given knobs of the mock, and zeroes its counters unless told not to."""
         assert self.mock is not None

@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import RunningStack
-from tests.e2e.test_auth import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +25,7 @@ def problem_of(reply: httpx.Response, status: int) -> dict[str, object]:
 
 def test_idempotency_key_replays_refuses_another_body_and_is_per_tenant(fresh_mock: RunningStack) -> None:
     key = {"Idempotency-Key": f"order-{uuid.uuid4()}"}
-    acme_key = keys(fresh_mock, "create", "--tenant", "idem-acme").strip()
+    acme_key = fresh_mock.cli("keys", "create", "--tenant", "idem-acme").strip()
     with fresh_mock.client() as client, fresh_mock.client(acme_key) as acme:
         first = client.post("/tasks", json={"prompt": "charge once"}, headers=key)
         again = client.post("/tasks", json={"prompt": "charge once"}, headers=key)
@@ -90,7 +89,7 @@ def test_limits_are_clear_problems_that_change_nothing(
 
 
 def test_listing_and_long_poll_over_http(fresh_mock: RunningStack) -> None:
-    tenant_key = keys(fresh_mock, "create", "--tenant", f"lister-{uuid.uuid4().hex[:6]}").strip()
+    tenant_key = fresh_mock.cli("keys", "create", "--tenant", f"lister-{uuid.uuid4().hex[:6]}").strip()
     fresh_mock.configure_mock(latency_s=1)
     with fresh_mock.client(tenant_key) as client:
         ids = [client.post("/tasks", json={"prompt": f"list {i}"}).json()["task_id"] for i in range(5)]

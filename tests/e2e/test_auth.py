@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
@@ -11,30 +9,8 @@ import pytest
 
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e
-
-
-def keys(stack: RunningStack, *args: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llmtasks.cli",
-            "keys",
-            *args,
-            "--endpoint-url",
-            f"http://127.0.0.1:{stack.moto_port}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def assert_401(reply: httpx.Response, detail: str) -> None:
@@ -82,7 +58,7 @@ def test_the_key_may_come_as_x_api_key(stack: RunningStack) -> None:
 
 
 def test_a_tenant_never_sees_another_tenant_s_tasks(stack: RunningStack) -> None:
-    acme_key = keys(stack, "create", "--tenant", "acme", "--name", "e2e").strip()
+    acme_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "e2e").strip()
     with stack.client() as dev, stack.client(acme_key) as acme:
         task_id = dev.post("/tasks", json={"prompt": "dev's own"}).json()["task_id"]
         assert acme.get(f"/tasks/{task_id}").status_code == 404
@@ -95,15 +71,15 @@ def test_a_tenant_never_sees_another_tenant_s_tasks(stack: RunningStack) -> None
 
 
 def test_keys_are_listed_without_their_secret_and_a_revoked_key_stops_working(stack: RunningStack) -> None:
-    key = keys(stack, "create", "--tenant", "revokee").strip()
+    key = stack.cli("keys", "create", "--tenant", "revokee").strip()
     key_id = key.split("_")[1]
-    listing = keys(stack, "list")
+    listing = stack.cli("keys", "list")
     assert key_id in listing
     assert key not in listing
     assert key.split("_", 2)[2] not in listing
     with stack.client(key) as client:
         assert client.get("/tasks").status_code == 200
-        assert "revoked" in keys(stack, "revoke", key_id)
+        assert "revoked" in stack.cli("keys", "revoke", key_id)
         time.sleep(1.5)  # the authorizer's cache time on this stack
         assert_401(client.get("/tasks"), "revoked")
 

@@ -11,9 +11,6 @@ Timings are compressed through template parameters (Timeout and visibility 20 s)
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -69,27 +66,6 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
         stack.stop()
 
 
-def llmtasks_cli(stack: RunningStack, *args: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llmtasks.cli",
-            *args,
-            "--endpoint-url",
-            f"http://127.0.0.1:{stack.moto_port}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def read_all(client: httpx.Client, ids: list[str]) -> dict[str, dict[str, Any]]:
     return {task_id: client.get(f"/tasks/{task_id}").json() for task_id in ids}
 
@@ -133,14 +109,14 @@ def test_every_task_is_accounted_for_after_faults(
 
         # The dead-lettered messages reach TaskDLQ, and `llmtasks dlq list` shows them
         def in_dlq() -> bool:
-            listed = llmtasks_cli(stack, "dlq", "list", "--queue", "tasks", "--json")
+            listed = stack.cli("dlq", "list", "--queue", "tasks", "--json")
             return {json.loads(line)["task_id"] for line in listed.splitlines()} >= set(dead)
 
         wait_until(in_dlq, 120, "the dead-lettered messages to reach TaskDLQ")
-        listing = llmtasks_cli(stack, "dlq", "list")
+        listing = stack.cli("dlq", "list")
         for task_id in dead:
             assert task_id in listing
-        redrive = llmtasks_cli(stack, "dlq", "redrive", "--queue", "tasks")
+        redrive = stack.cli("dlq", "redrive", "--queue", "tasks")
         assert f"{len(dead)} task(s) back to pending" in redrive
         wait_until(
             lambda: all(read_all(client, dead)[i]["status"] == "completed" for i in dead), 120, "redrive"

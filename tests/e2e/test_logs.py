@@ -7,7 +7,6 @@ import uuid
 import pytest
 
 from tests.e2e.conftest import RunningStack
-from tests.e2e.test_auth import keys
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import WebhookReceiver, serve
 
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def test_logs_carry_ids_but_never_prompts_results_keys_or_secrets(stack: RunningStack) -> None:
     marker = f"confidential-{uuid.uuid4().hex}"
-    key = keys(stack, "create", "--tenant", "logscan").strip()
+    key = stack.cli("keys", "create", "--tenant", "logscan").strip()
     wrong = f"lt_{uuid.uuid4().hex[:12]}_{uuid.uuid4().hex}"
     hook = WebhookReceiver()
     with serve(hook.app()) as receiver, stack.client(key) as client:

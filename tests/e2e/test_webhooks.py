@@ -4,8 +4,6 @@ attempts, as by default) and a receiver gets 1 s to answer."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +14,7 @@ from standardwebhooks import Webhook
 
 from llmtasks.client import verify_webhook
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import ROOT, WebhookReceiver, serve
+from tests.helpers import WebhookReceiver, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -107,11 +105,11 @@ def test_a_receiver_that_always_fails_lands_in_the_dlq_and_a_redrive_delivers(
     with hook_stack.client() as client:
         task_id = submit_with_hook(client, url, "down receiver")
         assert webhook_of(client, task_id, "failed") == {"status": "failed", "attempts": ATTEMPTS}
-        listing = dlq(hook_stack, "list", "--queue", "webhooks")
+        listing = hook_stack.cli("dlq", "list", "--queue", "webhooks")
         assert task_id in listing
         # Once the receiver is back, a redrive delivers it, with the same webhook-id
         # (the DLQ may also hold the 410 test's event: this stack is shared by the module)
-        assert "Redriving" in dlq(hook_stack, "redrive", "--queue", "webhooks")
+        assert "Redriving" in hook_stack.cli("dlq", "redrive", "--queue", "webhooks")
         webhook = webhook_of(client, task_id, "delivered")
     assert webhook == {"status": "delivered", "attempts": ATTEMPTS + 1}
     assert len(hook.deliveries) == ATTEMPTS + 1
@@ -129,24 +127,3 @@ def test_a_hanging_receiver_is_a_failed_attempt_then_retried(
         hook.hang_s = 0
         webhook = webhook_of(client, task_id, "delivered")
     assert webhook == {"status": "delivered", "attempts": 2}
-
-
-def dlq(stack: RunningStack, *args: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llmtasks.cli",
-            "dlq",
-            *args,
-            "--endpoint-url",
-            f"http://127.0.0.1:{stack.moto_port}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
