@@ -228,7 +228,11 @@ class TaskService:
             raise TaskNotFound(task_id[:64])
         now = self._clock()
         stored = self._store.get(task_id, now=now)
-        if stored is not None and stored.is_dead_lettered(now, self._settings.task_max_receive_count):
+        if (
+            stored is not None
+            and stored.tenant_id == tenant_id  # another tenant's task is the store's 404
+            and stored.is_dead_lettered(now, self._settings.task_max_receive_count)
+        ):
             # It reads as failed; a redrive, not a cancel, is what changes it now.
             raise TaskConflict(f"Task '{task_id}' is already failed (dead_lettered).")
         task = self._store.cancel(task_id, tenant_id=tenant_id, now=now)

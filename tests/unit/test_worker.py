@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llmtasks.errors import LLMError, RetryLater, TaskConflict
+from llmtasks.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
@@ -350,6 +350,8 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
     assert "llmtasks dlq redrive" in task.error
     with pytest.raises(TaskConflict):
         worker.service.cancel("default", task_id)
+    with pytest.raises(TaskNotFound):  # and to another tenant it does not exist at all
+        worker.service.cancel("globex", task_id)
     # A redrive puts it back to pending, and the moved message (a new one) runs it to completion
     assert worker.store.requeue_dead_lettered(task_id, now=lapsed, max_receive_count=last)
     assert worker.service.get("default", task_id).status is TaskStatus.PENDING
