@@ -77,6 +77,7 @@ def wait_until(condition: Any, timeout_s: float, what: str) -> None:
         time.sleep(2)
 
 
+@pytest.mark.timeout(900)  # about two minutes here; room for a slow machine
 def test_every_task_is_accounted_for_after_faults(
     faulty_stack: tuple[RunningStack, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
