@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmtasks.client import DEFAULT_URL
 from llmtasks.deadletters import QUEUE_NAMES
 from llmtasks.deployment import Deployment, QueueName
+from llmtasks.models import TaskStatus, TaskView
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
     from llmtasks.apikeys import ApiKeys
+    from llmtasks.client import Client
     from llmtasks.deadletters import DeadLetters
 
 # Where `llmtasks up` serves its embedded AWS endpoint.
@@ -39,7 +45,26 @@ def _overrides(values: tuple[str, ...]) -> dict[str, str]:
     return pairs
 
 
-@click.group()
+class _Commands(click.Group):
+    """API errors end a command with their problem's words, not a traceback: exit 2 when the
+    request was wrong (4xx), 1 when the service or the network failed."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        import httpx
+
+        from llmtasks.client import ProblemError
+
+        try:
+            return super().invoke(ctx)
+        except ProblemError as problem:
+            click.echo(f"Error: {problem}", err=True)
+            ctx.exit(2 if problem.status < 500 else 1)
+        except httpx.HTTPError as failure:
+            click.echo(f"Error: the API did not answer: {failure}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="llmtasks")
 def main() -> None:
     """llmtasks: long LLM calls, asynchronously, on AWS serverless or on this machine."""
@@ -244,6 +269,171 @@ def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | No
     click.echo(
         f"Redriving {redrive.messages} message(s) from the {queue} DLQ (task handle"
         f" {redrive.task_handle[:24]}...); {len(redrive.requeued_tasks)} task(s) back to pending."
+    )
+
+
+# --- the API, as a client -------------------------------------------------------------------
+
+EXIT_FAILED = 1  # the task failed or was cancelled (usage errors are click's 2)
+EXIT_TIMEOUT = 3
+
+_api = [
+    click.option(
+        "--api-url", envvar="LLMTASKS_API_URL", default=DEFAULT_URL, show_default=True, help="The API."
+    ),
+    click.option("--api-key", envvar="LLMTASKS_API_KEY", default=None, help="An API key (LLMTASKS_API_KEY)."),
+    click.option("--json", "as_json", is_flag=True, help="Print the task as JSON."),
+]
+
+
+def _with_api(command: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(_api):
+        command = option(command)
+    return command
+
+
+def _client(api_url: str, api_key: str | None) -> Client:
+    from llmtasks.client import Client
+
+    return Client(api_url, api_key)
+
+
+def _show(task: TaskView, as_json: bool) -> None:
+    if as_json:
+        click.echo(task.model_dump_json())
+    elif task.status is TaskStatus.COMPLETED and task.result is not None:
+        click.echo(task.result)
+    else:
+        reason = f"  {task.error_code}: {task.error}" if task.error_code else ""
+        click.echo(f"{task.task_id}  {task.status.value}  attempts={task.attempts}{reason}")
+
+
+def _wait_and_show(client: Client, task_id: str, timeout: float | None, as_json: bool) -> None:
+    """Waits with a spinner (status, elapsed) on a terminal, prints the outcome, exits 0/1/3."""
+    from rich.console import Console
+
+    from llmtasks.client import TaskFailedError, WaitTimeoutError
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    task = client.get(task_id)
+    with console.status("", spinner="dots") as spinner:
+        while not task.status.is_terminal:
+            elapsed = time.monotonic() - started
+            if timeout is not None and elapsed >= timeout:
+                _show(task, as_json)
+                raise SystemExit(EXIT_TIMEOUT)
+            spinner.update(f"{task.task_id}  {task.status.value}  {elapsed:.0f} s")
+            try:
+                task = client.wait(task_id, timeout=min(2.0, timeout - elapsed if timeout else 2.0))
+            except TaskFailedError as failed:
+                task = failed.task
+            except WaitTimeoutError as waiting:
+                task = waiting.task
+    _show(task, as_json)
+    if task.status is not TaskStatus.COMPLETED:
+        raise SystemExit(EXIT_FAILED)
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--wait", "wait_", is_flag=True, help="Wait for the result and print it.")
+@click.option(
+    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds (exit 3)."
+)
+@click.option("--webhook", default=None, help="A URL to POST the outcome to (signed).")
+@click.option("--model", default=None, help="The provider's model id.")
+@click.option("--system", default=None, help="A system prompt.")
+@_with_api
+def submit(
+    prompt: str,
+    wait_: bool,
+    timeout: float | None,
+    webhook: str | None,
+    model: str | None,
+    system: str | None,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Submit PROMPT (or - to read it from stdin); print the task id, or with --wait the result."""
+    text = sys.stdin.read() if prompt == "-" else prompt
+    with _client(api_url, api_key) as client:
+        task = client.submit(text, webhook_url=webhook, model=model, system=system)
+        if wait_:
+            _wait_and_show(client, task.task_id, timeout, as_json)
+        elif as_json:
+            click.echo(task.model_dump_json())
+        else:
+            click.echo(task.task_id)
+
+
+@main.command()
+@click.argument("task_id")
+@_with_api
+def status(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """A task's status (its result once completed)."""
+    with _client(api_url, api_key) as client:
+        _show(client.get(task_id), as_json)
+
+
+@main.command("wait")
+@click.argument("task_id")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 3).")
+@_with_api
+def wait_for(task_id: str, timeout: float | None, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Wait for a task and print its result (exit 1 if it failed, 3 on timeout)."""
+    with _client(api_url, api_key) as client:
+        _wait_and_show(client, task_id, timeout, as_json)
+
+
+@main.command()
+@click.argument("task_id")
+@_with_api
+def cancel(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Cancel a pending or processing task."""
+    with _client(api_url, api_key) as client:
+        _show(client.cancel(task_id), as_json)
+
+
+@main.command("list")
+@click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus]), default=None)
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@_with_api
+def list_tasks(status_: str | None, limit: int, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Your tasks, newest first."""
+    with _client(api_url, api_key) as client:
+        page = client.list(status=status_, limit=limit)
+    for task in page.data:
+        if as_json:
+            click.echo(task.model_dump_json())
+        else:
+            created = task.created_at.strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(f"{task.task_id}  {task.status.value:10} {created}  attempts={task.attempts}")
+
+
+@main.command()
+@_with_api
+@_targeted
+def stats(
+    api_url: str, api_key: str | None, as_json: bool, stack_name: str | None, endpoint_url: str | None
+) -> None:
+    """Tasks by status, queue and DLQ depths, and latency p50/p95 over the last hour."""
+    from llmtasks.stats import queue_depths, task_stats
+
+    with _client(api_url, api_key) as client:
+        summary = task_stats(client, now=time.time())
+    target = _target_of(stack_name, endpoint_url)
+    summary["queues"] = queue_depths(target.sqs, target.deployment)
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo("tasks      " + "  ".join(f"{k}={v}" for k, v in summary["by_status"].items()))
+    click.echo("queues     " + "  ".join(f"{k}={v}" for k, v in summary["queues"].items()))
+    latency = summary["latency_s"]
+    click.echo(
+        f"latency    p50={latency['p50']} s  p95={latency['p95']} s"
+        f"  (tasks completed in the last hour: {latency['n']})"
     )
 
 

@@ -1,15 +1,66 @@
-"""The client side of llmtasks: what a receiver of its webhooks (and, later, a caller of its
-API) imports. Runs anywhere: it needs neither AWS nor the service's settings."""
+"""The client side of llmtasks: `Client` and `AsyncClient` for the HTTP API, and
+`verify_webhook` for receivers. Runs anywhere: it needs neither AWS nor the service's settings.
+
+Both clients have the same methods. Reads and submits survive connection errors and 5xx: reads
+are retried with backoff, and `submit` sends an Idempotency-Key of its own, so a retried submit
+never makes a second task. `wait` uses the server's long-poll and its Retry-After.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import time
+import uuid
 from collections.abc import Mapping
+from typing import Any
 
+import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from llmtasks.models import WebhookEvent
+from llmtasks.models import TaskList, TaskStatus, TaskView, WebhookEvent
 
-__all__ = ["WebhookVerificationError", "verify_webhook"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ProblemError",
+    "TaskFailedError",
+    "WaitTimeoutError",
+    "WebhookVerificationError",
+    "verify_webhook",
+]
+
+DEFAULT_URL = "http://127.0.0.1:3000"
+LONG_POLL_S = 20  # the server holds a status read up to 25 s
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class ProblemError(Exception):
+    """The API answered with a problem (RFC 9457); its fields are here."""
+
+    def __init__(self, status: int, problem: Mapping[str, Any]) -> None:
+        self.status = status
+        self.type = str(problem.get("type", "about:blank"))
+        self.title = str(problem.get("title", ""))
+        self.detail = str(problem.get("detail", ""))
+        self.errors = problem.get("errors")
+        super().__init__(f"{status} {self.title}: {self.detail}")
+
+
+class TaskFailedError(Exception):
+    """`wait` saw the task end without a result (failed or cancelled)."""
+
+    def __init__(self, task: TaskView) -> None:
+        self.task = task
+        self.error_code = task.error_code or task.status.value
+        super().__init__(f"task {task.task_id} {task.status.value}: {task.error_code}: {task.error}")
+
+
+class WaitTimeoutError(TimeoutError):
+    def __init__(self, task: TaskView, timeout: float) -> None:
+        self.task = task
+        super().__init__(f"task {task.task_id} still {task.status.value} after {timeout:g} s")
 
 
 def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -> WebhookEvent:
@@ -23,3 +74,220 @@ def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -
     """
     Webhook(secret).verify(body, dict(headers))
     return WebhookEvent.model_validate_json(body)
+
+
+class _Policy:
+    """What both clients share: where, who, and when to try again."""
+
+    def __init__(self, base_url: str | None, api_key: str | None, max_retries: int) -> None:
+        self.base_url = (base_url or os.environ.get("LLMTASKS_API_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key or os.environ.get("LLMTASKS_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.max_retries = max_retries
+        self._rng = random.Random()  # noqa: S311 - jitter, not crypto
+
+    def delay(self, attempt: int, response: httpx.Response | None = None, cap: float = 10.0) -> float:
+        """Full jitter over 0.5 * 2**attempt (capped), never sooner than the server's Retry-After."""
+        delay = self._rng.uniform(0, min(cap, 0.5 * 2**attempt))
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after and retry_after.replace(".", "", 1).isdigit():
+            delay = max(delay, min(cap * 6, float(retry_after)))
+        return delay
+
+    def should_retry(self, attempt: int, response: httpx.Response | None) -> bool:
+        """Connection errors (no response) and transient statuses, while attempts remain."""
+        return attempt < self.max_retries and (response is None or response.status_code in _RETRY_STATUSES)
+
+    @staticmethod
+    def result(response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = {"title": response.reason_phrase, "detail": response.text[:500]}
+            raise ProblemError(response.status_code, problem if isinstance(problem, dict) else {})
+        return response.json()
+
+    @staticmethod
+    def submission(prompt: str | None, messages: list[dict[str, str]] | None, options: dict[str, Any]) -> Any:
+        body = {k: v for k, v in {"prompt": prompt, "messages": messages, **options}.items() if v is not None}
+        return body
+
+
+def _is_terminal(task: TaskView) -> bool:
+    return task.status.is_terminal
+
+
+def _outcome(task: TaskView) -> TaskView:
+    if task.status is TaskStatus.COMPLETED:
+        return task
+    raise TaskFailedError(task)
+
+
+class Client:
+    """`Client(base_url, api_key)`; both default to LLMTASKS_API_URL and LLMTASKS_API_KEY."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._policy = _Policy(base_url, api_key, max_retries)
+        self._http = httpx.Client(
+            base_url=self._policy.base_url, headers=self._policy.headers, timeout=timeout, transport=transport
+        )
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                response: httpx.Response | None = self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                response = None
+            if not self._policy.should_retry(attempt, response):
+                if response is None:
+                    raise httpx.ConnectError(f"{method} {path}: no answer after {attempt + 1} attempts")
+                return self._policy.result(response)
+            time.sleep(self._policy.delay(attempt, response))
+            attempt += 1
+
+    def submit(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> TaskView:
+        """A new task (`202`); retried under one Idempotency-Key, so never two."""
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        body = self._policy.submission(prompt, messages, options)
+        accepted = self._request("POST", "/tasks", json=body, headers=headers)
+        return self.get(accepted["task_id"])
+
+    def get(self, task_id: str, *, wait: float = 0) -> TaskView:
+        params = {"wait": int(wait)} if wait else None
+        return TaskView.model_validate(self._request("GET", f"/tasks/{task_id}", params=params))
+
+    def cancel(self, task_id: str) -> TaskView:
+        return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
+
+    def list(self, *, status: str | None = None, limit: int = 20, cursor: str | None = None) -> TaskList:
+        params = {
+            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
+        }
+        return TaskList.model_validate(self._request("GET", "/tasks", params=params))
+
+    def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:
+        """The completed task; raises TaskFailedError if it failed or was cancelled,
+        WaitTimeoutError after `timeout` seconds."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            left = LONG_POLL_S if give_up is None else max(0.0, give_up - time.monotonic())
+            asked = time.monotonic()
+            task = self.get(task_id, wait=min(LONG_POLL_S, left))
+            if _is_terminal(task):
+                return _outcome(task)
+            if give_up is not None and time.monotonic() >= give_up:
+                raise WaitTimeoutError(task, timeout or 0)
+            if time.monotonic() - asked < 1:  # no long-poll here: back off between polls
+                time.sleep(min(self._policy.delay(attempt), left))
+                attempt += 1
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The same as `Client`, for asyncio."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._policy = _Policy(base_url, api_key, max_retries)
+        self._http = httpx.AsyncClient(
+            base_url=self._policy.base_url, headers=self._policy.headers, timeout=timeout, transport=transport
+        )
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                response: httpx.Response | None = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                response = None
+            if not self._policy.should_retry(attempt, response):
+                if response is None:
+                    raise httpx.ConnectError(f"{method} {path}: no answer after {attempt + 1} attempts")
+                return self._policy.result(response)
+            await asyncio.sleep(self._policy.delay(attempt, response))
+            attempt += 1
+
+    async def submit(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> TaskView:
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        body = self._policy.submission(prompt, messages, options)
+        accepted = await self._request("POST", "/tasks", json=body, headers=headers)
+        return await self.get(accepted["task_id"])
+
+    async def get(self, task_id: str, *, wait: float = 0) -> TaskView:
+        params = {"wait": int(wait)} if wait else None
+        return TaskView.model_validate(await self._request("GET", f"/tasks/{task_id}", params=params))
+
+    async def cancel(self, task_id: str) -> TaskView:
+        return TaskView.model_validate(await self._request("POST", f"/tasks/{task_id}/cancel"))
+
+    async def list(
+        self, *, status: str | None = None, limit: int = 20, cursor: str | None = None
+    ) -> TaskList:
+        params = {
+            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
+        }
+        return TaskList.model_validate(await self._request("GET", "/tasks", params=params))
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:  # noqa: ASYNC109 - Client.wait's twin
+        give_up = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            left = LONG_POLL_S if give_up is None else max(0.0, give_up - time.monotonic())
+            asked = time.monotonic()
+            task = await self.get(task_id, wait=min(LONG_POLL_S, left))
+            if _is_terminal(task):
+                return _outcome(task)
+            if give_up is not None and time.monotonic() >= give_up:
+                raise WaitTimeoutError(task, timeout or 0)
+            if time.monotonic() - asked < 1:
+                await asyncio.sleep(min(self._policy.delay(attempt), left))
+                attempt += 1
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()

@@ -17,10 +17,11 @@ QueueName = Literal["tasks", "webhooks"]
 
 @dataclass(frozen=True)
 class Deployment:
-    """Where one deployment's table and dead-letter queues are."""
+    """Where one deployment's tables and queues are."""
 
     tasks_table: str
     api_keys_table: str
+    queue_urls: dict[QueueName, str]
     dlq_urls: dict[QueueName, str]
 
     @classmethod
@@ -32,6 +33,7 @@ class Deployment:
         return cls(
             tasks_table=outputs["TasksTableName"],
             api_keys_table=outputs["ApiKeysTableName"],
+            queue_urls={"tasks": outputs["TaskQueueUrl"], "webhooks": outputs["WebhookQueueUrl"]},
             dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
         )
 
@@ -40,11 +42,12 @@ class Deployment:
         """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
         from llmtasks.local.provision import local_name
 
+        def url(logical_id: str) -> str:
+            return sqs.get_queue_url(QueueName=local_name(logical_id))["QueueUrl"]
+
         return cls(
             tasks_table=local_name("TasksTable"),
             api_keys_table=local_name("ApiKeysTable"),
-            dlq_urls={
-                "tasks": sqs.get_queue_url(QueueName=local_name("TaskDLQ"))["QueueUrl"],
-                "webhooks": sqs.get_queue_url(QueueName=local_name("WebhookDLQ"))["QueueUrl"],
-            },
+            queue_urls={"tasks": url("TaskQueue"), "webhooks": url("WebhookQueue")},
+            dlq_urls={"tasks": url("TaskDLQ"), "webhooks": url("WebhookDLQ")},
         )

@@ -30,6 +30,7 @@ def dead_letters(aws: Aws, store: TaskStore) -> DeadLetters:
     deployment = Deployment(
         tasks_table=store.table_name,
         api_keys_table=aws.resources.table_names["ApiKeysTable"],
+        queue_urls={"tasks": aws.queue_url("TaskQueue"), "webhooks": aws.queue_url("WebhookQueue")},
         dlq_urls={"tasks": aws.queue_url("TaskDLQ"), "webhooks": aws.queue_url("WebhookDLQ")},
     )
     return DeadLetters(deployment, store=store, sqs=aws.sqs)
@@ -141,6 +142,8 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
     outputs = {
         "TasksTableName": "prod-TasksTable-1",
         "ApiKeysTableName": "prod-ApiKeysTable-1",
+        "TaskQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskQueue",
+        "WebhookQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookQueue",
         "TaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskDLQ",
         "WebhookDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookDLQ",
         "ApiUrl": "https://x.execute-api.us-east-1.amazonaws.com",
@@ -164,5 +167,6 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
     assert deployment == Deployment(
         tasks_table="prod-TasksTable-1",
         api_keys_table="prod-ApiKeysTable-1",
+        queue_urls={"tasks": outputs["TaskQueueUrl"], "webhooks": outputs["WebhookQueueUrl"]},
         dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
     )

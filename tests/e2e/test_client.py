@@ -1,0 +1,171 @@
+"""The SDK (`llmtasks.Client`, `llmtasks.AsyncClient`) and the CLI against the local stack."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import llmtasks
+from llmtasks.llm.mock import reply_text
+from tests.e2e.conftest import RunningStack
+from tests.helpers import ROOT, WebhookReceiver, serve
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass
+class FlakyProxy:
+    """Forwards to the stack, but first answers 503 to `fail_reads` GETs and loses the reply of
+    `lose_submits` POST /tasks after forwarding them (the task exists; the client hears 502)."""
+
+    upstream: str
+    fail_reads: int = 0
+    lose_submits: int = 0
+    seen: list[str] = field(default_factory=list)
+
+    async def forward(self, request: Request) -> Response:
+        self.seen.append(f"{request.method} {request.url.path}")
+        if request.method == "GET" and self.fail_reads > 0:
+            self.fail_reads -= 1
+            return Response('{"message": "Service Unavailable"}', 503, media_type="application/json")
+        async with httpx.AsyncClient(base_url=self.upstream, timeout=30) as client:
+            upstream = await client.request(
+                request.method,
+                request.url.path,
+                params=request.query_params,
+                headers={k: v for k, v in request.headers.items() if k != "host"},
+                content=await request.body(),
+            )
+        if request.method == "POST" and request.url.path == "/tasks" and self.lose_submits > 0:
+            self.lose_submits -= 1
+            return Response('{"message": "Bad Gateway"}', 502, media_type="application/json")
+        return Response(
+            upstream.content, upstream.status_code, media_type=upstream.headers.get("content-type")
+        )
+
+    def app(self) -> Starlette:
+        methods = ["GET", "POST"]
+        return Starlette(routes=[Route("/{path:path}", self.forward, methods=methods)])
+
+
+@pytest.fixture
+def proxy(fresh_mock: RunningStack) -> Iterator[tuple[FlakyProxy, str]]:
+    flaky = FlakyProxy(fresh_mock.api)
+    with serve(flaky.app()) as url:
+        yield flaky, url
+
+
+def test_submit_and_wait_sync_and_async(fresh_mock: RunningStack) -> None:
+    with llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        task = client.wait(client.submit("sync hello").task_id, timeout=30)
+    assert task.result == reply_text("sync hello")
+
+    async def run() -> llmtasks.client.TaskView:
+        async with llmtasks.AsyncClient(fresh_mock.api, fresh_mock.api_key) as client:
+            submitted = await client.submit(messages=[{"role": "user", "content": "async hello"}])
+            return await client.wait(submitted.task_id, timeout=30)
+
+    assert asyncio.run(run()).result == reply_text("async hello")
+
+
+def test_a_failed_task_raises_with_its_error_code(fresh_mock: RunningStack) -> None:
+    fresh_mock.configure_mock(rate_500=1.0)
+    with llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        submitted = client.submit("always 500", max_retries=0)
+        with pytest.raises(llmtasks.TaskFailedError) as failed:
+            client.wait(submitted.task_id, timeout=30)
+        with pytest.raises(llmtasks.ProblemError) as problem:
+            client.get("0" * 32)
+    assert failed.value.error_code == "llm_http_500"
+    assert (problem.value.status, problem.value.title) == (404, "Task not found")
+
+
+def test_wait_survives_two_503s_on_reads(fresh_mock: RunningStack, proxy: tuple[FlakyProxy, str]) -> None:
+    flaky, url = proxy
+    with llmtasks.Client(url, fresh_mock.api_key) as client:
+        submitted = client.submit("through a flaky proxy")
+        flaky.fail_reads = 2
+        task = client.wait(submitted.task_id, timeout=30)
+    assert task.status.value == "completed"
+    assert flaky.fail_reads == 0
+
+
+def test_a_submit_whose_reply_is_lost_is_retried_into_the_same_task(
+    fresh_mock: RunningStack, proxy: tuple[FlakyProxy, str]
+) -> None:
+    flaky, url = proxy
+    tenant_key = fresh_mock.cli("keys", "create", "--tenant", "lost-reply").strip()
+    flaky.lose_submits = 1
+    with llmtasks.Client(url, tenant_key) as client:
+        task = client.submit("exactly once")
+        listed = client.list(limit=10).data
+    assert flaky.seen.count("POST /tasks") == 2  # the first reply was lost; the retry replayed
+    assert [t.task_id for t in listed] == [task.task_id]
+
+
+def test_verify_webhook_accepts_a_delivery_and_refuses_a_tampered_one(fresh_mock: RunningStack) -> None:
+    hook = WebhookReceiver()
+    with serve(hook.app()) as receiver, llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        secret = httpx.get(
+            f"{fresh_mock.api}/webhooks/secret", headers={"x-api-key": str(fresh_mock.api_key)}
+        ).json()["key"]
+        task = client.submit("hook me", webhook_url=receiver + "/hook")
+        [delivery] = hook.wait_for(1)
+    event = llmtasks.verify_webhook(delivery.body, delivery.headers, secret)
+    assert (event.type, event.data.task_id) == ("task.completed", task.task_id)
+    with pytest.raises(llmtasks.client.WebhookVerificationError):
+        llmtasks.verify_webhook(delivery.body.replace(b"hook me", b"hook ME"), delivery.headers, secret)
+
+
+def cli(stack: RunningStack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LLMTASKS_API_URL": stack.api, "LLMTASKS_API_KEY": str(stack.api_key)}
+    return subprocess.run(
+        [sys.executable, "-m", "llmtasks.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningStack) -> None:
+    done = cli(fresh_mock, "submit", "cli hello", "--wait")
+    assert (done.returncode, done.stdout) == (0, reply_text("cli hello") + "\n")
+    piped = cli(fresh_mock, "submit", "-", "--wait", "--json", stdin="from stdin")
+    assert piped.returncode == 0
+    task = llmtasks.client.TaskView.model_validate_json(piped.stdout)
+    assert task.result == reply_text("from stdin")
+    status = cli(fresh_mock, "status", task.task_id)
+    assert status.stdout.strip() == reply_text("from stdin")
+    assert task.task_id in cli(fresh_mock, "list", "--limit", "5").stdout
+    assert (
+        "tasks      "
+        in cli(fresh_mock, "stats", "--endpoint-url", f"http://127.0.0.1:{fresh_mock.moto_port}").stdout
+    )
+    # A task that fails: exit 1, with its error code
+    fresh_mock.configure_mock(rate_500=1.0)
+    failed = cli(fresh_mock, "submit", "cli fails", "--wait")
+    assert failed.returncode == 1
+    assert "llm_http_5" in failed.stdout
+    # A wait that runs out: exit 3; a wrong id: exit 2 with the problem's words
+    fresh_mock.configure_mock(rate_500=0.0, latency_s=10)
+    slow = cli(fresh_mock, "submit", "cli slow").stdout.strip()
+    assert cli(fresh_mock, "wait", slow, "--timeout", "1").returncode == 3
+    assert cli(fresh_mock, "cancel", slow).returncode == 0
+    wrong = cli(fresh_mock, "status", "f" * 32)
+    assert wrong.returncode == 2
+    assert "Task not found" in wrong.stderr
