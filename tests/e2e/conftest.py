@@ -145,7 +145,10 @@ def stack() -> Iterator[RunningStack]:
 
 
 @pytest.fixture
-def fresh_mock(stack: RunningStack) -> RunningStack:
-    """The session's stack with the mock's knobs at their defaults and its counters zeroed."""
-    stack.configure_mock(**MockConfig().model_dump(exclude={"seed"}))
-    return stack
+def fresh_mock(stack: RunningStack) -> Iterator[RunningStack]:
+    """The session's stack with the mock's knobs at their defaults and its counters zeroed; the
+    knobs go back to their defaults afterwards too, for the tests that use `stack` as it is."""
+    defaults = MockConfig().model_dump(exclude={"seed"})
+    stack.configure_mock(**defaults)
+    yield stack
+    stack.configure_mock(**defaults)

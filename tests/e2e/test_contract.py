@@ -27,7 +27,8 @@ pytestmark = pytest.mark.e2e
 SCHEMATHESIS_SEED = 20261129
 
 
-def test_schemathesis_finds_no_server_error_and_no_reply_off_the_schema(stack: RunningStack) -> None:
+def test_schemathesis_finds_no_server_error_and_no_reply_off_the_schema(fresh_mock: RunningStack) -> None:
+    stack = fresh_mock
     st_bin = Path(__import__("sys").executable).with_name("st")
     report = Path(tempfile.mkdtemp(prefix="schemathesis-"))
     done = subprocess.run(
@@ -46,6 +47,9 @@ def test_schemathesis_finds_no_server_error_and_no_reply_off_the_schema(stack: R
             "--seed",
             str(SCHEMATHESIS_SEED),
             "--no-shrink",
+            # A status read may long-poll up to 25 s (?wait=); schemathesis waits 10 s by default.
+            "--request-timeout",
+            "30",
             "--report-dir",
             str(report),
         ],
