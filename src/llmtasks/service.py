@@ -23,7 +23,6 @@ from llmtasks.errors import (
     RetryLater,
     ServiceUnavailable,
     StaleWrite,
-    TaskConflict,
     TaskNotFound,
 )
 from llmtasks.idempotency import IdempotencyKeys
@@ -226,16 +225,12 @@ class TaskService:
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         if not is_task_id(task_id):
             raise TaskNotFound(task_id[:64])
-        now = self._clock()
-        stored = self._store.get(task_id, now=now)
-        if (
-            stored is not None
-            and stored.tenant_id == tenant_id  # another tenant's task is the store's 404
-            and stored.is_dead_lettered(now, self._settings.task_max_receive_count)
-        ):
-            # It reads as failed; a redrive, not a cancel, is what changes it now.
-            raise TaskConflict(f"Task '{task_id}' is already failed (dead_lettered).")
-        task = self._store.cancel(task_id, tenant_id=tenant_id, now=now)
+        task = self._store.cancel(
+            task_id,
+            tenant_id=tenant_id,
+            now=self._clock(),
+            max_receive_count=self._settings.task_max_receive_count,
+        )
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         return task
 

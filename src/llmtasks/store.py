@@ -16,7 +16,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import Completion, Task, TaskStatus, WebhookSecrets, WebhookStatus
+from llmtasks.models import DEAD_LETTERED, Completion, Task, TaskStatus, WebhookSecrets, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -285,16 +285,18 @@ class TaskStore:
             return False
         return True
 
-    def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
+    def cancel(self, task_id: str, *, tenant_id: str, now: float, max_receive_count: int) -> Task:
         """pending | processing -> cancelled. A processing task's late result is then discarded,
-        because completing needs `status = processing`."""
+        because completing needs `status = processing`. A dead-lettered task (see
+        `Task.is_dead_lettered`) reads as failed, so it is not cancellable: a redrive changes it."""
         try:
             return self._transition(
                 task_id,
                 update=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
-                    " AND #status IN (:pending, :processing)"
+                    " AND (#status = :pending OR (#status = :processing"
+                    " AND NOT (lease_until < :now AND lease_receive_count >= :max)))"
                 ),
                 names=_STATUS,
                 values={
@@ -303,13 +305,16 @@ class TaskStore:
                     ":processing": TaskStatus.PROCESSING.value,
                     ":tenant": tenant_id,
                     ":now": now,
+                    ":max": max_receive_count,
                 },
             )
         except _ConditionFailed as failed:
             current = failed.old
             if current is None or current.tenant_id != tenant_id or current.is_expired(now):
                 raise TaskNotFound(task_id) from failed
-            raise TaskConflict(f"Task '{task_id}' is already {current.status.value}.") from failed
+            read = current.as_read(now, max_receive_count)
+            detail = f" ({read.error_code})" if read.error_code == DEAD_LETTERED else ""
+            raise TaskConflict(f"Task '{task_id}' is already {read.status.value}{detail}.") from failed
 
     def record_webhook_attempt(self, task_id: str, *, status: WebhookStatus) -> Task | None:
         """Counts one delivery attempt and its outcome. Counting (not setting) keeps the total right

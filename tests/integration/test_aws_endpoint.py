@@ -22,7 +22,7 @@ def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
     store.claim("t", lease_id="L", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
     with pytest.raises(ClaimRefused):
         store.claim("t", lease_id="M", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
-    assert store.cancel("t", tenant_id="a", now=now).status is TaskStatus.CANCELLED
+    assert store.cancel("t", tenant_id="a", now=now, max_receive_count=5).status is TaskStatus.CANCELLED
 
 
 def test_a_message_that_keeps_failing_moves_to_the_dlq_after_max_receive_count(

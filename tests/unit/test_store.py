@@ -141,7 +141,9 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
 def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
     new_task(store)
     store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
-    assert store.cancel("t1", tenant_id="acme", now=NOW + 1).status is TaskStatus.CANCELLED
+    assert (
+        store.cancel("t1", tenant_id="acme", now=NOW + 1, max_receive_count=5).status is TaskStatus.CANCELLED
+    )
     with pytest.raises(StaleWrite):
         store.complete(
             "t1", lease_id="L1", completion=Completion(text="x", model="m", usage=Usage()), now=NOW + 2
@@ -151,9 +153,9 @@ def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
 
 def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:
     new_task(store)
-    store.cancel("t1", tenant_id="acme", now=NOW)
+    store.cancel("t1", tenant_id="acme", now=NOW, max_receive_count=5)
     with pytest.raises(TaskConflict, match="already cancelled"):
-        store.cancel("t1", tenant_id="acme", now=NOW + 1)
+        store.cancel("t1", tenant_id="acme", now=NOW + 1, max_receive_count=5)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +166,7 @@ def test_cancel_of_a_foreign_missing_or_expired_task_is_not_found(
 ) -> None:
     new_task(store)
     with pytest.raises(TaskNotFound):
-        store.cancel(task_id, tenant_id=tenant, now=now)
+        store.cancel(task_id, tenant_id=tenant, now=now, max_receive_count=5)
     assert store.get("t1", now=NOW).status is TaskStatus.PENDING  # type: ignore[union-attr]
 
 

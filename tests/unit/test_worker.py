@@ -348,7 +348,7 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
     assert (task.status, task.error_code) == (TaskStatus.FAILED, "dead_lettered")
     assert f"delivered {last} times" in task.error
     assert "llmtasks dlq redrive" in task.error
-    with pytest.raises(TaskConflict):
+    with pytest.raises(TaskConflict, match=r"already failed \(dead_lettered\)"):
         worker.service.cancel("default", task_id)
     with pytest.raises(TaskNotFound):  # and to another tenant it does not exist at all
         worker.service.cancel("globex", task_id)
