@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from llmtasks.llm.openai import parse_retry_after
 from llmtasks.models import TaskList, TaskStatus, TaskView, WebhookEvent
 
 __all__ = [
@@ -89,9 +90,9 @@ class _Policy:
     def delay(self, attempt: int, response: httpx.Response | None = None, cap: float = 10.0) -> float:
         """Full jitter over 0.5 * 2**attempt (capped), never sooner than the server's Retry-After."""
         delay = self._rng.uniform(0, min(cap, 0.5 * 2**attempt))
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after and retry_after.replace(".", "", 1).isdigit():
-            delay = max(delay, min(cap * 6, float(retry_after)))
+        retry_after = parse_retry_after(response.headers.get("retry-after")) if response is not None else None
+        if retry_after is not None:
+            delay = max(delay, min(cap * 6, retry_after))
         return delay
 
     def should_retry(self, attempt: int, response: httpx.Response | None) -> bool:
@@ -109,19 +110,55 @@ class _Policy:
         return response.json()
 
     @staticmethod
-    def submission(prompt: str | None, messages: list[dict[str, str]] | None, options: dict[str, Any]) -> Any:
+    def submission(
+        prompt: str | None,
+        messages: list[dict[str, str]] | None,
+        idempotency_key: str | None,
+        options: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The keyword arguments of a submit's POST: its own Idempotency-Key unless one is given,
+        so that every retry of it names the same task."""
         body = {k: v for k, v in {"prompt": prompt, "messages": messages, **options}.items() if v is not None}
-        return body
+        return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def listing(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+        return {
+            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
+        }
 
 
-def _is_terminal(task: TaskView) -> bool:
-    return task.status.is_terminal
+class _Waiting:
+    """The decisions of one `wait`, so that each client only does the reads and the sleeps."""
 
+    def __init__(self, policy: _Policy, timeout: float | None) -> None:
+        self._policy = policy
+        self._timeout = timeout
+        self._give_up = None if timeout is None else time.monotonic() + timeout
+        self._attempt = 0
+        self._asked = 0.0
 
-def _outcome(task: TaskView) -> TaskView:
-    if task.status is TaskStatus.COMPLETED:
-        return task
-    raise TaskFailedError(task)
+    def _left(self) -> float:
+        return LONG_POLL_S if self._give_up is None else max(0.0, self._give_up - time.monotonic())
+
+    def poll_s(self) -> float:
+        """How long the next read may long-poll."""
+        self._asked = time.monotonic()
+        return min(LONG_POLL_S, self._left())
+
+    def pause_s(self, task: TaskView) -> float | None:
+        """None once `task` is completed; raises when it failed or time is up; else how long to
+        pause before the next read (nothing when the server held the read, as a long-poll does)."""
+        if task.status is TaskStatus.COMPLETED:
+            return None
+        if task.status.is_terminal:
+            raise TaskFailedError(task)
+        if self._give_up is not None and time.monotonic() >= self._give_up:
+            raise WaitTimeoutError(task, self._timeout or 0)
+        if time.monotonic() - self._asked >= 1:
+            return 0.0
+        self._attempt += 1
+        return min(self._policy.delay(self._attempt - 1), self._left())
 
 
 class Client:
@@ -164,9 +201,8 @@ class Client:
         **options: Any,
     ) -> TaskView:
         """A new task (`202`); retried under one Idempotency-Key, so never two."""
-        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
-        body = self._policy.submission(prompt, messages, options)
-        accepted = self._request("POST", "/tasks", json=body, headers=headers)
+        request = self._policy.submission(prompt, messages, idempotency_key, options)
+        accepted = self._request("POST", "/tasks", **request)
         return self.get(accepted["task_id"])
 
     def get(self, task_id: str, *, wait: float = 0) -> TaskView:
@@ -177,27 +213,19 @@ class Client:
         return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
 
     def list(self, *, status: str | None = None, limit: int = 20, cursor: str | None = None) -> TaskList:
-        params = {
-            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
-        }
+        params = self._policy.listing(status, limit, cursor)
         return TaskList.model_validate(self._request("GET", "/tasks", params=params))
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:
         """The completed task; raises TaskFailedError if it failed or was cancelled,
         WaitTimeoutError after `timeout` seconds."""
-        give_up = None if timeout is None else time.monotonic() + timeout
-        attempt = 0
+        waiting = _Waiting(self._policy, timeout)
         while True:
-            left = LONG_POLL_S if give_up is None else max(0.0, give_up - time.monotonic())
-            asked = time.monotonic()
-            task = self.get(task_id, wait=min(LONG_POLL_S, left))
-            if _is_terminal(task):
-                return _outcome(task)
-            if give_up is not None and time.monotonic() >= give_up:
-                raise WaitTimeoutError(task, timeout or 0)
-            if time.monotonic() - asked < 1:  # no long-poll here: back off between polls
-                time.sleep(min(self._policy.delay(attempt), left))
-                attempt += 1
+            task = self.get(task_id, wait=waiting.poll_s())
+            pause = waiting.pause_s(task)
+            if pause is None:
+                return task
+            time.sleep(pause)
 
     def close(self) -> None:
         self._http.close()
@@ -248,9 +276,8 @@ class AsyncClient:
         idempotency_key: str | None = None,
         **options: Any,
     ) -> TaskView:
-        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
-        body = self._policy.submission(prompt, messages, options)
-        accepted = await self._request("POST", "/tasks", json=body, headers=headers)
+        request = self._policy.submission(prompt, messages, idempotency_key, options)
+        accepted = await self._request("POST", "/tasks", **request)
         return await self.get(accepted["task_id"])
 
     async def get(self, task_id: str, *, wait: float = 0) -> TaskView:
@@ -263,25 +290,17 @@ class AsyncClient:
     async def list(
         self, *, status: str | None = None, limit: int = 20, cursor: str | None = None
     ) -> TaskList:
-        params = {
-            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
-        }
+        params = self._policy.listing(status, limit, cursor)
         return TaskList.model_validate(await self._request("GET", "/tasks", params=params))
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:  # noqa: ASYNC109 - Client.wait's twin
-        give_up = None if timeout is None else time.monotonic() + timeout
-        attempt = 0
+        waiting = _Waiting(self._policy, timeout)
         while True:
-            left = LONG_POLL_S if give_up is None else max(0.0, give_up - time.monotonic())
-            asked = time.monotonic()
-            task = await self.get(task_id, wait=min(LONG_POLL_S, left))
-            if _is_terminal(task):
-                return _outcome(task)
-            if give_up is not None and time.monotonic() >= give_up:
-                raise WaitTimeoutError(task, timeout or 0)
-            if time.monotonic() - asked < 1:
-                await asyncio.sleep(min(self._policy.delay(attempt), left))
-                attempt += 1
+            task = await self.get(task_id, wait=waiting.poll_s())
+            pause = waiting.pause_s(task)
+            if pause is None:
+                return task
+            await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
         await self._http.aclose()
