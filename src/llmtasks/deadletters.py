@@ -148,9 +148,7 @@ class DeadLetters:
         letters = self.letters(queue, limit=10_000)
         if not letters:
             return Redrive(queue=queue, task_handle=None, messages=0, requeued_tasks=[])
-        arn = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-            "QueueArn"
-        ]
+        arn = self._arn(url)
         handle = self._sqs.start_message_move_task(SourceArn=arn)["TaskHandle"]
         # After the move has started, never before: a task put back to pending whose message
         # failed to move would wait for nothing. A worker that claims first wins; the requeue
@@ -165,12 +163,15 @@ class DeadLetters:
                     requeued.append(letter.task_id)
         return Redrive(queue=queue, task_handle=handle, messages=len(letters), requeued_tasks=requeued)
 
+    def _arn(self, url: str) -> str:
+        return self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+
     def moves(self, queue: QueueName) -> list[dict[str, object]]:
         """The latest redrives of this queue, as SQS reports them (ListMessageMoveTasks)."""
         url = self._deployment.dlq_urls[queue]
-        arn = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-            "QueueArn"
-        ]
+        arn = self._arn(url)
         return [
             dict(entry)
             for entry in self._sqs.list_message_move_tasks(SourceArn=arn, MaxResults=10)["Results"]

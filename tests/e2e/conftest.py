@@ -36,24 +36,26 @@ class RunningStack:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.api, timeout=30, headers=headers)
 
-    def cli(self, *args: str) -> str:
-        """`llmtasks ARGS` against this stack's AWS endpoint, as an operator runs it; its output."""
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "llmtasks.cli",
-                *args,
-                "--endpoint-url",
-                f"http://127.0.0.1:{self.moto_port}",
-            ],
+    def run_cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`llmtasks ARGS` as a user of this stack runs it: API URL and dev key from the
+        environment, never an AWS account's credentials."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env |= {"LLMTASKS_API_URL": self.api, "LLMTASKS_API_KEY": self.api_key or ""}
+        return subprocess.run(
+            [sys.executable, "-m", "llmtasks.cli", *args],
             cwd=ROOT,
             capture_output=True,
             text=True,
+            input=stdin,
             timeout=60,
             check=False,
-            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+            env=env,
         )
+
+    def cli(self, *args: str) -> str:
+        """An operator command (`llmtasks keys|dlq|stats ...`) against this stack's AWS endpoint;
+        its output, once it has succeeded."""
+        done = self.run_cli(*args, "--endpoint-url", f"http://127.0.0.1:{self.moto_port}")
         assert done.returncode == 0, done.stderr
         return done.stdout
 

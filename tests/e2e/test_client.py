@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -19,7 +16,7 @@ from starlette.routing import Route
 import llmtasks
 from llmtasks.llm.mock import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import ROOT, WebhookReceiver, serve
+from tests.helpers import WebhookReceiver, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -128,44 +125,27 @@ def test_verify_webhook_accepts_a_delivery_and_refuses_a_tampered_one(fresh_mock
         llmtasks.verify_webhook(delivery.body.replace(b"hook me", b"hook ME"), delivery.headers, secret)
 
 
-def cli(stack: RunningStack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLMTASKS_API_URL": stack.api, "LLMTASKS_API_KEY": str(stack.api_key)}
-    return subprocess.run(
-        [sys.executable, "-m", "llmtasks.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-        check=False,
-        env=env,
-    )
-
-
 def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningStack) -> None:
-    done = cli(fresh_mock, "submit", "cli hello", "--wait")
+    done = fresh_mock.run_cli("submit", "cli hello", "--wait")
     assert (done.returncode, done.stdout) == (0, reply_text("cli hello") + "\n")
-    piped = cli(fresh_mock, "submit", "-", "--wait", "--json", stdin="from stdin")
+    piped = fresh_mock.run_cli("submit", "-", "--wait", "--json", stdin="from stdin")
     assert piped.returncode == 0
     task = llmtasks.client.TaskView.model_validate_json(piped.stdout)
     assert task.result == reply_text("from stdin")
-    status = cli(fresh_mock, "status", task.task_id)
+    status = fresh_mock.run_cli("status", task.task_id)
     assert status.stdout.strip() == reply_text("from stdin")
-    assert task.task_id in cli(fresh_mock, "list", "--limit", "5").stdout
-    assert (
-        "tasks      "
-        in cli(fresh_mock, "stats", "--endpoint-url", f"http://127.0.0.1:{fresh_mock.moto_port}").stdout
-    )
+    assert task.task_id in fresh_mock.run_cli("list", "--limit", "5").stdout
+    assert "tasks      " in fresh_mock.cli("stats")
     # A task that fails: exit 1, with its error code
     fresh_mock.configure_mock(rate_500=1.0)
-    failed = cli(fresh_mock, "submit", "cli fails", "--wait")
+    failed = fresh_mock.run_cli("submit", "cli fails", "--wait")
     assert failed.returncode == 1
     assert "llm_http_5" in failed.stdout
     # A wait that runs out: exit 3; a wrong id: exit 2 with the problem's words
     fresh_mock.configure_mock(rate_500=0.0, latency_s=10)
-    slow = cli(fresh_mock, "submit", "cli slow").stdout.strip()
-    assert cli(fresh_mock, "wait", slow, "--timeout", "1").returncode == 3
-    assert cli(fresh_mock, "cancel", slow).returncode == 0
-    wrong = cli(fresh_mock, "status", "f" * 32)
+    slow = fresh_mock.run_cli("submit", "cli slow").stdout.strip()
+    assert fresh_mock.run_cli("wait", slow, "--timeout", "1").returncode == 3
+    assert fresh_mock.run_cli("cancel", slow).returncode == 0
+    wrong = fresh_mock.run_cli("status", "f" * 32)
     assert wrong.returncode == 2
     assert "Task not found" in wrong.stderr
