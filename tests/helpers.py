@@ -6,11 +6,11 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -20,6 +20,8 @@ from starlette.routing import Route
 
 from llmtasks.models import LLMRequest, Task, TaskStatus
 
+T = TypeVar("T")
+
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
 TEMPLATE = ROOT / "template.yaml"
@@ -28,6 +30,23 @@ TEMPLATE = ROOT / "template.yaml"
 def load_event(name: str) -> dict[str, Any]:
     """One of the sample events in events/ (shared with `sam local invoke`)."""
     return json.loads((EVENTS / name).read_text())
+
+
+def eventually(
+    read: Callable[[], T],
+    until: Callable[[T], bool],
+    *,
+    timeout_s: float,
+    every_s: float = 0.1,
+    what: str = "",
+) -> T:
+    """Reads until `until` holds of what was read, and returns that; fails the test after
+    `timeout_s`, saying `what` it waited for and the last value read."""
+    give_up = time.monotonic() + timeout_s
+    while not until(value := read()):
+        assert time.monotonic() < give_up, f"{what} not within {timeout_s:g} s; last read: {value!r}"[:1000]
+        time.sleep(every_s)
+    return value
 
 
 def free_port() -> int:
@@ -84,11 +103,9 @@ class WebhookReceiver:
         return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])
 
     def wait_for(self, count: int, timeout_s: float = 20) -> list[Delivery]:
-        give_up = time.monotonic() + timeout_s
-        while len(self.deliveries) < count:
-            assert time.monotonic() < give_up, f"{len(self.deliveries)} of {count} webhook deliveries arrived"
-            time.sleep(0.05)
-        return self.deliveries
+        return eventually(
+            lambda: self.deliveries, lambda d: len(d) >= count, timeout_s=timeout_s, every_s=0.05
+        )
 
 
 @contextmanager

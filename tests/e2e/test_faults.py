@@ -23,7 +23,7 @@ import pytest
 
 from llmtasks.llm.mock import reply_text
 from tests.e2e.conftest import RunningStack, derived_template, start_stack
-from tests.helpers import ROOT
+from tests.helpers import ROOT, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
@@ -70,13 +70,6 @@ def read_all(client: httpx.Client, ids: list[str]) -> dict[str, dict[str, Any]]:
     return {task_id: client.get(f"/tasks/{task_id}").json() for task_id in ids}
 
 
-def wait_until(condition: Any, timeout_s: float, what: str) -> None:
-    give_up = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(2)
-
-
 @pytest.mark.timeout(900)  # about two minutes here; room for a slow machine
 def test_every_task_is_accounted_for_after_faults(
     faulty_stack: tuple[RunningStack, Path], capsys: pytest.CaptureFixture[str]
@@ -98,7 +91,7 @@ def test_every_task_is_accounted_for_after_faults(
         def settled() -> bool:
             return all(t["status"] in TERMINAL for t in read_all(client, task_ids).values())
 
-        wait_until(settled, 600, "every task to settle under faults")
+        eventually(settled, bool, timeout_s=600, every_s=2, what="every task settled under faults")
         under_faults = read_all(client, task_ids)
         settled_s = time.monotonic() - started
         dead = sorted(i for i, t in under_faults.items() if t.get("error_code") == "dead_lettered")
@@ -113,14 +106,18 @@ def test_every_task_is_accounted_for_after_faults(
             listed = stack.cli("dlq", "list", "--queue", "tasks", "--json")
             return {json.loads(line)["task_id"] for line in listed.splitlines()} >= set(dead)
 
-        wait_until(in_dlq, 120, "the dead-lettered messages to reach TaskDLQ")
+        eventually(in_dlq, bool, timeout_s=120, every_s=2, what="the dead-lettered messages in TaskDLQ")
         listing = stack.cli("dlq", "list")
         for task_id in dead:
             assert task_id in listing
         redrive = stack.cli("dlq", "redrive", "--queue", "tasks")
         assert f"{len(dead)} task(s) back to pending" in redrive
-        wait_until(
-            lambda: all(read_all(client, dead)[i]["status"] == "completed" for i in dead), 120, "redrive"
+        eventually(
+            lambda: all(read_all(client, dead)[i]["status"] == "completed" for i in dead),
+            bool,
+            timeout_s=120,
+            every_s=2,
+            what="the redriven tasks completed",
         )
         final = read_all(client, task_ids)
     stats = stack.mock_stats()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -11,16 +12,21 @@ import pytest
 
 from tests.e2e.conftest import RunningStack
 from tests.e2e.test_local_stack import wait_terminal
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.e2e
 
 
+def read_task(client: httpx.Client, task_id: str) -> Callable[[], dict[str, Any]]:
+    def read() -> dict[str, Any]:
+        task: dict[str, Any] = client.get(f"/tasks/{task_id}").json()
+        return task
+
+    return read
+
+
 def wait_for(client: httpx.Client, task_id: str, status: str, timeout_s: float = 15) -> dict[str, Any]:
-    give_up = time.monotonic() + timeout_s
-    while (task := client.get(f"/tasks/{task_id}").json())["status"] != status:
-        assert time.monotonic() < give_up, f"task {task_id} is {task['status']}, never {status}"
-        time.sleep(0.1)
-    return task
+    return eventually(read_task(client, task_id), lambda t: t["status"] == status, timeout_s=timeout_s)
 
 
 def test_a_rate_limited_task_shows_its_retry_then_completes(fresh_mock: RunningStack) -> None:
@@ -28,10 +34,11 @@ def test_a_rate_limited_task_shows_its_retry_then_completes(fresh_mock: RunningS
     with fresh_mock.client() as client:
         task_id = client.post("/tasks", json={"prompt": "retry me"}).json()["task_id"]
         # Given a 429 with Retry-After: 3, the task waits in the queue, not in the function
-        give_up = time.monotonic() + 15
-        while (task := client.get(f"/tasks/{task_id}").json())["attempts"] < 1 or task["status"] != "pending":
-            assert time.monotonic() < give_up, task
-            time.sleep(0.1)
+        task = eventually(
+            read_task(client, task_id),
+            lambda t: t["attempts"] >= 1 and t["status"] == "pending",
+            timeout_s=15,
+        )
         retry_at = datetime.fromisoformat(task["next_attempt_at"]).timestamp()
         assert 2 <= retry_at - time.time() <= 4
         fresh_mock.configure_mock(reset=False, rate_429=0.0)
@@ -54,10 +61,7 @@ def test_cancelling_a_pending_task_keeps_it_from_the_llm(fresh_mock: RunningStac
     fresh_mock.configure_mock(rate_429=1.0, retry_after_s=2)
     with fresh_mock.client() as client:
         task_id = client.post("/tasks", json={"prompt": "cancel while waiting"}).json()["task_id"]
-        give_up = time.monotonic() + 15
-        while client.get(f"/tasks/{task_id}").json()["attempts"] < 1:
-            assert time.monotonic() < give_up
-            time.sleep(0.1)
+        eventually(read_task(client, task_id), lambda t: t["attempts"] >= 1, timeout_s=15)
         wait_for(client, task_id, "pending")
         fresh_mock.configure_mock(reset=False, rate_429=0.0)
         # When it is cancelled
@@ -75,10 +79,8 @@ def test_cancelling_a_processing_task_discards_its_late_result(fresh_mock: Runni
         task_id = client.post("/tasks", json={"prompt": "too slow"}).json()["task_id"]
         wait_for(client, task_id, "processing")
         assert client.post(f"/tasks/{task_id}/cancel").json()["status"] == "cancelled"
-        give_up = time.monotonic() + 10
-        while fresh_mock.mock_stats()["completed"] < 1:  # the provider answered after all
-            assert time.monotonic() < give_up
-            time.sleep(0.1)
+        # the provider answers after all
+        eventually(fresh_mock.mock_stats, lambda stats: stats["completed"] >= 1, timeout_s=10)
         time.sleep(0.5)
         task = client.get(f"/tasks/{task_id}").json()
     assert (task["status"], task["result"]) == ("cancelled", None)

@@ -20,19 +20,19 @@ from starlette.routing import Route
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.provision import local_name
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, moto_endpoint, serve
+from tests.helpers import WebhookReceiver, eventually, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
 
 
 def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = 30) -> dict[str, Any]:
-    give_up = time.monotonic() + timeout_s
-    while True:
+    def read() -> dict[str, Any]:
         task: dict[str, Any] = client.get(f"/tasks/{task_id}").json()
-        if task["status"] in ("completed", "failed", "cancelled"):
-            return task
-        assert time.monotonic() < give_up, f"task {task_id} still {task['status']}"
-        time.sleep(0.2)
+        return task
+
+    return eventually(
+        read, lambda t: t["status"] in ("completed", "failed", "cancelled"), timeout_s=timeout_s, every_s=0.2
+    )
 
 
 def test_a_curl_style_submit_is_polled_to_completion(fresh_mock: RunningStack) -> None:

@@ -14,7 +14,7 @@ from standardwebhooks import Webhook
 
 from llmtasks.client import verify_webhook
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, serve
+from tests.helpers import WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -46,11 +46,11 @@ def submit_with_hook(client: httpx.Client, url: str, prompt: str) -> str:
 
 
 def webhook_of(client: httpx.Client, task_id: str, status: str, timeout_s: float = 20) -> dict[str, Any]:
-    give_up = time.monotonic() + timeout_s
-    while (webhook := client.get(f"/tasks/{task_id}").json()["webhook"])["status"] != status:
-        assert time.monotonic() < give_up, f"webhook {webhook}, never {status}"
-        time.sleep(0.1)
-    return webhook  # type: ignore[no-any-return]
+    def read() -> dict[str, Any]:
+        webhook: dict[str, Any] = client.get(f"/tasks/{task_id}").json()["webhook"]
+        return webhook
+
+    return eventually(read, lambda webhook: webhook["status"] == status, timeout_s=timeout_s)
 
 
 def test_the_receiver_verifies_with_the_standardwebhooks_package(
