@@ -7,7 +7,6 @@ rather than as failed until the worker picks them up.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -61,17 +60,6 @@ class DeadLetters:
         self._store = store
         self._sqs: SQSClient = sqs or boto3.client("sqs")
         self._clock = clock
-        self._max_receive_count = self._source_max_receive_count()
-
-    def _source_max_receive_count(self) -> int:
-        """TaskQueue's maxReceiveCount, read from the queue itself so it is never out of date."""
-        [source] = self._sqs.list_dead_letter_source_queues(QueueUrl=self._deployment.dlq_urls["tasks"])[
-            "queueUrls"
-        ]
-        policy = self._sqs.get_queue_attributes(QueueUrl=source, AttributeNames=["RedrivePolicy"])[
-            "Attributes"
-        ]
-        return int(json.loads(policy["RedrivePolicy"])["maxReceiveCount"])
 
     def depth(self, queue: QueueName) -> int:
         attributes = self._sqs.get_queue_attributes(
@@ -121,7 +109,7 @@ class DeadLetters:
         stored = self._store.get(task_id, now=now)
         if stored is None:
             return DeadLetter(queue=queue, message_id=message_id, task_id=task_id, sent_at=sent_at)
-        task = stored.as_read(now, self._max_receive_count)
+        task = stored.as_read(now)
         if queue == "webhooks":
             status = task.webhook_status.value if task.webhook_status else None
             return DeadLetter(
@@ -157,9 +145,7 @@ class DeadLetters:
         if queue == "tasks":
             now = self._clock()
             for letter in letters:
-                if letter.task_id and self._store.requeue_dead_lettered(
-                    letter.task_id, now=now, max_receive_count=self._max_receive_count
-                ):
+                if letter.task_id and self._store.requeue_dead_lettered(letter.task_id, now=now):
                     requeued.append(letter.task_id)
         return Redrive(queue=queue, task_handle=handle, messages=len(letters), requeued_tasks=requeued)
 

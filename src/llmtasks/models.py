@@ -194,6 +194,9 @@ class Task(BaseModel):
     # The TaskQueue message whose delivery holds the lease, and its ApproximateReceiveCount then.
     lease_message_id: str | None = None
     lease_receive_count: int = 0
+    # When the task counts as dead-lettered if no later delivery has claimed it: every delivery
+    # the message had left was due by then (set at the claim; see TaskRunner.run).
+    dead_letter_at: float | None = None
     next_attempt_at: float | None = None
     result: str | None = None
     # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
@@ -229,32 +232,32 @@ class Task(BaseModel):
             return WebhookStatus.SKIPPED
         return self.webhook_status
 
-    def is_dead_lettered(self, now: float, max_receive_count: int) -> bool:
-        """The delivery holding the task died (crash, timeout) and was its message's last before
-        TaskDLQ: nothing runs the task again until the DLQ is redriven.
+    def is_dead_lettered(self, now: float) -> bool:
+        """Its message's last delivery has died (crash, timeout) or is past due: nothing runs the
+        task again until TaskDLQ is redriven.
 
         Derived on read rather than written by a sweeper: no writer races a live worker, nothing
         runs while nothing fails, and a redriven message claims the task as it stands.
         """
         return (
             self.status is TaskStatus.PROCESSING
-            and self.lease_until is not None
-            and self.lease_until < now
-            and self.lease_receive_count >= max_receive_count
+            and self.dead_letter_at is not None
+            and self.dead_letter_at < now
         )
 
-    def as_read(self, now: float, max_receive_count: int) -> Task:
+    def as_read(self, now: float) -> Task:
         """The task as clients see it: a dead-lettered one reads as failed."""
-        if not self.is_dead_lettered(now, max_receive_count):
+        if not self.is_dead_lettered(now):
             return self
         return self.model_copy(
             update={
                 "status": TaskStatus.FAILED,
                 "error_code": DEAD_LETTERED,
                 "error": (
-                    f"The task's message was delivered {self.lease_receive_count} times and the last"
-                    " delivery stopped without finishing (a crash or a timeout); the message is in"
-                    " TaskDLQ, and `llmtasks dlq redrive` runs the task again."
+                    f"The task's message was delivered {self.lease_receive_count} times; the last"
+                    " delivery the worker saw stopped without finishing (a crash or a timeout) and no"
+                    " later one can come, so the message is in TaskDLQ. `llmtasks dlq redrive` runs"
+                    " the task again."
                 ),
                 "completed_at": self.lease_until,
             }

@@ -196,7 +196,7 @@ class TaskService:
             stored = self._store.get(task_id, now=now)
             if stored is None or stored.tenant_id != tenant_id:
                 raise TaskNotFound(task_id)
-            task = stored.as_read(now, self._settings.task_max_receive_count)
+            task = stored.as_read(now)
             left = give_up - time.monotonic()
             if task.status.is_terminal or left <= 0:
                 return self._results.hydrate(task)
@@ -215,7 +215,7 @@ class TaskService:
         for _ in range(MAX_LIST_PAGES):
             page, start = self._store.tenant_tasks(tenant_id, limit=limit - len(found), start=start)
             for stored in page:
-                task = stored.as_read(now, self._settings.task_max_receive_count)
+                task = stored.as_read(now)
                 if not task.is_expired(now) and (status is None or task.status is status):
                     found.append(task)
             if start is None or len(found) >= limit:
@@ -229,7 +229,6 @@ class TaskService:
             task_id,
             tenant_id=tenant_id,
             now=self._clock(),
-            max_receive_count=self._settings.task_max_receive_count,
         )
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         return task
@@ -285,16 +284,18 @@ class TaskRunner:
         live lease on the task, or the message arrived before its task's item was written."""
         now = self._clock()
         lease_id = uuid.uuid4().hex
+        lease_until = now + remaining_s + self._settings.lease_margin_s
         try:
             # The lease outlives this invocation, so no other delivery takes the task while we may
             # still write; after a crash or timeout the next delivery takes over once it lapses.
             task = self._store.claim(
                 task_id,
                 lease_id=lease_id,
-                lease_until=now + remaining_s + self._settings.lease_margin_s,
+                lease_until=lease_until,
                 now=now,
                 message_id=delivery.message_id,
                 receive_count=delivery.receive_count,
+                dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
             )
         except ClaimRefused as refused:
             self._refused(task_id, delivery, refused, now)
@@ -331,6 +332,16 @@ class TaskRunner:
             return
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
+        )
+
+    def _dead_letter_at(self, lease_until: float, receive_count: int) -> float:
+        """If this delivery dies, the message comes back one visibility timeout after it was
+        received (so before the lease lapses plus that), as long as it has deliveries left. Once
+        each of those is past due (with a grace for the pollers) and none has claimed the task,
+        even one that died before the handler ran, the message is in TaskDLQ."""
+        left = max(0, self._settings.task_max_receive_count - receive_count)
+        return lease_until + left * (
+            self._settings.task_visibility_timeout_s + self._settings.dead_letter_grace_s
         )
 
     def _refused(self, task_id: str, delivery: Delivery, refused: ClaimRefused, now: float) -> None:

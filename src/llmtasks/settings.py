@@ -53,8 +53,12 @@ class Settings(BaseSettings):
     unwritten_task_grace_s: float = Field(default=60.0, ge=0)
     # How much longer than the invocation's remaining time a claim's lease lives.
     lease_margin_s: float = Field(default=30.0, ge=0)
-    # TaskQueue's maxReceiveCount (template.yaml: TaskMaxReceiveCount).
+    # TaskQueue's maxReceiveCount and visibility timeout (template.yaml: TaskMaxReceiveCount,
+    # TaskVisibilityTimeoutSeconds): when a message's last delivery is due.
     task_max_receive_count: int = Field(default=5, ge=2)
+    task_visibility_timeout_s: float = Field(default=5400.0, gt=0)
+    # How late a due redelivery may reach the worker before its task counts as dead-lettered.
+    dead_letter_grace_s: float = Field(default=60.0, ge=0)
 
     # LLM provider
     llm_provider: Literal["openai", "mock"] = "openai"

@@ -26,7 +26,7 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
-_LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count"
+_LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at"
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
@@ -157,6 +157,7 @@ class TaskStore:
         now: float,
         message_id: str,
         receive_count: int,
+        dead_letter_at: float,
     ) -> Task:
         """pending (and due, when a retry is scheduled) -> processing under a new lease; also
         processing -> processing when the lease is dead, or when it is held by an earlier
@@ -167,7 +168,7 @@ class TaskStore:
                 task_id,
                 update=(
                     "SET #status = :processing, lease_id = :lease, lease_until = :until,"
-                    " lease_message_id = :message, lease_receive_count = :receives,"
+                    " lease_message_id = :message, lease_receive_count = :receives, dead_letter_at = :dead,"
                     " attempts = if_not_exists(attempts, :zero) + :one,"
                     " started_at = if_not_exists(started_at, :now)"
                     " REMOVE next_attempt_at"
@@ -186,6 +187,7 @@ class TaskStore:
                     ":until": lease_until,
                     ":message": message_id,
                     ":receives": receive_count,
+                    ":dead": dead_letter_at,
                     ":now": now,
                     # SQS delays are whole seconds, so a retry's message may come a little early.
                     ":due": now + RETRY_EARLY_S,
@@ -265,27 +267,26 @@ class TaskStore:
         except _ConditionFailed as failed:
             raise StaleWrite(task_id) from failed
 
-    def requeue_dead_lettered(self, task_id: str, *, now: float, max_receive_count: int) -> bool:
+    def requeue_dead_lettered(self, task_id: str, *, now: float) -> bool:
         """processing -> pending for a dead-lettered task (see `Task.is_dead_lettered`) whose
         message is being redriven; False when the task is anything else by now."""
         try:
             self._transition(
                 task_id,
                 update=f"SET #status = :pending REMOVE {_LEASE_FIELDS}",
-                condition="#status = :processing AND lease_until < :now AND lease_receive_count >= :max",
+                condition="#status = :processing AND dead_letter_at < :now",
                 names=_STATUS,
                 values={
                     ":pending": TaskStatus.PENDING.value,
                     ":processing": TaskStatus.PROCESSING.value,
                     ":now": now,
-                    ":max": max_receive_count,
                 },
             )
         except _ConditionFailed:
             return False
         return True
 
-    def cancel(self, task_id: str, *, tenant_id: str, now: float, max_receive_count: int) -> Task:
+    def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
         """pending | processing -> cancelled. A processing task's late result is then discarded,
         because completing needs `status = processing`. A dead-lettered task (see
         `Task.is_dead_lettered`) reads as failed, so it is not cancellable: a redrive changes it."""
@@ -295,8 +296,7 @@ class TaskStore:
                 update=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
-                    " AND (#status = :pending OR (#status = :processing"
-                    " AND NOT (lease_until < :now AND lease_receive_count >= :max)))"
+                    " AND (#status = :pending OR (#status = :processing AND NOT dead_letter_at < :now))"
                 ),
                 names=_STATUS,
                 values={
@@ -305,14 +305,13 @@ class TaskStore:
                     ":processing": TaskStatus.PROCESSING.value,
                     ":tenant": tenant_id,
                     ":now": now,
-                    ":max": max_receive_count,
                 },
             )
         except _ConditionFailed as failed:
             current = failed.old
             if current is None or current.tenant_id != tenant_id or current.is_expired(now):
                 raise TaskNotFound(task_id) from failed
-            read = current.as_read(now, max_receive_count)
+            read = current.as_read(now)
             detail = f" ({read.error_code})" if read.error_code == DEAD_LETTERED else ""
             raise TaskConflict(f"Task '{task_id}' is already {read.status.value}{detail}.") from failed
 

@@ -10,7 +10,7 @@ import pytest
 from llmtasks.models import TaskMessage, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.store import ClaimRefused, TaskStore
-from tests.helpers import pending_task
+from tests.helpers import NEVER, pending_task
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +19,26 @@ def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
     store = TaskStore(remote["resources"].table_names["TasksTable"], remote["dynamodb"])
     now = time.time()
     store.create(pending_task("t", tenant="a", now=now))
-    store.claim("t", lease_id="L", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
+    store.claim(
+        "t",
+        lease_id="L",
+        lease_until=now + 30,
+        now=now,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     with pytest.raises(ClaimRefused):
-        store.claim("t", lease_id="M", lease_until=now + 30, now=now, message_id="m1", receive_count=1)
-    assert store.cancel("t", tenant_id="a", now=now, max_receive_count=5).status is TaskStatus.CANCELLED
+        store.claim(
+            "t",
+            lease_id="M",
+            lease_until=now + 30,
+            now=now,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
+        )
+    assert store.cancel("t", tenant_id="a", now=now).status is TaskStatus.CANCELLED
 
 
 def test_a_message_that_keeps_failing_moves_to_the_dlq_after_max_receive_count(

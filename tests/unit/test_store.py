@@ -8,7 +8,7 @@ from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import Completion, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from llmtasks.store import ClaimRefused, TaskStore
 from tests.conftest import Aws
-from tests.helpers import pending_task
+from tests.helpers import NEVER, pending_task
 
 pytestmark = pytest.mark.unit
 NOW = 1_800_000_000.0
@@ -51,7 +51,15 @@ def test_an_expired_task_reads_as_missing_before_dynamodb_deletes_it(store: Task
 
 def test_claim_moves_pending_to_processing_under_a_lease(store: TaskStore) -> None:
     new_task(store)
-    task = store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    task = store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     assert (task.status, task.lease_id, task.attempts, task.started_at) == (
         TaskStatus.PROCESSING,
         "L1",
@@ -62,18 +70,48 @@ def test_claim_moves_pending_to_processing_under_a_lease(store: TaskStore) -> No
 
 def test_a_second_claim_while_the_lease_lives_is_refused_and_says_who_holds_it(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     with pytest.raises(ClaimRefused) as refused:
-        store.claim("t1", lease_id="L2", lease_until=NOW + 70, now=NOW + 10, message_id="m1", receive_count=1)
+        store.claim(
+            "t1",
+            lease_id="L2",
+            lease_until=NOW + 70,
+            now=NOW + 10,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
+        )
     assert refused.value.current is not None
     assert refused.value.current.lease_id == "L1"
 
 
 def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     task = store.claim(
-        "t1", lease_id="L2", lease_until=NOW + 200, now=NOW + 61, message_id="m1", receive_count=1
+        "t1",
+        lease_id="L2",
+        lease_until=NOW + 200,
+        now=NOW + 61,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
     )
     assert (task.lease_id, task.attempts, task.started_at) == ("L2", 2, NOW)
     completion = Completion(text="late", model="m", usage=Usage())
@@ -83,7 +121,15 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(s
 
 def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
     task = store.complete(
         "t1", lease_id="L1", completion=Completion(text="hi", model="m", usage=usage), now=NOW + 5
@@ -100,11 +146,25 @@ def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) 
 
 def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     store.fail("t1", lease_id="L1", error="boom", error_code="llm_http_400", now=NOW + 1)
     with pytest.raises(ClaimRefused) as refused:
         store.claim(
-            "t1", lease_id="L2", lease_until=NOW + 999, now=NOW + 500, message_id="m1", receive_count=1
+            "t1",
+            lease_id="L2",
+            lease_until=NOW + 999,
+            now=NOW + 500,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
         )
     assert refused.value.current is not None
     assert refused.value.current.status is TaskStatus.FAILED
@@ -112,17 +172,41 @@ def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
 
 def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskStore) -> None:
     with pytest.raises(ClaimRefused) as missing:
-        store.claim("nope", lease_id="L", lease_until=NOW + 1, now=NOW, message_id="m1", receive_count=1)
+        store.claim(
+            "nope",
+            lease_id="L",
+            lease_until=NOW + 1,
+            now=NOW,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
+        )
     assert missing.value.current is None
     new_task(store, ttl=5)
     with pytest.raises(ClaimRefused) as expired:
-        store.claim("t1", lease_id="L", lease_until=NOW + 60, now=NOW + 6, message_id="m1", receive_count=1)
+        store.claim(
+            "t1",
+            lease_id="L",
+            lease_until=NOW + 60,
+            now=NOW + 6,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
+        )
     assert expired.value.current is None
 
 
 def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
+    )
     task = store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
     assert (task.status, task.next_attempt_at, task.last_error_code, task.attempts) == (
         TaskStatus.PENDING,
@@ -132,7 +216,13 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
     )
     assert (
         store.claim(
-            "t1", lease_id="L2", lease_until=NOW + 90, now=NOW + 9, message_id="m1", receive_count=1
+            "t1",
+            lease_id="L2",
+            lease_until=NOW + 90,
+            now=NOW + 9,
+            message_id="m1",
+            receive_count=1,
+            dead_letter_at=NEVER,
         ).next_attempt_at
         is None
     )
@@ -140,10 +230,16 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
 
 def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
     new_task(store)
-    store.claim("t1", lease_id="L1", lease_until=NOW + 60, now=NOW, message_id="m1", receive_count=1)
-    assert (
-        store.cancel("t1", tenant_id="acme", now=NOW + 1, max_receive_count=5).status is TaskStatus.CANCELLED
+    store.claim(
+        "t1",
+        lease_id="L1",
+        lease_until=NOW + 60,
+        now=NOW,
+        message_id="m1",
+        receive_count=1,
+        dead_letter_at=NEVER,
     )
+    assert store.cancel("t1", tenant_id="acme", now=NOW + 1).status is TaskStatus.CANCELLED
     with pytest.raises(StaleWrite):
         store.complete(
             "t1", lease_id="L1", completion=Completion(text="x", model="m", usage=Usage()), now=NOW + 2
@@ -153,9 +249,9 @@ def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
 
 def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:
     new_task(store)
-    store.cancel("t1", tenant_id="acme", now=NOW, max_receive_count=5)
+    store.cancel("t1", tenant_id="acme", now=NOW)
     with pytest.raises(TaskConflict, match="already cancelled"):
-        store.cancel("t1", tenant_id="acme", now=NOW + 1, max_receive_count=5)
+        store.cancel("t1", tenant_id="acme", now=NOW + 1)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +262,7 @@ def test_cancel_of_a_foreign_missing_or_expired_task_is_not_found(
 ) -> None:
     new_task(store)
     with pytest.raises(TaskNotFound):
-        store.cancel(task_id, tenant_id=tenant, now=now, max_receive_count=5)
+        store.cancel(task_id, tenant_id=tenant, now=now)
     assert store.get("t1", now=NOW).status is TaskStatus.PENDING  # type: ignore[union-attr]
 
 

@@ -21,7 +21,7 @@ from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url, no_lookups
 from tests.conftest import Aws
-from tests.helpers import WebhookReceiver, load_event
+from tests.helpers import NEVER, WebhookReceiver, load_event
 
 pytestmark = pytest.mark.unit
 
@@ -179,6 +179,7 @@ class Hooks:
             now=time.time(),
             message_id="m1",
             receive_count=1,
+            dead_letter_at=NEVER,
         )
         completion = Completion(text=reply_text(prompt), model="m", usage=Usage(total_tokens=3))
         self.store.complete(

@@ -353,7 +353,7 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
     with pytest.raises(TaskNotFound):  # and to another tenant it does not exist at all
         worker.service.cancel("globex", task_id)
     # A redrive puts it back to pending, and the moved message (a new one) runs it to completion
-    assert worker.store.requeue_dead_lettered(task_id, now=lapsed, max_receive_count=last)
+    assert worker.store.requeue_dead_lettered(task_id, now=lapsed)
     assert worker.service.get("default", task_id).status is TaskStatus.PENDING
     assert worker.run([redelivered(message, 1, message_id="redriven")]) == {"batchItemFailures": []}
     task = worker.service.get("default", task_id)
@@ -363,10 +363,9 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
 
 def test_requeue_leaves_a_task_alone_unless_it_is_dead_lettered(worker: Worker) -> None:
     task_id = worker.submit("fine")
-    last = worker.settings.task_max_receive_count
-    assert not worker.store.requeue_dead_lettered(task_id, now=time.time(), max_receive_count=last)
+    assert not worker.store.requeue_dead_lettered(task_id, now=time.time())
     worker.run_queued()
-    assert not worker.store.requeue_dead_lettered(task_id, now=time.time() + 10_000, max_receive_count=last)
+    assert not worker.store.requeue_dead_lettered(task_id, now=time.time() + 10_000)
     assert worker.task(task_id).status is TaskStatus.COMPLETED
 
 
@@ -447,3 +446,24 @@ def test_a_hanging_call_ends_before_the_function_s_timeout_and_is_retried(
     assert time.monotonic() - started < 6
     task = worker.task(task_id)
     assert (task.status, task.last_error_code, task.lease_id) == (TaskStatus.PENDING, "llm_timeout", None)
+
+
+def test_a_task_whose_last_delivery_died_before_the_handler_reads_as_dead_lettered_once_it_was_due(
+    worker: Worker,
+) -> None:
+    task_id = worker.submit("the last delivery never reaches the handler")
+    [message] = worker.queued()
+    last = worker.settings.task_max_receive_count
+    for receive in range(1, last):  # deliveries 1..4 claim and crash; the 5th dies before any code
+        worker.run([redelivered(message, receive)], llm=CrashingLLM())
+    lease_until = worker.task(task_id).lease_until
+    due = lease_until + worker.settings.task_visibility_timeout_s + worker.settings.dead_letter_grace_s
+
+    def read_at(now: float) -> Any:
+        return TaskService(worker.settings, worker.store, worker.queue, clock=lambda: now).get(
+            "default", task_id
+        )
+
+    assert read_at(lease_until + 1).status is TaskStatus.PROCESSING  # the 5th delivery may still come
+    assert (read_at(due + 1).status, read_at(due + 1).error_code) == (TaskStatus.FAILED, "dead_lettered")
+    assert worker.store.requeue_dead_lettered(task_id, now=due + 1)
