@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmtasks.local.launcher import free_port
 from llmtasks.models import LLMRequest, Task, TaskStatus
 
 T = TypeVar("T")
@@ -49,12 +49,6 @@ def eventually(
         assert time.monotonic() < give_up, f"{what} not within {timeout_s:g} s; last read: {value!r}"[:1000]
         time.sleep(every_s)
     return value
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from llmtasks.local.gateway import http_event, http_response
+from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.sources import SqsPoller, failed_ids
 from llmtasks.local.template import FunctionSpec, HttpRoute, SqsSource, Template, TemplateError
@@ -218,3 +220,28 @@ def test_a_handler_that_exits_is_a_function_error_not_a_dead_poller(tmp_path: Pa
     invocation = FunctionRuntime(spec).invoke({})
     assert not invocation.ok
     assert "SystemExit" in (invocation.error or "")
+
+
+def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
+    counter = CallCounter()
+    scope = "AWS4-HMAC-SHA256 Credential=testing/20261129/us-east-1/{}/aws4_request, SignedHeaders=host"
+    counter.answer({"HTTP_AUTHORIZATION": scope.format("sqs"), "HTTP_X_AMZ_TARGET": "AmazonSQS.SendMessage"})
+    counter.answer({"HTTP_AUTHORIZATION": scope.format("sqs"), "QUERY_STRING": "Action=ReceiveMessage"})
+    counter.answer({"HTTP_AUTHORIZATION": scope.format("s3"), "REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k"})
+    dynamodb = {
+        "HTTP_AUTHORIZATION": scope.format("dynamodb"),
+        "HTTP_X_AMZ_TARGET": "DynamoDB_20120810.PutItem",
+    }
+    counter.answer(dynamodb)
+    counter.answer(dynamodb)
+
+    read = counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"})
+    assert read is not None
+    assert json.loads(read) == {
+        "sqs.SendMessage": 1,
+        "sqs.ReceiveMessage": 1,
+        "s3.PUT": 1,
+        "dynamodb.PutItem": 2,
+    }
+    assert counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
+    assert counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"

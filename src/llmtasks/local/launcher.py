@@ -1,0 +1,159 @@
+"""`llmtasks up` in a child process on free ports, as a user starts it: for the end-to-end tests
+and the benchmark, which both need the whole stack and a handle on its parts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmtasks.local.moto_server import CALLS_PATH
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The high-water mark of a process's resident memory (Linux's VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise LookupError(f"no VmHWM for process {pid}")
+
+
+@dataclass
+class LaunchedStack:
+    process: subprocess.Popen[bytes]
+    api: str
+    mock: str | None
+    moto_port: int
+    log: Path
+    api_key: str | None  # the dev key `llmtasks up` printed; None with --no-auth
+    cwd: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.moto_port}"
+
+    def client(self, api_key: str | None = None, **options: Any) -> httpx.Client:
+        """A client that sends the dev key (or `api_key`)."""
+        key = api_key or self.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.api, timeout=30, headers=headers, **options)
+
+    def run_cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`llmtasks ARGS` as a user of this stack runs it: API URL and dev key from the
+        environment, never an AWS account's credentials."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env |= {"LLMTASKS_API_URL": self.api, "LLMTASKS_API_KEY": self.api_key or ""}
+        return subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "llmtasks.cli", *args],
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+
+    def cli(self, *args: str) -> str:
+        """An operator command (`llmtasks keys|dlq|stats ...`) against this stack's AWS endpoint;
+        its output, once it has succeeded."""
+        done = self.run_cli(*args, "--endpoint-url", self.endpoint)
+        if done.returncode != 0:
+            raise RuntimeError(f"llmtasks {' '.join(args)} failed: {done.stderr}")
+        return done.stdout
+
+    def configure_mock(self, *, reset: bool = True, **knobs: Any) -> None:
+        """Changes the given knobs of the mock, and zeroes its counters unless told not to."""
+        assert self.mock is not None
+        httpx.put(f"{self.mock}/_mock/config", json=knobs).raise_for_status()
+        if reset:
+            httpx.post(f"{self.mock}/_mock/reset").raise_for_status()
+
+    def mock_stats(self) -> dict[str, Any]:
+        assert self.mock is not None
+        stats: dict[str, Any] = httpx.get(f"{self.mock}/_mock/stats").json()
+        return stats
+
+    def aws_calls(self, *, reset: bool = False) -> dict[str, int]:
+        """The AWS API calls the embedded moto server has served, by `service.Operation`."""
+        reply = httpx.request("DELETE" if reset else "GET", self.endpoint + CALLS_PATH)
+        reply.raise_for_status()
+        calls: dict[str, int] = reply.json()
+        return calls
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+
+def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> LaunchedStack:
+    """`llmtasks up EXTRA` with the API, moto and the mock on free ports, once it is ready."""
+    api_port, moto_port, mock_port = free_port(), free_port(), free_port()
+    log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
+    given = env or {}
+    # With AWS_ENDPOINT_URL set (e.g. a LocalStack), the stack uses it instead of its own moto.
+    child_env = {**{k: v for k, v in os.environ.items() if k != "LLM_BASE_URL"}, **given}
+    process = subprocess.Popen(  # noqa: S603
+        [
+            sys.executable,
+            "-m",
+            "llmtasks.cli",
+            "up",
+            "--port",
+            str(api_port),
+            "--moto-port",
+            str(moto_port),
+            "--mock-port",
+            str(mock_port),
+            "--mock-latency",
+            "0",
+            *extra,
+        ],
+        cwd=cwd,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=child_env,
+    )
+    try:
+        give_up = time.monotonic() + 60
+        while "Ready." not in log.read_text():
+            if process.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
+            time.sleep(0.1)
+    except BaseException:
+        # Never leave a stack behind: SIGTERM lets it stop its own children.
+        process.terminate()
+        process.wait(timeout=30)
+        raise
+    mock = None if "LLM_BASE_URL" in given else f"http://127.0.0.1:{mock_port}"
+    key = re.search(r"API key\s+(lt_\S+)", log.read_text())
+    return LaunchedStack(
+        process,
+        f"http://127.0.0.1:{api_port}",
+        mock,
+        moto_port,
+        log,
+        key and key.group(1),
+        cwd or Path.cwd(),
+    )
