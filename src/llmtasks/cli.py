@@ -103,6 +103,9 @@ def main() -> None:
 )
 @click.option("--no-auth", is_flag=True, help="Serve the API without API keys (local experiments).")
 @click.option("--verbose", is_flag=True, help="Show the output of moto and the mock LLM.")
+@click.option(
+    "--report", is_flag=True, help="Print Lambda's REPORT line (duration, memory) after each invocation."
+)
 def up(
     template: Path,
     host: str,
@@ -115,6 +118,7 @@ def up(
     parameter_overrides: tuple[str, ...],
     no_auth: bool,
     verbose: bool,
+    report: bool,
 ) -> None:
     """Run the whole application locally, from template.yaml, until Ctrl-C."""
     from llmtasks.local.stack import LocalStack, StackOptions
@@ -131,6 +135,7 @@ def up(
         parameter_overrides=_overrides(parameter_overrides),
         quiet_children=not verbose,
         auth=not no_auth,
+        report_invocations=report,
     )
     stack = LocalStack(options)
     stopped = threading.Event()

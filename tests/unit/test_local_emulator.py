@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +127,22 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
     assert not late.ok
 
 
+def test_each_invocation_can_report_like_lambda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _function(tmp_path, "def handler(event, context):\n    return context.aws_request_id\n")
+    quiet, reporting = FunctionRuntime(spec), FunctionRuntime(spec, report=True)
+
+    quiet.invoke({})
+    assert capsys.readouterr().out == ""
+    request_id = reporting.invoke({}).payload
+
+    report = capsys.readouterr().out
+    assert re.fullmatch(
+        rf"REPORT RequestId: {request_id}\tFunction: F\tDuration: \d+\.\d\d ms\tBilled Duration: \d+ ms"
+        r"\tMemory Size: 128 MB\n",
+        report,
+    ), report
+
+
 def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
     spec = _function(
         tmp_path,
@@ -225,23 +243,38 @@ def test_a_handler_that_exits_is_a_function_error_not_a_dead_poller(tmp_path: Pa
 def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
     counter = CallCounter()
     scope = "AWS4-HMAC-SHA256 Credential=testing/20261129/us-east-1/{}/aws4_request, SignedHeaders=host"
-    counter.answer({"HTTP_AUTHORIZATION": scope.format("sqs"), "HTTP_X_AMZ_TARGET": "AmazonSQS.SendMessage"})
-    counter.answer({"HTTP_AUTHORIZATION": scope.format("sqs"), "QUERY_STRING": "Action=ReceiveMessage"})
-    counter.answer({"HTTP_AUTHORIZATION": scope.format("s3"), "REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k"})
+
+    def serve(environ: dict[str, Any], reply: bytes = b"{}") -> bytes:
+        return b"".join(counter(lambda _e, _s: [reply], environ, lambda *_: None))
+
+    serve({"HTTP_AUTHORIZATION": scope.format("sqs"), "HTTP_X_AMZ_TARGET": "AmazonSQS.SendMessage"})
+    receive = {"HTTP_AUTHORIZATION": scope.format("sqs"), "HTTP_X_AMZ_TARGET": "AmazonSQS.ReceiveMessage"}
+    assert serve(receive, b'{"Messages": [{"MessageId": "m"}]}') == b'{"Messages": [{"MessageId": "m"}]}'
+    serve(receive, b"{}")
+    serve({"HTTP_AUTHORIZATION": scope.format("sqs"), "QUERY_STRING": "Action=DeleteMessage"})
+    serve({"HTTP_AUTHORIZATION": scope.format("s3"), "REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k"})
     dynamodb = {
         "HTTP_AUTHORIZATION": scope.format("dynamodb"),
         "HTTP_X_AMZ_TARGET": "DynamoDB_20120810.PutItem",
     }
-    counter.answer(dynamodb)
-    counter.answer(dynamodb)
+    serve(dynamodb)
+    serve(dynamodb)
+    serve(
+        {
+            "HTTP_AUTHORIZATION": scope.format("dynamodb"),
+            "HTTP_X_AMZ_TARGET": "DynamoDBStreams_20120810.GetRecords",
+        }
+    )
 
-    read = counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"})
-    assert read is not None
+    read = serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"})
     assert json.loads(read) == {
         "sqs.SendMessage": 1,
         "sqs.ReceiveMessage": 1,
+        "sqs.ReceiveMessage.empty": 1,
+        "sqs.DeleteMessage": 1,
         "s3.PUT": 1,
         "dynamodb.PutItem": 2,
+        "dynamodbstreams.GetRecords": 1,
     }
-    assert counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
-    assert counter.answer({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
+    assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
+    assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"

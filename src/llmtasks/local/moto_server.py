@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -27,6 +28,8 @@ def operation_of(environ: dict[str, Any]) -> str:
     scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
     service = scope.group(1) if scope else "unknown"
     target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target.startswith("DynamoDBStreams"):
+        service = "dynamodbstreams"  # signed as dynamodb, billed apart (free to Lambda triggers)
     if target:
         return f"{service}.{target.rsplit('.', 1)[-1]}"
     action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
@@ -35,25 +38,44 @@ def operation_of(environ: dict[str, Any]) -> str:
     return f"{service}.{environ.get('REQUEST_METHOD', 'GET')}"
 
 
+def _is_empty_receive(body: bytes) -> bool:
+    return b"Messages" not in body and b"<Message>" not in body
+
+
 class CallCounter:
-    """Counts each AWS call before moto answers it, and answers reads of the count."""
+    """Counts each AWS call moto answers, and answers reads of the count. Receives that return
+    no message are counted apart (`sqs.ReceiveMessage.empty`): pollers make them while idle,
+    at a rate set by time, not by the number of tasks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
 
-    def answer(self, environ: dict[str, Any]) -> bytes | None:
-        """The count as JSON for a request to CALLS_PATH (zeroed by a DELETE); for any other
-        request None, once it is counted."""
-        if environ.get("PATH_INFO") != CALLS_PATH:
-            with self._lock:
-                self.calls[operation_of(environ)] += 1
-            return None
+    def count(self, operation: str) -> None:
+        with self._lock:
+            self.calls[operation] += 1
+
+    def read(self, *, reset: bool = False) -> bytes:
         with self._lock:
             body = json.dumps(dict(self.calls)).encode()
-            if environ.get("REQUEST_METHOD") == "DELETE":
+            if reset:
                 self.calls.clear()
         return body
+
+    def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        """Answers a read of the count at CALLS_PATH (DELETE zeroes it); sends any other request
+        to `app` and counts it."""
+        if environ.get("PATH_INFO") == CALLS_PATH:
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [self.read(reset=environ.get("REQUEST_METHOD") == "DELETE")]
+        operation = operation_of(environ)
+        reply: Iterable[bytes] = app(environ, start_response)
+        if operation.endswith(".ReceiveMessage"):
+            reply = [b"".join(reply)]  # a receive's reply is small; read it to see if it is empty
+            if _is_empty_receive(reply[0]):
+                operation += ".empty"
+        self.count(operation)
+        return reply
 
 
 def _install_call_counter() -> None:
@@ -63,11 +85,7 @@ def _install_call_counter() -> None:
     counter = CallCounter()
 
     def counted(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
-        body = counter.answer(environ)
-        if body is None:
-            return dispatch(self, environ, start_response)
-        start_response("200 OK", [("Content-Type", "application/json")])
-        return [body]
+        return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
 
     DomainDispatcherApplication.__call__ = counted  # type: ignore[method-assign]
 

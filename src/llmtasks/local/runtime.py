@@ -8,8 +8,10 @@ event and the context come from here.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
+import math
 import queue
 import sys
 import threading
@@ -105,9 +107,10 @@ class _Sandbox:
 class FunctionRuntime:
     """Invokes one function; at most `concurrency` invocations run at once."""
 
-    def __init__(self, spec: FunctionSpec, *, concurrency: int = 10) -> None:
+    def __init__(self, spec: FunctionSpec, *, concurrency: int = 10, report: bool = False) -> None:
         self.spec = spec
         self.concurrency = concurrency
+        self.report = report  # print Lambda's REPORT line after each invocation
         self._idle: list[_Sandbox] = []
         self._count = 0
         self._available = threading.Condition()
@@ -141,10 +144,25 @@ class FunctionRuntime:
             payload = future.result(timeout=self.spec.timeout_s)
         except TimeoutError:
             self._release(sandbox, healthy=False)
-            return Invocation(timed_out=True, error="Task timed out", duration_s=time.monotonic() - started)
+            invocation = Invocation(timed_out=True, error="Task timed out")
         except BaseException as exc:  # re-raised from the sandbox thread; SystemExit included
             self._release(sandbox, healthy=True)
-            detail = "".join(traceback.format_exception_only(exc)).strip()
-            return Invocation(error=detail, duration_s=time.monotonic() - started)
-        self._release(sandbox, healthy=True)
-        return Invocation(payload=payload, duration_s=time.monotonic() - started)
+            invocation = Invocation(error="".join(traceback.format_exception_only(exc)).strip())
+        else:
+            self._release(sandbox, healthy=True)
+            invocation = Invocation(payload=payload)
+        invocation = dataclasses.replace(invocation, duration_s=time.monotonic() - started)
+        if self.report:
+            self._print_report(context.aws_request_id, invocation.duration_s)
+        return invocation
+
+    def _print_report(self, request_id: str, duration_s: float) -> None:
+        """The line Lambda writes to CloudWatch Logs after each invocation (and `sam local
+        invoke` prints), with the function's name added: the stack serves them all."""
+        milliseconds = duration_s * 1000
+        print(
+            f"REPORT RequestId: {request_id}\tFunction: {self.spec.logical_id}"
+            f"\tDuration: {milliseconds:.2f} ms\tBilled Duration: {math.ceil(milliseconds)} ms"
+            f"\tMemory Size: {self.spec.memory_mb} MB",
+            flush=True,
+        )

@@ -44,6 +44,7 @@ class StackOptions:
     parameter_overrides: dict[str, str] = field(default_factory=dict)
     quiet_children: bool = True
     auth: bool = True  # False: `--no-auth`, every request is the default tenant
+    report_invocations: bool = False  # `--report`: Lambda's REPORT line after each invocation
 
 
 def merged_environment(functions: Mapping[str, FunctionSpec]) -> dict[str, str]:
@@ -146,7 +147,9 @@ class LocalStack:
             serves_http = bool(spec.routes) or spec.logical_id in authorizers
             concurrency = (HTTP_CONCURRENCY if serves_http else 0) + len(spec.stream_sources)
             concurrency += sum(s.maximum_concurrency or 5 for s in spec.sqs_sources)
-            runtime = self.runtimes[spec.logical_id] = FunctionRuntime(spec, concurrency=max(1, concurrency))
+            runtime = self.runtimes[spec.logical_id] = FunctionRuntime(
+                spec, concurrency=max(1, concurrency), report=self.options.report_invocations
+            )
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
                     url = resources.queue_url_of_arn(sqs_source.queue_arn)
