@@ -6,6 +6,7 @@ takes its clock and ids from the constructor so tests can pin them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import random
@@ -44,6 +45,8 @@ from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, r
 
 Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
+# How long a first delivery waits, between looks, for the item submit writes after the message.
+ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
 # Queries one listing may make to fill a page when a status filter skips most tasks.
 MAX_LIST_PAGES = 10
 
@@ -286,22 +289,11 @@ class TaskRunner:
         lease_id = uuid.uuid4().hex
         lease_until = now + remaining_s + self._settings.lease_margin_s
         try:
-            # The lease outlives this invocation, so no other delivery takes the task while we may
-            # still write; after a crash or timeout the next delivery takes over once it lapses.
-            task = self._store.claim(
-                task_id,
-                lease_id=lease_id,
-                lease_until=lease_until,
-                now=now,
-                message_id=delivery.message_id,
-                receive_count=delivery.receive_count,
-                dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
-            )
+            task = await self._claim(task_id, delivery, lease_id=lease_id, lease_until=lease_until, now=now)
         except ClaimRefused as refused:
             self._refused(task_id, delivery, refused, now)
             return
         logger.info("claimed", task_id=task_id, attempt=task.attempts, receive_count=delivery.receive_count)
-        logger.info("claimed", task_id=task_id, attempt=task.attempts)
 
         deadline = task.deadline
         if deadline is not None and now >= deadline:
@@ -333,6 +325,31 @@ class TaskRunner:
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
         )
+
+    async def _claim(
+        self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float
+    ) -> Task:
+        """The lease on the task; it outlives this invocation, so no other delivery takes the task
+        while we may still write, and after a crash or timeout the next delivery takes over once
+        it lapses. A first delivery that finds no item looks again for a moment: submit writes
+        the item milliseconds after the message, and a message returned to the queue would wait
+        seconds."""
+        for recheck_in_s in (*ITEM_RECHECKS_S, None):
+            try:
+                return self._store.claim(
+                    task_id,
+                    lease_id=lease_id,
+                    lease_until=lease_until,
+                    now=now,
+                    message_id=delivery.message_id,
+                    receive_count=delivery.receive_count,
+                    dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
+                )
+            except ClaimRefused as refused:
+                if not refused.missing or recheck_in_s is None or delivery.receive_count > 1:
+                    raise
+                await asyncio.sleep(recheck_in_s)
+        raise AssertionError("unreachable: the last recheck raises")
 
     def _dead_letter_at(self, lease_until: float, receive_count: int) -> float:
         """If this delivery dies, the message comes back one visibility timeout after it was

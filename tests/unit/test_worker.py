@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -260,6 +261,23 @@ def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
     worker.store.create(pending_task("early", now=time.time()))
     assert worker.run([message]) == {"batchItemFailures": []}
     assert worker.task("early").status is TaskStatus.COMPLETED
+
+
+def test_a_first_delivery_a_moment_ahead_of_its_item_runs_without_going_back_to_the_queue(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a message whose item is written a few milliseconds after the worker receives it
+    from llmtasks.models import TaskMessage
+
+    worker.queue.send(TaskMessage(task_id="racing"))
+    [message] = worker.queued()
+    late_write = threading.Timer(0.05, lambda: worker.store.create(pending_task("racing", now=time.time())))
+    late_write.start()
+    # When the worker runs that first delivery, it runs the task at once
+    assert worker.run([message]) == {"batchItemFailures": []}
+    late_write.join()
+    assert worker.task("racing").status is TaskStatus.COMPLETED
+    assert mock_llm.stats.calls == 1
 
 
 def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace(

@@ -52,7 +52,7 @@ class LaunchedStack:
         """A client that sends the dev key (or `api_key`)."""
         key = api_key or self.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.api, timeout=30, headers=headers, **options)
+        return httpx.Client(base_url=self.api, headers=headers, **{"timeout": 30, **options})
 
     def run_cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """`llmtasks ARGS` as a user of this stack runs it: API URL and dev key from the

@@ -1,0 +1,624 @@
+"""The llmtasks benchmark: overhead against the boto3 floor, scale, long-call efficiency, goodput
+under a provider rate limit, AWS calls and cost per task, and cold-start import time.
+
+Run from the project root: `make bench` (or `.venv/bin/python bench/run.py`). It starts its own
+local stacks (`llmtasks up` on free ports, 127.0.0.1 only), prints each figure with its ratio and
+target, and writes the table to bench/RESULTS.md. Figures, not assertions: these machines are
+shared and noisy, so targets are ratios measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+
+from llmtasks.local.launcher import LaunchedStack, launch, peak_rss_kib
+from llmtasks.local.template import Template
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = 16
+TERMINAL = {"completed", "failed", "cancelled"}
+
+# Public on-demand list prices, us-east-1, as of 2026 (USD). Lambda on arm64, as the template runs.
+PRICES = {
+    "lambda_gb_s": 0.0000133334,
+    "lambda_request": 0.20 / 1e6,
+    "http_api_request": 1.00 / 1e6,
+    "sqs_request": 0.40 / 1e6,
+    "dynamodb_wru": 0.625 / 1e6,
+    "dynamodb_rru": 0.125 / 1e6,
+}
+DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
+DYNAMODB_READS = {"GetItem", "Query"}
+SECTIONS = ("cold", "overhead", "scale", "long", "paced", "cost")
+
+
+@dataclass
+class Report:
+    """Rows of (section, figure, value, ratio or target), printed as they come."""
+
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, section: str, figure: str, value: str, versus: str = "") -> None:
+        self.rows.append((section, figure, value, versus))
+        print(f"  {section:<10} {figure:<52} {value:>14}  {versus}", flush=True)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"  note: {text}", flush=True)
+
+    def markdown(self, title: str) -> str:
+        lines = [f"# {title}", "", "| section | figure | value | ratio / target |", "|---|---|---:|---|"]
+        lines += [f"| {s} | {f} | {v} | {r} |" for s, f, v, r in self.rows]
+        if self.notes:
+            lines += ["", *(f"- {n}" for n in self.notes)]
+        return "\n".join(lines) + "\n"
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+# --- the floor: the AWS calls one task needs, made directly --------------------------------------
+
+
+def boto3_floor(endpoint: str, tasks: int) -> list[float]:
+    """Per task: put, send, receive, claim, complete, delete, in sequence on one client."""
+    session = boto3.session.Session(
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    dynamodb = session.client("dynamodb", endpoint_url=endpoint)
+    sqs = session.client("sqs", endpoint_url=endpoint)
+    table = f"bench-floor-{uuid.uuid4().hex[:8]}"
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    queue = sqs.create_queue(QueueName=table)["QueueUrl"]
+    durations = []
+    for i in range(tasks):
+        key = {"pk": {"S": f"task#{i}"}}
+        started = time.perf_counter()
+        dynamodb.put_item(
+            TableName=table,
+            Item={**key, "status": {"S": "pending"}, "prompt": {"S": f"bench {i}"}},
+            ConditionExpression="attribute_not_exists(pk)",
+        )
+        sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({"task_id": str(i)}))
+        message = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"][
+            0
+        ]
+        dynamodb.update_item(
+            TableName=table,
+            Key=key,
+            UpdateExpression="SET #s = :processing",
+            ConditionExpression="#s = :pending",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":processing": {"S": "processing"}, ":pending": {"S": "pending"}},
+            ReturnValues="ALL_NEW",
+        )
+        dynamodb.update_item(
+            TableName=table,
+            Key=key,
+            UpdateExpression="SET #s = :completed, #r = :result",
+            ConditionExpression="#s = :processing",
+            ExpressionAttributeNames={"#s": "status", "#r": "result"},
+            ExpressionAttributeValues={
+                ":completed": {"S": "completed"},
+                ":processing": {"S": "processing"},
+                ":result": {"S": "answer"},
+            },
+        )
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+# --- driving the stack over HTTP ------------------------------------------------------------------
+
+
+@dataclass
+class Done:
+    submitted_at: float  # epoch s, taken by the client just before its POST
+    task: dict[str, Any]
+
+    @property
+    def completed_at(self) -> float:
+        """When the task reached its terminal state, by the stack's clock (this machine's)."""
+        return datetime.fromisoformat(self.task["completed_at"]).timestamp()
+
+
+def run_clients(count: int, work: Callable[[int, httpx.Client], None], stack: LaunchedStack) -> None:
+    """`work(i, client)` for i in range(count), spread over CLIENTS threads with a client each."""
+    next_index = iter(range(count))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            with stack.client(timeout=60) as client:
+                while not errors:
+                    with lock:
+                        i = next(next_index, None)
+                    if i is None:
+                        return
+                    work(i, client)
+        except BaseException as exc:  # the first failure stops every client and is raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def submit(client: httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
+    reply = client.post("/tasks", json=body, headers=headers or {})
+    if reply.status_code != 202:
+        raise RuntimeError(f"submit answered {reply.status_code}: {reply.text}")
+    return str(reply.json()["task_id"])
+
+
+def wait_done(client: httpx.Client, task_id: str) -> dict[str, Any]:
+    while True:
+        reply = client.get(f"/tasks/{task_id}", params={"wait": 20})
+        reply.raise_for_status()
+        task: dict[str, Any] = reply.json()
+        if task["status"] in TERMINAL:
+            return task
+
+
+def closed_loop(stack: LaunchedStack, tasks: int) -> list[Done]:
+    """Each client submits a task, waits for its outcome, and submits the next."""
+    done: list[Done] = []
+
+    def one(i: int, client: httpx.Client) -> None:
+        submitted_at = time.time()
+        task_id = submit(client, {"prompt": f"bench {i} {uuid.uuid4().hex}"})
+        done.append(Done(submitted_at, wait_done(client, task_id)))
+
+    run_clients(tasks, one, stack)
+    return done
+
+
+def open_loop(
+    stack: LaunchedStack,
+    tasks: int,
+    body: Callable[[int], dict[str, Any]],
+    headers: Callable[[int], dict[str, str]],
+) -> list[tuple[float, str]]:
+    """All tasks submitted as fast as CLIENTS clients can; (submitted_at, task_id) of each."""
+    submitted: list[tuple[float, str]] = []
+
+    def one(i: int, client: httpx.Client) -> None:
+        submitted_at = time.time()
+        submitted.append((submitted_at, submit(client, body(i), headers(i))))
+
+    run_clients(tasks, one, stack)
+    return submitted
+
+
+def outcomes(stack: LaunchedStack, submitted: list[tuple[float, str]]) -> list[Done]:
+    ids = iter(submitted)
+    lock = threading.Lock()
+    done: list[Done] = []
+
+    def one(_i: int, client: httpx.Client) -> None:
+        with lock:
+            submitted_at, task_id = next(ids)
+        done.append(Done(submitted_at, wait_done(client, task_id)))
+
+    run_clients(len(submitted), one, stack)
+    return done
+
+
+def stack_rss_kib(stack: LaunchedStack) -> dict[str, int]:
+    """Peak RSS of the stack's process (API, functions, pollers) and of each of its children."""
+    pid = stack.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    rss = {"functions": peak_rss_kib(pid)}
+    for child in children:
+        command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        rss["moto" if "moto_server" in command else "mock LLM"] = peak_rss_kib(int(child))
+    return rss
+
+
+@contextmanager
+def stack_running(*extra: str) -> Iterator[LaunchedStack]:
+    stack = launch("--report", *extra, cwd=ROOT)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+# --- overhead and scale ---------------------------------------------------------------------------
+
+
+def overhead(report: Report, tasks: int, floor_p50: float | None) -> float:
+    with stack_running() as stack:
+        started = time.time()
+        done = closed_loop(stack, tasks)
+        wall = max(d.completed_at for d in done) - started
+        rss = stack_rss_kib(stack)
+    failed = [d for d in done if d.task["status"] != "completed"]
+    # The mock answers at once (latency 0), so the LLM's share is its HTTP round trip, counted here.
+    per_task = [d.completed_at - d.submitted_at for d in done if d.task["status"] == "completed"]
+    section = f"{tasks} tasks"
+    p50 = percentile(per_task, 0.5)
+    ratio = f"{p50 / floor_p50:.2f}x floor (target <= 2x)" if floor_p50 else ""
+    report.add(section, "overhead p50 (completed - submitted)", ms(p50), ratio)
+    report.add(section, "overhead p95", ms(percentile(per_task, 0.95)))
+    report.add(section, "overhead p99", ms(percentile(per_task, 0.99)))
+    report.add(section, f"throughput ({CLIENTS} clients, closed loop)", f"{tasks / wall:.1f} tasks/s")
+    report.add(section, "tasks not completed", str(len(failed)))
+    for part, kib in rss.items():
+        report.add(section, f"peak RSS, {part}", f"{kib / 1024:.0f} MiB")
+    return p50
+
+
+# --- AWS calls and cost per task ------------------------------------------------------------------
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that answers 204 and counts deliveries."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.count += 1
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def settled_calls(stack: LaunchedStack, quiet_s: float = 2.0, limit_s: float = 120) -> dict[str, int]:
+    """The call count once nothing but idle polling has changed it for `quiet_s`."""
+
+    def busy(calls: dict[str, int]) -> dict[str, int]:
+        return {
+            k: v for k, v in calls.items() if not k.endswith(".empty") and not k.startswith("dynamodbstreams")
+        }
+
+    last, since = busy(stack.aws_calls()), time.monotonic()
+    give_up = time.monotonic() + limit_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < give_up:
+        time.sleep(0.25)
+        now = busy(stack.aws_calls())
+        if now != last:
+            last, since = now, time.monotonic()
+    return stack.aws_calls()
+
+
+def lambda_reports(log: str) -> dict[str, tuple[int, float]]:
+    """Per function: invocations and GB-s, from the REPORT lines in `log`."""
+    totals: dict[str, tuple[int, float]] = {}
+    for name, billed, memory in re.findall(
+        r"Function: (\w+)\tDuration: [\d.]+ ms\tBilled Duration: (\d+) ms\tMemory Size: (\d+) MB", log
+    ):
+        count, gb_s = totals.get(name, (0, 0.0))
+        totals[name] = (count + 1, gb_s + int(billed) / 1000 * int(memory) / 1024)
+    return totals
+
+
+@dataclass
+class Cost:
+    calls: dict[str, float]  # per task
+    lambda_usage: dict[str, tuple[float, float]]  # per task: invocations, GB-s
+
+    @property
+    def api_calls(self) -> float:
+        return sum(
+            v
+            for k, v in self.calls.items()
+            if not k.endswith(".empty") and not k.startswith("dynamodbstreams")
+        )
+
+    def per_million(self, http_requests: float) -> dict[str, float]:
+        """USD per million tasks, by what is billed. TasksTable writes count twice (its by_tenant
+        GSI projects ALL, so every write to a task replicates); items under 1 KB are one unit."""
+        writes = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_WRITES)
+        reads = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_READS)
+        sqs = sum(v for k, v in self.calls.items() if k.startswith("sqs.") and not k.endswith(".empty"))
+        invocations = sum(i for i, _ in self.lambda_usage.values())
+        gb_s = sum(g for _, g in self.lambda_usage.values())
+        return {
+            "Lambda requests": invocations * PRICES["lambda_request"] * 1e6,
+            "Lambda GB-s": gb_s * PRICES["lambda_gb_s"] * 1e6,
+            "HTTP API requests": http_requests * PRICES["http_api_request"] * 1e6,
+            "SQS requests": sqs * PRICES["sqs_request"] * 1e6,
+            "DynamoDB writes (x2 with the GSI)": writes * 2 * PRICES["dynamodb_wru"] * 1e6,
+            "DynamoDB reads": reads * 0.5 * PRICES["dynamodb_rru"] * 1e6,
+        }
+
+
+def measure_cost(
+    stack: LaunchedStack,
+    tasks: int,
+    body: Callable[[int], dict[str, Any]],
+    headers: Callable[[int], dict[str, str]] = lambda _i: {},
+) -> Cost:
+    """The calls and Lambda time of `tasks` tasks, counted while nothing reads their status."""
+    settled_calls(stack)
+    stack.aws_calls(reset=True)
+    log_mark = len(stack.log.read_text())
+    submitted = open_loop(stack, tasks, body, headers)
+    while stack.mock_stats()["calls"] < tasks:
+        time.sleep(0.2)
+    calls = settled_calls(stack)
+    usage = lambda_reports(stack.log.read_text()[log_mark:])
+    done = outcomes(stack, submitted)  # read after the count: status polls are not the task's cost
+    if any(d.task["status"] != "completed" for d in done):
+        raise RuntimeError("a task of the cost run did not complete")
+    return Cost(
+        calls={k: v / tasks for k, v in calls.items()},
+        lambda_usage={k: (n / tasks, gb_s / tasks) for k, (n, gb_s) in usage.items()},
+    )
+
+
+def costs(report: Report, tasks: int) -> None:
+    receiver = Receiver()
+    try:
+        with stack_running() as stack:
+            plain = measure_cost(stack, tasks, lambda i: {"prompt": f"cost {i} {uuid.uuid4().hex}"})
+            stack.configure_mock()
+            keyed = measure_cost(
+                stack,
+                tasks,
+                lambda i: {"prompt": f"keyed {i} {uuid.uuid4().hex}"},
+                lambda _i: {"Idempotency-Key": uuid.uuid4().hex},
+            )
+            stack.configure_mock()
+            hooked = measure_cost(
+                stack,
+                tasks,
+                lambda i: {"prompt": f"hooked {i} {uuid.uuid4().hex}", "webhook_url": receiver.url},
+            )
+            if receiver.count < tasks:
+                raise RuntimeError(f"{receiver.count} webhooks of {tasks} arrived")
+    finally:
+        receiver.close()
+    section = "AWS calls"
+    report.add(
+        section,
+        "per task, success path (no key, no webhook)",
+        f"{plain.api_calls:.2f}",
+        f"target <= 5: {verdict(plain.api_calls <= 5)}",
+    )
+    for operation, count in sorted(plain.calls.items()):
+        report.add(section, f"  {operation}", f"{count:.2f}")
+    report.add(section, "added by an Idempotency-Key", f"+{keyed.api_calls - plain.api_calls:.2f}")
+    for operation in sorted(set(keyed.calls) | set(plain.calls)):
+        extra = keyed.calls.get(operation, 0) - plain.calls.get(operation, 0)
+        if abs(extra) >= 0.01 and not operation.endswith(".empty"):
+            report.add(section, f"  {operation}", f"{extra:+.2f}")
+    report.add(section, "added by a webhook", f"+{hooked.api_calls - plain.api_calls:.2f}")
+    for operation in sorted(set(hooked.calls) | set(plain.calls)):
+        extra = hooked.calls.get(operation, 0) - plain.calls.get(operation, 0)
+        if abs(extra) >= 0.01 and not operation.endswith(".empty"):
+            report.add(section, f"  {operation}", f"{extra:+.2f}")
+    for name, (invocations, gb_s) in sorted(plain.lambda_usage.items()):
+        report.add(section, f"  Lambda {name}: invocations, GB-s per task", f"{invocations:.2f}, {gb_s:.4f}")
+    section = "cost"
+    for label, cost in (("plain", plain), ("with key", keyed), ("with webhook", hooked)):
+        parts = cost.per_million(http_requests=1)
+        if label == "plain":
+            for part, usd in parts.items():
+                report.add(section, f"  {part}", f"${usd:.2f}")
+        report.add(section, f"per million tasks, {label}", f"${sum(parts.values()):.2f}")
+    report.note(
+        "Prices (USD, us-east-1 list, on demand): "
+        + ", ".join(f"{k} {v:.3g}" for k, v in PRICES.items())
+        + ". Lambda on arm64 at the template's MemorySize with the measured billed durations; the"
+        " LLM call is in the worker's duration (a zero-latency mock here: a real call bills its whole"
+        " wait). Empty receives of idle pollers and Lambda's stream reads are not charged to tasks."
+    )
+
+
+# --- long calls and goodput -----------------------------------------------------------------------
+
+
+def worker_slots() -> tuple[int, int]:
+    """The worker's MaximumConcurrency and BatchSize, as template.yaml sets them."""
+    template = Template.load(ROOT / "template.yaml")
+    events = template.body["Resources"]["WorkerFunction"]["Properties"]["Events"]
+    source = next(e["Properties"] for e in events.values() if e["Type"] == "SQS")
+    concurrency = template.resolve(source["ScalingConfig"]["MaximumConcurrency"], {}, {})
+    return int(concurrency), int(source["BatchSize"])
+
+
+def long_calls(report: Report, tasks: int, latency_s: float) -> None:
+    concurrency, batch = worker_slots()
+    with stack_running() as stack:
+        stack.configure_mock(latency_s=latency_s)
+        started = time.time()
+        submitted = open_loop(stack, tasks, lambda i: {"prompt": f"long {i}"}, lambda _i: {})
+        done = outcomes(stack, submitted)
+    wall = max(d.completed_at for d in done) - started
+    ideal = tasks * latency_s / (concurrency * batch)
+    efficiency = ideal / wall
+    section = "long calls"
+    report.add(
+        section,
+        f"{tasks} x {latency_s:.0f} s, {concurrency} x {batch} call slots: wall",
+        f"{wall:.2f} s",
+        f"ideal {ideal:.2f} s",
+    )
+    report.add(section, "efficiency", f"{efficiency:.2f}", f"target >= 0.85: {verdict(efficiency >= 0.85)}")
+    report.add(section, "tasks not completed", str(sum(d.task["status"] != "completed" for d in done)))
+
+
+def goodput(report: Report, tasks: int, limit_rps: float) -> None:
+    with stack_running("--parameter-overrides", f"LlmRequestsPerSecond={limit_rps:g}") as stack:
+        stack.configure_mock(max_rps=limit_rps)
+        started = time.time()
+        submitted = open_loop(stack, tasks, lambda i: {"prompt": f"paced {i}"}, lambda _i: {})
+        done = outcomes(stack, submitted)
+        stats = stack.mock_stats()
+    completed = [d for d in done if d.task["status"] == "completed"]
+    wall = max(d.completed_at for d in done) - started
+    rate = len(completed) / wall
+    failed = len(done) - len(completed)
+    section = "rate limit"
+    report.add(section, f"{tasks} tasks, provider limit {limit_rps:g}/s: completed per s", f"{rate:.2f}")
+    report.add(
+        section,
+        "goodput / limit",
+        f"{rate / limit_rps:.2f}",
+        f"target >= 0.9 with 0 failed: {verdict(rate / limit_rps >= 0.9 and failed == 0)}",
+    )
+    report.add(section, "failed tasks", str(failed))
+    report.add(section, "429s received", str(stats["rps_limited"]))
+    errors = Counter(d.task.get("error_code") for d in done if d.task["status"] != "completed")
+    if errors:
+        report.note(f"rate-limit run: failed by error code {dict(errors)}")
+
+
+# --- cold start -----------------------------------------------------------------------------------
+
+
+def import_ms(code: str, runs: int = 5) -> float:
+    """Median over fresh interpreters of the time `python -X importtime` gives `code`'s imports."""
+    totals = []
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        top_level = 0
+        for line in done.stderr.splitlines():
+            found = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\S.*)$", line)
+            if found and not found.group(2).startswith(" "):
+                top_level += int(found.group(1))
+        totals.append(top_level / 1000)
+    return statistics.median(totals)
+
+
+def cold_start(report: Report) -> None:
+    boto3_ms = import_ms("import boto3")
+    section = "cold start"
+    report.add(section, "import boto3", f"{boto3_ms:.0f} ms")
+    for app in sorted(ROOT.glob("functions/*/app.py")):
+        handler_ms = import_ms(f"import runpy; runpy.run_path({str(app)!r})")
+        ratio = handler_ms / boto3_ms
+        report.add(
+            section,
+            f"import functions/{app.parent.name}/app.py",
+            f"{handler_ms:.0f} ms",
+            f"{ratio:.2f}x boto3 (target <= 1.5x): {verdict(ratio <= 1.5)}",
+        )
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="Small sizes: a smoke run of every section.")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"Comma-separated sections (default all: {','.join(SECTIONS)}).",
+    )
+    args = parser.parse_args()
+    chosen = set(args.only.split(","))
+    sizes = (
+        {"small": 100, "large": 300, "floor": 100, "cost": 50, "long": 40, "paced": 100}
+        if args.quick
+        else {"small": 1000, "large": 10000, "floor": 1000, "cost": 200, "long": 200, "paced": 600}
+    )
+    report = Report()
+    began = time.monotonic()
+    print(
+        f"llmtasks benchmark on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()})"
+    )
+    if "cold" in chosen:
+        cold_start(report)
+    if "overhead" in chosen:
+        with stack_running() as stack:  # the floor runs against the same moto server as the stack's
+            floor = boto3_floor(stack.endpoint, sizes["floor"])
+        floor_p50 = percentile(floor, 0.5)
+        report.add("floor", f"6 boto3 calls per task, sequential, {sizes['floor']} tasks: p50", ms(floor_p50))
+        report.add("floor", "p95", ms(percentile(floor, 0.95)))
+        small = overhead(report, sizes["small"], floor_p50)
+        if "scale" in chosen:
+            large = overhead(report, sizes["large"], floor_p50)
+            ratio = large / small
+            report.add(
+                "scale",
+                f"overhead p50 at {sizes['large']} / at {sizes['small']}",
+                f"{ratio:.2f}",
+                f"target <= 1.2: {verdict(ratio <= 1.2)}",
+            )
+    if "long" in chosen:
+        long_calls(report, sizes["long"], latency_s=2.0)
+    if "paced" in chosen:
+        goodput(report, sizes["paced"], limit_rps=20)
+    if "cost" in chosen:
+        costs(report, sizes["cost"])
+    elapsed = time.monotonic() - began
+    report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
+    args.out.write_text(
+        report.markdown("llmtasks benchmark results" + (" (quick run)" if args.quick else ""))
+    )
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
