@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import random
 import time
 import uuid
@@ -37,7 +38,8 @@ from llmtasks.models import (
     WebhookStatus,
 )
 from llmtasks.observability import logger
-from llmtasks.queues import Queue
+from llmtasks.pacing import CallPacer
+from llmtasks.queues import MAX_DELAY_S, Queue
 from llmtasks.results import ResultBlobs
 from llmtasks.settings import Settings
 from llmtasks.store import ClaimRefused, TaskStore
@@ -47,6 +49,8 @@ Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
+# A paced call starts only if at least this much of its timeout is left after the wait.
+MIN_CALL_TIME_S = 60.0
 # Queries one listing may make to fill a page when a status filter skips most tasks.
 MAX_LIST_PAGES = 10
 
@@ -273,11 +277,13 @@ class TaskRunner:
         clock: Clock = time.time,
         rng: random.Random | None = None,
         results: ResultBlobs | None = None,
+        pacer: CallPacer | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._queue = task_queue
         self._llm = llm
+        self._pacer = pacer
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results or ResultBlobs(settings.results_bucket)
@@ -303,6 +309,15 @@ class TaskRunner:
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - 10))
         if deadline is not None:
             timeout = min(timeout, deadline - now)
+        if self._pacer is not None:
+            wait = await asyncio.to_thread(self._pacer.reserve, self._clock()) - self._clock()
+            if wait > timeout - MIN_CALL_TIME_S:
+                # The pace has no slot this invocation can still use: the task waits in the queue.
+                self._schedule_retry(task, lease_id, wait, "The LLM call pace is full.", "paced")
+                return
+            if wait > 0:
+                await asyncio.sleep(wait)
+                timeout -= wait
         try:
             completion = await self._llm.complete(task.request, timeout_s=timeout)
         except LLMError as error:
@@ -314,8 +329,13 @@ class TaskRunner:
             # rule removes it with the rest.
             result_ref = self._results.put(task_id, completion.text)
         try:
-            self._store.complete(
-                task_id, lease_id=lease_id, completion=completion, now=self._clock(), result_ref=result_ref
+            await asyncio.to_thread(
+                self._store.complete,
+                task_id,
+                lease_id=lease_id,
+                completion=completion,
+                now=self._clock(),
+                result_ref=result_ref,
             )
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
@@ -336,7 +356,10 @@ class TaskRunner:
         seconds."""
         for recheck_in_s in (*ITEM_RECHECKS_S, None):
             try:
-                return self._store.claim(
+                # In a thread, like the other writes of a run: the batch's other records keep
+                # their calls moving (and a paced call leaves on time) while this one waits.
+                return await asyncio.to_thread(
+                    self._store.claim,
                     task_id,
                     lease_id=lease_id,
                     lease_until=lease_until,
@@ -422,21 +445,27 @@ class TaskRunner:
                 task, lease_id, f"{error} (no time left for a retry before the deadline)", "deadline_exceeded"
             )
             return
+        self._schedule_retry(task, lease_id, delay, str(error), error.code)
+
+    def _schedule_retry(self, task: Task, lease_id: str, delay: float, error: str, error_code: str) -> None:
         # A new message with a delay, sent before the task is released: if we die in between,
         # the lease makes the new message wait and the old one finds the task already done.
+        # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
+        # than the message can be held back (else it would arrive before next_attempt_at).
+        delay = min(math.ceil(delay), MAX_DELAY_S)
         self._queue.send(TaskMessage(task_id=task.task_id), delay_s=delay)
         try:
             self._store.release(
                 task.task_id,
                 lease_id=lease_id,
-                error=str(error),
-                error_code=error.code,
-                next_attempt_at=now + delay,
+                error=error,
+                error_code=error_code,
+                next_attempt_at=self._clock() + delay,
             )
         except StaleWrite:
             logger.info("cancelled during the call", task_id=task.task_id)
             return
-        logger.info("retry scheduled", task_id=task.task_id, attempt=task.attempts, delay_s=round(delay, 1))
+        logger.info("retry scheduled", task_id=task.task_id, attempt=task.attempts, delay_s=delay)
 
     def backoff_s(self, attempt: int) -> float:
         """Exponential backoff with full jitter (AWS Architecture Blog, 'Exponential Backoff And Jitter')."""

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     llm_api_key_secret_arn: str | None = None
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=600.0, gt=0)
+    # A shared pace for LLM calls across all worker sandboxes (template: LlmRequestsPerSecond);
+    # 0 is no pace, the provider's 429s and their Retry-After alone hold the calls back.
+    llm_requests_per_second: float = Field(default=0.0, ge=0)
 
     # Webhooks
     webhook_timeout_s: float = Field(default=15.0, gt=0)

@@ -15,6 +15,7 @@ import boto3
 from llmtasks.apikeys import ApiKeys, CachedAuthenticator
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import provider_from_settings
+from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
 from llmtasks.service import TaskRunner, TaskService
@@ -88,8 +89,18 @@ def idempotency_keys() -> IdempotencyKeys | None:
 @lru_cache(maxsize=1)
 def task_runner() -> TaskRunner:
     settings = get_settings()
+    pacer = None
+    if settings.llm_requests_per_second > 0:
+        pacer = CallPacer(
+            settings.tasks_table_name, dynamodb(), calls_per_second=settings.llm_requests_per_second
+        )
     return TaskRunner(
-        settings, task_store(), task_queue(), provider_from_settings(settings), results=result_blobs()
+        settings,
+        task_store(),
+        task_queue(),
+        provider_from_settings(settings),
+        results=result_blobs(),
+        pacer=pacer,
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import sqs_record
 from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
+from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
 from llmtasks.service import Delivery, TaskRunner, TaskService
 from llmtasks.settings import Settings
@@ -40,22 +42,28 @@ class Worker:
     def submit(self, prompt: str, **options: Any) -> str:
         return self.service.submit("default", SubmitTaskRequest(prompt=prompt, **options)).task.task_id
 
-    def runner(self, llm: LLMProvider | None = None, **overrides: Any) -> TaskRunner:
+    def runner(
+        self, llm: LLMProvider | None = None, pacer: CallPacer | None = None, **overrides: Any
+    ) -> TaskRunner:
         settings = self.settings.model_copy(update=overrides)
         llm = llm or OpenAIChat(
             base_url=overrides.get("llm_base_url", self.llm_url), api_key=None, default_model="mock-model"
         )
-        return TaskRunner(settings, self.store, self.queue, llm, clock=self.clock)
+        return TaskRunner(settings, self.store, self.queue, llm, clock=self.clock, pacer=pacer)
 
     def queued(self) -> list[dict[str, Any]]:
         return self.aws.messages("TaskQueue")
 
     def run(
-        self, messages: list[dict[str, Any]], llm: LLMProvider | None = None, **overrides: Any
+        self,
+        messages: list[dict[str, Any]],
+        llm: LLMProvider | None = None,
+        pacer: CallPacer | None = None,
+        **overrides: Any,
     ) -> dict[str, Any]:
         arn = self.aws.resources.attributes[("TaskQueue", "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
-        runner = self.runner(llm, **overrides)
+        runner = self.runner(llm, pacer, **overrides)
         return self.fn(event, self.context, runner=runner, queue=self.queue)  # type: ignore[no-any-return]
 
     def run_queued(self, **overrides: Any) -> dict[str, Any]:
@@ -93,6 +101,44 @@ def test_ten_records_of_one_batch_call_the_llm_at_the_same_time(
         assert task.usage.total_tokens > 0
         assert task.attempts == 1
     assert worker.queued() == []
+
+
+def test_a_paced_batch_keeps_under_the_providers_rate_limit_instead_of_collecting_429s(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a provider that takes 5 calls a second and a batch of 10 tasks
+    mock_llm.configure(max_rps=5)
+    ids = [worker.submit(f"paced {i}") for i in range(10)]
+    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=5)
+    # When the worker runs them at that pace, the calls get through at their first try (but for
+    # at most one: the batch's first call leaves late, opening a fresh connection, and so lands
+    # within a second of the sixth; its task retries as after any 429)
+    worker.run(worker.queued(), pacer=pacer)
+    assert mock_llm.stats.calls == 10
+    assert mock_llm.stats.rps_limited <= 1
+    statuses = Counter(worker.task(i).status for i in ids)
+    assert statuses[TaskStatus.COMPLETED] >= 9
+    assert statuses[TaskStatus.COMPLETED] + statuses[TaskStatus.PENDING] == 10
+    # And without the pace the same batch is refused beyond the limit
+    for i in range(10):
+        worker.submit(f"unpaced {i}")
+    worker.run(worker.queued())
+    assert mock_llm.stats.rps_limited >= 5
+    assert mock_llm.stats.calls == 20
+
+
+def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(worker: Worker) -> None:
+    task_id = worker.submit("backlogged")
+    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=0.001)
+    pacer.reserve(now=time.time())  # the only slot for the next 1000 s is taken
+    assert worker.run(worker.queued(), pacer=pacer) == {"batchItemFailures": []}
+    task = worker.task(task_id)
+    assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "paced")
+    assert task.next_attempt_at == pytest.approx(time.time() + 900, abs=5)  # SQS's longest delay
+    delayed = worker.aws.sqs.get_queue_attributes(
+        QueueUrl=worker.queue.url, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
+    )["Attributes"]["ApproximateNumberOfMessagesDelayed"]
+    assert delayed == "1"  # its own message brings it back
 
 
 def test_a_transient_error_schedules_a_retry_through_the_queue_then_completes(

@@ -2,7 +2,7 @@
 
 A separate process keeps moto's request handling off the functions' interpreter lock. This
 module is where the local stack adds what moto lacks, so every client sees one endpoint:
-redrive (see moto_redrive) and a count of the AWS API calls it served, by service and
+redrive (see moto_redrive), atomic conditional writes (moto_atomic) and a count of the AWS API calls it served, by service and
 operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes), which the benchmark reads to
 count what a task costs at the backend rather than estimate it.
 """
@@ -93,9 +93,10 @@ def _install_call_counter() -> None:
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
-    from llmtasks.local import moto_redrive
+    from llmtasks.local import moto_atomic, moto_redrive
 
     moto_redrive.install()
+    moto_atomic.install()
     _install_call_counter()
     moto_main(argv if argv is not None else sys.argv[1:])
 

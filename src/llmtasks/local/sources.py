@@ -5,6 +5,7 @@ responses, maximum concurrency, filters, retries, on-failure destination)."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -90,7 +91,9 @@ class SqsPoller:
         reply = self._sqs.receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(10, limit)),
-            WaitTimeSeconds=max(0, min(20, round(wait_s))),
+            # Rounded up: a zero wait would make the batching loop spin on empty receives, and a
+            # long poll returns as soon as a message arrives anyway.
+            WaitTimeSeconds=max(0, min(20, math.ceil(wait_s))),
             MessageSystemAttributeNames=["All"],
             MessageAttributeNames=["All"],
         )

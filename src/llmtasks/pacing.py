@@ -1,0 +1,77 @@
+"""A shared pace for LLM calls: at most N calls per second across every worker sandbox.
+
+Each call reserves the next free start time on one TasksTable item, the way GCRA (the generic
+cell rate algorithm) spaces cells: `next_at` moves on by 1/N per reservation, and the caller
+waits until its reserved time. So calls leave evenly spaced, never in bursts, however many
+sandboxes run; a provider's requests-per-second limit then answers no 429s, instead of many that
+each cost a retry and its backoff. One conditional write per call; none when pacing is off.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtasks.errors import BackendError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+PACER_KEY = {"pk": {"S": "pacer#llm"}}
+# Calls leave on time but arrive a few milliseconds apart from that; a provider counting any one
+# second would see the pace's last call of a second and its first of the next as too close.
+# Spacing them 2% wider leaves 20 ms of slack in every second.
+SLACK = 1.02
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+class CallPacer:
+    def __init__(self, table_name: str, client: DynamoDBClient, *, calls_per_second: float) -> None:
+        self._table = table_name
+        self._client = client
+        self.interval_s = SLACK / calls_per_second
+
+    def reserve(self, now: float) -> float:
+        """The time (epoch s) at which this call may start: `now` when the pace allows it."""
+        try:
+            for _ in range(10):
+                # Busy: take the next slot after the last one reserved.
+                try:
+                    reply = self._client.update_item(
+                        TableName=self._table,
+                        Key=PACER_KEY,
+                        UpdateExpression="SET next_at = next_at + :interval",
+                        ConditionExpression="next_at >= :now",
+                        ExpressionAttributeValues={
+                            ":interval": {"N": repr(self.interval_s)},
+                            ":now": {"N": repr(now)},
+                        },
+                        ReturnValues="UPDATED_OLD",
+                    )
+                    return float(reply["Attributes"]["next_at"]["N"])
+                except ClientError as exc:
+                    if not _condition_failed(exc):
+                        raise
+                # Idle (no slot reserved beyond now): start now, unless another call just did.
+                try:
+                    self._client.update_item(
+                        TableName=self._table,
+                        Key=PACER_KEY,
+                        UpdateExpression="SET next_at = :next",
+                        ConditionExpression="attribute_not_exists(next_at) OR next_at < :now",
+                        ExpressionAttributeValues={
+                            ":next": {"N": repr(now + self.interval_s)},
+                            ":now": {"N": repr(now)},
+                        },
+                    )
+                    return now
+                except ClientError as exc:
+                    if not _condition_failed(exc):
+                        raise
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"the LLM call pace could not be reserved: {exc}") from exc
+        raise BackendError("the LLM call pace could not be reserved: too much contention")
