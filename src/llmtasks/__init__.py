@@ -3,17 +3,11 @@
 The client side is importable from here: `Client`, `AsyncClient`, `verify_webhook`.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-# After __version__: the package's modules read it.
-from llmtasks.client import (
-    AsyncClient,
-    Client,
-    ProblemError,
-    TaskFailedError,
-    WaitTimeoutError,
-    verify_webhook,
-)
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
@@ -24,3 +18,23 @@ __all__ = [
     "__version__",
     "verify_webhook",
 ]
+
+if TYPE_CHECKING:
+    from llmtasks.client import (
+        AsyncClient,
+        Client,
+        ProblemError,
+        TaskFailedError,
+        WaitTimeoutError,
+        verify_webhook,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The client on first use: the Lambda functions import this package too, and its HTTP
+    client's imports would be a fifth of their cold start."""
+    if name in __all__:
+        from llmtasks import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'llmtasks' has no attribute {name!r}")

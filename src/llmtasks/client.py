@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from llmtasks.llm.openai import parse_retry_after
 from llmtasks.models import TaskList, TaskStatus, TaskView, WebhookEvent
+from llmtasks.retry_after import parse_retry_after
 
 __all__ = [
     "AsyncClient",

@@ -21,11 +21,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 from standardwebhooks import Webhook
 
 from llmtasks.errors import InvalidInput, RetryLater
-from llmtasks.llm.openai import parse_retry_after
 from llmtasks.models import (
     EVENT_OF_STATUS,
     EventType,
@@ -37,9 +35,12 @@ from llmtasks.models import (
 )
 from llmtasks.observability import logger
 from llmtasks.results import ResultBlobs
+from llmtasks.retry_after import parse_retry_after
 from llmtasks.store import task_from_item
 
 if TYPE_CHECKING:
+    import httpx
+
     from llmtasks.queues import Queue
     from llmtasks.settings import Settings
     from llmtasks.store import TaskStore
@@ -174,6 +175,8 @@ class WebhookSender:
             "user-agent": "llmtasks-webhooks/1",
             **self.sign(secrets, message_id=message_id, timestamp=datetime.now(tz=UTC), body=body),
         }
+        import httpx  # here, not at the top: the submit and status functions never send
+
         try:
             async with httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client:
                 response = await client.post(

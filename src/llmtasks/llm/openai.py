@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -13,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmtasks.errors import LLMError
 from llmtasks.models import Completion, LLMRequest, Usage
+from llmtasks.retry_after import parse_retry_after
 from llmtasks.settings import Settings
 
 # 408 and 409 are the provider's own transient conflicts; 429 is a rate limit.
@@ -29,21 +28,6 @@ def api_key_from_settings(settings: Settings) -> str | None:
 
         return str(get_secret(settings.llm_api_key_secret_arn))
     return None
-
-
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - (now or datetime.now(tz=UTC))).total_seconds())
 
 
 class _Message(BaseModel):

@@ -2,9 +2,9 @@
 
 A separate process keeps moto's request handling off the functions' interpreter lock. This
 module is where the local stack adds what moto lacks, so every client sees one endpoint:
-redrive (see moto_redrive), atomic conditional writes (moto_atomic) and a count of the AWS API calls it served, by service and
-operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes), which the benchmark reads to
-count what a task costs at the backend rather than estimate it.
+redrive (moto_redrive), atomic conditional writes (moto_atomic), and a count of the AWS API
+calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
+which the benchmark reads to count what a task costs at the backend rather than estimate it.
 """
 
 from __future__ import annotations
