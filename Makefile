@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test test-fast lint format e2e faults clean
+.PHONY: up test test-fast lint format e2e faults bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "llmtasks needs Python 3.11+ (set PYTHON=...)"; exit 2; }
@@ -31,11 +31,17 @@ e2e: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
+## The benchmark: overhead, scale, long calls, goodput under a rate limit, AWS calls and cost per
+## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 9 minutes).
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	for handler in functions/*/app.py; do $(BIN)/mypy $$handler || exit 1; done
+	$(BIN)/mypy bench/run.py
 	$(BIN)/cfn-lint template.yaml
 
 format: $(STAMP)

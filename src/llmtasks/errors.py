@@ -3,6 +3,9 @@ reads `LLMError.transient` to decide between a retry and a failure."""
 
 from __future__ import annotations
 
+# The error code of a provider's 429 (the pace reacts to it).
+RATE_LIMITED = "llm_rate_limited"
+
 
 class ApiError(Exception):
     status: int = 500

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 PACER_KEY = {"pk": {"S": "pacer#llm"}}
-# Calls leave on time but arrive a few milliseconds apart from that; a provider counting any one
-# second would see the pace's last call of a second and its first of the next as too close.
-# Spacing them 2% wider leaves 20 ms of slack in every second.
-SLACK = 1.02
+# Calls leave on time but arrive some milliseconds off it; a provider counting any one second
+# would see the pace's last call of a second and its first of the next as too close. Spacing
+# them 5% wider leaves 50 ms of slack in every second.
+SLACK = 1.05
 
 
 def _condition_failed(exc: ClientError) -> bool:
@@ -75,3 +75,20 @@ class CallPacer:
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"the LLM call pace could not be reserved: {exc}") from exc
         raise BackendError("the LLM call pace could not be reserved: too much contention")
+
+    def hold(self, until: float) -> None:
+        """No call starts before `until`: the provider said to wait (a 429's Retry-After), and
+        it says so to every worker, not only to the one it refused."""
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=PACER_KEY,
+                UpdateExpression="SET next_at = :until",
+                ConditionExpression="attribute_not_exists(next_at) OR next_at < :until",
+                ExpressionAttributeValues={":until": {"N": repr(until)}},
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):  # the pace already reaches beyond `until`
+                raise BackendError(f"the LLM call pace could not be held: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"the LLM call pace could not be held: {exc}") from exc

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import math
 import random
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtasks.errors import (
+    RATE_LIMITED,
     BackendError,
     InvalidInput,
     LLMError,
@@ -47,10 +49,13 @@ from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, r
 
 Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
+WAIT_FIRST_POLL_S = 0.05
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
 # A paced call starts only if at least this much of its timeout is left after the wait.
 MIN_CALL_TIME_S = 60.0
+# How often a call that woke late for its pace slot takes a fresh one before it goes anyway.
+PACE_LATE_TRIES = 3
 # Queries one listing may make to fill a page when a status filter skips most tasks.
 MAX_LIST_PAGES = 10
 
@@ -198,7 +203,7 @@ class TaskService:
         if not is_task_id(task_id):
             raise TaskNotFound(task_id[:64])
         give_up = time.monotonic() + wait_s
-        while True:
+        for reads in itertools.count():
             now = self._clock()
             stored = self._store.get(task_id, now=now)
             if stored is None or stored.tenant_id != tenant_id:
@@ -207,8 +212,10 @@ class TaskService:
             left = give_up - time.monotonic()
             if task.status.is_terminal or left <= 0:
                 return self._results.hydrate(task)
-            # One consistent read per half second: a long-poll costs what client polling would.
-            time.sleep(min(WAIT_POLL_S, left))
+            # Reads 0.05, 0.1, 0.2, 0.4 s apart, then one per half second: a short task is seen
+            # done within a few tens of milliseconds, and a long wait costs what client polling would.
+            time.sleep(min(WAIT_POLL_S, WAIT_FIRST_POLL_S * 2**reads, left))
+        raise AssertionError("unreachable: the loop returns")
 
     def list_tasks(
         self, tenant_id: str, *, status: TaskStatus | None = None, limit: int = 20, cursor: str | None = None
@@ -253,6 +260,12 @@ class TaskService:
         )
         logger.info("webhook secret rotated", tenant_id=tenant_id)
         return WebhookSecret.of(secrets, now)
+
+
+class PaceFull(Exception):
+    def __init__(self, backlog_s: float) -> None:
+        super().__init__(f"the next free pace slot is {backlog_s:.0f} s away")
+        self.backlog_s = backlog_s
 
 
 @dataclass(frozen=True)
@@ -310,14 +323,12 @@ class TaskRunner:
         if deadline is not None:
             timeout = min(timeout, deadline - now)
         if self._pacer is not None:
-            wait = await asyncio.to_thread(self._pacer.reserve, self._clock()) - self._clock()
-            if wait > timeout - MIN_CALL_TIME_S:
-                # The pace has no slot this invocation can still use: the task waits in the queue.
-                self._schedule_retry(task, lease_id, wait, "The LLM call pace is full.", "paced")
+            try:
+                timeout -= await self._wait_for_pace(timeout)
+            except PaceFull as full:
+                # No slot this invocation can still use: the task waits in the queue meanwhile.
+                self._schedule_retry(task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced")
                 return
-            if wait > 0:
-                await asyncio.sleep(wait)
-                timeout -= wait
         try:
             completion = await self._llm.complete(task.request, timeout_s=timeout)
         except LLMError as error:
@@ -345,6 +356,22 @@ class TaskRunner:
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
         )
+
+    async def _wait_for_pace(self, call_budget_s: float) -> float:
+        """Waits for this call's slot in the shared pace; returns the seconds waited. Raises
+        PaceFull when the slot lies beyond what the call's time budget leaves. A call that wakes well
+        past its slot (a busy sandbox) takes a fresh one rather than leave in a burst with the
+        next, which a provider counting requests per second would refuse."""
+        assert self._pacer is not None
+        began = self._clock()
+        for _ in range(PACE_LATE_TRIES):
+            start_at = await asyncio.to_thread(self._pacer.reserve, self._clock())
+            if start_at - began > call_budget_s - MIN_CALL_TIME_S:
+                raise PaceFull(start_at - began)
+            await asyncio.sleep(max(0.0, start_at - self._clock()))
+            if self._clock() - start_at <= self._pacer.interval_s / 2:
+                break
+        return self._clock() - began
 
     async def _claim(
         self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float
@@ -428,6 +455,11 @@ class TaskRunner:
             self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
             return
         delay = self.backoff_s(task.attempts)
+        if self._pacer is not None and error.code == RATE_LIMITED and error.retry_after is not None:
+            # The pace ran ahead of the provider's own count: every worker waits the Retry-After,
+            # and this task's retry takes the pace's next slot after it, without a backoff of its own.
+            self._pacer.hold(now + error.retry_after)
+            delay = 0
         if error.retry_after is not None:
             if error.retry_after > self._settings.retry_after_cap_s:
                 self._fail(

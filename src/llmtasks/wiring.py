@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import boto3
+from botocore.config import Config
 
 from llmtasks.apikeys import ApiKeys, CachedAuthenticator
 from llmtasks.idempotency import IdempotencyKeys
@@ -32,9 +33,15 @@ if TYPE_CHECKING:
 _client_lock = threading.Lock()
 
 
+# One client per service serves every thread of a sandbox: the worker's concurrent records
+# (and, locally, every sandbox of the process). botocore's pool of 10 connections would make the
+# eleventh concurrent call open, and then drop, a connection of its own.
+_CLIENT_CONFIG = Config(max_pool_connections=64)
+
+
 def _client(service: str) -> Any:
     with _client_lock:
-        return boto3.session.Session().client(service)  # type: ignore[call-overload]
+        return boto3.session.Session().client(service, config=_CLIENT_CONFIG)  # type: ignore[call-overload]
 
 
 @lru_cache(maxsize=1)

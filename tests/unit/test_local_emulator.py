@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +180,6 @@ def test_the_sqs_poller_deletes_all_but_the_reported_failures(aws: Aws, tmp_path
     arn = aws.resources.attributes[("WebhookQueue", "Arn")]
     for body in ("good", "bad", "good"):
         aws.sqs.send_message(QueueUrl=url, MessageBody=body)
-    import threading
 
     source = SqsSource("F", "S", arn, batch_size=10, report_batch_item_failures=True)
     poller = SqsPoller(source, FunctionRuntime(spec), aws.sqs, url, threading.Event())
@@ -194,6 +195,48 @@ def test_the_sqs_poller_deletes_all_but_the_reported_failures(aws: Aws, tmp_path
     )
     left = aws.messages("WebhookQueue")
     assert [m["Body"] for m in left] == ["bad"]
+
+
+class CountingSqs:
+    """The SQS client, with a count of its receives."""
+
+    def __init__(self, sqs: Any) -> None:
+        self._sqs = sqs
+        self.receives = 0
+
+    def receive_message(self, **kwargs: Any) -> Any:
+        self.receives += 1
+        return self._sqs.receive_message(**kwargs)
+
+
+def test_a_batching_window_gathers_a_trickle_into_one_batch_with_few_receives(
+    aws: Aws, tmp_path: Path
+) -> None:
+    # Given a queue that gets a message now and four more over the next 0.6 s
+    url = aws.queue_url("WebhookQueue")
+    arn = aws.resources.attributes[("WebhookQueue", "Arn")]
+    aws.sqs.send_message(QueueUrl=url, MessageBody="first")
+
+    def trickle() -> None:
+        for i in range(4):
+            time.sleep(0.15)
+            aws.sqs.send_message(QueueUrl=url, MessageBody=f"then {i}")
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    sqs = CountingSqs(aws.sqs)
+    source = SqsSource("F", "S", arn, batch_size=10, batching_window_s=1)
+    spec = _function(tmp_path, "def handler(event, context):\n    return None\n")
+    poller = SqsPoller(source, FunctionRuntime(spec), sqs, url, threading.Event())  # type: ignore[arg-type]
+    # When the poller takes its next batch, with a one-second window
+    started = time.monotonic()
+    batch = poller.next_batch()
+    sender.join()
+    # Then all five are in it, the window was kept, and it took a receive every quarter second
+    # at most, not one per message as each landed
+    assert sorted(m["Body"] for m in batch) == ["first", "then 0", "then 1", "then 2", "then 3"]
+    assert 1.0 <= time.monotonic() - started < 2.0
+    assert sqs.receives <= 1 + 4
 
 
 def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:

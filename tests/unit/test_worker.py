@@ -120,11 +120,27 @@ def test_a_paced_batch_keeps_under_the_providers_rate_limit_instead_of_collectin
     assert statuses[TaskStatus.COMPLETED] >= 9
     assert statuses[TaskStatus.COMPLETED] + statuses[TaskStatus.PENDING] == 10
     # And without the pace the same batch is refused beyond the limit
-    for i in range(10):
-        worker.submit(f"unpaced {i}")
-    worker.run(worker.queued())
-    assert mock_llm.stats.rps_limited >= 5
-    assert mock_llm.stats.calls == 20
+    unpaced = {worker.submit(f"unpaced {i}"): f"unpaced {i}" for i in range(10)}
+    worker.run([m for m in worker.queued() if json.loads(m["Body"])["task_id"] in unpaced])
+    refused = [p for p in unpaced.values() if mock_llm.stats.outcomes_by_prompt[p] == ["rps"]]
+    assert len(refused) >= 5
+
+
+def test_a_429_under_a_pace_holds_every_worker_for_its_retry_after(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a paced worker whose provider answers 429 with Retry-After: 3
+    mock_llm.configure(rate_429=1.0, retry_after_s=3)
+    task_id = worker.submit("refused")
+    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=100)
+    before = time.time()
+    worker.run(worker.queued(), pacer=pacer, retry_base_delay_s=60.0)
+    # Then the task retries after the Retry-After, with no backoff of its own on top
+    task = worker.task(task_id)
+    assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "llm_rate_limited")
+    assert before + 3 <= task.next_attempt_at <= time.time() + 4
+    # And no other worker's call starts before the provider said it may
+    assert pacer.reserve(now=time.time()) >= before + 3
 
 
 def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(worker: Worker) -> None:
@@ -459,6 +475,27 @@ def test_a_call_that_trickles_forever_is_cut_at_the_worker_s_deadline(mock_llm: 
     assert (error.value.code, error.value.transient) == ("llm_timeout", True)
     assert time.monotonic() - started < 5
     assert mock_llm.stats.outcomes_by_prompt == {"hang": ["hang"]}
+
+
+def test_the_provider_keeps_one_http_client_per_live_event_loop(mock_llm: RunningMock) -> None:
+    # Given a provider used from one event loop after another (each closed after its call, as
+    # outside Lambda Powertools runs each batch on a fresh loop)
+    llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
+    for i in range(5):
+        asyncio.run(llm.complete(LLMRequest(prompt=f"loop {i}"), timeout_s=5))
+    # Then it holds only the last loop's client: the others (each with an SSL context of most of
+    # a megabyte) went with their loops instead of piling up in a warm sandbox
+    assert len(llm._clients) == 1
+    # And a loop that lives on keeps its client, and with it its pooled connection
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept"), timeout_s=5))
+        kept = llm._clients[loop]
+        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept again"), timeout_s=5))
+        assert llm._clients[loop] is kept
+    finally:
+        loop.close()
+    assert mock_llm.stats.calls == 7
 
 
 def test_the_mock_s_requests_per_second_limit_is_a_429_with_retry_after(mock_llm: RunningMock) -> None:

@@ -214,8 +214,11 @@ class MockLLM:
         return JSONResponse(self.config.model_dump())
 
     def reset_stats(self) -> None:
+        """Zeroes the counters, and the requests-per-second window with them: a reset mock
+        has seen no calls."""
         with self._lock:
             self.stats = MockStats(in_flight=self.stats.in_flight)
+            self._rate_limit = _RateLimit()
 
     async def reset(self, _: Request) -> JSONResponse:
         self.reset_stats()

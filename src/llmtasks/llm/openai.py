@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.errors import LLMError
+from llmtasks.errors import RATE_LIMITED, LLMError
 from llmtasks.models import Completion, LLMRequest, Usage
 from llmtasks.retry_after import parse_retry_after
 from llmtasks.settings import Settings
@@ -59,14 +58,15 @@ class OpenAIChat:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._default_model = default_model
         # One AsyncClient per event loop, kept across invocations: in Lambda the loop (and so the
-        # client's connection pool) lives as long as the sandbox; the local stack runs one loop
-        # per concurrent sandbox thread.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        # client's connection pool) lives as long as the sandbox. A plain dict, purged of closed
+        # loops: a client refers to its loop, so weak keys would never let an entry go, and an
+        # AsyncClient holds an SSL context of most of a megabyte.
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
+        for closed in [other for other in self._clients if other.is_closed()]:
+            del self._clients[closed]  # its connections died with it
         client = self._clients.get(loop)
         if client is None or client.is_closed:
             client = httpx.AsyncClient(
@@ -103,7 +103,7 @@ class OpenAIChat:
             status = response.status_code
             raise LLMError(
                 f"The LLM answered {status}: {_error_message(response)}",
-                code="llm_rate_limited" if status == 429 else f"llm_http_{status}",
+                code=RATE_LIMITED if status == 429 else f"llm_http_{status}",
                 transient=status in _TRANSIENT_STATUS or status >= 500,
                 retry_after=parse_retry_after(response.headers.get("retry-after")),
             )

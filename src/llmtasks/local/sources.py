@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 DEFAULT_SQS_CONCURRENCY = 5
 # Long-poll slices: short enough that a stop is quick, long enough not to spin.
 POLL_WAIT_S = 1
+# While a batching window is open, how long the poller waits between receives that fill it.
+FILL_STEP_S = 0.25
 STREAM_IDLE_S = 0.25
 
 
@@ -91,8 +93,6 @@ class SqsPoller:
         reply = self._sqs.receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(10, limit)),
-            # Rounded up: a zero wait would make the batching loop spin on empty receives, and a
-            # long poll returns as soon as a message arrives anyway.
             WaitTimeSeconds=max(0, min(20, math.ceil(wait_s))),
             MessageSystemAttributeNames=["All"],
             MessageAttributeNames=["All"],
@@ -100,7 +100,11 @@ class SqsPoller:
         return list(reply.get("Messages") or [])
 
     def next_batch(self) -> list[MessageTypeDef]:
-        """Up to BatchSize messages, waiting up to MaximumBatchingWindowInSeconds to fill it."""
+        """Up to BatchSize messages, waiting up to MaximumBatchingWindowInSeconds to fill it.
+
+        After the first message, it takes what has arrived every FILL_STEP_S rather than each
+        message as it lands: one receive per message would bill a trickle of tasks for a
+        receive each."""
         batch = self._receive(self.source.batch_size, POLL_WAIT_S)
         if not batch:
             return batch
@@ -109,7 +113,8 @@ class SqsPoller:
             left = fill_until - time.monotonic()
             if left <= 0:
                 break
-            batch += self._receive(self.source.batch_size - len(batch), min(left, POLL_WAIT_S))
+            self._stop.wait(min(left, FILL_STEP_S))
+            batch += self._receive(self.source.batch_size - len(batch), 0)
         return batch
 
     def _poll(self) -> None:

@@ -138,6 +138,10 @@ class LocalStack:
         os.environ["AUTH_REQUIRED"] = str(self.options.auth).lower()
         # X-Ray has no daemon here; the Tracer would only warn.
         os.environ["POWERTOOLS_TRACE_DISABLED"] = "true"
+        # Lambda sets it, and libraries read it to tell Lambda apart: Powertools' async batch
+        # processing then keeps one event loop per sandbox across invocations, as in AWS,
+        # instead of a new loop (and new HTTP clients) per invocation.
+        os.environ["LAMBDA_TASK_ROOT"] = str(template.root)
         if self.options.auth:
             self.dev_key = self._create_dev_key()
         pollers: list[SqsPoller | StreamPoller] = []
