@@ -32,7 +32,7 @@ faults: $(STAMP)
 	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
 ## The benchmark: overhead, scale, long calls, goodput under a rate limit, AWS calls and cost per
-## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 9 minutes).
+## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 8 minutes).
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 

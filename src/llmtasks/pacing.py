@@ -17,6 +17,8 @@ from llmtasks.errors import BackendError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.literals import ReturnValueType
+    from mypy_boto3_dynamodb.type_defs import UpdateItemOutputTypeDef
 
 PACER_KEY = {"pk": {"S": "pacer#llm"}}
 # Calls leave on time but arrive some milliseconds off it; a provider counting any one second
@@ -37,58 +39,52 @@ class CallPacer:
 
     def reserve(self, now: float) -> float:
         """The time (epoch s) at which this call may start: `now` when the pace allows it."""
-        try:
-            for _ in range(10):
-                # Busy: take the next slot after the last one reserved.
-                try:
-                    reply = self._client.update_item(
-                        TableName=self._table,
-                        Key=PACER_KEY,
-                        UpdateExpression="SET next_at = next_at + :interval",
-                        ConditionExpression="next_at >= :now",
-                        ExpressionAttributeValues={
-                            ":interval": {"N": repr(self.interval_s)},
-                            ":now": {"N": repr(now)},
-                        },
-                        ReturnValues="UPDATED_OLD",
-                    )
-                    return float(reply["Attributes"]["next_at"]["N"])
-                except ClientError as exc:
-                    if not _condition_failed(exc):
-                        raise
-                # Idle (no slot reserved beyond now): start now, unless another call just did.
-                try:
-                    self._client.update_item(
-                        TableName=self._table,
-                        Key=PACER_KEY,
-                        UpdateExpression="SET next_at = :next",
-                        ConditionExpression="attribute_not_exists(next_at) OR next_at < :now",
-                        ExpressionAttributeValues={
-                            ":next": {"N": repr(now + self.interval_s)},
-                            ":now": {"N": repr(now)},
-                        },
-                    )
-                    return now
-                except ClientError as exc:
-                    if not _condition_failed(exc):
-                        raise
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"the LLM call pace could not be reserved: {exc}") from exc
+        for _ in range(10):
+            # Busy: take the next slot after the last one reserved.
+            reply = self._update(
+                "SET next_at = next_at + :interval",
+                condition="next_at >= :now",
+                values={":interval": self.interval_s, ":now": now},
+                returns="UPDATED_OLD",
+            )
+            if reply is not None:
+                return float(reply["Attributes"]["next_at"]["N"])
+            # Idle (no slot reserved beyond now): start now, unless another call just did.
+            idle = self._update(
+                "SET next_at = :next",
+                condition="attribute_not_exists(next_at) OR next_at < :now",
+                values={":next": now + self.interval_s, ":now": now},
+            )
+            if idle is not None:
+                return now
         raise BackendError("the LLM call pace could not be reserved: too much contention")
 
     def hold(self, until: float) -> None:
         """No call starts before `until`: the provider said to wait (a 429's Retry-After), and
-        it says so to every worker, not only to the one it refused."""
+        it says so to every worker, not only to the one it refused. A pace that already
+        reaches beyond `until` stays as it is."""
+        self._update(
+            "SET next_at = :until",
+            condition="attribute_not_exists(next_at) OR next_at < :until",
+            values={":until": until},
+        )
+
+    def _update(
+        self, update: str, *, condition: str, values: dict[str, float], returns: ReturnValueType = "NONE"
+    ) -> UpdateItemOutputTypeDef | None:
+        """One conditional write to the pace's item: its reply, or None if the condition failed."""
         try:
-            self._client.update_item(
+            return self._client.update_item(
                 TableName=self._table,
                 Key=PACER_KEY,
-                UpdateExpression="SET next_at = :until",
-                ConditionExpression="attribute_not_exists(next_at) OR next_at < :until",
-                ExpressionAttributeValues={":until": {"N": repr(until)}},
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues={name: {"N": repr(value)} for name, value in values.items()},
+                ReturnValues=returns,
             )
         except ClientError as exc:
-            if not _condition_failed(exc):  # the pace already reaches beyond `until`
-                raise BackendError(f"the LLM call pace could not be held: {exc}") from exc
+            if _condition_failed(exc):
+                return None
+            raise BackendError(f"the LLM call pace could not be updated: {exc}") from exc
         except BotoCoreError as exc:
-            raise BackendError(f"the LLM call pace could not be held: {exc}") from exc
+            raise BackendError(f"the LLM call pace could not be updated: {exc}") from exc
