@@ -451,8 +451,9 @@ class Cost:
         )
 
     def per_million(self, http_requests: float) -> dict[str, float]:
-        """USD per million tasks, by what is billed. TasksTable writes count twice (its by_tenant
-        GSI projects ALL, so every write to a task replicates); items under 1 KB are one unit."""
+        """USD per million tasks, by what is billed; items under 1 KB are one unit. The by_tenant
+        index holds keys only, so of a task's writes only its creation writes to it: one more
+        write unit per task."""
         writes = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_WRITES)
         reads = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_READS)
         sqs = sum(v for k, v in self.calls.items() if k.startswith("sqs.") and not k.endswith(".empty"))
@@ -463,7 +464,7 @@ class Cost:
             "Lambda GB-s": gb_s * PRICES["lambda_gb_s"] * 1e6,
             "HTTP API requests": http_requests * PRICES["http_api_request"] * 1e6,
             "SQS requests": sqs * PRICES["sqs_request"] * 1e6,
-            "DynamoDB writes (x2 with the GSI)": writes * 2 * PRICES["dynamodb_wru"] * 1e6,
+            "DynamoDB writes (+1 index entry per task)": (writes + 1) * PRICES["dynamodb_wru"] * 1e6,
             "DynamoDB reads": reads * 0.5 * PRICES["dynamodb_rru"] * 1e6,
         }
 

@@ -7,6 +7,7 @@ Every state change is a conditional write, so no transition happens twice or bac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 _LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at"
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
+BATCH_GET_ATTEMPTS = 5
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 
 
@@ -125,10 +127,12 @@ class TaskStore:
     def tenant_tasks(
         self, tenant_id: str, *, limit: int, start: Mapping[str, Any] | None = None
     ) -> tuple[list[Task], dict[str, Any] | None]:
-        """One page of a tenant's tasks, newest first (GSI by_tenant), and where the next starts.
+        """One page of a tenant's tasks, newest first, and where the next starts.
 
-        `start` is the previous page's continuation, as returned; expired items are included
-        (DynamoDB deletes them late), so callers filter.
+        The by_tenant index holds keys only (so a task's updates never write to it): the page's
+        keys come from it, the tasks from one BatchGetItem. `start` is the previous page's
+        continuation, as returned; expired items are included (DynamoDB deletes them late), so
+        callers filter.
         """
         extra: dict[str, Any] = {"ExclusiveStartKey": serialize(start)} if start else {}
         try:
@@ -141,12 +145,35 @@ class TaskStore:
                 Limit=limit,
                 **extra,
             )
+            keys = [{"pk": item["pk"]} for item in reply.get("Items", [])]
+            items = self._batch_get(keys)
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"DynamoDB query failed: {exc}") from exc
         following = reply.get("LastEvaluatedKey")
-        return [task_from_item(item) for item in reply.get("Items", [])], deserialize(
-            following
-        ) if following else None
+        # In the index's order; a task deleted between the query and the read is left out.
+        tasks = [task_from_item(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
+        return tasks, deserialize(following) if following else None
+
+    def _batch_get(self, keys: list[dict[str, AttributeValueTypeDef]]) -> dict[str, dict[str, Any]]:
+        """The items of up to 100 keys, by pk, read consistently; keys DynamoDB leaves
+        unprocessed (throttling) are asked again."""
+        found: dict[str, dict[str, Any]] = {}
+        pending: list[Any] = list(keys)
+        for attempt in range(BATCH_GET_ATTEMPTS):
+            if not pending:
+                break
+            if attempt:
+                time.sleep(0.05 * 2**attempt)
+            reply = self._client.batch_get_item(
+                RequestItems={self.table_name: {"Keys": pending, "ConsistentRead": True}}
+            )
+            for item in reply.get("Responses", {}).get(self.table_name, []):
+                found[str(item["pk"]["S"])] = dict(item)
+            unprocessed: Any = reply.get("UnprocessedKeys", {}).get(self.table_name) or {}
+            pending = list(unprocessed.get("Keys", []))
+        if pending:
+            raise BackendError(f"DynamoDB left {len(pending)} of a page's tasks unread")
+        return found
 
     def claim(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
@@ -282,3 +284,38 @@ def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:
     again = store.webhook_secrets("acme", new_secret="whsec_second").webhook_secret
     other = store.webhook_secrets("globex", new_secret="whsec_third").webhook_secret
     assert (first, again, other) == ("whsec_first", "whsec_first", "whsec_third")
+
+
+def test_a_listing_page_reads_what_the_keys_only_index_points_to_and_asks_again_for_the_rest(
+    aws: Aws, store: TaskStore
+) -> None:
+    # Given three tasks, and a DynamoDB that leaves one key of the page's read unprocessed
+    now = 1_800_000_000.0
+    for i, task_id in enumerate(("a" * 32, "b" * 32, "c" * 32)):
+        store.create(pending_task(task_id, now=now + i))
+    index_keys = aws.dynamodb.query(
+        TableName=store.table_name,
+        IndexName="by_tenant",
+        KeyConditionExpression="tenant_id = :t",
+        ExpressionAttributeValues={":t": {"S": "default"}},
+    )["Items"]
+    assert all(set(item) == {"pk", "tenant_id", "created_at"} for item in index_keys)  # keys only
+    real_batch_get = aws.dynamodb.batch_get_item
+    calls: list[int] = []
+
+    def throttled_once(**request: Any) -> Any:
+        keys = request["RequestItems"][store.table_name]["Keys"]
+        calls.append(len(keys))
+        if len(calls) > 1:
+            return real_batch_get(**request)
+        request["RequestItems"][store.table_name]["Keys"] = keys[1:]
+        reply = real_batch_get(**request)
+        reply["UnprocessedKeys"] = {store.table_name: {"Keys": keys[:1], "ConsistentRead": True}}
+        return reply
+
+    aws.dynamodb.batch_get_item = throttled_once
+    # When the tenant's first page is read
+    page, _ = store.tenant_tasks("default", limit=3)
+    # Then it has every task, newest first, the unprocessed one asked for again
+    assert [t.task_id for t in page] == ["c" * 32, "b" * 32, "a" * 32]
+    assert calls == [3, 1]
