@@ -327,7 +327,9 @@ class TaskRunner:
                 timeout -= await self._wait_for_pace(timeout)
             except PaceFull as full:
                 # No slot this invocation can still use: the task waits in the queue meanwhile.
-                self._schedule_retry(task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced")
+                self._schedule_retry(
+                    task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
+                )
                 return
         try:
             completion = await self._llm.complete(task.request, timeout_s=timeout)
@@ -479,7 +481,11 @@ class TaskRunner:
             return
         self._schedule_retry(task, lease_id, delay, str(error), error.code)
 
-    def _schedule_retry(self, task: Task, lease_id: str, delay: float, error: str, error_code: str) -> None:
+    def _schedule_retry(
+        self, task: Task, lease_id: str, delay: float, error: str, error_code: str, *, attempted: bool = True
+    ) -> None:
+        """The task back to pending with a delayed message of its own; `attempted` False when no
+        call left (the pace was full), so the wait costs the task none of its retries."""
         # A new message with a delay, sent before the task is released: if we die in between,
         # the lease makes the new message wait and the old one finds the task already done.
         # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
@@ -493,6 +499,7 @@ class TaskRunner:
                 error=error,
                 error_code=error_code,
                 next_attempt_at=self._clock() + delay,
+                attempted=attempted,
             )
         except StaleWrite:
             logger.info("cancelled during the call", task_id=task.task_id)

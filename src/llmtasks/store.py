@@ -260,23 +260,40 @@ class TaskStore:
         )
 
     def release(
-        self, task_id: str, *, lease_id: str, error: str, error_code: str, next_attempt_at: float
+        self,
+        task_id: str,
+        *,
+        lease_id: str,
+        error: str,
+        error_code: str,
+        next_attempt_at: float,
+        attempted: bool = True,
     ) -> Task:
-        """processing -> pending after a transient error, with the time of the next attempt."""
+        """processing -> pending after a transient error, with the time of the next attempt.
+        With `attempted` False the claim gives its attempt back: the call never left."""
         return self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.PENDING,
             values={"last_error": error, "last_error_code": error_code, "next_attempt_at": next_attempt_at},
+            uncount_attempt=not attempted,
         )
 
     def _finish(
-        self, task_id: str, *, lease_id: str | None, status: TaskStatus, values: Mapping[str, Any]
+        self,
+        task_id: str,
+        *,
+        lease_id: str | None,
+        status: TaskStatus,
+        values: Mapping[str, Any],
+        uncount_attempt: bool = False,
     ) -> Task:
         values = {k: v for k, v in values.items() if v is not None}
         names = {"#status": "status", **{f"#{k}": k for k in values}}
         assignments = ", ".join(f"#{k} = :{k}" for k in values)
         expression_values = {":status": status.value, **{f":{k}": v for k, v in values.items()}}
+        if uncount_attempt:
+            expression_values[":uncount"] = -1
         if lease_id is None:
             condition = "#status = :pending"
             expression_values[":pending"] = TaskStatus.PENDING.value
@@ -286,7 +303,8 @@ class TaskStore:
         try:
             return self._transition(
                 task_id,
-                update=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}",
+                update=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}"
+                + (" ADD attempts :uncount" if uncount_attempt else ""),
                 condition=condition,
                 names=names,
                 values=expression_values,

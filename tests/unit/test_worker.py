@@ -150,6 +150,7 @@ def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(work
     assert worker.run(worker.queued(), pacer=pacer) == {"batchItemFailures": []}
     task = worker.task(task_id)
     assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "paced")
+    assert task.attempts == 0  # no call left, so none of its retries is spent
     assert task.next_attempt_at == pytest.approx(time.time() + 900, abs=5)  # SQS's longest delay
     delayed = worker.aws.sqs.get_queue_attributes(
         QueueUrl=worker.queue.url, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
