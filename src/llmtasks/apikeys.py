@@ -20,7 +20,7 @@ import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from llmtasks.store import deserialize, serialize
+from llmtasks.store import deserialize, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -98,7 +98,7 @@ class ApiKeys:
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            if is_condition_failure(exc):
                 return None
             raise
         return ApiKey.model_validate(deserialize(reply["Attributes"]))

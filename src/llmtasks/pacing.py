@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.errors import BackendError
+from llmtasks.store import is_condition_failure
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -25,10 +26,6 @@ PACER_KEY = {"pk": {"S": "pacer#llm"}}
 # would see the pace's last call of a second and its first of the next as too close. Spacing
 # them 5% wider leaves 50 ms of slack in every second.
 SLACK = 1.05
-
-
-def _condition_failed(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
 
 class CallPacer:
@@ -83,7 +80,7 @@ class CallPacer:
                 ReturnValues=returns,
             )
         except ClientError as exc:
-            if _condition_failed(exc):
+            if is_condition_failure(exc):
                 return None
             raise BackendError(f"the LLM call pace could not be updated: {exc}") from exc
         except BotoCoreError as exc:

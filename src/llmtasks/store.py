@@ -78,7 +78,8 @@ def _failed_item(exc: ClientError) -> Task | None:
     return task_from_item(item) if item else None
 
 
-def _is_condition_failure(exc: ClientError) -> bool:
+def is_condition_failure(exc: ClientError) -> bool:
+    """A conditional write refused because its condition did not hold (not an outage)."""
     return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
 
 
@@ -397,7 +398,7 @@ class TaskStore:
                 **optional,
             )
         except ClientError as exc:
-            if _is_condition_failure(exc):
+            if is_condition_failure(exc):
                 raise _ConditionFailed(_failed_item(exc)) from exc
             raise
         return task_from_item(reply["Attributes"])
@@ -417,7 +418,7 @@ class TaskStore:
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except ClientError as exc:
-            if not _is_condition_failure(exc):
+            if not is_condition_failure(exc):
                 raise
             # Another request created it first: theirs is the secret.
             return self.webhook_secrets(tenant_id, new_secret=new_secret)
