@@ -408,13 +408,16 @@ class Receiver:
         self.server.shutdown()
 
 
+def charged_to_tasks(operation: str) -> bool:
+    """Not an idle poller's empty receive, nor a stream read Lambda makes for its trigger (free)."""
+    return not operation.endswith(".empty") and not operation.startswith("dynamodbstreams")
+
+
 def settled_calls(stack: LaunchedStack, quiet_s: float = 2.0, limit_s: float = 120) -> dict[str, int]:
     """The call count once nothing but idle polling has changed it for `quiet_s`."""
 
     def busy(calls: dict[str, int]) -> dict[str, int]:
-        return {
-            k: v for k, v in calls.items() if not k.endswith(".empty") and not k.startswith("dynamodbstreams")
-        }
+        return {k: v for k, v in calls.items() if charged_to_tasks(k)}
 
     last, since = busy(stack.aws_calls()), time.monotonic()
     give_up = time.monotonic() + limit_s
@@ -444,11 +447,7 @@ class Cost:
 
     @property
     def api_calls(self) -> float:
-        return sum(
-            v
-            for k, v in self.calls.items()
-            if not k.endswith(".empty") and not k.startswith("dynamodbstreams")
-        )
+        return sum(v for k, v in self.calls.items() if charged_to_tasks(k))
 
     def per_million(self, http_requests: float) -> dict[str, float]:
         """USD per million tasks, by what is billed; items under 1 KB are one unit. The by_tenant
@@ -526,16 +525,12 @@ def costs(report: Report, tasks: int) -> None:
     )
     for operation, count in sorted(plain.calls.items()):
         report.add(section, f"  {operation}", f"{count:.2f}")
-    report.add(section, "added by an Idempotency-Key", f"+{keyed.api_calls - plain.api_calls:.2f}")
-    for operation in sorted(set(keyed.calls) | set(plain.calls)):
-        extra = keyed.calls.get(operation, 0) - plain.calls.get(operation, 0)
-        if abs(extra) >= 0.01 and not operation.endswith(".empty"):
-            report.add(section, f"  {operation}", f"{extra:+.2f}")
-    report.add(section, "added by a webhook", f"+{hooked.api_calls - plain.api_calls:.2f}")
-    for operation in sorted(set(hooked.calls) | set(plain.calls)):
-        extra = hooked.calls.get(operation, 0) - plain.calls.get(operation, 0)
-        if abs(extra) >= 0.01 and not operation.endswith(".empty"):
-            report.add(section, f"  {operation}", f"{extra:+.2f}")
+    for added_by, cost in (("an Idempotency-Key", keyed), ("a webhook", hooked)):
+        report.add(section, f"added by {added_by}", f"+{cost.api_calls - plain.api_calls:.2f}")
+        for operation in sorted(set(cost.calls) | set(plain.calls)):
+            extra = cost.calls.get(operation, 0) - plain.calls.get(operation, 0)
+            if abs(extra) >= 0.01 and not operation.endswith(".empty"):
+                report.add(section, f"  {operation}", f"{extra:+.2f}")
     for name, (invocations, gb_s) in sorted(plain.lambda_usage.items()):
         report.add(section, f"  Lambda {name}: invocations, GB-s per task", f"{invocations:.2f}, {gb_s:.4f}")
     section = "cost"

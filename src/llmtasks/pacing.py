@@ -1,7 +1,7 @@
 """A shared pace for LLM calls: at most N calls per second across every worker sandbox.
 
 Each call reserves the next free start time on one TasksTable item, the way GCRA (the generic
-cell rate algorithm) spaces cells: `next_at` moves on by 1/N per reservation, and the caller
+cell rate algorithm) spaces cells: `next_at` moves on by SLACK/N per reservation, and the caller
 waits until its reserved time. So calls leave evenly spaced, never in bursts, however many
 sandboxes run; a provider's requests-per-second limit then answers no 429s, instead of many that
 each cost a retry and its backoff. One conditional write per call; none when pacing is off.
