@@ -114,6 +114,8 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
     return Settings(
         tasks_table_name=aws.resources.table_names["TasksTable"],
         task_queue_url=aws.queue_url("TaskQueue"),
+        batch_task_queue_url=aws.queue_url("BatchTaskQueue"),
+        batch_fanout_queue_url=aws.queue_url("BatchFanoutQueue"),
         webhook_queue_url=aws.queue_url("WebhookQueue"),
         webhook_dlq_url=aws.queue_url("WebhookDLQ"),
         idempotency_table_name=aws.resources.table_names["IdempotencyTable"],

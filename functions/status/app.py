@@ -1,4 +1,4 @@
-"""StatusFunction: the HTTP routes that read (GET /tasks/{id}, /webhooks/secret, /health, /docs)."""
+"""StatusFunction: the HTTP routes that read (tasks, batches, /webhooks/secret, /health, /docs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
 from llmtasks.api import build_app, handle
+from llmtasks.batches import BatchService
 from llmtasks.observability import logger, tracer
 from llmtasks.service import TaskService
 
@@ -18,6 +19,9 @@ app = build_app(queries=True, docs=True)
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(
-    event: dict[str, Any], context: LambdaContext, service: TaskService | None = None
+    event: dict[str, Any],
+    context: LambdaContext,
+    service: TaskService | None = None,
+    batches: BatchService | None = None,
 ) -> dict[str, Any]:
-    return handle(app, event, context, service or wiring.task_service())
+    return handle(app, event, context, service or wiring.task_service(), batches)

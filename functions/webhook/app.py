@@ -1,6 +1,6 @@
 """WebhookFunction: two event sources, one job.
 
-- TasksTable's stream (filtered to tasks that just became terminal and have a webhook_url):
+- TasksTable's stream (filtered to tasks and batches that just ended and have a webhook_url):
   relay each to WebhookQueue. The terminal write itself is the outbox, so a worker that dies
   right after storing its result still gets its webhook sent.
 - WebhookQueue: sign and POST one event; retries are visibility delays, the last failure goes
@@ -21,7 +21,7 @@ from llmtasks.models import WebhookMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.queues import Queue
 from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay, tasks_of_stream_record
+from llmtasks.webhooks import WebhookDelivery, WebhookRelay
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -37,7 +37,7 @@ def lambda_handler(
         relay = relay or wiring.webhook_relay()
 
         def relay_one(record: DynamoDBRecord) -> None:
-            relay.relay(*tasks_of_stream_record(record.raw_event))
+            relay.relay_record(record.raw_event)
 
         return process_stream(event, context, relay_one)
 

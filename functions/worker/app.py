@@ -1,4 +1,5 @@
-"""WorkerFunction: TaskQueue batches -> one LLM call per task, all records of a batch at once."""
+"""WorkerFunction: TaskQueue and BatchTaskQueue batches -> one LLM call per task, all records of
+an event at once."""
 
 from __future__ import annotations
 
@@ -35,4 +36,4 @@ def lambda_handler(
         )
         await runner.run(message.task_id, delivery, remaining_s=context.get_remaining_time_in_millis() / 1000)
 
-    return process_sqs_concurrently(event, context, run_one, queue or wiring.task_queue())
+    return process_sqs_concurrently(event, context, run_one, queue or wiring.worker_queue(event))

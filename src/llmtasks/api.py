@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -25,10 +26,16 @@ from pydantic import BaseModel
 
 from llmtasks import __version__
 from llmtasks.apikeys import REFUSALS
+from llmtasks.batches import BatchService
 from llmtasks.errors import ApiError, Unauthorized
 from llmtasks.models import (
+    Batch,
+    BatchAccepted,
+    BatchResults,
+    BatchView,
     Health,
     Problem,
+    SubmitBatchRequest,
     SubmitTaskRequest,
     Task,
     TaskAccepted,
@@ -46,6 +53,8 @@ PROBLEM_BASE = "https://llmtasks.dev/problems/"
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
 MAX_LIST_LIMIT = 100
+MAX_RESULTS_LIMIT = 1000
+JSONL = "application/jsonl"
 # Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
 PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
 
@@ -70,6 +79,14 @@ _SECRET: dict[int, OpenAPIResponse] = {
     **_AUTH,
     200: {"description": "The signing secret", "content": {"application/json": {"model": WebhookSecret}}},
 }
+_BATCH: dict[int, OpenAPIResponse] = {
+    **_AUTH,
+    200: {
+        "description": "The batch's status and counts",
+        "content": {"application/json": {"model": BatchView}},
+    },
+    404: _problem("Unknown, expired or another tenant's batch"),
+}
 _STATUS: dict[int, OpenAPIResponse] = {
     **_AUTH,
     200: {"description": "The task's status object", "content": {"application/json": {"model": TaskView}}},
@@ -81,6 +98,15 @@ _STATUS: dict[int, OpenAPIResponse] = {
 def _service(app: APIGatewayHttpResolver) -> TaskService:
     service: TaskService = app.context["service"]
     return service
+
+
+def _batches(app: APIGatewayHttpResolver) -> BatchService:
+    batches: BatchService | None = app.context.get("batches")
+    if batches is None:
+        from llmtasks import wiring  # built on the first batch request: most requests are tasks'
+
+        batches = wiring.batch_service()
+    return batches
 
 
 def tenant_of(app: APIGatewayHttpResolver) -> str:
@@ -111,6 +137,19 @@ def _status_reply(task: Task) -> Response[TaskView]:
     return _json(TaskView.of(task), 200, headers)
 
 
+def _batch_reply(batch: Batch) -> Response[BatchView]:
+    headers = {} if batch.status.is_terminal else {"Retry-After": str(RETRY_AFTER_S)}
+    return _json(BatchView.of(batch), 200, headers)
+
+
+_IDEMPOTENCY_KEY = Header(
+    alias="idempotency-key",
+    min_length=1,
+    max_length=255,
+    description="Sent again with the same body, it returns the same resource instead of a new one",
+)
+
+
 def add_commands(app: APIGatewayHttpResolver) -> None:
     """Routes that change state (SubmitFunction)."""
 
@@ -132,16 +171,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         },
     )
     def submit_task(
-        body: SubmitTaskRequest,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="idempotency-key",
-                min_length=1,
-                max_length=255,
-                description="Sent again with the same body, it returns the same task instead of a new one",
-            ),
-        ] = None,
+        body: SubmitTaskRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[TaskAccepted]:
         submission = _service(app).submit(tenant_of(app), body, idempotency_key=idempotency_key)
         task = submission.task
@@ -158,6 +188,40 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
         return _status_reply(_service(app).cancel(tenant_of(app), task_id))
+
+    @app.post(
+        "/batches",
+        status_code=202,
+        summary="Submit a batch: up to 10,000 task bodies run as one job",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            202: {"description": "Accepted", "content": {"application/json": {"model": BatchAccepted}}},
+            400: _problem("The body is not valid JSON"),
+            409: _problem("A request with this Idempotency-Key is still being processed"),
+            413: _problem("An item's prompt is over the size limit"),
+            422: _problem("An item or field is invalid, or the Idempotency-Key was used with another body"),
+            503: _problem("The batch could not be stored or queued"),
+        },
+    )
+    def submit_batch(
+        body: SubmitBatchRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
+    ) -> Response[BatchAccepted]:
+        submission = _batches(app).submit(tenant_of(app), body, idempotency_key=idempotency_key)
+        batch = submission.batch
+        headers = {"Location": f"/batches/{batch.batch_id}", "Retry-After": str(RETRY_AFTER_S)}
+        if submission.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return _json(BatchAccepted.of(batch), 202, headers)
+
+    @app.post(
+        "/batches/<batch_id>/cancel",
+        summary="Cancel a batch: pending items are cancelled, running ones finish or are discarded",
+        security=SECURITY,
+        responses={**_BATCH, 409: _problem("The batch has ended already")},
+    )
+    def cancel_batch(batch_id: str) -> Response[BatchView]:
+        return _batch_reply(_batches(app).cancel(tenant_of(app), batch_id))
 
     @app.post(
         "/webhooks/secret/rotate",
@@ -208,6 +272,53 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         ] = 0,
     ) -> Response[TaskView]:
         return _status_reply(_service(app).get(tenant_of(app), task_id, wait_s=wait))
+
+    @app.get(
+        "/batches/<batch_id>",
+        summary="A batch's status and exact counts by item status",
+        security=SECURITY,
+        responses=_BATCH,
+    )
+    def get_batch(batch_id: str) -> Response[BatchView]:
+        return _batch_reply(_batches(app).get(tenant_of(app), batch_id))
+
+    @app.get(
+        "/batches/<batch_id>/results",
+        summary="A batch's items in submission order, with their results or errors",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "A page of items (JSON), or with format=jsonl one JSON object a line",
+                "content": {
+                    "application/json": {"model": BatchResults},
+                    JSONL: {"schema": {"type": "string"}},
+                },
+            },
+            404: _problem("Unknown, expired or another tenant's batch"),
+            422: _problem("An invalid parameter"),
+        },
+    )
+    def batch_results(
+        batch_id: str,
+        limit: Annotated[int, Query(ge=1, le=MAX_RESULTS_LIMIT, description="Items per page")] = 100,
+        cursor: Annotated[
+            str | None, Query(max_length=2048, description="next_cursor of the previous page")
+        ] = None,
+        format: Annotated[
+            Literal["json", "jsonl"], Query(description="jsonl: one JSON object a line")
+        ] = "json",
+    ) -> Response[Any]:
+        rows, next_cursor = _batches(app).results(tenant_of(app), batch_id, limit=limit, cursor=cursor)
+        if format == "json":
+            return _json(BatchResults(data=rows, next_cursor=next_cursor), 200)
+        headers = {}
+        if next_cursor is not None:
+            # RFC 8288: the next page, as a client following links would read it.
+            query = urlencode({"format": "jsonl", "limit": limit, "cursor": next_cursor})
+            headers["Link"] = f'</batches/{batch_id}/results?{query}>; rel="next"'
+        body = "".join(row.model_dump_json() + "\n" for row in rows)
+        return Response(status_code=200, content_type=JSONL, body=body, headers=headers)
 
     @app.get(
         "/webhooks/secret",
@@ -306,9 +417,13 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
 
 
 def handle(
-    app: APIGatewayHttpResolver, event: dict[str, Any], context: Any, service: TaskService
+    app: APIGatewayHttpResolver,
+    event: dict[str, Any],
+    context: Any,
+    service: TaskService,
+    batches: BatchService | None = None,
 ) -> dict[str, Any]:
-    """One HTTP invocation: the routes read `service` from the resolver's context."""
+    """One HTTP invocation: the routes read `service` and `batches` from the resolver's context."""
     headers = event.get("headers") or {}
     if event.get("body") and event.get("isBase64Encoded"):
         # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
@@ -328,7 +443,7 @@ def handle(
         except Unauthorized as refused:
             # Before any route runs, so an unauthenticated caller learns nothing about its body.
             return _lambda_reply(_on_api_error(refused))
-    app.append_context(service=service, tenant=tenant)  # type: ignore[no-untyped-call]
+    app.append_context(service=service, batches=batches, tenant=tenant)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
 
 

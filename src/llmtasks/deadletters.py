@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.deployment import Deployment, QueueName
-from llmtasks.models import TaskMessage, WebhookMessage
+from llmtasks.models import FanoutMessage, TaskMessage, WebhookMessage
 from llmtasks.store import TaskStore
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_sqs.type_defs import MessageTypeDef
 
-QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "webhooks")
+QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "batches", "fanout", "webhooks")
+# Queues whose messages each run one task: a redrive puts their tasks back to pending.
+_TASK_QUEUES: tuple[QueueName, ...] = ("tasks", "batches")
 # While listing, messages already seen are hidden this long so the next receive returns others;
 # they are made visible again as soon as the listing ends.
 _LISTING_HIDE_S = 60
@@ -98,13 +100,20 @@ class DeadLetters:
         sent_at = int(message.get("Attributes", {}).get("SentTimestamp", 0)) / 1000
         body = message.get("Body", "")
         message_id = message["MessageId"]
+        models: dict[QueueName, type[BaseModel]] = {"fanout": FanoutMessage, "webhooks": WebhookMessage}
+        model = models.get(queue, TaskMessage)
         try:
-            parsed: BaseModel = (TaskMessage if queue == "tasks" else WebhookMessage).model_validate_json(
-                body
-            )
+            parsed: Any = model.model_validate_json(body)
         except ValidationError:
             return DeadLetter(queue=queue, message_id=message_id, task_id=None, sent_at=sent_at)
-        task_id: str = parsed.task_id  # type: ignore[attr-defined]
+        if isinstance(parsed, FanoutMessage) or (isinstance(parsed, WebhookMessage) and parsed.batch_id):
+            what = f"batch {parsed.batch_id}" + (
+                f", {parsed.action} chunk {parsed.chunk}" if isinstance(parsed, FanoutMessage) else ""
+            )
+            return DeadLetter(
+                queue=queue, message_id=message_id, task_id=None, sent_at=sent_at, task_status=what
+            )
+        task_id: str = parsed.task_id
         now = self._clock()
         stored = self._store.get(task_id, now=now)
         if stored is None:
@@ -142,7 +151,7 @@ class DeadLetters:
         # failed to move would wait for nothing. A worker that claims first wins; the requeue
         # then finds a live lease and leaves the task alone.
         requeued: list[str] = []
-        if queue == "tasks":
+        if queue in _TASK_QUEUES:
             now = self._clock()
             for letter in letters:
                 if letter.task_id and self._store.requeue_dead_lettered(letter.task_id, now=now):

@@ -12,7 +12,14 @@ if TYPE_CHECKING:
     from mypy_boto3_cloudformation import CloudFormationClient
     from mypy_boto3_sqs import SQSClient
 
-QueueName = Literal["tasks", "webhooks"]
+QueueName = Literal["tasks", "batches", "fanout", "webhooks"]
+# Each queue name's queue and dead-letter queue (logical ids in template.yaml).
+QUEUES: dict[QueueName, tuple[str, str]] = {
+    "tasks": ("TaskQueue", "TaskDLQ"),
+    "batches": ("BatchTaskQueue", "BatchTaskDLQ"),
+    "fanout": ("BatchFanoutQueue", "BatchFanoutDLQ"),
+    "webhooks": ("WebhookQueue", "WebhookDLQ"),
+}
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,8 @@ class Deployment:
         return cls(
             tasks_table=outputs["TasksTableName"],
             api_keys_table=outputs["ApiKeysTableName"],
-            queue_urls={"tasks": outputs["TaskQueueUrl"], "webhooks": outputs["WebhookQueueUrl"]},
-            dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
+            queue_urls={name: outputs[f"{queue}Url"] for name, (queue, _) in QUEUES.items()},
+            dlq_urls={name: outputs[f"{dlq}Url"] for name, (_, dlq) in QUEUES.items()},
         )
 
     @classmethod
@@ -48,6 +55,6 @@ class Deployment:
         return cls(
             tasks_table=local_name("TasksTable"),
             api_keys_table=local_name("ApiKeysTable"),
-            queue_urls={"tasks": url("TaskQueue"), "webhooks": url("WebhookQueue")},
-            dlq_urls={"tasks": url("TaskDLQ"), "webhooks": url("WebhookDLQ")},
+            queue_urls={name: url(queue) for name, (queue, _) in QUEUES.items()},
+            dlq_urls={name: url(dlq) for name, (_, dlq) in QUEUES.items()},
         )

@@ -28,6 +28,13 @@ class TaskNotFound(ApiError):
         super().__init__(f"No task '{task_id}' (unknown, expired, or not yours).")
 
 
+class BatchNotFound(ApiError):
+    status, title, slug = 404, "Batch not found", "not-found"
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(f"No batch '{batch_id}' (unknown, expired, or not yours).")
+
+
 class TaskConflict(ApiError):
     status, title, slug = 409, "Conflict", "conflict"
 

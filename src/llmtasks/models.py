@@ -38,8 +38,11 @@ class WebhookStatus(StrEnum):
     SKIPPED = "skipped"  # the task ended with an event it did not ask for (webhook_events)
 
 
-EventType = Literal["task.completed", "task.failed", "task.cancelled"]
-EVENT_OF_STATUS: dict[TaskStatus, EventType] = {
+TaskEventType = Literal["task.completed", "task.failed", "task.cancelled"]
+BatchEventType = Literal["batch.completed"]
+EventType = Literal["task.completed", "task.failed", "task.cancelled", "batch.completed"]
+BATCH_COMPLETED: BatchEventType = "batch.completed"
+EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
     TaskStatus.COMPLETED: "task.completed",
     TaskStatus.FAILED: "task.failed",
     TaskStatus.CANCELLED: "task.cancelled",
@@ -136,32 +139,38 @@ class LLMRequest(_Strict):
         return sum(len(text.encode()) for text in texts)
 
 
-class SubmitTaskRequest(LLMRequest):
+class TaskOptions(LLMRequest):
+    """What a task is asked to do and how: the LLM request plus its retries, deadline and metadata.
+    A task body (`POST /tasks`) and a batch item share these."""
+
+    max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
+    timeout_s: StorableFloat | None = Field(
+        default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
+    )
+    priority: Priority = "normal"
+    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+
+    def llm_request(self) -> LLMRequest:
+        return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
+
+
+class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
     webhook_url: Text | None = Field(
         default=None, max_length=2048, description="https URL that receives the terminal event, signed."
     )
-    max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
-    timeout_s: StorableFloat | None = Field(
-        default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
-    )
-    webhook_events: list[EventType] | None = Field(
+    webhook_events: list[TaskEventType] | None = Field(
         default=None,
         min_length=1,
         description="The events to send to webhook_url (default: every terminal event).",
     )
-    priority: Priority = "normal"
-    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
 
     @model_validator(mode="after")
     def _events_need_a_url(self) -> SubmitTaskRequest:
         if self.webhook_events is not None and self.webhook_url is None:
             raise ValueError("'webhook_events' needs a 'webhook_url'")
         return self
-
-    def llm_request(self) -> LLMRequest:
-        return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
 
 
 class Usage(BaseModel):
@@ -184,8 +193,15 @@ class Task(BaseModel):
     priority: Priority = "normal"
     metadata: dict[str, Any] | None = None
     batch_id: str | None = None
+    batch_index: int | None = None  # the item's place in its batch, from 0
+    custom_id: str | None = None  # the batch item's own id, if it gave one
     created_at: float
     expires_at: int
+    # Counts the task's status changes (each conditional write adds one), so the batch counters
+    # apply each change once however often its stream record is processed.
+    revision: int = 0
+    # The last revision the batch counters include (written by BatchProgress).
+    counted_revision: int | None = None
     started_at: float | None = None
     completed_at: float | None = None
     attempts: int = 0
@@ -343,6 +359,215 @@ class TaskAccepted(BaseModel):
         )
 
 
+# --- batches --------------------------------------------------------------------------------
+
+MAX_BATCH_ITEMS = 10_000
+
+
+class BatchStatus(StrEnum):
+    PENDING = "pending"  # no item has started yet
+    PROCESSING = "processing"
+    COMPLETED = "completed"  # every item completed
+    COMPLETED_WITH_ERRORS = "completed_with_errors"  # every item terminal, some failed or cancelled
+    CANCELLING = "cancelling"  # cancel asked; items still running finish or are discarded
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.CANCELLED)
+
+
+class BatchItem(TaskOptions):
+    """One item of `POST /batches`: a task body, without webhook fields (the batch has one)."""
+
+    custom_id: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Your id for the item, unique in the batch; results carry it.",
+    )
+
+
+class SubmitBatchRequest(_Strict):
+    """`POST /batches`."""
+
+    items: list[BatchItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    webhook_url: Text | None = Field(
+        default=None, max_length=2048, description="https URL that receives `batch.completed`, signed."
+    )
+    webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
+    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+
+    @model_validator(mode="after")
+    def _valid_batch(self) -> SubmitBatchRequest:
+        if self.webhook_events is not None and self.webhook_url is None:
+            raise ValueError("'webhook_events' needs a 'webhook_url'")
+        seen: set[str] = set()
+        for index, item in enumerate(self.items):
+            if item.custom_id is not None:
+                if item.custom_id in seen:
+                    raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
+                seen.add(item.custom_id)
+        return self
+
+
+ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
+
+
+class Batch(BaseModel):
+    """The stored batch: one TasksTable item (`batch#<id>`). Its items are tasks whose ids follow
+    from the batch id and their index; the counters move as the items' statuses do."""
+
+    batch_id: str
+    tenant_id: str
+    # As stored: pending until it ends (processing is derived from the counters), or cancelling.
+    status: BatchStatus
+    total: int
+    pending: int = 0
+    processing: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    done: int = 0  # completed + failed + cancelled, for the write that ends the batch
+    # Where each fan-out chunk's items start in the manifest (ResultsBucket), and where it ends.
+    manifest_ref: str
+    chunk_size: int
+    chunk_offsets: list[int]
+    metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    webhook_events: list[EventType] | None = None
+    webhook_status: WebhookStatus | None = None
+    webhook_attempts: int = 0
+    created_at: float
+    expires_at: int
+    cancel_requested_at: float | None = None
+    completed_at: float | None = None
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_offsets) - 1
+
+    def chunk_of(self, index: int) -> int:
+        return index // self.chunk_size
+
+    def indexes(self, chunk: int) -> range:
+        return range(chunk * self.chunk_size, min(self.total, (chunk + 1) * self.chunk_size))
+
+    def final_status(self) -> BatchStatus:
+        """What the batch ends as once every item is terminal."""
+        if self.status is BatchStatus.CANCELLING:
+            return BatchStatus.CANCELLED
+        if self.completed == self.total:
+            return BatchStatus.COMPLETED
+        return BatchStatus.COMPLETED_WITH_ERRORS
+
+    @property
+    def read_status(self) -> BatchStatus:
+        started = self.pending < self.total
+        if self.status is BatchStatus.PENDING and started:
+            return BatchStatus.PROCESSING
+        return self.status
+
+    def wants_webhook(self) -> bool:
+        return self.webhook_url is not None and (
+            self.webhook_events is None or BATCH_COMPLETED in self.webhook_events
+        )
+
+
+class BatchView(BaseModel):
+    """`GET /batches/{id}`, and the `batch.completed` webhook's `data`."""
+
+    batch_id: str
+    status: BatchStatus
+    total: int
+    pending: int
+    processing: int
+    completed: int
+    failed: int
+    cancelled: int
+    created_at: datetime
+    completed_at: datetime | None = None
+    expires_at: datetime
+    metadata: dict[str, Any] | None = None
+    webhook: WebhookView | None = None
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchView:
+        return cls(
+            batch_id=batch.batch_id,
+            status=batch.read_status,
+            total=batch.total,
+            **{name: getattr(batch, name) for name in ITEM_COUNTS},
+            created_at=datetime.fromtimestamp(batch.created_at, tz=UTC),
+            completed_at=_utc(batch.completed_at),
+            expires_at=datetime.fromtimestamp(batch.expires_at, tz=UTC),
+            metadata=batch.metadata,
+            webhook=(
+                WebhookView(status=batch.webhook_status, attempts=batch.webhook_attempts)
+                if batch.webhook_status
+                else None
+            ),
+        )
+
+
+class BatchAccepted(BaseModel):
+    """The `202` reply to `POST /batches`."""
+
+    batch_id: str
+    total: int
+    status: BatchStatus
+    created_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchAccepted:
+        return cls(
+            batch_id=batch.batch_id,
+            total=batch.total,
+            status=batch.read_status,
+            created_at=datetime.fromtimestamp(batch.created_at, tz=UTC),
+            expires_at=datetime.fromtimestamp(batch.expires_at, tz=UTC),
+        )
+
+
+class BatchResult(BaseModel):
+    """One item of `GET /batches/{id}/results`, in submission order."""
+
+    index: int
+    custom_id: str | None = None
+    task_id: str
+    status: TaskStatus
+    result: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    attempts: int = 0
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, task: Task) -> BatchResult:
+        return cls(
+            index=task.batch_index or 0,
+            custom_id=task.custom_id,
+            task_id=task.task_id,
+            status=task.status,
+            result=task.result,
+            error=task.error,
+            error_code=task.error_code,
+            attempts=task.attempts,
+            usage=task.usage,
+        )
+
+
+class BatchResults(BaseModel):
+    data: list[BatchResult]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last page."
+    )
+
+
 class WebhookSecrets(BaseModel):
     """A tenant's signing secrets, as stored (the tenant's item in TasksTable)."""
 
@@ -402,12 +627,22 @@ class TaskMessage(BaseModel):
     task_id: str
 
 
+class FanoutMessage(BaseModel):
+    """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, or to cancel."""
+
+    batch_id: str
+    chunk: int
+    action: Literal["create", "cancel"] = "create"
+
+
 class WebhookMessage(BaseModel):
-    """WebhookQueue body: one event to deliver. `webhook_id` stays the same across every retry."""
+    """WebhookQueue body: one event to deliver, of a task or of a batch. `webhook_id` stays the
+    same across every retry."""
 
     webhook_id: str
-    task_id: str
     event_type: EventType
+    task_id: str | None = None
+    batch_id: str | None = None
 
 
 class WebhookEvent(BaseModel):
@@ -415,7 +650,7 @@ class WebhookEvent(BaseModel):
 
     type: EventType
     timestamp: datetime
-    data: TaskView
+    data: TaskView | BatchView
 
     @field_serializer("timestamp")
     def _iso(self, value: datetime) -> str:

@@ -16,6 +16,13 @@ if TYPE_CHECKING:
 # SQS limits: DelaySeconds <= 15 min, a message's visibility timeout <= 12 h.
 MAX_DELAY_S = 900
 MAX_VISIBILITY_S = 12 * 3600
+SEND_BATCH = 10  # SendMessageBatch's limit
+SEND_ATTEMPTS = 3
+
+
+def queue_name(url_or_arn: str) -> str:
+    """A queue's name from its URL (.../123456789012/name) or its ARN (arn:...:name)."""
+    return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
 class Queue:
@@ -33,6 +40,31 @@ class Queue:
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"SQS send failed: {exc}") from exc
         return reply["MessageId"]
+
+    def send_many(self, bodies: list[BaseModel]) -> None:
+        """Sends every body, ten to a SendMessageBatch call; entries SQS refuses are sent again."""
+        for start in range(0, len(bodies), SEND_BATCH):
+            entries = {
+                str(i): body.model_dump_json() for i, body in enumerate(bodies[start : start + SEND_BATCH])
+            }
+            for _ in range(SEND_ATTEMPTS):
+                try:
+                    reply = self._client.send_message_batch(
+                        QueueUrl=self.url,
+                        Entries=[{"Id": key, "MessageBody": body} for key, body in entries.items()],
+                    )
+                except (BotoCoreError, ClientError) as exc:
+                    raise BackendError(f"SQS send failed: {exc}") from exc
+                entries = {
+                    f["Id"]: entries[f["Id"]] for f in reply.get("Failed", []) if not f.get("SenderFault")
+                }
+                refused = [f for f in reply.get("Failed", []) if f.get("SenderFault")]
+                if refused:
+                    raise BackendError(f"SQS refused a message: {refused[0].get('Message')}")
+                if not entries:
+                    break
+            else:
+                raise BackendError(f"SQS did not take {len(entries)} messages")
 
     def retry_later(self, receipt_handle: str, delay_s: float) -> None:
         """The message comes back after `delay_s` instead of the queue's visibility timeout.

@@ -1,5 +1,6 @@
 """ResultsBucket: results too large to sit in the task's DynamoDB item (400 KB per item, and the
-prompt may take half of that) are stored in S3; readers get the text either way."""
+prompt may take half of that) are stored in S3; readers get the text either way. A batch's items
+wait here too (its manifest, one JSON line an item) until they are fanned out into tasks."""
 
 from __future__ import annotations
 
@@ -41,3 +42,18 @@ class ResultBlobs:
         if task.result_ref and task.result is None:
             return task.model_copy(update={"result": self.get(task.result_ref)})
         return task
+
+    def put_manifest(self, batch_id: str, lines: list[bytes]) -> str:
+        """Stores a batch's items, one JSON line each; returns the object's key."""
+        key = f"batches/{batch_id}.jsonl"
+        self._client.put_object(
+            Bucket=self.bucket, Key=key, Body=b"".join(lines), ContentType="application/jsonl"
+        )
+        return key
+
+    def manifest_lines(self, key: str, start: int, end: int) -> list[bytes]:
+        """The lines between two byte offsets of a manifest (one ranged GET, not the whole object)."""
+        if end <= start:
+            return []
+        body = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        return body["Body"].read().splitlines()

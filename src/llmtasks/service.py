@@ -35,6 +35,7 @@ from llmtasks.models import (
     SubmitTaskRequest,
     Task,
     TaskMessage,
+    TaskOptions,
     TaskStatus,
     WebhookSecret,
     WebhookStatus,
@@ -97,6 +98,25 @@ def _decode_cursor(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
     return start  # type: ignore[no-any-return]
 
 
+def check_limits(body: TaskOptions, settings: Settings, *, where: str = "") -> None:
+    """The size limits of one task body; `where` names its place in a bigger body (items[3])."""
+    size = body.text_bytes()
+    if size > settings.max_prompt_bytes:
+        of = f" of {where}" if where else ""
+        raise PayloadTooLarge(
+            f"The prompt{of} is {size} bytes; the limit is {settings.max_prompt_bytes} bytes."
+        )
+    if body.metadata is not None:
+        check_metadata(body.metadata, settings, field=f"{where}.metadata" if where else "metadata")
+
+
+def check_metadata(metadata: dict[str, Any], settings: Settings, *, field: str = "metadata") -> None:
+    size = len(json.dumps(metadata, separators=(",", ":")).encode())
+    if size > settings.max_metadata_bytes:
+        limit = settings.max_metadata_bytes
+        raise InvalidInput(f"{field} is {size} bytes; the limit is {limit}.", field=field)
+
+
 @dataclass(frozen=True)
 class Submission:
     task: Task
@@ -137,7 +157,12 @@ class TaskService:
         self, tenant_id: str, body: SubmitTaskRequest, *, idempotency_key: str | None = None
     ) -> Submission:
         """A new task; with an Idempotency-Key, the task this key already made (a replay)."""
-        self._check_limits(body)  # before the key is recorded: a refused body leaves no trace
+        # Before the key is recorded: a refused body leaves no trace.
+        check_limits(body, self._settings)
+        if body.webhook_url is not None:
+            check_webhook_url(
+                body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
+            )
         if idempotency_key is None:
             return Submission(self._create(tenant_id, body))
         if self.idempotency is None:
@@ -179,24 +204,6 @@ class TaskService:
             ) from exc
         logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id)
         return task
-
-    def _check_limits(self, body: SubmitTaskRequest) -> None:
-        size = body.text_bytes()
-        if size > self._settings.max_prompt_bytes:
-            raise PayloadTooLarge(
-                f"The prompt is {size} bytes; the limit is {self._settings.max_prompt_bytes} bytes."
-            )
-        if body.metadata is not None:
-            meta_size = len(json.dumps(body.metadata, separators=(",", ":")).encode())
-            if meta_size > self._settings.max_metadata_bytes:
-                raise InvalidInput(
-                    f"metadata is {meta_size} bytes; the limit is {self._settings.max_metadata_bytes}.",
-                    field="metadata",
-                )
-        if body.webhook_url is not None:
-            check_webhook_url(
-                body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
-            )
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
         """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
@@ -291,10 +298,12 @@ class TaskRunner:
         rng: random.Random | None = None,
         results: ResultBlobs | None = None,
         pacer: CallPacer | None = None,
+        batch_task_queue: Queue | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._queue = task_queue
+        self._batch_queue = batch_task_queue or task_queue
         self._llm = llm
         self._pacer = pacer
         self._clock = clock
@@ -491,7 +500,9 @@ class TaskRunner:
         # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
         # than the message can be held back (else it would arrive before next_attempt_at).
         delay = min(math.ceil(delay), MAX_DELAY_S)
-        self._queue.send(TaskMessage(task_id=task.task_id), delay_s=delay)
+        # A batch item's messages stay on the batch queue, under its own concurrency.
+        queue = self._batch_queue if task.batch_id else self._queue
+        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay)
         try:
             self._store.release(
                 task.task_id,

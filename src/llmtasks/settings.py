@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     # Resources (template.yaml: Globals.Function.Environment)
     tasks_table_name: str = Field(min_length=1)
     task_queue_url: str = Field(min_length=1)
+    # Batch items run from a queue of their own, so a batch never holds up single tasks.
+    batch_task_queue_url: str = Field(min_length=1)
+    batch_fanout_queue_url: str = Field(min_length=1)
     webhook_queue_url: str = Field(min_length=1)
     webhook_dlq_url: str = Field(min_length=1)
     results_bucket: str = Field(min_length=1)
@@ -59,6 +62,8 @@ class Settings(BaseSettings):
     task_visibility_timeout_s: float = Field(default=5400.0, gt=0)
     # How late a due redelivery may reach the worker before its task counts as dead-lettered.
     dead_letter_grace_s: float = Field(default=60.0, ge=0)
+    # Items a fan-out message creates (or cancels): one BatchFunction invocation's work.
+    batch_chunk_size: int = Field(default=100, ge=1, le=1000)
 
     # LLM provider
     llm_provider: Literal["openai", "mock"] = "openai"

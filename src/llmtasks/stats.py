@@ -48,13 +48,9 @@ def percentiles(values: list[float]) -> dict[str, Any]:
 
 def queue_depths(sqs: SQSClient, deployment: Deployment) -> dict[str, int]:
     """Messages waiting or in flight in each queue and DLQ."""
-    urls = {
-        "tasks": deployment.queue_urls["tasks"],
-        "tasks_dlq": deployment.dlq_urls["tasks"],
-        "webhooks": deployment.queue_urls["webhooks"],
-        "webhooks_dlq": deployment.dlq_urls["webhooks"],
-    }
-    depths = {}
+    urls: dict[str, str] = {str(name): url for name, url in deployment.queue_urls.items()}
+    urls |= {f"{name}_dlq": url for name, url in deployment.dlq_urls.items()}
+    depths: dict[str, int] = {}
     for name, url in urls.items():
         attributes = sqs.get_queue_attributes(
             QueueUrl=url,

@@ -31,7 +31,10 @@ _LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count, d
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
 BATCH_GET_ATTEMPTS = 5
+BATCH_GET_KEYS = 100  # BatchGetItem's limit per call
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
+# Every status change counts itself (Task.revision), so batch counters can apply it exactly once.
+_REVISE = "revision = if_not_exists(revision, :zero) + :one"
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -105,7 +108,9 @@ class TaskStore:
 
     # --- tasks ---------------------------------------------------------------------------
 
-    def create(self, task: Task) -> None:
+    def create(self, task: Task) -> bool:
+        """Writes a new task; False when a task with its id exists already (a batch item's id
+        follows from its batch and index, so a repeated fan-out finds its own tasks)."""
         # Unset fields are left out of the item, but the client's metadata is kept exactly, nulls too.
         fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": task.metadata}
         item = serialize({"pk": f"task#{task.task_id}", **fields})
@@ -113,8 +118,27 @@ class TaskStore:
             self._client.put_item(
                 TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
             )
-        except (BotoCoreError, ClientError) as exc:
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                return False
             raise BackendError(f"DynamoDB put failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB put failed: {exc}") from exc
+        return True
+
+    def get_many(self, task_ids: list[str]) -> dict[str, Task]:
+        """The tasks that exist among `task_ids` (expired ones included: callers decide), by id."""
+        found: dict[str, Task] = {}
+        for start in range(0, len(task_ids), BATCH_GET_KEYS):
+            keys = [task_key(task_id) for task_id in task_ids[start : start + BATCH_GET_KEYS]]
+            try:
+                items = self._batch_get(keys)
+            except (BotoCoreError, ClientError) as exc:
+                raise BackendError(f"DynamoDB read failed: {exc}") from exc
+            for item in items.values():
+                task = task_from_item(item)
+                found[task.task_id] = task
+        return found
 
     def get(self, task_id: str, *, now: float) -> Task | None:
         """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
@@ -195,7 +219,7 @@ class TaskStore:
             return self._transition(
                 task_id,
                 update=(
-                    "SET #status = :processing, lease_id = :lease, lease_until = :until,"
+                    f"SET #status = :processing, {_REVISE}, lease_id = :lease, lease_until = :until,"
                     " lease_message_id = :message, lease_receive_count = :receives, dead_letter_at = :dead,"
                     " attempts = if_not_exists(attempts, :zero) + :one,"
                     " started_at = if_not_exists(started_at, :now)"
@@ -292,7 +316,12 @@ class TaskStore:
         values = {k: v for k, v in values.items() if v is not None}
         names = {"#status": "status", **{f"#{k}": k for k in values}}
         assignments = ", ".join(f"#{k} = :{k}" for k in values)
-        expression_values = {":status": status.value, **{f":{k}": v for k, v in values.items()}}
+        expression_values = {
+            ":status": status.value,
+            ":zero": 0,
+            ":one": 1,
+            **{f":{k}": v for k, v in values.items()},
+        }
         if uncount_attempt:
             expression_values[":uncount"] = -1
         if lease_id is None:
@@ -304,7 +333,7 @@ class TaskStore:
         try:
             return self._transition(
                 task_id,
-                update=f"SET #status = :status, {assignments} REMOVE {_LEASE_FIELDS}"
+                update=f"SET #status = :status, {_REVISE}, {assignments} REMOVE {_LEASE_FIELDS}"
                 + (" ADD attempts :uncount" if uncount_attempt else ""),
                 condition=condition,
                 names=names,
@@ -319,10 +348,12 @@ class TaskStore:
         try:
             self._transition(
                 task_id,
-                update=f"SET #status = :pending REMOVE {_LEASE_FIELDS}",
+                update=f"SET #status = :pending, {_REVISE} REMOVE {_LEASE_FIELDS}",
                 condition="#status = :processing AND dead_letter_at < :now",
                 names=_STATUS,
                 values={
+                    ":zero": 0,
+                    ":one": 1,
                     ":pending": TaskStatus.PENDING.value,
                     ":processing": TaskStatus.PROCESSING.value,
                     ":now": now,
@@ -339,13 +370,15 @@ class TaskStore:
         try:
             return self._transition(
                 task_id,
-                update=f"SET #status = :cancelled, completed_at = :now REMOVE {_LEASE_FIELDS}",
+                update=f"SET #status = :cancelled, {_REVISE}, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
                     " AND (#status = :pending OR (#status = :processing AND NOT dead_letter_at < :now))"
                 ),
                 names=_STATUS,
                 values={
+                    ":zero": 0,
+                    ":one": 1,
                     ":cancelled": TaskStatus.CANCELLED.value,
                     ":pending": TaskStatus.PENDING.value,
                     ":processing": TaskStatus.PROCESSING.value,

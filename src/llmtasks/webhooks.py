@@ -23,9 +23,13 @@ from urllib.parse import urlsplit
 
 from standardwebhooks import Webhook
 
+from llmtasks.batch_store import BatchStore, batch_from_item
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.models import (
+    BATCH_COMPLETED,
     EVENT_OF_STATUS,
+    Batch,
+    BatchView,
     EventType,
     Task,
     TaskView,
@@ -121,9 +125,10 @@ def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
-def webhook_id(task_id: str, event_type: EventType) -> str:
-    """Stable across every retry and redrive of one event, so receivers can deduplicate on it."""
-    return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{task_id}/{event_type}").hex
+def webhook_id(subject_id: str, event_type: EventType) -> str:
+    """Stable across every retry and redrive of one event (of a task or a batch), so receivers
+    can deduplicate on it."""
+    return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{subject_id}/{event_type}").hex
 
 
 @dataclass(frozen=True)
@@ -197,10 +202,18 @@ class WebhookSender:
 
 
 class WebhookRelay:
-    """Stream side: a task that just became terminal and has a webhook_url gets one queued event."""
+    """Stream side: a task or batch that just ended and has a webhook_url gets one queued event."""
 
     def __init__(self, webhook_queue: Queue) -> None:
         self._queue = webhook_queue
+
+    def relay_record(self, raw: dict[str, Any]) -> bool:
+        """One stream record (view type NEW_AND_OLD_IMAGES) of a task or of a batch."""
+        images = raw.get("dynamodb", {})
+        new, old = images["NewImage"], images.get("OldImage")
+        if str(new.get("pk", {}).get("S", "")).startswith("batch#"):
+            return self.relay_batch(batch_from_item(old) if old else None, batch_from_item(new))
+        return self.relay(task_from_item(old) if old else None, task_from_item(new))
 
     def relay(self, old: Task | None, new: Task) -> bool:
         if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
@@ -217,6 +230,20 @@ class WebhookRelay:
         logger.info("webhook queued", task_id=new.task_id, event_type=event_type)
         return True
 
+    def relay_batch(self, old: Batch | None, new: Batch) -> bool:
+        ended = new.status.is_terminal and (old is None or not old.status.is_terminal)
+        if not ended or not new.wants_webhook():
+            return False
+        self._queue.send(
+            WebhookMessage(
+                webhook_id=webhook_id(new.batch_id, BATCH_COMPLETED),
+                batch_id=new.batch_id,
+                event_type=BATCH_COMPLETED,
+            )
+        )
+        logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
+        return True
+
 
 class WebhookDelivery:
     """Queue side: one attempt at one event; raises RetryLater while attempts remain."""
@@ -231,49 +258,94 @@ class WebhookDelivery:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         results: ResultBlobs | None = None,
+        batches: BatchStore | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
+        self._batches = batches
         self._dead_letters = dead_letters
         self._sender = sender
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results or ResultBlobs(settings.results_bucket)
 
+    def _subject(self, message: WebhookMessage) -> _Subject | None:
+        """What the event is about, as it is now: its task or its batch (None once it is gone)."""
+        now = self._clock()
+        if message.batch_id is not None:
+            batch = self._batches.get(message.batch_id, now=now) if self._batches else None
+            if batch is None or not batch.webhook_url:
+                return None
+            batch_id = batch.batch_id
+            return _Subject(
+                url=batch.webhook_url,
+                tenant_id=batch.tenant_id,
+                data=BatchView.of(batch),
+                record=lambda status: self._record_batch(batch_id, status),
+                log={"batch_id": batch_id},
+            )
+        task = self._store.get(message.task_id or "", now=now)
+        if task is None or not task.webhook_url:
+            return None
+        task_id = task.task_id
+        return _Subject(
+            url=task.webhook_url,
+            tenant_id=task.tenant_id,
+            data=TaskView.of(self._results.hydrate(task)),
+            record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
+            log={"task_id": task_id},
+        )
+
+    def _record_batch(self, batch_id: str, status: WebhookStatus) -> None:
+        assert self._batches is not None
+        self._batches.record_webhook_attempt(batch_id, status=status)
+
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
         """`attempt` counts this message's deliveries (SQS's receive count): a redriven event
         starts again at 1 and gets the full schedule."""
-        task = self._store.get(message.task_id, now=self._clock())
-        if task is None or not task.webhook_url:
-            logger.info("webhook dropped: task gone", task_id=message.task_id)
+        subject = self._subject(message)
+        if subject is None:
+            logger.info(
+                "webhook dropped: its task or batch is gone",
+                task_id=message.task_id,
+                batch_id=message.batch_id,
+            )
             return
-        secrets = self._store.webhook_secrets(task.tenant_id, new_secret=new_webhook_secret())
-        data = TaskView.of(self._results.hydrate(task))
-        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=data)
+        secrets = self._store.webhook_secrets(subject.tenant_id, new_secret=new_webhook_secret())
+        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=subject.data)
         result = await self._sender.send(
-            task.webhook_url,
+            subject.url,
             message_id=message.webhook_id,
             event=event,
             secrets=secrets.signing(self._clock()),
         )
-        log: dict[str, Any] = {"task_id": task.task_id, "attempt": attempt, "status_code": result.status_code}
+        log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
         if result.delivered:
-            self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.DELIVERED)
+            subject.record(WebhookStatus.DELIVERED)
             logger.info("webhook delivered", **log)
             return
         if result.gone or attempt >= self._settings.webhook_attempts:
             # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
             self._dead_letters.send(message)
-            self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.FAILED)
+            subject.record(WebhookStatus.FAILED)
             logger.warning("webhook failed", error=result.error, **log)
             return
-        self._store.record_webhook_attempt(task.task_id, status=WebhookStatus.RETRYING)
+        subject.record(WebhookStatus.RETRYING)
         delay = self._settings.webhook_retry_schedule[attempt - 1]
         delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out
         if result.retry_after is not None:
             delay = max(delay, result.retry_after)
         logger.info("webhook retry scheduled", error=result.error, delay_s=round(delay, 1), **log)
         raise RetryLater(delay, result.error)
+
+
+@dataclass(frozen=True)
+class _Subject:
+    url: str
+    tenant_id: str
+    data: TaskView | BatchView
+    record: Callable[[WebhookStatus], object]  # counts one attempt and its outcome on the item
+    log: dict[str, str]
 
 
 def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:

@@ -14,10 +14,12 @@ import boto3
 from botocore.config import Config
 
 from llmtasks.apikeys import ApiKeys, CachedAuthenticator
+from llmtasks.batch_store import BatchStore
+from llmtasks.batches import BatchFanout, BatchProgress, BatchService
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import provider_from_settings
 from llmtasks.pacing import CallPacer
-from llmtasks.queues import Queue
+from llmtasks.queues import Queue, queue_name
 from llmtasks.results import ResultBlobs
 from llmtasks.service import TaskRunner, TaskService
 from llmtasks.settings import get_settings
@@ -64,6 +66,29 @@ def task_queue() -> Queue:
     return Queue(get_settings().task_queue_url, sqs())
 
 
+def batch_task_queue() -> Queue:
+    return Queue(get_settings().batch_task_queue_url, sqs())
+
+
+def worker_queue(event: dict[str, Any]) -> Queue:
+    """The queue an SQS event's records came from: TaskQueue or BatchTaskQueue."""
+    records = event.get("Records") or [{}]
+    batch = batch_task_queue()
+    return (
+        batch
+        if queue_name(str(records[0].get("eventSourceARN", ""))) == queue_name(batch.url)
+        else task_queue()
+    )
+
+
+def batch_fanout_queue() -> Queue:
+    return Queue(get_settings().batch_fanout_queue_url, sqs())
+
+
+def batch_store() -> BatchStore:
+    return BatchStore(get_settings().tasks_table_name, dynamodb())
+
+
 @lru_cache(maxsize=1)
 def result_blobs() -> ResultBlobs:
     return ResultBlobs(get_settings().results_bucket)
@@ -79,6 +104,31 @@ def task_service() -> TaskService:
         results=result_blobs(),
         idempotency=idempotency_keys(),
     )
+
+
+@lru_cache(maxsize=1)
+def batch_service() -> BatchService:
+    settings = get_settings()
+    return BatchService(
+        settings,
+        task_store(),
+        batch_store(),
+        batch_fanout_queue(),
+        results=result_blobs(),
+        idempotency=idempotency_keys(),
+    )
+
+
+@lru_cache(maxsize=1)
+def batch_fanout() -> BatchFanout:
+    return BatchFanout(
+        get_settings(), task_store(), batch_store(), batch_task_queue(), results=result_blobs()
+    )
+
+
+@lru_cache(maxsize=1)
+def batch_progress() -> BatchProgress:
+    return BatchProgress(batch_store())
 
 
 def idempotency_keys() -> IdempotencyKeys | None:
@@ -108,6 +158,7 @@ def task_runner() -> TaskRunner:
         provider_from_settings(settings),
         results=result_blobs(),
         pacer=pacer,
+        batch_task_queue=batch_task_queue(),
     )
 
 
@@ -129,7 +180,9 @@ def webhook_delivery() -> WebhookDelivery:
         resolve=resolver_from_settings(settings),
     )
     dead_letters = Queue(settings.webhook_dlq_url, sqs())
-    return WebhookDelivery(settings, task_store(), dead_letters, sender, results=result_blobs())
+    return WebhookDelivery(
+        settings, task_store(), dead_letters, sender, results=result_blobs(), batches=batch_store()
+    )
 
 
 @lru_cache(maxsize=1)

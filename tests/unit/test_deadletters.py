@@ -144,6 +144,10 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
         "WebhookQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookQueue",
         "TaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskDLQ",
         "WebhookDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookDLQ",
+        "BatchTaskQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchTaskQueue",
+        "BatchTaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchTaskDLQ",
+        "BatchFanoutQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchFanoutQueue",
+        "BatchFanoutDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchFanoutDLQ",
         "ApiUrl": "https://x.execute-api.us-east-1.amazonaws.com",
     }
     with Stubber(cloudformation) as stub:
@@ -165,6 +169,16 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
     assert deployment == Deployment(
         tasks_table="prod-TasksTable-1",
         api_keys_table="prod-ApiKeysTable-1",
-        queue_urls={"tasks": outputs["TaskQueueUrl"], "webhooks": outputs["WebhookQueueUrl"]},
-        dlq_urls={"tasks": outputs["TaskDLQUrl"], "webhooks": outputs["WebhookDLQUrl"]},
+        queue_urls={
+            "tasks": outputs["TaskQueueUrl"],
+            "batches": outputs["BatchTaskQueueUrl"],
+            "fanout": outputs["BatchFanoutQueueUrl"],
+            "webhooks": outputs["WebhookQueueUrl"],
+        },
+        dlq_urls={
+            "tasks": outputs["TaskDLQUrl"],
+            "batches": outputs["BatchTaskDLQUrl"],
+            "fanout": outputs["BatchFanoutDLQUrl"],
+            "webhooks": outputs["WebhookDLQUrl"],
+        },
     )

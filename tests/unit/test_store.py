@@ -40,9 +40,10 @@ def test_a_created_task_reads_back_equal_floats_included(store: TaskStore) -> No
 
 
 def test_a_task_id_cannot_be_created_twice(store: TaskStore) -> None:
-    new_task(store)
-    with pytest.raises(Exception, match="ConditionalCheckFailed"):
-        new_task(store)
+    first = new_task(store)
+    again = pending_task("t1", tenant="other", now=NOW + 5, request=LLMRequest(prompt="another"))
+    assert store.create(again) is False
+    assert store.get("t1", now=NOW) == first
 
 
 def test_an_expired_task_reads_as_missing_before_dynamodb_deletes_it(store: TaskStore) -> None:

@@ -91,5 +91,7 @@ def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
 
     # The local bucket carries the template's lifecycle rule.
     bucket = aws.resources.bucket_names["ResultsBucket"]
-    [rule] = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
-    assert rule["Expiration"]["Days"] == int(parameters["ResultRetentionDays"])
+    rules = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    # Large results, and batch manifests (a batch's items until they are fanned out).
+    assert {rule["Filter"].get("Prefix", rule.get("Prefix")) for rule in rules} == {"results/", "batches/"}
+    assert {rule["Expiration"]["Days"] for rule in rules} == {int(parameters["ResultRetentionDays"])}

@@ -139,8 +139,7 @@ def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> 
 
 
 def test_the_stream_filter_passes_only_terminal_transitions_of_tasks_with_a_webhook(aws: Aws) -> None:
-    [pattern] = aws.function("WebhookFunction").stream_sources[0].filter_patterns
-    matches = pattern_matcher((pattern,))
+    matches = pattern_matcher(aws.function("WebhookFunction").stream_sources[0].filter_patterns)
     [record] = load_event("webhook_stream.json")["Records"]
     assert matches(record)
     redelivered = json.loads(json.dumps(record))
@@ -194,8 +193,7 @@ class Hooks:
             StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
         )["ShardIterator"]
         records = self.aws.streams.get_records(ShardIterator=iterator)["Records"]
-        [pattern] = self.aws.function("WebhookFunction").stream_sources[0].filter_patterns
-        matches = pattern_matcher((pattern,))
+        matches = pattern_matcher(self.aws.function("WebhookFunction").stream_sources[0].filter_patterns)
         return {"Records": [r for r in (stream_record(dict(r), arn) for r in records) if matches(r)]}
 
     def relay(self) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""BatchFunction: a batch's fan-out and its counters.
+
+- BatchFanoutQueue: one chunk of a batch's items becomes tasks on BatchTaskQueue, or is
+  cancelled.
+- TasksTable's stream (filtered to batch items whose status changed): the batch's counters move,
+  exactly once per change, and the batch ends when every item is terminal. The records of one
+  invocation are counted together (one transaction per batch, not one per record), so a failure
+  returns the whole batch of records; counting is idempotent, so the retry is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from llmtasks import wiring
+from llmtasks.batches import BatchFanout, BatchProgress
+from llmtasks.models import FanoutMessage
+from llmtasks.observability import logger, tracer
+from llmtasks.queues import Queue
+from llmtasks.records import is_stream_event, process_sqs_concurrently
+from llmtasks.webhooks import tasks_of_stream_record
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+def lambda_handler(
+    event: dict[str, Any],
+    context: LambdaContext,
+    fanout: BatchFanout | None = None,
+    progress: BatchProgress | None = None,
+    queue: Queue | None = None,
+) -> PartialItemFailureResponse | None:
+    if is_stream_event(event):
+        (progress or wiring.batch_progress()).apply([tasks_of_stream_record(r) for r in event["Records"]])
+        return None
+
+    fanout = fanout or wiring.batch_fanout()
+
+    async def fan_out_one(record: SQSRecord) -> None:
+        message = FanoutMessage.model_validate_json(record.body)
+        await asyncio.to_thread(fanout.handle, message, sent_at=int(record.attributes.sent_timestamp) / 1000)
+
+    return process_sqs_concurrently(event, context, fan_out_one, queue or wiring.batch_fanout_queue())

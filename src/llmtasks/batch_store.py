@@ -1,0 +1,238 @@
+"""Batches in TasksTable: the batch item (`batch#<id>`) and its counters.
+
+The counters move by transactions that also mark, on each task, the last status change they
+include (`counted_revision`), so a change is counted once however often its stream record is
+processed: retries, duplicate deliveries and redrives leave the counts exact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtasks.errors import BackendError
+from llmtasks.models import Batch, BatchStatus, TaskStatus, WebhookStatus
+from llmtasks.store import deserialize, is_condition_failure, serialize, task_key
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
+
+
+def batch_key(batch_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"batch#{batch_id}"}}
+
+
+def batch_from_item(item: Mapping[str, Any]) -> Batch:
+    return Batch.model_validate(deserialize(item))
+
+
+@dataclass(frozen=True)
+class CountedChange:
+    """What one task's status did across the revisions `since`..`revision` (stream records)."""
+
+    task_id: str
+    since: int
+    revision: int
+    old: TaskStatus
+    new: TaskStatus
+
+
+class CountsRefused(Exception):
+    """The transaction did not apply. `counted` has, for each task whose mark refused it, the
+    revision its counters already include (None: the task is gone); `conflict` says another
+    transaction touched the same items (DynamoDB's TransactionConflict): try again."""
+
+    def __init__(self, counted: dict[str, int | None], *, conflict: bool, batch_gone: bool) -> None:
+        super().__init__("batch counts refused")
+        self.counted = counted
+        self.conflict = conflict
+        self.batch_gone = batch_gone
+
+
+class BatchExists(Exception):
+    def __init__(self, batch: Batch) -> None:
+        super().__init__("batch exists")
+        self.batch = batch
+
+
+class BatchStore:
+    def __init__(self, table_name: str, client: DynamoDBClient) -> None:
+        self.table_name = table_name
+        self._client = client
+
+    def create(self, batch: Batch) -> None:
+        """Raises BatchExists with the stored batch when its id is taken (a retried submit)."""
+        # As for a task: unset fields are left out, the client's metadata is kept exactly.
+        fields = batch.model_dump(mode="json", exclude_none=True) | {"metadata": batch.metadata}
+        item = serialize({"pk": f"batch#{batch.batch_id}", **fields})
+        try:
+            self._client.put_item(
+                TableName=self.table_name,
+                Item=item,
+                ConditionExpression="attribute_not_exists(pk)",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            old: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
+            if is_condition_failure(exc) and old:
+                raise BatchExists(batch_from_item(old)) from exc
+            raise BackendError(f"DynamoDB put failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB put failed: {exc}") from exc
+
+    def get(self, batch_id: str, *, now: float) -> Batch | None:
+        """The batch, or None when there is none or it has expired."""
+        try:
+            reply = self._client.get_item(
+                TableName=self.table_name, Key=batch_key(batch_id), ConsistentRead=True
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB read failed: {exc}") from exc
+        item = reply.get("Item")
+        if not item:
+            return None
+        batch = batch_from_item(item)
+        return None if batch.is_expired(now) else batch
+
+    def request_cancel(self, batch_id: str, *, tenant_id: str, now: float) -> Batch | None:
+        """pending | processing -> cancelling; None when the batch is not the tenant's, or is
+        expired, cancelling or ended already (the caller reads it to say which)."""
+        return self._update(
+            batch_id,
+            update="SET #status = :cancelling, cancel_requested_at = :now",
+            condition="tenant_id = :tenant AND expires_at > :now AND #status IN (:pending, :processing)",
+            values={
+                ":cancelling": BatchStatus.CANCELLING.value,
+                ":pending": BatchStatus.PENDING.value,
+                ":processing": BatchStatus.PROCESSING.value,
+                ":tenant": tenant_id,
+                ":now": now,
+            },
+        )
+
+    def finish(self, batch: Batch, *, now: float) -> Batch | None:
+        """The batch as read, ended with its final status, when every item is terminal and it was
+        still open as read; None when it was not (another call ended it, or items are left)."""
+        return self._update(
+            batch.batch_id,
+            update="SET #status = :final, completed_at = :now",
+            condition="#done = #total AND #status = :seen",
+            values={":final": batch.final_status().value, ":now": now, ":seen": batch.status.value},
+            names={"#done": "done", "#total": "total"},
+        )
+
+    def record_webhook_attempt(self, batch_id: str, *, status: WebhookStatus) -> None:
+        self._update(
+            batch_id,
+            update="SET webhook_status = :status ADD webhook_attempts :one",
+            condition="attribute_exists(pk)",
+            values={":status": status.value, ":one": 1},
+        )
+
+    def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:
+        """Applies the changes to the batch's counters in one transaction, each task's only if
+        its counters do not include any of them yet. Raises CountsRefused when nothing applied."""
+        delta: Counter[str] = Counter()
+        actions: list[TransactWriteItemTypeDef] = []
+        for change in changes:
+            delta[change.old.value] -= 1
+            delta[change.new.value] += 1
+            if change.new.is_terminal and not change.old.is_terminal:
+                delta["done"] += 1
+            actions.append(
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": task_key(change.task_id),
+                        "UpdateExpression": "SET counted_revision = :revision",
+                        "ConditionExpression": (
+                            "attribute_exists(pk) AND"
+                            " (attribute_not_exists(counted_revision) OR counted_revision < :since)"
+                        ),
+                        "ExpressionAttributeValues": serialize(
+                            {":revision": change.revision, ":since": change.since}
+                        ),
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                }
+            )
+        moved = {name: count for name, count in delta.items() if count}
+        if moved:
+            names = {f"#{name}": name for name in moved}
+            actions.append(
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": batch_key(batch_id),
+                        "UpdateExpression": "ADD " + ", ".join(f"#{name} :{name}" for name in moved),
+                        "ConditionExpression": "attribute_exists(pk)",
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": serialize({f":{name}": n for name, n in moved.items()}),
+                    }
+                }
+            )
+        try:
+            self._client.transact_write_items(TransactItems=actions)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+            raise self._refusal(changes, exc) from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+
+    @staticmethod
+    def _refusal(changes: list[CountedChange], exc: ClientError) -> CountsRefused:
+        reasons: list[Any] = list(exc.response.get("CancellationReasons") or [])
+        counted: dict[str, int | None] = {}
+        conflict = batch_gone = False
+        for index, reason in enumerate(reasons):
+            code = reason.get("Code")
+            if code == "TransactionConflict":
+                conflict = True
+            elif code == "ConditionalCheckFailed" and index >= len(changes):
+                batch_gone = True
+            elif code == "ConditionalCheckFailed":
+                old = reason.get("Item")
+                counted[changes[index].task_id] = (
+                    int(deserialize(old).get("counted_revision", -1)) if old else None
+                )
+        if not reasons:
+            conflict = True  # no reasons given: treat as contention and try again
+        return CountsRefused(counted, conflict=conflict, batch_gone=batch_gone)
+
+    def _update(
+        self,
+        batch_id: str,
+        *,
+        update: str,
+        condition: str,
+        values: Mapping[str, Any],
+        names: Mapping[str, str] | None = None,
+    ) -> Batch | None:
+        """One conditional UpdateItem on a batch: the batch after it, or None when the condition
+        did not hold."""
+        all_names = {"#status": "status"} if "#status" in update + condition else {}
+        all_names |= names or {}
+        optional: dict[str, Any] = {"ExpressionAttributeNames": all_names} if all_names else {}
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key=batch_key(batch_id),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=serialize(values),
+                ReturnValues="ALL_NEW",
+                **optional,
+            )
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                return None
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
+        return batch_from_item(reply["Attributes"])
