@@ -1,8 +1,11 @@
 """Batches in TasksTable: the batch item (`batch#<id>`) and its counters.
 
-The counters move by transactions that also mark, on each task, the last status change they
-include (`counted_revision`), so a change is counted once however often its stream record is
-processed: retries, duplicate deliveries and redrives leave the counts exact.
+The counters move by transactions that also mark, per task, the last status change they
+include (an item `counted#<task id>` holding that revision), so a change is counted once
+however often its stream record is processed: retries, duplicate deliveries and redrives leave
+the counts exact. The mark is an item of its own, not an attribute of the task: it stays small
+(a write costs by the item's size, and a task's prompt may be 200 KiB), and its writes do not
+come back on the stream as changes of the task.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.errors import BackendError
 from llmtasks.models import Batch, BatchStatus, TaskStatus, WebhookStatus
-from llmtasks.store import deserialize, is_condition_failure, serialize, task_key
+from llmtasks.store import deserialize, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
 
 def batch_key(batch_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"batch#{batch_id}"}}
+
+
+def _mark_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"counted#{task_id}"}}
 
 
 def batch_from_item(item: Mapping[str, Any]) -> Batch:
@@ -40,11 +47,12 @@ class CountedChange:
     revision: int
     old: TaskStatus
     new: TaskStatus
+    expires_at: int  # the task's: the mark goes with it
 
 
 class CountsRefused(Exception):
     """The transaction did not apply. `counted` has, for each task whose mark refused it, the
-    revision its counters already include (None: the task is gone); `conflict` says another
+    revision the counters already include (None: not told); `conflict` says another
     transaction touched the same items (DynamoDB's TransactionConflict): try again."""
 
     def __init__(self, counted: dict[str, int | None], *, conflict: bool, batch_gone: bool) -> None:
@@ -134,6 +142,17 @@ class BatchStore:
             values={":status": status.value, ":one": 1},
         )
 
+    def counted_revision(self, task_id: str) -> int | None:
+        """The last revision of the task the counters include; None when none is."""
+        try:
+            reply = self._client.get_item(
+                TableName=self.table_name, Key=_mark_key(task_id), ConsistentRead=True
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB read failed: {exc}") from exc
+        item = reply.get("Item")
+        return int(deserialize(item)["revision"]) if item else None
+
     def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:
         """Applies the changes to the batch's counters in one transaction, each task's only if
         its counters do not include any of them yet. Raises CountsRefused when nothing applied."""
@@ -148,14 +167,15 @@ class BatchStore:
                 {
                     "Update": {
                         "TableName": self.table_name,
-                        "Key": task_key(change.task_id),
-                        "UpdateExpression": "SET counted_revision = :revision",
-                        "ConditionExpression": (
-                            "attribute_exists(pk) AND"
-                            " (attribute_not_exists(counted_revision) OR counted_revision < :since)"
-                        ),
+                        "Key": _mark_key(change.task_id),
+                        "UpdateExpression": "SET revision = :revision, expires_at = :expires",
+                        "ConditionExpression": "attribute_not_exists(pk) OR revision < :since",
                         "ExpressionAttributeValues": serialize(
-                            {":revision": change.revision, ":since": change.since}
+                            {
+                                ":revision": change.revision,
+                                ":since": change.since,
+                                ":expires": change.expires_at,
+                            }
                         ),
                         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                     }
@@ -198,9 +218,7 @@ class BatchStore:
                 batch_gone = True
             elif code == "ConditionalCheckFailed":
                 old = reason.get("Item")
-                counted[changes[index].task_id] = (
-                    int(deserialize(old).get("counted_revision", -1)) if old else None
-                )
+                counted[changes[index].task_id] = int(deserialize(old)["revision"]) if old else None
         if not reasons:
             conflict = True  # no reasons given: treat as contention and try again
         return CountsRefused(counted, conflict=conflict, batch_gone=batch_gone)

@@ -56,7 +56,7 @@ from llmtasks.webhooks import Resolver, check_webhook_url, resolver_from_setting
 
 Clock = Callable[[], float]
 _BATCH_NAMESPACE = uuid.UUID("0f5b7a4e-3c1d-4f7e-9a2b-6d8c5e4f3a21")
-# Tasks written between two SendMessageBatch calls: an item follows its message closely.
+# Tasks written between two SendMessageBatch calls: a message follows its item closely.
 SEND_GROUP = 10
 # Changes in one counting transaction (DynamoDB allows 100 actions; one is the batch's).
 COUNT_GROUP = 50
@@ -319,32 +319,39 @@ class BatchFanout:
         self._create_chunk(batch, message.chunk)
 
     def _create_chunk(self, batch: Batch, chunk: int) -> None:
+        """Each task is written before its message (the reverse of a single submit): a worker
+        never meets a message whose item is not there yet. A chunk that dies between the two is
+        done again, and sends the messages of its tasks that no worker has claimed yet; a
+        message sent twice so costs a redelivery, never a second call (the claim's lease)."""
         cancelling = batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
         cancelled_at = self._clock() if cancelling else None
         items = list(zip(batch.indexes(chunk), read_chunk(self._results, batch, chunk), strict=True))
         existing = self._store.get_many([batch_task_id(batch.batch_id, i) for i, _ in items])
-        missing = [item_task(batch, i, item, cancelled_at=cancelled_at) for i, item in items]
-        missing = [task for task in missing if task.task_id not in existing]
-        for start in range(0, len(missing), SEND_GROUP):
-            group = missing[start : start + SEND_GROUP]
+        unclaimed = [
+            task.task_id
+            for task in existing.values()
+            if task.status is TaskStatus.PENDING and not task.revision
+        ]
+        created = [item_task(batch, i, item, cancelled_at=cancelled_at) for i, item in items]
+        created = [task for task in created if task.task_id not in existing]
+        for start in range(0, len(created), SEND_GROUP):
+            group = [task.task_id for task in created[start : start + SEND_GROUP] if self._store.create(task)]
             if not cancelling:
-                # Each message before its task, as submit does; a task that exists already (a
-                # chunk done twice) had its message sent then.
-                self._queue.send_many([TaskMessage(task_id=task.task_id) for task in group])
-            for task in group:
-                self._store.create(task)
+                self._queue.send_many([TaskMessage(task_id=task_id) for task_id in group])
+        if unclaimed and not cancelling:
+            self._queue.send_many([TaskMessage(task_id=task_id) for task_id in unclaimed])
         logger.info(
             "batch chunk fanned out",
             batch_id=batch.batch_id,
             chunk=chunk,
-            created=len(missing),
-            cancelled=cancelling,
+            new_tasks=len(created),  # not `created`: a LogRecord's own attribute
+            resent=len(unclaimed),
+            cancelling=cancelling,
         )
         if not cancelling:
             # A cancel that came while this chunk was written may have swept past tasks not yet
             # there: look once more, and cancel them if so.
-            now = self._clock()
-            again = self._batches.get(batch.batch_id, now=now)
+            again = self._batches.get(batch.batch_id, now=self._clock())
             if again is not None and again.status is BatchStatus.CANCELLING:
                 self._cancel_chunk(again, chunk)
 
@@ -377,12 +384,14 @@ class _Step:
     old: TaskStatus
     new: TaskStatus
     revision: int
+    expires_at: int
 
 
 def _collapse(task_id: str, steps: list[_Step], counted: int | None) -> CountedChange | None:
-    """The net change of a task's steps the counters do not include yet (None: no net change)."""
+    """The net change of a task's steps the counters do not include yet (None: they include
+    all). A change with no net effect still counts: its mark records that its steps are in."""
     fresh = [step for step in steps if counted is None or step.revision > counted]
-    if not fresh or fresh[0].old is fresh[-1].new:
+    if not fresh:
         return None
     return CountedChange(
         task_id=task_id,
@@ -390,6 +399,7 @@ def _collapse(task_id: str, steps: list[_Step], counted: int | None) -> CountedC
         revision=fresh[-1].revision,
         old=fresh[0].old,
         new=fresh[-1].new,
+        expires_at=fresh[-1].expires_at,
     )
 
 
@@ -402,14 +412,14 @@ class BatchProgress:
 
     def apply(self, changes: list[tuple[Task | None, Task]]) -> None:
         """`changes`: (old, new) images in stream order. Items of batches only; a task inserted
-        as anything but pending counts as moving from pending (every item starts counted so)."""
+        as anything but pending counts as moving from pending (every item starts counted so).
+        Writes that kept the status count too: their revisions place the others in order."""
         steps: dict[str, dict[str, list[_Step]]] = defaultdict(lambda: defaultdict(list))
         for old, new in changes:
             if new.batch_id is None:
                 continue
             before = old.status if old is not None else TaskStatus.PENDING
-            if before is not new.status:
-                steps[new.batch_id][new.task_id].append(_Step(before, new.status, new.revision))
+            steps[new.batch_id][new.task_id].append(_Step(before, new.status, new.revision, new.expires_at))
         for batch_id, by_task in steps.items():
             self._count(batch_id, by_task)
             finish_if_done(self._batches, batch_id, now=self._clock())
@@ -432,10 +442,9 @@ class BatchProgress:
                         logger.info("batch gone; its counts are left", batch_id=batch_id)
                         return
                     for task_id, revision in refused.counted.items():
-                        if revision is None:
-                            todo.pop(task_id, None)  # the task expired and is deleted
-                        else:
-                            counted[task_id] = revision
+                        counted[task_id] = (
+                            revision if revision is not None else self._batches.counted_revision(task_id)
+                        )
                     if refused.conflict:
                         time.sleep(0.05 * 2**attempt)
                     continue

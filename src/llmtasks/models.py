@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 
 class TaskStatus(StrEnum):
@@ -200,8 +208,6 @@ class Task(BaseModel):
     # Counts the task's status changes (each conditional write adds one), so the batch counters
     # apply each change once however often its stream record is processed.
     revision: int = 0
-    # The last revision the batch counters include (written by BatchProgress).
-    counted_revision: int | None = None
     started_at: float | None = None
     completed_at: float | None = None
     attempts: int = 0
@@ -398,16 +404,21 @@ class SubmitBatchRequest(_Strict):
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
     metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
 
-    @model_validator(mode="after")
-    def _valid_batch(self) -> SubmitBatchRequest:
-        if self.webhook_events is not None and self.webhook_url is None:
-            raise ValueError("'webhook_events' needs a 'webhook_url'")
+    @field_validator("items")
+    @classmethod
+    def _unique_custom_ids(cls, items: list[BatchItem]) -> list[BatchItem]:
         seen: set[str] = set()
-        for index, item in enumerate(self.items):
+        for index, item in enumerate(items):
             if item.custom_id is not None:
                 if item.custom_id in seen:
                     raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
                 seen.add(item.custom_id)
+        return items
+
+    @model_validator(mode="after")
+    def _events_need_a_url(self) -> SubmitBatchRequest:
+        if self.webhook_events is not None and self.webhook_url is None:
+            raise ValueError("'webhook_events' needs a 'webhook_url'")
         return self
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
+from llmtasks.batches import BatchService
 from llmtasks.errors import TaskConflict
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.models import SubmitTaskRequest
@@ -29,9 +30,12 @@ pytestmark = pytest.mark.unit
 class Api:
     """Calls SubmitFunction or StatusFunction as API Gateway would and decodes the reply."""
 
-    def __init__(self, aws: Aws, handler: Any, service: TaskService) -> None:
+    def __init__(
+        self, aws: Aws, handler: Any, service: TaskService, batches: BatchService | None = None
+    ) -> None:
         self.aws = aws
         self.service = service
+        self.batches = batches
         self.submit_fn, self.submit_ctx = handler("SubmitFunction")
         self.status_fn, self.status_ctx = handler("StatusFunction")
 
@@ -67,8 +71,8 @@ class Api:
             event["body"] = raw if raw is not None else json.dumps(body)
             event["isBase64Encoded"] = base64_body
         fn, ctx = (self.submit_fn, self.submit_ctx) if method == "POST" else (self.status_fn, self.status_ctx)
-        reply = fn(event, ctx, service=self.service)
-        is_json = "json" in reply.get("headers", {}).get("Content-Type", "")
+        reply = fn(event, ctx, service=self.service, batches=self.batches)
+        is_json = reply.get("headers", {}).get("Content-Type", "").endswith("json")
         reply["json"] = json.loads(reply["body"]) if is_json and reply.get("body") else None
         return reply
 

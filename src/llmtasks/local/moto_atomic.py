@@ -6,6 +6,12 @@ thread; the unit tests run sandboxes in threads too) can both pass a condition o
 should, or both be told the same old value. The task lease and the LLM call pace rely on that
 atomicity. `install()` serialises moto's handling of each DynamoDB write request behind one lock,
 in whatever process runs moto.
+
+It also makes TransactWriteItems cost what it costs in DynamoDB: moto deep-copies every table a
+transaction touches, once per action, to roll back a refused one, so one 50-action transaction
+on a table of a few thousand items took a second, under the lock, while every other write waited
+(the batch counters are such transactions). Here every condition is checked first and nothing
+is written unless all hold; only the touched items are kept for a rollback.
 """
 
 from __future__ import annotations
@@ -15,6 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from moto.dynamodb.comparisons import get_filter_expression
+from moto.dynamodb.exceptions import (
+    MultipleTransactionsException,
+    TooManyTransactionsException,
+    TransactionCanceledException,
+    TransactWriteSingleOpException,
+)
+from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.responses import DynamoHandler
 
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
@@ -31,8 +45,90 @@ def _atomic(write: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
+def _key_of(backend: DynamoDBBackend, op_type: str, op: dict[str, Any]) -> dict[str, Any]:
+    if op_type != "Put":
+        return dict(op["Key"])
+    table = backend.get_table(op["TableName"])
+    key = {table.hash_key_attr: op["Item"][table.hash_key_attr]}
+    if table.range_key_attr is not None:
+        key[table.range_key_attr] = op["Item"][table.range_key_attr]
+    return key
+
+
+_Action = tuple[str, dict[str, Any], dict[str, Any], Any]  # type, operation, key, item before
+
+
+def transact_write_items(self: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> None:
+    """All or nothing, as DynamoDB does it: every condition checked before any write."""
+    if len(transact_items) > 100:
+        raise TooManyTransactionsException()
+    _apply(self, _checked(self, transact_items))
+
+
+def _checked(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> list[_Action]:
+    actions: list[_Action] = []
+    targets: set[tuple[str, str]] = set()
+    errors: list[tuple[str | None, str | None, dict[str, Any] | None]] = []
+    for entry in transact_items:
+        if len(entry) > 1:
+            raise TransactWriteSingleOpException
+        op_type, op = next(iter(entry.items()))
+        if op_type not in {"ConditionCheck", "Put", "Delete", "Update"}:
+            raise ValueError("Unsupported transaction operation")
+        key = _key_of(backend, op_type, op)
+        target = (str(op["TableName"]), str(dict(sorted(key.items()))))
+        if target in targets:
+            raise MultipleTransactionsException()
+        targets.add(target)
+        current = backend.get_item(op["TableName"], key)
+        condition = op.get("ConditionExpression")
+        if condition is not None:
+            check = get_filter_expression(
+                condition, op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
+            )
+            if not check.expr(current):
+                wants_old = op.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD"
+                old = current.to_json()["Attributes"] if wants_old and current else None
+                errors.append(("ConditionalCheckFailed", "The conditional request failed", old))
+                continue
+        errors.append((None, None, None))
+        actions.append((op_type, op, key, current))
+    if any(code is not None for code, _, _ in errors):
+        raise TransactionCanceledException(errors)
+    return actions
+
+
+def _apply(backend: DynamoDBBackend, actions: list[_Action]) -> None:
+    applied: list[tuple[str, dict[str, Any], Any]] = []
+    try:
+        for op_type, op, key, current in actions:
+            table_name = op["TableName"]
+            if op_type == "Put":
+                backend.put_item(table_name, op["Item"])
+            elif op_type == "Delete":
+                backend.delete_item(table_name, key)
+            elif op_type == "Update":
+                backend.update_item(
+                    table_name,
+                    key,
+                    update_expression=op["UpdateExpression"],
+                    expression_attribute_names=op.get("ExpressionAttributeNames") or {},
+                    expression_attribute_values=op.get("ExpressionAttributeValues") or {},
+                )
+            applied.append((table_name, key, current))
+    except Exception:
+        for table_name, key, current in reversed(applied):  # a write refused midway: undo the rest
+            if current is None:
+                backend.delete_item(table_name, key)
+            else:
+                backend.put_item(table_name, current.to_json()["Attributes"])
+        raise
+
+
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
+    if DynamoDBBackend.transact_write_items is not transact_write_items:
+        DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
     for name in _WRITES:
         write = getattr(DynamoHandler, name, None)
         if write is not None and not getattr(write, "__llmtasks_atomic__", False):

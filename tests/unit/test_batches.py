@@ -1,0 +1,366 @@
+"""Batches through the handlers the template names: submit, fan-out, the worker, the stream's
+counters and the batch webhook, on moto in-process with the mock LLM over HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
+from llmtasks.batch_store import BatchStore
+from llmtasks.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
+from llmtasks.errors import BatchNotFound, RetryLater
+from llmtasks.idempotency import IdempotencyKeys
+from llmtasks.llm.mock import reply_text
+from llmtasks.llm.openai import OpenAIChat
+from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
+from llmtasks.models import Batch, BatchStatus, FanoutMessage, SubmitBatchRequest, TaskStatus, WebhookMessage
+from llmtasks.queues import Queue
+from llmtasks.service import TaskRunner
+from llmtasks.settings import Settings
+from llmtasks.store import TaskStore
+from llmtasks.webhooks import WebhookRelay
+from tests.conftest import Aws, RunningMock
+from tests.unit.test_api import Api, assert_problem, task_service
+
+pytestmark = pytest.mark.unit
+CHUNK = 4
+
+
+class Rig:
+    """A batch's whole path, one step at a time: each step delivers what its queue or the
+    table's stream holds to the function the template names, as Lambda would."""
+
+    def __init__(self, aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> None:
+        self.aws = aws
+        self.settings = settings
+        self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+        self.batches = BatchStore(settings.tasks_table_name, aws.dynamodb)
+        self.fanout_queue = Queue(settings.batch_fanout_queue_url, aws.sqs)
+        self.item_queue = Queue(settings.batch_task_queue_url, aws.sqs)
+        assert settings.idempotency_table_name is not None
+        persistence = DynamoDBPersistenceLayer(
+            table_name=settings.idempotency_table_name, boto3_client=aws.dynamodb
+        )
+        self.service = BatchService(
+            settings,
+            self.store,
+            self.batches,
+            self.fanout_queue,
+            idempotency=IdempotencyKeys(persistence, ttl_s=60),
+        )
+        self.api = Api(aws, handler, task_service(aws, settings), batches=self.service)
+        self._batch_fn, self.batch_ctx = handler("BatchFunction")
+        self.fanout = BatchFanout(settings, self.store, self.batches, self.item_queue)
+        self.progress = BatchProgress(self.batches)
+        self.worker_fn, self.worker_ctx = handler("WorkerFunction")
+        self.webhook_fn, self.webhook_ctx = handler("WebhookFunction")
+        llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock-model")
+        self.runner = TaskRunner(
+            settings,
+            self.store,
+            Queue(settings.task_queue_url, aws.sqs),
+            llm,
+            batch_task_queue=self.item_queue,
+        )
+        arn = aws.resources.attributes[("TasksTable", "StreamArn")]
+        shard = aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+        self._stream_arn = arn
+        self._iterator = aws.streams.get_shard_iterator(
+            StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+
+    def submit(self, items: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        reply = self.api.call(
+            "POST", "/batches", {"items": items, **fields}, headers=fields.pop("headers", None)
+        )
+        assert reply["statusCode"] == 202, reply
+        return reply["json"]  # type: ignore[no-any-return]
+
+    def batch_fn(self, event: dict[str, Any], context: Any) -> Any:
+        """BatchFunction's handler, with this rig's collaborators."""
+        return self._batch_fn(
+            event, context, fanout=self.fanout, progress=self.progress, queue=self.fanout_queue
+        )
+
+    def _sqs_event(self, logical_id: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        arn = self.aws.resources.attributes[(logical_id, "Arn")]
+        return {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
+
+    def fan_out(self) -> list[dict[str, Any]]:
+        """Every fan-out message to BatchFunction, one invocation each (BatchSize 1); returns them."""
+        messages = self.aws.messages("BatchFanoutQueue")
+        for message in messages:
+            reply = self.batch_fn(self._sqs_event("BatchFanoutQueue", [message]), self.batch_ctx)
+            assert reply == {"batchItemFailures": []}
+        return messages
+
+    def run_items(self, *, allow_retries: bool = False) -> int:
+        """Every queued batch item to the worker, ten to an invocation; how many ran. A copy of a
+        message whose task another holds comes back later (allow_retries)."""
+        messages = self.aws.messages("BatchTaskQueue")
+        for start in range(0, len(messages), 10):
+            event = self._sqs_event("BatchTaskQueue", messages[start : start + 10])
+            reply = self.worker_fn(event, self.worker_ctx, runner=self.runner, queue=self.item_queue)
+            assert allow_retries or reply == {"batchItemFailures": []}
+        return len(messages)
+
+    def stream(self) -> list[dict[str, Any]]:
+        """The table's stream records since the last read, as Lambda hands them over."""
+        records: list[dict[str, Any]] = []
+        while True:
+            reply = self.aws.streams.get_records(ShardIterator=self._iterator)
+            self._iterator = reply["NextShardIterator"]
+            if not reply["Records"]:
+                return records
+            records += [stream_record(dict(r), self._stream_arn) for r in reply["Records"]]
+
+    def count(self, records: list[dict[str, Any]]) -> None:
+        """Records to BatchFunction's stream source, through its filter."""
+        matches = pattern_matcher(self.aws.function("BatchFunction").stream_sources[0].filter_patterns)
+        chosen = [r for r in records if matches(r)]
+        if chosen:
+            assert self.batch_fn({"Records": chosen}, self.batch_ctx) is None
+
+    def relay(self, records: list[dict[str, Any]]) -> list[WebhookMessage]:
+        """Records to WebhookFunction's stream source; the events it queued."""
+        matches = pattern_matcher(self.aws.function("WebhookFunction").stream_sources[0].filter_patterns)
+        chosen = [r for r in records if matches(r)]
+        if chosen:
+            relay = WebhookRelay(Queue(self.settings.webhook_queue_url, self.aws.sqs))
+            self.webhook_fn({"Records": chosen}, self.webhook_ctx, relay=relay)
+        return [WebhookMessage.model_validate_json(m["Body"]) for m in self.aws.messages("WebhookQueue")]
+
+    def batch(self, batch_id: str) -> Batch:
+        batch = self.batches.get(batch_id, now=time.time())
+        assert batch is not None
+        return batch
+
+    def full_count(self, batch: Batch) -> Counter[str]:
+        """Every item's status, read one by one: what the counters must agree with."""
+        tasks = self.store.get_many([batch_task_id(batch.batch_id, i) for i in range(batch.total)])
+        counts: Counter[str] = Counter({status.value: 0 for status in TaskStatus})
+        for index in range(batch.total):
+            task = tasks.get(batch_task_id(batch.batch_id, index))
+            counts[task.status.value if task else "pending"] += 1
+        return counts
+
+
+def counters(batch: Batch) -> Counter[str]:
+    return Counter({s.value: getattr(batch, s.value) for s in TaskStatus})
+
+
+@pytest.fixture
+def rig(aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> Rig:
+    overrides = {"batch_chunk_size": CHUNK, "retry_base_delay_s": 0.0}
+    return Rig(aws, handler, settings.model_copy(update=overrides), mock_llm)
+
+
+def test_a_batch_is_accepted_whole_with_its_exact_total_before_any_task_exists(rig: Rig) -> None:
+    accepted = rig.submit([{"prompt": f"q{i}", "custom_id": f"c{i}"} for i in range(10)])
+    assert accepted["total"] == 10
+    assert accepted["status"] == "pending"
+    fanouts = [FanoutMessage.model_validate_json(m["Body"]) for m in rig.aws.messages("BatchFanoutQueue")]
+    assert sorted(m.chunk for m in fanouts) == [0, 1, 2]  # 10 items, 4 a chunk
+    assert rig.aws.messages("BatchTaskQueue") == []
+    view = rig.api.call("GET", f"/batches/{accepted['batch_id']}")
+    assert view["statusCode"] == 200
+    assert {k: view["json"][k] for k in ("status", "total", "pending", "processing", "completed")} == {
+        "status": "pending",
+        "total": 10,
+        "pending": 10,
+        "processing": 0,
+        "completed": 0,
+    }
+    # Not fanned out yet, the items read as pending, with their custom_ids, in order.
+    results = rig.api.call("GET", f"/batches/{accepted['batch_id']}/results")["json"]["data"]
+    assert [(r["index"], r["custom_id"], r["status"]) for r in results] == [
+        (i, f"c{i}", "pending") for i in range(10)
+    ]
+
+
+def test_a_batch_runs_once_per_item_and_its_counts_match_a_full_count_at_every_step(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    batch_id = rig.submit(
+        [{"prompt": f"item {i}"} for i in range(10)], webhook_url="http://127.0.0.1:9/hook"
+    )["batch_id"]
+    # A fan-out message delivered twice (SQS is at-least-once) creates its tasks once.
+    fanouts = rig.aws.messages("BatchFanoutQueue")
+    for delivered in (fanouts[:1], fanouts):
+        reply = rig.batch_fn(rig._sqs_event("BatchFanoutQueue", delivered), rig.batch_ctx)
+        assert reply == {"batchItemFailures": []}
+    # (The second delivery sends the messages of its unclaimed tasks again, in case the first
+    # died before sending them: a copy costs a redelivery, never a call.)
+    assert len(rig.store.get_many([batch_task_id(batch_id, i) for i in range(10)])) == 10
+    rig.run_items(allow_retries=True)
+    assert mock_llm.stats.calls == 10
+    records = rig.stream()
+    rig.count(records)
+    batch = rig.batch(batch_id)
+    assert (
+        counters(batch)
+        == rig.full_count(batch)
+        == Counter({"completed": 10, "pending": 0, "processing": 0, "failed": 0, "cancelled": 0})
+    )
+    assert batch.status is BatchStatus.COMPLETED
+    assert batch.completed_at is not None
+    # The same records again (a retried or duplicated stream batch) change nothing.
+    rig.count(records)
+    assert counters(rig.batch(batch_id)) == counters(batch)
+    # The batch's end is on the stream too: one batch.completed event (the items have no webhooks).
+    ending = rig.stream()
+    events = rig.relay(records + ending)
+    assert [(e.event_type, e.batch_id) for e in events] == [("batch.completed", batch_id)]
+    results = rig.api.call("GET", f"/batches/{batch_id}/results", query="limit=3")["json"]
+    assert [r["result"] for r in results["data"]] == [reply_text(f"item {i}") for i in range(3)]
+
+
+def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    # Given items that fail once each (a 500, retried) so each goes pending -> processing ->
+    # pending -> processing -> completed, and stream records delivered piecemeal, with overlaps
+    mock_llm.configure(rate_500=1.0)
+    batch_id = rig.submit([{"prompt": f"x{i}", "max_retries": 2} for i in range(6)])["batch_id"]
+    rig.fan_out()
+    assert rig.run_items() == 6
+    first = rig.stream()  # inserts, claims, releases
+    mock_llm.configure()
+    second_runs = 0
+    give_up = time.monotonic() + 20
+    while second_runs < 6 and time.monotonic() < give_up:
+        time.sleep(0.2)  # the retries' messages wait out their (rounded-up) delays
+        second_runs += rig.run_items()
+    second = rig.stream()
+    every = first + second
+    half = len(every) // 2
+    rig.count(every[:half])
+    middle = rig.batch(batch_id)
+    assert sum(counters(middle).values()) == 6
+    rig.count(every[half - 3 :])  # a replayed overlap, then the rest
+    rig.count(every)  # and the whole again
+    batch = rig.batch(batch_id)
+    assert counters(batch) == rig.full_count(batch)
+    assert batch.completed == 6
+    assert batch.status is BatchStatus.COMPLETED
+
+
+def test_a_cancelled_batch_cancels_its_pending_items_and_those_not_yet_fanned_out(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    batch_id = rig.submit([{"prompt": f"c{i}"} for i in range(10)])["batch_id"]
+    # One chunk fanned out and run, one fanned out and waiting, one not fanned out at all.
+    fanouts = rig.aws.messages("BatchFanoutQueue")
+    by_chunk = {FanoutMessage.model_validate_json(m["Body"]).chunk: m for m in fanouts}
+    rig.batch_fn(rig._sqs_event("BatchFanoutQueue", [by_chunk[0]]), rig.batch_ctx)
+    assert rig.run_items() == 4
+    rig.batch_fn(rig._sqs_event("BatchFanoutQueue", [by_chunk[1]]), rig.batch_ctx)
+    reply = rig.api.call("POST", f"/batches/{batch_id}/cancel")
+    assert reply["statusCode"] == 200
+    assert reply["json"]["status"] == "cancelling"
+    assert rig.api.call("POST", f"/batches/{batch_id}/cancel")["json"]["status"] == "cancelling"
+    # The cancel sweep, then the late fan-out of the last chunk.
+    rig.fan_out()
+    rig.batch_fn(rig._sqs_event("BatchFanoutQueue", [by_chunk[2]]), rig.batch_ctx)
+    # The waiting items' messages find them cancelled: no call.
+    rig.run_items()
+    assert mock_llm.stats.calls == 4
+    rig.count(rig.stream())
+    batch = rig.batch(batch_id)
+    assert counters(batch) == rig.full_count(batch)
+    assert (batch.completed, batch.cancelled, batch.pending) == (4, 6, 0)
+    assert batch.status is BatchStatus.CANCELLED
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/cancel"), 409)
+
+
+def test_the_same_batch_sent_twice_with_one_idempotency_key_fans_out_once(rig: Rig) -> None:
+    items = [{"prompt": f"same {i}"} for i in range(5)]
+    first = rig.api.call("POST", "/batches", {"items": items}, headers={"Idempotency-Key": "k1"})
+    again = rig.api.call("POST", "/batches", {"items": items}, headers={"Idempotency-Key": "k1"})
+    assert first["json"]["batch_id"] == again["json"]["batch_id"]
+    assert again["headers"].get("Idempotent-Replayed") == "true"
+    assert len(rig.aws.messages("BatchFanoutQueue")) == 2  # 5 items, 4 a chunk: sent once
+    other = rig.api.call("POST", "/batches", {"items": items[:1]}, headers={"Idempotency-Key": "k1"})
+    assert_problem(other, 422)
+
+
+def test_a_submit_retried_after_its_key_record_lapsed_finds_the_batch_it_began(rig: Rig) -> None:
+    # The batch id follows from the tenant and the key: the second create meets the first batch.
+    items = [{"prompt": "once"}]
+    first = rig.service._create("default", "0" * 32, rig_body(items))
+    again = rig.service._create("default", "0" * 32, rig_body(items))
+    assert again.created_at == first.created_at
+
+
+def rig_body(items: list[dict[str, Any]]) -> SubmitBatchRequest:
+    return SubmitBatchRequest.model_validate({"items": items})
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"items": []}, 422, "items"),
+        ({"items": [{"prompt": "a"}] * 10_001}, 422, "items"),
+        ({"items": [{"prompt": "a", "webhook_url": "https://x.example"}]}, 422, "items.0.webhook_url"),
+        ({"items": [{"prompt": "a", "custom_id": "d"}, {"prompt": "b", "custom_id": "d"}]}, 422, "items"),
+        ({"items": [{"messages": []}]}, 422, "items.0.messages"),
+        ({"items": [{"prompt": "a"}], "webhook_events": ["batch.completed"]}, 422, "body"),
+        ({"items": [{"prompt": "a"}], "webhook_url": "https://10.0.0.1/h"}, 422, "webhook_url"),
+        ({"items": [{"prompt": "a", "metadata": {"k": "v" * 3000}}]}, 422, "items[0].metadata"),
+        ({"items": [{"prompt": "a" * 300_000}]}, 413, None),
+    ],
+)
+def test_bad_batches_are_refused_and_change_nothing(
+    rig: Rig, body: dict[str, Any], status: int, field: str | None
+) -> None:
+    problem = assert_problem(rig.api.call("POST", "/batches", body), status)
+    if field is not None:
+        assert any(e["field"].startswith(field) for e in problem["errors"]), problem
+    assert rig.aws.messages("BatchFanoutQueue") == []
+
+
+def test_another_tenants_or_an_unknown_batch_is_404(rig: Rig) -> None:
+    batch_id = rig.submit([{"prompt": "mine"}])["batch_id"]
+    for path in (f"/batches/{'f' * 32}", "/batches/not-an-id", f"/batches/{'f' * 32}/results"):
+        assert_problem(rig.api.call("GET", path), 404)
+    assert_problem(rig.api.call("POST", f"/batches/{'f' * 32}/cancel"), 404)
+    service = BatchService(rig.settings, rig.store, rig.batches, rig.fanout_queue)
+    assert service.get("default", batch_id).batch_id == batch_id
+    for action in (service.get, service.cancel):
+        with pytest.raises(BatchNotFound):
+            action("someone-else", batch_id)
+
+
+def test_results_page_in_submission_order_and_as_json_lines(rig: Rig) -> None:
+    batch_id = rig.submit([{"prompt": f"r{i}", "custom_id": f"id-{i}"} for i in range(7)])["batch_id"]
+    rig.fan_out()
+    rig.run_items()
+    seen: list[str] = []
+    cursor = None
+    while True:
+        query = "limit=3" + (f"&cursor={cursor}" if cursor else "")
+        page = rig.api.call("GET", f"/batches/{batch_id}/results", query=query)["json"]
+        seen += [r["custom_id"] for r in page["data"]]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    assert seen == [f"id-{i}" for i in range(7)]
+    lines = rig.api.call("GET", f"/batches/{batch_id}/results", query="format=jsonl&limit=5")
+    assert lines["headers"]["Content-Type"] == "application/jsonl"
+    assert lines["body"].count("\n") == 5
+    assert 'rel="next"' in lines["headers"]["Link"]
+    foreign = rig.api.call("GET", f"/batches/{batch_id}/results", query="cursor=bm90LWEtY3Vyc29y")
+    assert_problem(foreign, 422)
+
+
+def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Rig) -> None:
+    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.item_queue)
+    message = FanoutMessage(batch_id="e" * 32, chunk=0)
+    with pytest.raises(RetryLater):
+        fanout.handle(message, sent_at=time.time())
+    fanout.handle(message, sent_at=time.time() - rig.settings.unwritten_task_grace_s - 1)
+    assert rig.aws.messages("BatchTaskQueue") == []
