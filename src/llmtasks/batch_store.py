@@ -10,6 +10,7 @@ come back on the stream as changes of the task.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class CountedChange:
     old: TaskStatus
     new: TaskStatus
     expires_at: int  # the task's: the mark goes with it
+
+
+CACHED_BATCHES = 1000
 
 
 class CountsRefused(Exception):
@@ -254,3 +258,23 @@ class BatchStore:
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return batch_from_item(reply["Attributes"])
+
+
+class BatchCancellations:
+    """Whether a batch is being cancelled, as the worker asks before each item's call: read at
+    most every `ttl_s` per batch and process, so the ten items of an invocation cost one read."""
+
+    def __init__(self, store: BatchStore, *, ttl_s: float = 0.5) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+        self._seen: dict[str, tuple[float, bool]] = {}
+
+    def cancelled(self, batch_id: str, *, now: float) -> bool:
+        read_at, cancelled = self._seen.get(batch_id, (-math.inf, False))
+        if now - read_at >= self._ttl_s:
+            batch = self._store.get(batch_id, now=now)
+            cancelled = batch is not None and batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+            if len(self._seen) > CACHED_BATCHES:
+                self._seen.clear()
+            self._seen[batch_id] = (now, cancelled)
+        return cancelled

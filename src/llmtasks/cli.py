@@ -18,7 +18,7 @@ import click
 from llmtasks.client import DEFAULT_URL
 from llmtasks.deadletters import QUEUE_NAMES
 from llmtasks.deployment import Deployment, QueueName
-from llmtasks.models import TaskStatus, TaskView
+from llmtasks.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -281,6 +281,7 @@ def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | No
 
 EXIT_FAILED = 1  # the task failed or was cancelled (usage errors are click's 2)
 EXIT_TIMEOUT = 3
+MAX_RESULTS_PAGE = 1000  # the API's largest results page
 
 _api = [
     click.option(
@@ -415,6 +416,148 @@ def list_tasks(status_: str | None, limit: int, api_url: str, api_key: str | Non
         else:
             created = task.created_at.strftime("%Y-%m-%d %H:%M:%S")
             click.echo(f"{task.task_id}  {task.status.value:10} {created}  attempts={task.attempts}")
+
+
+@main.group()
+def batch() -> None:
+    """Batches: many prompts as one job (submit a JSON Lines file, follow it, read its results)."""
+
+
+def _read_items(path: Path) -> list[dict[str, Any]]:
+    """One task body a line (blank lines skipped); a line that is not a JSON object is a usage error."""
+    items: list[dict[str, Any]] = []
+    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise click.BadParameter(f"line {number} is not JSON: {exc}", param_hint="FILE") from exc
+        if not isinstance(item, dict):
+            raise click.BadParameter(f"line {number} is not a JSON object", param_hint="FILE")
+        items.append(item)
+    if not items:
+        raise click.BadParameter("the file has no items", param_hint="FILE")
+    return items
+
+
+def _show_batch(view: BatchView, as_json: bool) -> None:
+    if as_json:
+        click.echo(view.model_dump_json())
+        return
+    counts = "  ".join(f"{name}={getattr(view, name)}" for name in ITEM_COUNTS)
+    click.echo(f"{view.batch_id}  {view.status.value}  total={view.total}  {counts}")
+
+
+def _follow_batch(client: Client, batch_id: str, timeout: float | None) -> BatchView:
+    """Waits with a live progress bar on stderr: done/failed/total, rate and time left."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from llmtasks.client import BatchWaitTimeoutError
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        bar = progress.add_task(batch_id[:12], total=None, failed=0, rate="")
+        started = time.monotonic()
+
+        def show(view: BatchView) -> None:
+            done = view.completed + view.failed + view.cancelled
+            rate = done / max(1e-9, time.monotonic() - started)
+            progress.update(
+                bar,
+                total=view.total,
+                completed=done,
+                failed=view.failed,
+                rate=f"{rate:.1f}/s",
+                description=f"{batch_id[:12]} {view.status.value}",
+            )
+
+        try:
+            return client.wait_batch(batch_id, timeout=timeout, on_progress=show)
+        except BatchWaitTimeoutError as late:
+            _show_batch(late.batch, as_json=False)
+            raise SystemExit(EXIT_TIMEOUT) from late
+
+
+@batch.command("submit")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option("--wait", "wait_", is_flag=True, help="Follow the batch with a progress bar until it ends.")
+@click.option(
+    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds (exit 3)."
+)
+@click.option("--webhook", default=None, help="A URL to POST batch.completed to (signed).")
+@click.option(
+    "--idempotency-key", default=None, help="Send the same batch again safely: it fans out only once."
+)
+@_with_api
+def batch_submit(
+    file: Path,
+    wait_: bool,
+    timeout: float | None,
+    webhook: str | None,
+    idempotency_key: str | None,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Submit FILE (JSON Lines: one task body a line, each with an optional custom_id; - reads
+    stdin); print the batch id, or with --wait follow it to the end (exit 1 if items failed)."""
+    items = _read_items(file)
+    with _client(api_url, api_key) as client:
+        view = client.submit_batch(items, idempotency_key=idempotency_key, webhook_url=webhook)
+        if not wait_:
+            click.echo(view.model_dump_json() if as_json else view.batch_id)
+            return
+        view = _follow_batch(client, view.batch_id, timeout)
+    _show_batch(view, as_json)
+    if view.status is not BatchStatus.COMPLETED:
+        raise SystemExit(EXIT_FAILED)
+
+
+@batch.command("status")
+@click.argument("batch_id")
+@_with_api
+def batch_status(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """A batch's status and its counts by item status."""
+    with _client(api_url, api_key) as client:
+        _show_batch(client.get_batch(batch_id), as_json)
+
+
+@batch.command("results")
+@click.argument("batch_id")
+@_with_api
+def batch_results(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Every item in submission order as JSON Lines (custom_id, status, result or error)."""
+    with _client(api_url, api_key) as client:
+        for row in client.batch_results(batch_id, page_size=MAX_RESULTS_PAGE):
+            click.echo(row.model_dump_json())
+
+
+@batch.command("cancel")
+@click.argument("batch_id")
+@_with_api
+def batch_cancel(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Cancel a batch: pending items are cancelled, running ones finish or are discarded."""
+    with _client(api_url, api_key) as client:
+        _show_batch(client.cancel_batch(batch_id), as_json)
 
 
 @main.command()

@@ -13,17 +13,18 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from llmtasks.models import TaskList, TaskStatus, TaskView, WebhookEvent
+from llmtasks.models import BatchResult, BatchResults, BatchView, TaskList, TaskStatus, TaskView, WebhookEvent
 from llmtasks.retry_after import parse_retry_after
 
 __all__ = [
     "AsyncClient",
+    "BatchWaitTimeoutError",
     "Client",
     "ProblemError",
     "TaskFailedError",
@@ -34,6 +35,7 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:3000"
 LONG_POLL_S = 20  # the server holds a status read up to 25 s
+BATCH_POLL_S = 2.0  # a batch's progress is read this often while waiting
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -62,6 +64,13 @@ class WaitTimeoutError(TimeoutError):
     def __init__(self, task: TaskView, timeout: float) -> None:
         self.task = task
         super().__init__(f"task {task.task_id} still {task.status.value} after {timeout:g} s")
+
+
+class BatchWaitTimeoutError(TimeoutError):
+    def __init__(self, batch: BatchView) -> None:
+        self.batch = batch
+        done = batch.completed + batch.failed + batch.cancelled
+        super().__init__(f"batch {batch.batch_id} still {batch.status.value} ({done}/{batch.total} done)")
 
 
 def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -> WebhookEvent:
@@ -120,6 +129,31 @@ class _Policy:
         so that every retry of it names the same task."""
         body = {k: v for k, v in {"prompt": prompt, "messages": messages, **options}.items() if v is not None}
         return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def batch_submission(
+        items: Sequence[Mapping[str, Any]], idempotency_key: str | None, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A batch submit's POST, under one Idempotency-Key across its retries: a retried submit
+        fans the batch out once."""
+        body = {
+            "items": [dict(item) for item in items],
+            **{k: v for k, v in options.items() if v is not None},
+        }
+        return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def results_page(cursor: str | None, page_size: int) -> dict[str, Any]:
+        return {"limit": page_size, **({"cursor": cursor} if cursor else {})}
+
+    @staticmethod
+    def batch_done(batch: BatchView, give_up: float | None) -> bool:
+        """True once the batch has ended; raises WaitTimeoutError when time is up first."""
+        if batch.status.is_terminal:
+            return True
+        if give_up is not None and time.monotonic() >= give_up:
+            raise BatchWaitTimeoutError(batch)
+        return False
 
     @staticmethod
     def listing(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
@@ -227,6 +261,52 @@ class Client:
                 return task
             time.sleep(pause)
 
+    def submit_batch(
+        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+    ) -> BatchView:
+        """A new batch (`202`) of task bodies, each with an optional `custom_id`; `options`:
+        webhook_url, webhook_events, metadata. Retried under one Idempotency-Key."""
+        request = self._policy.batch_submission(items, idempotency_key, options)
+        accepted = self._request("POST", "/batches", **request)
+        return self.get_batch(accepted["batch_id"])
+
+    def get_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(self._request("GET", f"/batches/{batch_id}"))
+
+    def cancel_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    def batch_results(self, batch_id: str, *, page_size: int = 100) -> Iterator[BatchResult]:
+        """Every item of the batch in submission order, a page at a time."""
+        cursor: str | None = None
+        while True:
+            params = self._policy.results_page(cursor, page_size)
+            page = BatchResults.model_validate(
+                self._request("GET", f"/batches/{batch_id}/results", params=params)
+            )
+            yield from page.data
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    def wait_batch(
+        self,
+        batch_id: str,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[BatchView], object] | None = None,
+    ) -> BatchView:
+        """The batch once every item is terminal; `on_progress` sees each read. Raises
+        BatchWaitTimeoutError after `timeout` seconds."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if self._policy.batch_done(batch, give_up):
+                return batch
+            time.sleep(BATCH_POLL_S)
+
     def close(self) -> None:
         self._http.close()
 
@@ -301,6 +381,47 @@ class AsyncClient:
             if pause is None:
                 return task
             await asyncio.sleep(pause)
+
+    async def submit_batch(
+        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+    ) -> BatchView:
+        request = self._policy.batch_submission(items, idempotency_key, options)
+        accepted = await self._request("POST", "/batches", **request)
+        return await self.get_batch(accepted["batch_id"])
+
+    async def get_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(await self._request("GET", f"/batches/{batch_id}"))
+
+    async def cancel_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    async def batch_results(self, batch_id: str, *, page_size: int = 100) -> AsyncIterator[BatchResult]:
+        cursor: str | None = None
+        while True:
+            params = self._policy.results_page(cursor, page_size)
+            reply = await self._request("GET", f"/batches/{batch_id}/results", params=params)
+            page = BatchResults.model_validate(reply)
+            for row in page.data:
+                yield row
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def wait_batch(
+        self,
+        batch_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - Client.wait_batch's twin
+        on_progress: Callable[[BatchView], object] | None = None,
+    ) -> BatchView:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = await self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if self._policy.batch_done(batch, give_up):
+                return batch
+            await asyncio.sleep(BATCH_POLL_S)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmtasks.batch_store import BatchCancellations
 from llmtasks.errors import (
     RATE_LIMITED,
     BackendError,
@@ -27,6 +28,7 @@ from llmtasks.errors import (
     RetryLater,
     ServiceUnavailable,
     StaleWrite,
+    TaskConflict,
     TaskNotFound,
 )
 from llmtasks.idempotency import IdempotencyKeys
@@ -299,11 +301,13 @@ class TaskRunner:
         results: ResultBlobs | None = None,
         pacer: CallPacer | None = None,
         batch_task_queue: Queue | None = None,
+        cancellations: BatchCancellations | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._queue = task_queue
         self._batch_queue = batch_task_queue or task_queue
+        self._cancellations = cancellations
         self._llm = llm
         self._pacer = pacer
         self._clock = clock
@@ -322,6 +326,12 @@ class TaskRunner:
             self._refused(task_id, delivery, refused, now)
             return
         logger.info("claimed", task_id=task_id, attempt=task.attempts, receive_count=delivery.receive_count)
+        if task.batch_id and self._cancellations is not None:
+            cancelled = await asyncio.to_thread(self._cancellations.cancelled, task.batch_id, now=now)
+            if cancelled:
+                # Its batch is being cancelled and the sweep has not reached this item yet: no call.
+                self._cancel(task)
+                return
 
         deadline = task.deadline
         if deadline is not None and now >= deadline:
@@ -523,6 +533,13 @@ class TaskRunner:
             self._settings.retry_max_delay_s, self._settings.retry_base_delay_s * 2 ** (attempt - 1)
         )
         return self._rng.uniform(0, ceiling)
+
+    def _cancel(self, task: Task) -> None:
+        try:
+            self._store.cancel(task.task_id, tenant_id=task.tenant_id, now=self._clock())
+        except (TaskNotFound, TaskConflict):
+            return  # the sweep cancelled it first
+        logger.info("cancelled with its batch", task_id=task.task_id, batch_id=task.batch_id)
 
     def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
         try:

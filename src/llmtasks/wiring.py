@@ -14,7 +14,7 @@ import boto3
 from botocore.config import Config
 
 from llmtasks.apikeys import ApiKeys, CachedAuthenticator
-from llmtasks.batch_store import BatchStore
+from llmtasks.batch_store import BatchCancellations, BatchStore
 from llmtasks.batches import BatchFanout, BatchProgress, BatchService
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm import provider_from_settings
@@ -159,6 +159,7 @@ def task_runner() -> TaskRunner:
         results=result_blobs(),
         pacer=pacer,
         batch_task_queue=batch_task_queue(),
+        cancellations=BatchCancellations(batch_store()),
     )
 
 

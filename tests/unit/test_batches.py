@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
-from llmtasks.batch_store import BatchStore
+from llmtasks.batch_store import BatchCancellations, BatchStore
 from llmtasks.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
 from llmtasks.errors import BatchNotFound, RetryLater
 from llmtasks.idempotency import IdempotencyKeys
@@ -65,6 +65,7 @@ class Rig:
             Queue(settings.task_queue_url, aws.sqs),
             llm,
             batch_task_queue=self.item_queue,
+            cancellations=BatchCancellations(self.batches, ttl_s=0),
         )
         arn = aws.resources.attributes[("TasksTable", "StreamArn")]
         shard = aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
@@ -275,6 +276,22 @@ def test_a_cancelled_batch_cancels_its_pending_items_and_those_not_yet_fanned_ou
     assert (batch.completed, batch.cancelled, batch.pending) == (4, 6, 0)
     assert batch.status is BatchStatus.CANCELLED
     assert_problem(rig.api.call("POST", f"/batches/{batch_id}/cancel"), 409)
+
+
+def test_a_worker_runs_no_item_of_a_batch_being_cancelled_even_before_the_sweep(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    batch_id = rig.submit([{"prompt": f"w{i}"} for i in range(4)])["batch_id"]
+    rig.fan_out()
+    assert rig.api.call("POST", f"/batches/{batch_id}/cancel")["statusCode"] == 200
+    assert rig.run_items() == 4  # before the cancel sweep's messages are handled
+    assert mock_llm.stats.calls == 0
+    tasks = rig.store.get_many([batch_task_id(batch_id, i) for i in range(4)])
+    assert {task.status for task in tasks.values()} == {TaskStatus.CANCELLED}
+    rig.fan_out()  # the sweep now finds nothing left to cancel
+    rig.count(rig.stream())
+    batch = rig.batch(batch_id)
+    assert (batch.cancelled, batch.status) == (4, BatchStatus.CANCELLED)
 
 
 def test_the_same_batch_sent_twice_with_one_idempotency_key_fans_out_once(rig: Rig) -> None:

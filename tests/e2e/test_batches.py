@@ -1,0 +1,237 @@
+"""Batches on the local stack, end to end: 1,000 items against a mock LLM that answers 10% 500s,
+a resubmitted batch, a cancelled one, and the CLI. Every poll checks the counts (they add up to
+the total, never go below zero, and finished counts never go down); at the end the counters
+match a full count of the items, the results come back in order, the batch webhook arrives
+once, and the calls the mock counted are one per item plus the failures it injected."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmtasks.client import verify_webhook
+from llmtasks.llm.mock import reply_text
+from tests.e2e.conftest import RunningStack, start_stack
+from tests.helpers import WebhookReceiver, serve
+
+pytestmark = pytest.mark.e2e
+
+COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
+FINISHED = ("completed", "failed", "cancelled")
+ENDED = ("completed", "completed_with_errors", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def batch_stack() -> Iterator[RunningStack]:
+    # Retries of the injected 500s come back within about a second, not the default 2 s and up.
+    stack = start_stack(env={"RETRY_BASE_DELAY_S": "0.25", "RETRY_MAX_DELAY_S": "2"})
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
+    hook = WebhookReceiver()
+    with serve(hook.app()) as url:
+        yield hook, url + "/hook"
+
+
+class Progress:
+    """Every read of one batch, checked as it comes."""
+
+    def __init__(self, client: httpx.Client, batch_id: str, total: int) -> None:
+        self.client = client
+        self.batch_id = batch_id
+        self.total = total
+        self.reads: list[dict[str, Any]] = []
+
+    def read(self) -> dict[str, Any]:
+        reply = self.client.get(f"/batches/{self.batch_id}")
+        assert reply.status_code == 200, reply.text
+        view: dict[str, Any] = reply.json()
+        counts = {name: view[name] for name in COUNTS}
+        assert view["total"] == self.total
+        assert sum(counts.values()) == self.total, view
+        assert all(0 <= n <= self.total for n in counts.values()), view
+        if self.reads:
+            before = self.reads[-1]
+            assert all(view[name] >= before[name] for name in FINISHED), (before, view)
+        self.reads.append(view)
+        return view
+
+    def until_ended(self, timeout_s: float) -> dict[str, Any]:
+        give_up = time.monotonic() + timeout_s
+        while (view := self.read())["status"] not in ENDED:
+            assert time.monotonic() < give_up, f"batch not ended within {timeout_s} s: {view}"
+            time.sleep(0.25)
+        return view
+
+
+def results_of(client: httpx.Client, batch_id: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+        page = client.get(f"/batches/{batch_id}/results", params=params).json()
+        rows += page["data"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return rows
+
+
+def batch_events(hook: WebhookReceiver, secret: str) -> list[Any]:
+    return [verify_webhook(d.body, d.headers, secret) for d in hook.deliveries]
+
+
+@pytest.mark.timeout(600)
+def test_a_thousand_items_with_transient_failures_all_complete_with_exact_counts(
+    batch_stack: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    batch_stack.configure_mock(rate_500=0.1)
+    items = [{"prompt": f"document {i}", "custom_id": f"doc-{i}", "max_retries": 10} for i in range(1000)]
+    with batch_stack.client() as client:
+        secret = client.get("/webhooks/secret").json()["key"]
+        started = time.monotonic()
+        reply = client.post("/batches", json={"items": items, "webhook_url": url})
+        assert reply.status_code == 202, reply.text
+        accepted = reply.json()
+        assert accepted["total"] == 1000  # exact from the first reply
+        progress = Progress(client, accepted["batch_id"], 1000)
+        final = progress.until_ended(timeout_s=480)
+        wall_s = time.monotonic() - started
+        assert final["status"] == "completed"
+        assert (final["completed"], final["failed"], final["cancelled"]) == (1000, 0, 0)
+        rows = results_of(client, accepted["batch_id"])
+        hook.wait_for(1)
+        time.sleep(1)  # a second event, if one were coming, would be here by now
+    assert [row["custom_id"] for row in rows] == [f"doc-{i}" for i in range(1000)]
+    assert [row["result"] for row in rows] == [reply_text(f"document {i}") for i in range(1000)]
+    assert Counter(row["status"] for row in rows) == {"completed": 1000}  # the full count
+    stats = batch_stack.mock_stats()
+    assert stats["errors_500"] > 50  # the failures were injected
+    odd = {
+        p: o for p, o in stats["outcomes_by_prompt"].items() if o.count("ok") != 1 or set(o) - {"ok", "500"}
+    }
+    assert odd == {}, (odd, {k: v for k, v in stats.items() if k != "outcomes_by_prompt"})
+    assert stats["calls"] == 1000 + stats["errors_500"]
+    assert all(outcomes.count("ok") == 1 for outcomes in stats["outcomes_by_prompt"].values())
+    [event] = batch_events(hook, secret)
+    assert event.type == "batch.completed"
+    assert event.data.batch_id == accepted["batch_id"]
+    assert event.data.completed == 1000
+    print(
+        f"\n1,000-item batch: {wall_s:.1f} s wall, {len(progress.reads)} polls, "
+        f"{stats['calls']} LLM calls ({stats['errors_500']} injected 500s)"
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_batch_sent_again_with_its_idempotency_key_runs_once(
+    batch_stack: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    batch_stack.configure_mock(rate_500=0.1)
+    items = [{"prompt": f"again {i}", "max_retries": 10} for i in range(200)]
+    body = {"items": items, "webhook_url": url}
+    headers = {"Idempotency-Key": "nightly-run-1"}
+    with batch_stack.client() as client:
+        secret = client.get("/webhooks/secret").json()["key"]
+        first = client.post("/batches", json=body, headers=headers)
+        assert first.status_code == 202, first.text
+        batch_id = first.json()["batch_id"]
+        progress = Progress(client, batch_id, 200)
+        progress.read()
+        during = client.post("/batches", json=body, headers=headers)  # while it runs
+        assert (during.status_code, during.json()["batch_id"]) == (202, batch_id)
+        assert during.headers["Idempotent-Replayed"] == "true"
+        progress.until_ended(timeout_s=240)
+        after = client.post("/batches", json=body, headers=headers)  # and once it has ended
+        assert after.json()["batch_id"] == batch_id
+        rows = results_of(client, batch_id)
+        hook.wait_for(1)
+        time.sleep(1)
+    assert Counter(row["status"] for row in rows) == {"completed": 200}
+    stats = batch_stack.mock_stats()
+    assert stats["calls"] == 200 + stats["errors_500"]
+    assert len(stats["outcomes_by_prompt"]) == 200
+    assert [e.type for e in batch_events(hook, secret)] == ["batch.completed"]
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_batch_stops_calling_and_ends_cancelled_with_exact_counts(
+    batch_stack: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    batch_stack.configure_mock(latency_s=2)  # about 25 calls a second at the batch queue's cap of 50
+    items = [{"prompt": f"cancel me {i}"} for i in range(300)]
+    with batch_stack.client() as client:
+        secret = client.get("/webhooks/secret").json()["key"]
+        batch_id = client.post("/batches", json={"items": items, "webhook_url": url}).json()["batch_id"]
+        progress = Progress(client, batch_id, 300)
+        while progress.read()["completed"] < 20:
+            time.sleep(0.2)
+        cancelled = client.post(f"/batches/{batch_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelling"
+        final = progress.until_ended(timeout_s=120)
+        rows = results_of(client, batch_id)
+        again = client.post(f"/batches/{batch_id}/cancel")
+        hook.wait_for(1)
+        time.sleep(1)
+    assert final["status"] == "cancelled"
+    assert final["completed"] + final["cancelled"] == 300
+    assert final["failed"] == 0
+    assert final["cancelled"] >= 100  # the items not started before the sweep reached them
+    assert Counter(row["status"] for row in rows) == {
+        "completed": final["completed"],
+        "cancelled": final["cancelled"],
+    }
+    # Every call completed its item, or ran when its item was cancelled and was discarded: at
+    # most as many as run at once (the batch queue's MaximumConcurrency 5, ten to an invocation).
+    calls = batch_stack.mock_stats()["calls"]
+    assert final["completed"] <= calls <= final["completed"] + 5 * 10
+    print(f"\ncancelled batch: {final['completed']} completed, {final['cancelled']} cancelled, {calls} calls")
+    assert again.status_code == 409
+    [event] = batch_events(hook, secret)
+    assert (event.type, event.data.status) == ("batch.completed", "cancelled")
+
+
+def test_the_cli_submits_follows_and_reads_a_batch(batch_stack: RunningStack) -> None:
+    batch_stack.configure_mock()
+    with tempfile.TemporaryDirectory() as directory:
+        items = Path(directory) / "items.jsonl"
+        items.write_text(
+            "".join(json.dumps({"prompt": f"cli {i}", "custom_id": f"row-{i}"}) + "\n" for i in range(12))
+        )
+        submitted = batch_stack.run_cli("batch", "submit", str(items), "--wait", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    view = json.loads(submitted.stdout.strip().splitlines()[-1])
+    assert (view["status"], view["completed"], view["total"]) == ("completed", 12, 12)
+    assert "12/12" in submitted.stderr  # the progress bar's last state
+    results = batch_stack.run_cli("batch", "results", view["batch_id"])
+    assert results.returncode == 0, results.stderr
+    rows = [json.loads(line) for line in results.stdout.splitlines()]
+    assert [(r["custom_id"], r["result"]) for r in rows] == [
+        (f"row-{i}", reply_text(f"cli {i}")) for i in range(12)
+    ]
+    status = batch_stack.run_cli("batch", "status", view["batch_id"])
+    assert status.stdout.startswith(f"{view['batch_id']}  completed  total=12")
+    refused = batch_stack.run_cli("batch", "cancel", view["batch_id"])
+    assert refused.returncode == 2
+    assert "already completed" in refused.stderr
+    bad = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    bad.write_text('{"prompt": "fine"}\nnot json\n')
+    refused_file = batch_stack.run_cli("batch", "submit", str(bad))
+    assert refused_file.returncode == 2
+    assert "line 2" in refused_file.stderr
