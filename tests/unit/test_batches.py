@@ -3,6 +3,7 @@ counters and the batch webhook, on moto in-process with the mock LLM over HTTP."
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -17,13 +18,14 @@ from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
-from llmtasks.models import Batch, BatchStatus, FanoutMessage, SubmitBatchRequest, TaskStatus, WebhookMessage
+from llmtasks.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
 from llmtasks.queues import Queue
 from llmtasks.service import TaskRunner
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookRelay
 from tests.conftest import Aws, RunningMock
+from tests.helpers import load_event
 from tests.unit.test_api import Api, assert_problem, task_service
 
 pytestmark = pytest.mark.unit
@@ -306,15 +308,19 @@ def test_the_same_batch_sent_twice_with_one_idempotency_key_fans_out_once(rig: R
 
 
 def test_a_submit_retried_after_its_key_record_lapsed_finds_the_batch_it_began(rig: Rig) -> None:
-    # The batch id follows from the tenant and the key: the second create meets the first batch.
+    # The batch id follows from the tenant and the key, so even without the key's record (its
+    # TTL passed, or the first request died before storing it) the same batch comes back.
     items = [{"prompt": "once"}]
-    first = rig.service._create("default", "0" * 32, rig_body(items))
-    again = rig.service._create("default", "0" * 32, rig_body(items))
-    assert again.created_at == first.created_at
-
-
-def rig_body(items: list[dict[str, Any]]) -> SubmitBatchRequest:
-    return SubmitBatchRequest.model_validate({"items": items})
+    first = rig.api.call("POST", "/batches", {"items": items}, headers={"Idempotency-Key": "k2"})
+    table = rig.settings.idempotency_table_name
+    for record in rig.aws.dynamodb.scan(TableName=table)["Items"]:
+        rig.aws.dynamodb.delete_item(TableName=table, Key={"id": record["id"]})
+    again = rig.api.call("POST", "/batches", {"items": items}, headers={"Idempotency-Key": "k2"})
+    assert again["json"]["batch_id"] == first["json"]["batch_id"]
+    assert again["json"]["created_at"] == first["json"]["created_at"]
+    rig.fan_out()  # its fan-out message, sent by both submits, makes one task
+    named = {m["Body"] for m in rig.aws.messages("BatchTaskQueue")}
+    assert named == {f'{{"task_id":"{batch_task_id(again["json"]["batch_id"], 0)}"}}'}
 
 
 @pytest.mark.parametrize(
@@ -381,3 +387,31 @@ def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Ri
         fanout.handle(message, sent_at=time.time())
     fanout.handle(message, sent_at=time.time() - rig.settings.unwritten_task_grace_s - 1)
     assert rig.aws.messages("BatchTaskQueue") == []
+
+
+def test_the_sample_events_drive_the_batch_function(rig: Rig) -> None:
+    """events/submit_batch.json, batch_fanout.json and batch_stream.json (for `sam local invoke`
+    too) name one batch and its first item: submitted, fanned out, counted."""
+    submitted = load_event("submit_batch.json")
+    reply = rig.api.submit_fn(submitted, rig.api.submit_ctx, service=rig.api.service, batches=rig.service)
+    assert reply["statusCode"] == 202
+    sample_id = load_event("batch_fanout.json")["Records"][0]["body"]
+    # The sample's batch id is fixed; this submit's is random: point the sample at it.
+    batch_id = json.loads(reply["body"])["batch_id"]
+    fanout = load_event("batch_fanout.json")
+    fanout["Records"][0]["body"] = sample_id.replace(json.loads(sample_id)["batch_id"], batch_id)
+    fanout["Records"][0]["attributes"]["SentTimestamp"] = str(int(time.time() * 1000))
+    assert rig.batch_fn(fanout, rig.batch_ctx) == {"batchItemFailures": []}
+    assert len(rig.aws.messages("BatchTaskQueue")) == 2
+    stream = load_event("batch_stream.json")
+    record = stream["Records"][0]
+    task_id = batch_task_id(batch_id, 0)
+    for image in ("NewImage", "OldImage"):
+        record["dynamodb"][image]["batch_id"] = {"S": batch_id}
+        record["dynamodb"][image]["task_id"] = {"S": task_id}
+        record["dynamodb"][image]["pk"] = {"S": f"task#{task_id}"}
+    assert pattern_matcher(rig.aws.function("BatchFunction").stream_sources[0].filter_patterns)(record)
+    assert rig.batch_fn(stream, rig.batch_ctx) is None
+    batch = rig.batch(batch_id)
+    # The sample is the item's claim: one item moves from pending to processing.
+    assert (batch.pending, batch.processing, batch.completed) == (1, 1, 0)
