@@ -97,16 +97,18 @@ class BatchStore:
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB put failed: {exc}") from exc
 
-    def get(self, batch_id: str, *, now: float) -> Batch | None:
-        """The batch, or None when there is none or it has expired."""
+    def _get_item(self, key: dict[str, AttributeValueTypeDef]) -> dict[str, Any] | None:
         try:
-            reply = self._client.get_item(
-                TableName=self.table_name, Key=batch_key(batch_id), ConsistentRead=True
-            )
+            reply = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True)
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"DynamoDB read failed: {exc}") from exc
         item = reply.get("Item")
-        if not item:
+        return dict(item) if item else None
+
+    def get(self, batch_id: str, *, now: float) -> Batch | None:
+        """The batch, or None when there is none or it has expired."""
+        item = self._get_item(batch_key(batch_id))
+        if item is None:
             return None
         batch = batch_from_item(item)
         return None if batch.is_expired(now) else batch
@@ -148,13 +150,7 @@ class BatchStore:
 
     def counted_revision(self, task_id: str) -> int | None:
         """The last revision of the task the counters include; None when none is."""
-        try:
-            reply = self._client.get_item(
-                TableName=self.table_name, Key=_mark_key(task_id), ConsistentRead=True
-            )
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"DynamoDB read failed: {exc}") from exc
-        item = reply.get("Item")
+        item = self._get_item(_mark_key(task_id))
         return int(deserialize(item)["revision"]) if item else None
 
     def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:

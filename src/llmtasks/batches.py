@@ -33,7 +33,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys
+from llmtasks.idempotency import IdempotencyKeys, at_most_once
 from llmtasks.models import (
     Batch,
     BatchItem,
@@ -132,9 +132,8 @@ class BatchService:
         batch_id = new_batch_id(tenant_id, idempotency_key)
         if idempotency_key is None:
             return BatchSubmission(self._create(tenant_id, batch_id, body))
-        if self._idempotency is None:
-            raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
-        stored, replayed = self._idempotency.once(
+        stored, replayed = at_most_once(
+            self._idempotency,
             lambda: self._create(tenant_id, batch_id, body).model_dump(mode="json"),
             tenant=tenant_id,
             key=f"batch\n{idempotency_key}",  # a batch's keys never meet a task's

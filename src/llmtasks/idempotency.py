@@ -74,3 +74,20 @@ class IdempotencyKeys:
             ) from exc
         replayed = bool(result.pop(_REPLAYED, False))
         return result, replayed
+
+
+def at_most_once(
+    keys: IdempotencyKeys | None,
+    action: Callable[[], dict[str, Any]],
+    *,
+    tenant: str,
+    key: str | None,
+    body: dict[str, Any],
+) -> tuple[dict[str, Any], bool]:
+    """`action`'s result and whether it is a replay: once per (tenant, key) with a key, simply
+    run without one."""
+    if key is None:
+        return action(), False
+    if keys is None:
+        raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
+    return keys.once(action, tenant=tenant, key=key, body=body)

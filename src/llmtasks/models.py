@@ -60,8 +60,12 @@ EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
 Priority = Literal["normal", "high"]
 
 
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
 def _utc(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
+    return None if epoch is None else _at(epoch)
 
 
 class _Strict(BaseModel):
@@ -290,6 +294,10 @@ class WebhookView(BaseModel):
     status: WebhookStatus
     attempts: int
 
+    @classmethod
+    def of(cls, status: WebhookStatus | None, attempts: int) -> WebhookView | None:
+        return None if status is None else cls(status=status, attempts=attempts)
+
 
 class TaskView(BaseModel):
     """The public status object: `GET /tasks/{id}` and the webhook's `data`."""
@@ -322,18 +330,14 @@ class TaskView(BaseModel):
             attempts=task.attempts,
             model=task.model,
             usage=task.usage,
-            created_at=datetime.fromtimestamp(task.created_at, tz=UTC),
+            created_at=_at(task.created_at),
             started_at=_utc(task.started_at),
             completed_at=_utc(task.completed_at),
-            expires_at=datetime.fromtimestamp(task.expires_at, tz=UTC),
+            expires_at=_at(task.expires_at),
             next_attempt_at=_utc(task.next_attempt_at) if task.status is TaskStatus.PENDING else None,
             metadata=task.metadata,
             batch_id=task.batch_id,
-            webhook=(
-                WebhookView(status=task.webhook_state, attempts=task.webhook_attempts)
-                if task.webhook_state
-                else None
-            ),
+            webhook=WebhookView.of(task.webhook_state, task.webhook_attempts),
         )
 
 
@@ -360,8 +364,8 @@ class TaskAccepted(BaseModel):
         return cls(
             task_id=task.task_id,
             status=task.status,
-            created_at=datetime.fromtimestamp(task.created_at, tz=UTC),
-            expires_at=datetime.fromtimestamp(task.expires_at, tz=UTC),
+            created_at=_at(task.created_at),
+            expires_at=_at(task.expires_at),
         )
 
 
@@ -512,15 +516,11 @@ class BatchView(BaseModel):
             status=batch.read_status,
             total=batch.total,
             **{name: getattr(batch, name) for name in ITEM_COUNTS},
-            created_at=datetime.fromtimestamp(batch.created_at, tz=UTC),
+            created_at=_at(batch.created_at),
             completed_at=_utc(batch.completed_at),
-            expires_at=datetime.fromtimestamp(batch.expires_at, tz=UTC),
+            expires_at=_at(batch.expires_at),
             metadata=batch.metadata,
-            webhook=(
-                WebhookView(status=batch.webhook_status, attempts=batch.webhook_attempts)
-                if batch.webhook_status
-                else None
-            ),
+            webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
         )
 
 
@@ -539,8 +539,8 @@ class BatchAccepted(BaseModel):
             batch_id=batch.batch_id,
             total=batch.total,
             status=batch.read_status,
-            created_at=datetime.fromtimestamp(batch.created_at, tz=UTC),
-            expires_at=datetime.fromtimestamp(batch.expires_at, tz=UTC),
+            created_at=_at(batch.created_at),
+            expires_at=_at(batch.expires_at),
         )
 
 

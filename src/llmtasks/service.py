@@ -31,7 +31,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys
+from llmtasks.idempotency import IdempotencyKeys, at_most_once
 from llmtasks.llm import LLMProvider
 from llmtasks.models import (
     SubmitTaskRequest,
@@ -167,9 +167,8 @@ class TaskService:
             )
         if idempotency_key is None:
             return Submission(self._create(tenant_id, body))
-        if self.idempotency is None:
-            raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
-        stored, replayed = self.idempotency.once(
+        stored, replayed = at_most_once(
+            self.idempotency,
             lambda: self._create(tenant_id, body).model_dump(mode="json"),
             tenant=tenant_id,
             key=idempotency_key,

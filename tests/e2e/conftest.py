@@ -9,7 +9,7 @@ import pytest
 
 from llmtasks.llm.mock import MockConfig
 from llmtasks.local.launcher import LaunchedStack, launch
-from tests.helpers import ROOT
+from tests.helpers import ROOT, WebhookReceiver, serve
 
 RunningStack = LaunchedStack
 
@@ -39,6 +39,14 @@ def stack() -> Iterator[RunningStack]:
     running = start_stack()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
+    """A webhook endpoint on 127.0.0.1 that records what it gets; its URL."""
+    hook = WebhookReceiver()
+    with serve(hook.app()) as url:
+        yield hook, url + "/hook"
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 from llmtasks.client import verify_webhook
 from llmtasks.llm.mock import reply_text
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, serve
+from tests.helpers import WebhookReceiver
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +37,6 @@ def batch_stack() -> Iterator[RunningStack]:
         yield stack
     finally:
         stack.stop()
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
-    hook = WebhookReceiver()
-    with serve(hook.app()) as url:
-        yield hook, url + "/hook"
 
 
 class Progress:

@@ -14,7 +14,7 @@ from standardwebhooks import Webhook
 
 from llmtasks.client import verify_webhook
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, eventually, serve
+from tests.helpers import WebhookReceiver, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -29,13 +29,6 @@ def hook_stack() -> Iterator[RunningStack]:
         yield stack
     finally:
         stack.stop()
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
-    hook = WebhookReceiver()
-    with serve(hook.app()) as url:
-        yield hook, url + "/hook"
 
 
 def submit_with_hook(client: httpx.Client, url: str, prompt: str) -> str:

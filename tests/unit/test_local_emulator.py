@@ -28,6 +28,9 @@ def test_routes_match_like_api_gateway() -> None:
     assert route.match("GET", "/tasks/abc/cancel") is None
     assert route.match("POST", "/tasks/abc") is None
     assert HttpRoute("F", "ANY", "/files/{proxy+}").match("PUT", "/files/a/b") == {"proxy": "a/b"}
+    # A decoded path variable may hold a newline (%0A); it is the function's to refuse.
+    assert route.match("GET", "/tasks/\nx") == {"task_id": "\nx"}
+    assert route.match("GET", "/tasks/abc\n") == {"task_id": "abc\n"}
 
 
 def test_http_events_are_payload_2_0() -> None:
@@ -261,6 +264,7 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
     gateway = HttpGateway([HttpRoute("F", "GET", "/{name}")], {"F": runtime})
     with serve(gateway.app()) as url, httpx.Client(base_url=url) as client:
         assert client.get("/hello").text == "hello"
+        assert client.get("/a%0Ab").text == "a\nb"  # routed, as API Gateway does
         assert (client.get("/boom").status_code, client.get("/boom").json()) == (
             500,
             {"message": "Internal Server Error"},

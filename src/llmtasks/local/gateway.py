@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus
 
-from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.template import PSEUDO_PARAMETERS, HttpRoute
@@ -171,8 +170,11 @@ class HttpGateway:
         return None
 
     async def handle(self, request: Request) -> Response:
+        # The decoded path as the server got it: `request.url.path` goes through urlsplit, which
+        # drops newlines and tabs (WHATWG), so /tasks/a%0Ab would reach the function as "ab".
+        path: str = request.scope["path"]
         for route in self._routes:
-            parameters = route.match(request.method, request.url.path)
+            parameters = route.match(request.method, path)
             if parameters is not None:
                 break
         else:
@@ -180,7 +182,7 @@ class HttpGateway:
         event = http_event(
             route=route,
             method=request.method,
-            path=request.url.path,
+            path=path,
             raw_query=request.url.query,
             headers=request.headers.items(),
             body=await request.body(),
@@ -206,6 +208,13 @@ class HttpGateway:
         )
         return response
 
-    def app(self) -> Starlette:
-        methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-        return Starlette(routes=[Route("/{path:path}", self.handle, methods=methods)])
+    def app(self) -> ASGIApp:
+        """Every request goes to `handle`, whatever its path: Starlette's own routing would answer
+        a path with a newline in it (`/tasks/%0A`) with a bare 404, where API Gateway routes it."""
+
+        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                response = await self.handle(Request(scope, receive))
+                await response(scope, receive, send)
+
+        return serve

@@ -65,7 +65,7 @@ class HttpRoute:
         """The path parameters when this route serves the request, else None."""
         if self.method not in ("ANY", method.upper()):
             return None
-        pattern = "^"
+        pattern = ""
         for part in re.split(r"(\{[^}]+\})", self.path):
             if part.startswith("{") and part.endswith("+}"):
                 pattern += f"(?P<{part[1:-2]}>.+)"
@@ -73,7 +73,8 @@ class HttpRoute:
                 pattern += f"(?P<{part[1:-1]}>[^/]+)"
             else:
                 pattern += re.escape(part)
-        found = re.match(pattern + "$", path)
+        # A decoded path may hold any character, a newline too.
+        found = re.fullmatch(pattern, path, flags=re.DOTALL)
         return found.groupdict() if found else None
 
 
