@@ -235,7 +235,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option(
-    "--queue", "queues", type=click.Choice(QUEUE_NAMES), multiple=True, help="Only this DLQ (default: both)."
+    "--queue", "queues", type=click.Choice(QUEUE_NAMES), multiple=True, help="Only this DLQ (default: all)."
 )
 @click.option("--limit", default=100, show_default=True, help="Messages shown per queue.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
