@@ -9,8 +9,8 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from llmtasks.deadletters import DeadLetters
-from llmtasks.deployment import Deployment
-from llmtasks.models import TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
+from llmtasks.deployment import QUEUES, Deployment, QueueName
+from llmtasks.models import FanoutMessage, TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
 from tests.helpers import pending_task
@@ -30,17 +30,17 @@ def dead_letters(aws: Aws, store: TaskStore) -> DeadLetters:
     deployment = Deployment(
         tasks_table=store.table_name,
         api_keys_table=aws.resources.table_names["ApiKeysTable"],
-        queue_urls={"tasks": aws.queue_url("TaskQueue"), "webhooks": aws.queue_url("WebhookQueue")},
-        dlq_urls={"tasks": aws.queue_url("TaskDLQ"), "webhooks": aws.queue_url("WebhookDLQ")},
+        queue_urls={name: aws.queue_url(queue) for name, (queue, _) in QUEUES.items()},
+        dlq_urls={name: aws.queue_url(dlq) for name, (_, dlq) in QUEUES.items()},
     )
     return DeadLetters(deployment, store=store, sqs=aws.sqs)
 
 
-def dead_lettered_task(aws: Aws, store: TaskStore, task_id: str) -> None:
-    """A task whose message died on each of its deliveries, moved to TaskDLQ by SQS itself."""
+def dead_lettered_task(aws: Aws, store: TaskStore, task_id: str, queue: str = "TaskQueue") -> None:
+    """A task whose message died on each of its deliveries, moved to its DLQ by SQS itself."""
     now = time.time()
     store.create(pending_task(task_id, now=now, ttl_s=3600))
-    url = aws.queue_url("TaskQueue")
+    url = aws.queue_url(queue)
     aws.sqs.send_message(QueueUrl=url, MessageBody=TaskMessage(task_id=task_id).model_dump_json())
     for receive in range(1, MAX_RECEIVES + 1):
         [message] = aws.sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
@@ -83,24 +83,25 @@ def test_a_listing_pages_past_ten_messages(aws: Aws, dead_letters: DeadLetters) 
     assert len(dead_letters.letters("tasks", limit=5)) == 5
 
 
+@pytest.mark.parametrize(("name", "queue"), [("tasks", "TaskQueue"), ("batches", "BatchTaskQueue")])
 def test_redrive_moves_messages_back_and_puts_their_tasks_back_to_pending(
-    aws: Aws, store: TaskStore, dead_letters: DeadLetters
+    aws: Aws, store: TaskStore, dead_letters: DeadLetters, name: QueueName, queue: str
 ) -> None:
-    dead_lettered_task(aws, store, "t1")
-    redrive = dead_letters.redrive("tasks")
+    dead_lettered_task(aws, store, "t1", queue)
+    redrive = dead_letters.redrive(name)
     assert (redrive.messages, redrive.requeued_tasks) == (1, ["t1"])
-    # The message is back in TaskQueue as a new message, with a fresh receive count
-    [message] = aws.sqs.receive_message(
-        QueueUrl=aws.queue_url("TaskQueue"), MessageSystemAttributeNames=["All"]
-    )["Messages"]
+    # The message is back in its queue as a new message, with a fresh receive count
+    [message] = aws.sqs.receive_message(QueueUrl=aws.queue_url(queue), MessageSystemAttributeNames=["All"])[
+        "Messages"
+    ]
     assert TaskMessage.model_validate_json(message["Body"]).task_id == "t1"
     assert message["Attributes"]["ApproximateReceiveCount"] == "1"
-    assert dead_letters.depth("tasks") == 0
+    assert dead_letters.depth(name) == 0
     task = store.get("t1", now=time.time())
     assert task is not None
     assert (task.status, task.lease_id) == (TaskStatus.PENDING, None)
     # SQS reports the move as done
-    [move] = dead_letters.moves("tasks")
+    [move] = dead_letters.moves(name)
     assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
 
 
@@ -182,3 +183,19 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
             "webhooks": outputs["WebhookDLQUrl"],
         },
     )
+
+
+def test_batch_dead_letters_are_listed_by_what_they_were_for(aws: Aws, dead_letters: DeadLetters) -> None:
+    # A fan-out chunk and a batch's webhook event, parked in their DLQs.
+    batch_id = "b" * 32
+    aws.sqs.send_message(
+        QueueUrl=aws.queue_url("BatchFanoutDLQ"),
+        MessageBody=FanoutMessage(batch_id=batch_id, chunk=3).model_dump_json(),
+    )
+    event = WebhookMessage(webhook_id="msg_1", event_type="batch.completed", batch_id=batch_id)
+    aws.sqs.send_message(QueueUrl=aws.queue_url("WebhookDLQ"), MessageBody=event.model_dump_json())
+    [chunk] = dead_letters.letters("fanout")
+    assert (chunk.task_id, chunk.task_status) == (None, f"batch {batch_id}, create chunk 3")
+    [hook] = dead_letters.letters("webhooks")
+    assert (hook.task_id, hook.task_status) == (None, f"batch {batch_id}")
+    assert dead_letters.depth("batches") == 0
