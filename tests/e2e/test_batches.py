@@ -200,6 +200,26 @@ def test_a_cancelled_batch_stops_calling_and_ends_cancelled_with_exact_counts(
     assert (event.type, event.data.status) == ("batch.completed", "cancelled")
 
 
+@pytest.mark.timeout(300)
+def test_a_single_task_submitted_behind_a_big_batch_does_not_wait_for_it(batch_stack: RunningStack) -> None:
+    # 400 items of 1 s each take at least 8 s at the batch queue's 50 calls at once; a task
+    # submitted after them runs from its own queue, beside them.
+    batch_stack.configure_mock(latency_s=1)
+    with batch_stack.client() as client:
+        items = [{"prompt": f"bulk {i}"} for i in range(400)]
+        batch_id = client.post("/batches", json={"items": items}).json()["batch_id"]
+        progress = Progress(client, batch_id, 400)
+        while progress.read()["processing"] == 0:
+            time.sleep(0.2)
+        single = client.post("/tasks", json={"prompt": "urgent"}).json()["task_id"]
+        done = client.get(f"/tasks/{single}", params={"wait": 20}).json()
+        during = progress.read()
+        client.post(f"/batches/{batch_id}/cancel")
+        progress.until_ended(timeout_s=120)
+    assert done["status"] == "completed"
+    assert during["pending"] > 100, during  # the batch was far from done when the task finished
+
+
 def test_the_cli_submits_follows_and_reads_a_batch(batch_stack: RunningStack) -> None:
     batch_stack.configure_mock()
     with tempfile.TemporaryDirectory() as directory:
