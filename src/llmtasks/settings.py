@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     batch_chunk_size: int = Field(default=100, ge=1, le=1000)
 
     # LLM provider
-    llm_provider: Literal["openai", "mock"] = "openai"
+    # openai: any OpenAI-compatible server (the mock included); bedrock: Converse, LLM_MODEL is
+    # the model id and the function's role must be allowed to invoke it.
+    llm_provider: Literal["openai", "mock", "bedrock"] = "openai"
     llm_base_url: str = "https://api.openai.com/v1"
     llm_api_key: SecretStr | None = None
     # In AWS the key lives in Secrets Manager; the worker reads it at cold start.

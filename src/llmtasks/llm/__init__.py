@@ -15,7 +15,28 @@ class LLMProvider(Protocol):
         ...
 
 
+# 408 and 409 are a provider's own transient conflicts, 429 a rate limit, 5xx its failures; any
+# other 4xx is the request's fault and fails the task at once. Every provider classifies so.
+_TRANSIENT_4XX = frozenset({408, 409, 429})
+
+
+def is_transient_status(status: int) -> bool:
+    return status in _TRANSIENT_4XX or status >= 500
+
+
+def http_error_code(status: int) -> str:
+    from llmtasks.errors import RATE_LIMITED
+
+    return RATE_LIMITED if status == 429 else f"llm_http_{status}"
+
+
 def provider_from_settings(settings: Settings) -> LLMProvider:
+    if settings.llm_provider == "bedrock":
+        from llmtasks.llm.bedrock import BedrockConverse, bedrock_client
+
+        return BedrockConverse(
+            default_model=settings.llm_model, client=bedrock_client(timeout_s=settings.llm_timeout_s)
+        )
     from llmtasks.llm.openai import OpenAIChat, api_key_from_settings
 
     # "mock" is the project's own OpenAI-compatible server: the same wire protocol.

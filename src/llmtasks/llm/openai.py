@@ -8,13 +8,11 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.errors import RATE_LIMITED, LLMError
+from llmtasks.errors import LLMError
+from llmtasks.llm import http_error_code, is_transient_status
 from llmtasks.models import Completion, LLMRequest, Usage
 from llmtasks.retry_after import parse_retry_after
 from llmtasks.settings import Settings
-
-# 408 and 409 are the provider's own transient conflicts; 429 is a rate limit.
-_TRANSIENT_STATUS = frozenset({408, 409, 429})
 
 
 def api_key_from_settings(settings: Settings) -> str | None:
@@ -103,8 +101,8 @@ class OpenAIChat:
             status = response.status_code
             raise LLMError(
                 f"The LLM answered {status}: {_error_message(response)}",
-                code=RATE_LIMITED if status == 429 else f"llm_http_{status}",
-                transient=status in _TRANSIENT_STATUS or status >= 500,
+                code=http_error_code(status),
+                transient=is_transient_status(status),
                 retry_after=parse_retry_after(response.headers.get("retry-after")),
             )
         try:
