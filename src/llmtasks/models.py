@@ -234,6 +234,8 @@ class Task(BaseModel):
     last_error_code: str | None = None
     usage: Usage | None = None
     model: str | None = None
+    # Which key of the LLM key pool served the completion (an index, never the key).
+    llm_key_index: int | None = None
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
 
@@ -675,3 +677,4 @@ class Completion(BaseModel):
     text: str
     model: str
     usage: Usage
+    key_index: int | None = None  # which key of the pool served it (never the key itself)

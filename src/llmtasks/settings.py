@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     llm_provider: Literal["openai", "mock", "bedrock"] = "openai"
     llm_base_url: str = "https://api.openai.com/v1"
     llm_api_key: SecretStr | None = None
+    # Several keys (a pool, see llm/keys.py): inline, or in a file (locally); in AWS the secret
+    # at llm_api_key_secret_arn may hold the same formats.
+    llm_keys: SecretStr | None = None
+    llm_keys_file: str | None = None
     # In AWS the key lives in Secrets Manager; the worker reads it at cold start.
     llm_api_key_secret_arn: str | None = None
     llm_model: str = "gpt-4o-mini"
@@ -110,7 +114,7 @@ class Settings(BaseSettings):
             return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
         return value
 
-    @field_validator("llm_api_key_secret_arn", "llm_api_key", mode="before")
+    @field_validator("llm_api_key_secret_arn", "llm_api_key", "llm_keys", "llm_keys_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         # CloudFormation cannot omit a variable conditionally without ceremony; "" means unset.

@@ -271,6 +271,7 @@ class TaskStore:
                 "result_ref": result_ref,
                 "usage": completion.usage.model_dump(),
                 "model": completion.model,
+                "llm_key_index": completion.key_index,
                 "completed_at": now,
             },
         )

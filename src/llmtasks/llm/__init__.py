@@ -37,11 +37,8 @@ def provider_from_settings(settings: Settings) -> LLMProvider:
         return BedrockConverse(
             default_model=settings.llm_model, client=bedrock_client(timeout_s=settings.llm_timeout_s)
         )
-    from llmtasks.llm.openai import OpenAIChat, api_key_from_settings
+    from llmtasks.llm.keys import KeyPool, endpoints_from_settings
+    from llmtasks.llm.openai import OpenAIChat
 
     # "mock" is the project's own OpenAI-compatible server: the same wire protocol.
-    return OpenAIChat(
-        base_url=settings.llm_base_url,
-        api_key=api_key_from_settings(settings),
-        default_model=settings.llm_model,
-    )
+    return OpenAIChat(pool=KeyPool(endpoints_from_settings(settings)), default_model=settings.llm_model)

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.errors import LLMError
+from llmtasks.errors import RATE_LIMITED, LLMError
 from llmtasks.llm import http_error_code, is_transient_status
+from llmtasks.llm.keys import KeyPool, LlmEndpoint
 from llmtasks.models import Completion, LLMRequest, Usage
 from llmtasks.retry_after import parse_retry_after
-from llmtasks.settings import Settings
-
-
-def api_key_from_settings(settings: Settings) -> str | None:
-    if settings.llm_api_key is not None:
-        return settings.llm_api_key.get_secret_value()
-    if settings.llm_api_key_secret_arn:
-        # Powertools caches the value for 5 minutes, so a warm function does not call
-        # Secrets Manager per task; imported here so the local stack never needs it.
-        from aws_lambda_powertools.utilities.parameters import get_secret
-
-        return str(get_secret(settings.llm_api_key_secret_arn))
-    return None
 
 
 class _Message(BaseModel):
@@ -51,9 +40,18 @@ def _error_message(response: httpx.Response) -> str:
 
 
 class OpenAIChat:
-    def __init__(self, *, base_url: str, api_key: str | None, default_model: str) -> None:
-        self._url = base_url.rstrip("/") + "/chat/completions"
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """Chat completions, with a pool of keys (see llm/keys.py): a key's 429 sends the same call
+    at once to another key that is not resting, and only when none is left does the task wait."""
+
+    def __init__(
+        self,
+        *,
+        default_model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        pool: KeyPool | None = None,
+    ) -> None:
+        self._pool = pool or KeyPool([LlmEndpoint(base_url or "", api_key)])
         self._default_model = default_model
         # One AsyncClient per event loop, kept across invocations: in Lambda the loop (and so the
         # client's connection pool) lives as long as the sandbox. A plain dict, purged of closed
@@ -67,9 +65,7 @@ class OpenAIChat:
             del self._clients[closed]  # its connections died with it
         client = self._clients.get(loop)
         if client is None or client.is_closed:
-            client = httpx.AsyncClient(
-                headers=self._headers, limits=httpx.Limits(max_connections=100), follow_redirects=False
-            )
+            client = httpx.AsyncClient(limits=httpx.Limits(max_connections=100), follow_redirects=False)
             self._clients[loop] = client
         return client
 
@@ -82,11 +78,32 @@ class OpenAIChat:
             body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        give_up = time.monotonic() + timeout_s
+        tried: set[int] = set()
+        while True:
+            index = self._pool.pick(besides=frozenset(tried))
+            assert index is not None  # the loop ends before every key has been tried
+            try:
+                completion = await self._call(self._pool.endpoints[index], body, give_up - time.monotonic())
+            except LLMError as error:
+                if error.code != RATE_LIMITED:
+                    raise
+                self._pool.rest(index, error.retry_after)
+                tried.add(index)
+                others = [i for i in range(len(self._pool.endpoints)) if i not in tried]
+                if not any(self._pool.is_ready(i) for i in others) or time.monotonic() >= give_up:
+                    raise
+                continue
+            return completion.model_copy(update={"key_index": index})
+
+    async def _call(self, endpoint: LlmEndpoint, body: dict[str, Any], timeout_s: float) -> Completion:
+        url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         try:
             # httpx's timeout bounds each read, not the call: a server that trickles bytes would
             # outlive it (and the function). asyncio.timeout bounds the whole call.
             async with asyncio.timeout(timeout_s):
-                response = await self._client().post(self._url, json=body, timeout=timeout_s)
+                response = await self._client().post(url, json=body, headers=headers, timeout=timeout_s)
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise LLMError(
                 f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
