@@ -1,0 +1,55 @@
+"""Providers on the local stack: a pool of two keys, each at its own mock LLM on 127.0.0.1,
+one of which answers 429 for a while."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from llmtasks.llm.mock import MockConfig, MockLLM
+from tests.e2e.conftest import RunningStack, start_stack
+from tests.helpers import serve
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def pooled() -> Iterator[tuple[RunningStack, MockLLM, MockLLM]]:
+    limited, healthy = MockLLM(MockConfig(rate_429=1.0, retry_after_s=5)), MockLLM()
+    with serve(limited.app()) as limited_url, serve(healthy.app()) as healthy_url:
+        keys = [
+            {"api_key": "sk-first", "base_url": limited_url + "/v1"},
+            {"api_key": "sk-second", "base_url": healthy_url + "/v1"},
+        ]
+        stack = start_stack(env={"LLM_BASE_URL": healthy_url + "/v1", "LLM_KEYS": json.dumps(keys)})
+        try:
+            yield stack, limited, healthy
+        finally:
+            stack.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_healthy_key_carries_the_load_while_the_other_is_rate_limited(
+    pooled: tuple[RunningStack, MockLLM, MockLLM],
+) -> None:
+    stack, limited, healthy = pooled
+    with stack.client() as client:
+        ids = [client.post("/tasks", json={"prompt": f"pool {i}"}).json()["task_id"] for i in range(30)]
+        tasks = [client.get(f"/tasks/{task_id}", params={"wait": 20}).json() for task_id in ids]
+    assert {task["status"] for task in tasks} == {"completed"}
+    assert all(task["attempts"] == 1 for task in tasks)  # none waited out the 429's Retry-After
+    assert healthy.stats.completed == 30
+    assert limited.stats.completed == 0
+    # Each sandbox learns of the 429 from its own first call to that key, then rests it.
+    assert limited.stats.calls <= 10
+    # Once the first key answers again, it serves its share.
+    limited.config = MockConfig()
+    time.sleep(5)
+    with stack.client() as client:
+        ids = [client.post("/tasks", json={"prompt": f"pool later {i}"}).json()["task_id"] for i in range(30)]
+        later = [client.get(f"/tasks/{task_id}", params={"wait": 20}).json() for task_id in ids]
+    assert {task["status"] for task in later} == {"completed"}
+    assert limited.stats.completed > 0
