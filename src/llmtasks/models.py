@@ -227,6 +227,10 @@ class Task(BaseModel):
     result: str | None = None
     # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
     result_ref: str | None = None
+    # While a call streams: its text so far (at most max_inline_result_bytes), its chunks, when.
+    partial_result: str | None = None
+    progress_tokens: int | None = None
+    progress_at: float | None = None
     error: str | None = None
     error_code: str | None = None
     # The error of the latest failed attempt while retries remain (`error` is set only on failure).
@@ -301,12 +305,21 @@ class WebhookView(BaseModel):
         return None if status is None else cls(status=status, attempts=attempts)
 
 
+class Progress(BaseModel):
+    tokens: int = Field(description="Chunks of the reply streamed so far (about one token each).")
+    updated_at: datetime
+
+
 class TaskView(BaseModel):
     """The public status object: `GET /tasks/{id}` and the webhook's `data`."""
 
     task_id: str
     status: TaskStatus
     result: str | None = Field(default=None, description="The model's text, once completed.")
+    partial_result: str | None = Field(
+        default=None, description="While processing: the text the model has streamed so far."
+    )
+    progress: Progress | None = None
     error: str | None = None
     error_code: str | None = None
     attempts: int
@@ -327,6 +340,12 @@ class TaskView(BaseModel):
             task_id=task.task_id,
             status=task.status,
             result=task.result,
+            partial_result=task.partial_result if task.status is TaskStatus.PROCESSING else None,
+            progress=(
+                Progress(tokens=task.progress_tokens, updated_at=_at(task.progress_at))
+                if task.status is TaskStatus.PROCESSING and task.progress_tokens and task.progress_at
+                else None
+            ),
             error=task.error,
             error_code=task.error_code,
             attempts=task.attempts,

@@ -34,6 +34,7 @@ from llmtasks.errors import (
 from llmtasks.idempotency import IdempotencyKeys, at_most_once
 from llmtasks.llm import LLMProvider
 from llmtasks.models import (
+    Completion,
     SubmitTaskRequest,
     Task,
     TaskMessage,
@@ -285,6 +286,48 @@ class Delivery:
     sent_at: float  # epoch s
 
 
+class ProgressWriter:
+    """Writes a streaming call's text so far to its task, at most once every `interval_s`: each
+    write is one UpdateItem, billed by the item's size. Raises StaleWrite when the task is no
+    longer this lease's (cancelled, taken over), which ends the call."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        task_id: str,
+        *,
+        lease_id: str,
+        interval_s: float,
+        max_bytes: int,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._task_id = task_id
+        self._lease_id = lease_id
+        self._interval_s = interval_s
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._written_at = clock()  # the first write comes one interval into the call
+        self.writes = 0
+
+    async def record(self, text: str, tokens: int) -> None:
+        now = self._clock()
+        if now - self._written_at < self._interval_s:
+            return
+        self._written_at = now
+        # The head of a long reply: the item must stay under DynamoDB's 400 KB with the prompt.
+        head = text.encode()[: self._max_bytes].decode(errors="ignore")
+        await asyncio.to_thread(
+            self._store.record_progress,
+            self._task_id,
+            lease_id=self._lease_id,
+            partial_result=head,
+            tokens=tokens,
+            now=now,
+        )
+        self.writes += 1
+
+
 class TaskRunner:
     """What the worker does with one TaskQueue message: claim, call the LLM, record the outcome."""
 
@@ -349,10 +392,8 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
-        try:
-            completion = await self._llm.complete(task.request, timeout_s=timeout)
-        except LLMError as error:
-            self._after_llm_error(task, lease_id, error)
+        completion = await self._call(task, lease_id, timeout)
+        if completion is None:
             return
         result_ref = None
         if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
@@ -376,6 +417,30 @@ class TaskRunner:
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
         )
+
+    async def _call(self, task: Task, lease_id: str, timeout_s: float) -> Completion | None:
+        """The LLM's completion; None when there is none to store (the error is dealt with)."""
+        progress = None
+        if self._settings.progress_interval_s > 0:
+            progress = ProgressWriter(
+                self._store,
+                task.task_id,
+                lease_id=lease_id,
+                interval_s=self._settings.progress_interval_s,
+                max_bytes=self._settings.max_inline_result_bytes,
+                clock=self._clock,
+            )
+        try:
+            return await self._llm.complete(
+                task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            )
+        except LLMError as error:
+            self._after_llm_error(task, lease_id, error)
+        except StaleWrite:
+            # A progress write found the task cancelled (or taken over): the call was stopped
+            # there, and no more tokens are spent on it.
+            logger.info("call stopped: the task moved on", task_id=task.task_id)
+        return None
 
     async def _wait_for_pace(self, call_budget_s: float) -> float:
         """Waits for this call's slot in the shared pace; returns the seconds waited. Raises

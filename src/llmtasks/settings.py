@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # A shared pace for LLM calls across all worker sandboxes (template: LlmRequestsPerSecond);
     # 0 is no pace, the provider's 429s and their Retry-After alone hold the calls back.
     llm_requests_per_second: float = Field(default=0.0, ge=0)
+    # While a call streams, its text so far is written to the task at most this often (and
+    # readers see `partial_result`); 0 turns streaming off (one write fewer per interval).
+    progress_interval_s: float = Field(default=2.0, ge=0)
 
     # Webhooks
     webhook_timeout_s: float = Field(default=15.0, gt=0)

@@ -27,7 +27,11 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
-_LEASE_FIELDS = "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at"
+# What a run leaves on the task while it lasts: its lease, and the text streamed so far.
+_LEASE_FIELDS = (
+    "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at,"
+    " partial_result, progress_tokens, progress_at"
+)
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
 BATCH_GET_ATTEMPTS = 5
@@ -284,6 +288,36 @@ class TaskStore:
             status=TaskStatus.FAILED,
             values={"error": error, "error_code": error_code, "completed_at": now},
         )
+
+    def record_progress(
+        self, task_id: str, *, lease_id: str, partial_result: str, tokens: int, now: float
+    ) -> None:
+        """The text streamed so far, while this lease holds the task; StaleWrite once it does not
+        (cancelled, or taken over): the caller stops the call."""
+        try:
+            # Nothing returned: a task with a long prompt is most of 400 KB, every 2 s.
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=task_key(task_id),
+                UpdateExpression=(
+                    "SET partial_result = :partial, progress_tokens = :tokens, progress_at = :now"
+                ),
+                ConditionExpression="#status = :processing AND lease_id = :lease",
+                ExpressionAttributeNames=_STATUS,
+                ExpressionAttributeValues=serialize(
+                    {
+                        ":partial": partial_result,
+                        ":tokens": tokens,
+                        ":now": now,
+                        ":processing": TaskStatus.PROCESSING.value,
+                        ":lease": lease_id,
+                    }
+                ),
+            )
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                raise StaleWrite(task_id) from exc
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
 
     def release(
         self,

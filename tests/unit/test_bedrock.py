@@ -140,14 +140,15 @@ def test_the_worker_retries_a_throttled_bedrock_call_and_completes_the_task(
 ) -> None:
     task_id = worker.submit("Summarise Bedrock in five words")
     bedrock = BedrockConverse(default_model=MODEL, client=client)
+    unstreamed = {"progress_interval_s": 0}  # Converse, not ConverseStream
     with Stubber(client) as stub:
         stub.add_client_error("converse", service_error_code="ThrottlingException", http_status_code=429)
         stub.add_response("converse", converse_reply("Managed access to foundation models."))
-        assert worker.run_queued(llm=bedrock) == {"batchItemFailures": []}
+        assert worker.run_queued(llm=bedrock, **unstreamed) == {"batchItemFailures": []}
         throttled = worker.task(task_id)
         assert (throttled.status, throttled.last_error_code) == (TaskStatus.PENDING, RATE_LIMITED)
         retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
-        assert worker.run(retry, llm=bedrock) == {"batchItemFailures": []}
+        assert worker.run(retry, llm=bedrock, **unstreamed) == {"batchItemFailures": []}
     done = worker.task(task_id)
     assert (done.status, done.result, done.attempts, done.model) == (
         TaskStatus.COMPLETED,

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from llmtasks.models import Completion, LLMRequest
     from llmtasks.settings import Settings
 
+# Called as the reply streams in: the text so far, and how many chunks (about tokens) it took.
+OnProgress = Callable[[str, int], Coroutine[Any, Any, None]]
+
 
 class LLMProvider(Protocol):
-    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
-        """One completion; raises `LLMError` (transient or permanent) when there is none."""
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+    ) -> Completion:
+        """One completion; raises `LLMError` (transient or permanent) when there is none. With
+        `on_progress` the reply is streamed and reported as it grows; what `on_progress` raises
+        ends the call and comes out of it."""
         ...
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 
 from llmtasks.errors import LLMError
-from llmtasks.llm import http_error_code, is_transient_status
+from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.models import Completion, LLMRequest, Usage
 
 if TYPE_CHECKING:
@@ -58,19 +58,25 @@ class BedrockConverse:
         self._default_model = default_model
         self._client = client
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+    ) -> Completion:
         arguments = converse_request(request, self._default_model)
+        loop = asyncio.get_running_loop()
         try:
             # boto3 blocks: in a thread, so the other records of the batch keep their calls going.
             async with asyncio.timeout(timeout_s):
-                reply: Any = await asyncio.to_thread(self._client.converse, **arguments)
+                if on_progress is None:
+                    reply: Any = await asyncio.to_thread(self._client.converse, **arguments)
+                else:
+                    reply = await asyncio.to_thread(self._stream, arguments, on_progress, loop)
         except (TimeoutError, ReadTimeoutError, ConnectTimeoutError) as exc:
             raise LLMError(
                 f"Bedrock did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
             ) from exc
         except ClientError as exc:
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 500))
             error = exc.response.get("Error", {})
+            status = self._status_of(exc)
             raise LLMError(
                 f"Bedrock answered {status} {error.get('Code', '')}: {error.get('Message', '')[:500]}",
                 code=http_error_code(status),
@@ -82,6 +88,37 @@ class BedrockConverse:
                 code="llm_unreachable",
                 transient=True,
             ) from exc
+        return self._completion(reply, arguments["modelId"])
+
+    def _stream(
+        self, arguments: dict[str, Any], on_progress: OnProgress, loop: asyncio.AbstractEventLoop
+    ) -> dict[str, Any]:
+        """ConverseStream, read to its end in this thread; each text delta is reported on the
+        caller's loop. Returns what Converse would have."""
+        parts: list[str] = []
+        usage: Any = {}
+        for event in self._client.converse_stream(**arguments)["stream"]:
+            text = event.get("contentBlockDelta", {}).get("delta", {}).get("text")
+            if text:
+                parts.append(text)
+                asyncio.run_coroutine_threadsafe(on_progress("".join(parts), len(parts)), loop).result()
+            usage = event.get("metadata", {}).get("usage", usage)
+        return {"output": {"message": {"content": [{"text": "".join(parts)}]}}, "usage": usage}
+
+    def _status_of(self, exc: ClientError) -> int:
+        """The HTTP status of an error: its reply's, or for an error inside an event stream (which
+        arrives with a 200), the one Bedrock documents for that error."""
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if status >= 400:
+            return status
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        try:
+            shape = self._client.meta.service_model.shape_for(code[:1].upper() + code[1:])
+        except Exception:
+            return 500
+        return int(shape.metadata.get("error", {}).get("httpStatusCode", 500))
+
+    def _completion(self, reply: Any, model: str) -> Completion:
         blocks = reply.get("output", {}).get("message", {}).get("content", [])
         texts = [block["text"] for block in blocks if "text" in block]
         if not texts:
@@ -89,7 +126,7 @@ class BedrockConverse:
         usage = reply.get("usage", {})
         return Completion(
             text="".join(texts),
-            model=arguments["modelId"],
+            model=model,
             usage=Usage(
                 prompt_tokens=usage.get("inputTokens", 0),
                 completion_tokens=usage.get("outputTokens", 0),

@@ -40,6 +40,9 @@ class MockConfig(BaseSettings):
         default=None, gt=0, description="Calls per second accepted; the rest get 429 with Retry-After."
     )
     reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
+    rate_break: float = Field(
+        default=0.0, ge=0, le=1, description="Share of streamed answers cut off halfway (no [DONE])."
+    )
     seed: int | None = None
 
     @model_validator(mode="after")
@@ -139,6 +142,8 @@ class MockLLM:
         except (ValueError, KeyError, IndexError, TypeError):
             return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
         outcome, wait = self._decide(prompt)
+        if outcome == "ok" and body.get("stream"):
+            return StreamingResponse(self._stream(body, messages, prompt), media_type="text/event-stream")
         if outcome == "hang":
             # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
             # the whole call ends it.
@@ -170,6 +175,29 @@ class MockLLM:
         with self._lock:
             self.stats.completed += 1
         return JSONResponse(self._completion(body, messages, prompt))
+
+    async def _stream(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
+        """The answer as server-sent events, a word a chunk, the call's latency spread over them;
+        with `rate_break`, cut off halfway (the connection closes without [DONE])."""
+        try:
+            whole = self._completion(body, messages, prompt)
+            words = whole["choices"][0]["message"]["content"].split(" ")
+            broken = self._random.random() < self.config.rate_break
+            pause = self.config.latency_s / max(1, len(words))
+            for index, word in enumerate(words):
+                if broken and index >= len(words) // 2:
+                    raise ConnectionAbortedError("the mock cuts this stream off")
+                delta = word if index == 0 else " " + word
+                chunk = {"model": whole["model"], "choices": [{"index": 0, "delta": {"content": delta}}]}
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                await asyncio.sleep(pause)
+            last = {"model": whole["model"], "choices": [], "usage": whole["usage"]}
+            yield f"data: {json.dumps(last)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            with self._lock:
+                self.stats.completed += 1
+        finally:
+            self._leave()
 
     async def _trickle(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
         try:

@@ -10,7 +10,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.errors import RATE_LIMITED, LLMError
-from llmtasks.llm import http_error_code, is_transient_status
+from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
 from llmtasks.models import Completion, LLMRequest, Usage
 from llmtasks.retry_after import parse_retry_after
@@ -69,7 +69,9 @@ class OpenAIChat:
             self._clients[loop] = client
         return client
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+    ) -> Completion:
         body: dict[str, Any] = {
             "model": request.model or self._default_model,
             "messages": request.chat_messages(),
@@ -84,7 +86,9 @@ class OpenAIChat:
             index = self._pool.pick(besides=frozenset(tried))
             assert index is not None  # the loop ends before every key has been tried
             try:
-                completion = await self._call(self._pool.endpoints[index], body, give_up - time.monotonic())
+                completion = await self._call(
+                    self._pool.endpoints[index], body, give_up - time.monotonic(), on_progress
+                )
             except LLMError as error:
                 if error.code != RATE_LIMITED:
                     raise
@@ -96,14 +100,28 @@ class OpenAIChat:
                 continue
             return completion.model_copy(update={"key_index": index})
 
-    async def _call(self, endpoint: LlmEndpoint, body: dict[str, Any], timeout_s: float) -> Completion:
+    async def _call(
+        self, endpoint: LlmEndpoint, body: dict[str, Any], timeout_s: float, on_progress: OnProgress | None
+    ) -> Completion:
         url = endpoint.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        if on_progress is not None:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
             # httpx's timeout bounds each read, not the call: a server that trickles bytes would
             # outlive it (and the function). asyncio.timeout bounds the whole call.
-            async with asyncio.timeout(timeout_s):
-                response = await self._client().post(url, json=body, headers=headers, timeout=timeout_s)
+            async with (
+                asyncio.timeout(timeout_s),
+                self._client().stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response,
+            ):
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _http_error(response)
+                if on_progress is not None and response.headers.get("content-type", "").startswith(
+                    "text/event-stream"
+                ):
+                    return await _read_stream(response, body["model"], on_progress)
+                return _completion(await response.aread(), body["model"])
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise LLMError(
                 f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
@@ -114,21 +132,68 @@ class OpenAIChat:
                 code="llm_unreachable",
                 transient=True,
             ) from exc
-        if response.status_code >= 400:
-            status = response.status_code
-            raise LLMError(
-                f"The LLM answered {status}: {_error_message(response)}",
-                code=http_error_code(status),
-                transient=is_transient_status(status),
-                retry_after=parse_retry_after(response.headers.get("retry-after")),
-            )
+
+
+def _http_error(response: httpx.Response) -> LLMError:
+    status = response.status_code
+    return LLMError(
+        f"The LLM answered {status}: {_error_message(response)}",
+        code=http_error_code(status),
+        transient=is_transient_status(status),
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+    )
+
+
+def _completion(content: bytes, model: str) -> Completion:
+    try:
+        reply = _ChatReply.model_validate_json(content)
+        text = reply.choices[0].message.content if reply.choices else None
+    except ValidationError as exc:
+        raise LLMError(
+            "The LLM's reply is not a chat completion.", code="llm_invalid_reply", transient=False
+        ) from exc
+    if text is None:
+        raise LLMError("The LLM's reply has no text.", code="llm_invalid_reply", transient=False)
+    return Completion(text=text, model=reply.model or model, usage=reply.usage or Usage())
+
+
+class _Delta(BaseModel):
+    content: str | None = None
+
+
+class _StreamChoice(BaseModel):
+    delta: _Delta = _Delta()
+
+
+class _StreamChunk(BaseModel):
+    model: str | None = None
+    choices: list[_StreamChoice] = []
+    usage: Usage | None = None
+
+
+async def _read_stream(response: httpx.Response, model: str, on_progress: OnProgress) -> Completion:
+    """Server-sent events (`data: {chunk}` lines, then `data: [DONE]`), as OpenAI streams them;
+    a stream that ends before [DONE] was cut off, and is a transient error like a dropped call."""
+    parts: list[str] = []
+    chunks = 0
+    usage: Usage | None = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line.removeprefix("data:").strip()
+        if data == "[DONE]":
+            return Completion(text="".join(parts), model=model, usage=usage or Usage())
         try:
-            reply = _ChatReply.model_validate_json(response.content)
-            text = reply.choices[0].message.content if reply.choices else None
+            chunk = _StreamChunk.model_validate_json(data)
         except ValidationError as exc:
             raise LLMError(
-                "The LLM's reply is not a chat completion.", code="llm_invalid_reply", transient=False
+                "The LLM's stream is not chat completion chunks.", code="llm_invalid_reply", transient=False
             ) from exc
-        if text is None:
-            raise LLMError("The LLM's reply has no text.", code="llm_invalid_reply", transient=False)
-        return Completion(text=text, model=reply.model or body["model"], usage=reply.usage or Usage())
+        model = chunk.model or model
+        usage = chunk.usage or usage
+        texts = [choice.delta.content for choice in chunk.choices if choice.delta.content]
+        if texts:
+            parts.extend(texts)
+            chunks += 1
+            await on_progress("".join(parts), chunks)
+    raise LLMError("The LLM's stream ended before it finished.", code="llm_stream_broken", transient=True)
