@@ -173,27 +173,34 @@ class _StreamChunk(BaseModel):
 
 async def _read_stream(response: httpx.Response, model: str, on_progress: OnProgress) -> Completion:
     """Server-sent events (`data: {chunk}` lines, then `data: [DONE]`), as OpenAI streams them;
-    a stream that ends before [DONE] was cut off, and is a transient error like a dropped call."""
+    a stream that breaks off or ends before [DONE] is a transient error, like a dropped call."""
     parts: list[str] = []
-    chunks = 0
     usage: Usage | None = None
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line.removeprefix("data:").strip()
-        if data == "[DONE]":
-            return Completion(text="".join(parts), model=model, usage=usage or Usage())
-        try:
-            chunk = _StreamChunk.model_validate_json(data)
-        except ValidationError as exc:
-            raise LLMError(
-                "The LLM's stream is not chat completion chunks.", code="llm_invalid_reply", transient=False
-            ) from exc
-        model = chunk.model or model
-        usage = chunk.usage or usage
-        texts = [choice.delta.content for choice in chunk.choices if choice.delta.content]
-        if texts:
-            parts.extend(texts)
-            chunks += 1
-            await on_progress("".join(parts), chunks)
+    try:
+        async for line in response.aiter_lines():
+            data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+            if data == "[DONE]":
+                return Completion(text="".join(parts), model=model, usage=usage or Usage())
+            if not data:
+                continue
+            chunk = _chunk(data)
+            model = chunk.model or model
+            usage = chunk.usage or usage
+            texts = [choice.delta.content for choice in chunk.choices if choice.delta.content]
+            if texts:
+                parts.extend(texts)
+                await on_progress("".join(parts), len(parts))
+    except httpx.TransportError as exc:  # the connection dropped mid-reply
+        raise LLMError(
+            f"The LLM's stream broke off ({type(exc).__name__}).", code="llm_stream_broken", transient=True
+        ) from exc
     raise LLMError("The LLM's stream ended before it finished.", code="llm_stream_broken", transient=True)
+
+
+def _chunk(data: str) -> _StreamChunk:
+    try:
+        return _StreamChunk.model_validate_json(data)
+    except ValidationError as exc:
+        raise LLMError(
+            "The LLM's stream is not chat completion chunks.", code="llm_invalid_reply", transient=False
+        ) from exc

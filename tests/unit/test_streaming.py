@@ -1,0 +1,168 @@
+"""Progress while a task runs: the reply streams from the provider, its text so far is written to
+the task at most once an interval, a broken stream is retried like any transient error, and a
+cancel stops the call at the next write."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from llmtasks.errors import LLMError
+from llmtasks.llm.bedrock import BedrockConverse
+from llmtasks.llm.mock import reply_text
+from llmtasks.local.sources import pattern_matcher
+from llmtasks.models import LLMRequest, TaskStatus, TaskView
+from tests.conftest import Aws, RunningMock
+from tests.helpers import eventually, load_event
+from tests.unit.test_worker import Worker
+
+pytestmark = pytest.mark.unit
+
+
+def run_in_background(worker: Worker, **overrides: Any) -> threading.Thread:
+    messages = worker.queued()
+    thread = threading.Thread(target=worker.run, args=(messages,), kwargs=overrides, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_streaming_call_shows_its_text_as_it_grows_then_the_whole_result(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(latency_s=3, reply_chars=400)
+    prompt = "tell a long story"
+    task_id = worker.submit(prompt)
+    thread = run_in_background(worker, progress_interval_s=0.5)
+    seen: list[tuple[str, int]] = []
+    while thread.is_alive():
+        task = worker.task(task_id)
+        if task.status is TaskStatus.PROCESSING and task.partial_result:
+            view = TaskView.of(task)
+            assert view.partial_result == task.partial_result
+            assert view.progress is not None
+            if not seen or seen[-1][0] != task.partial_result:
+                seen.append((task.partial_result, view.progress.tokens))
+        time.sleep(0.1)
+    done = worker.task(task_id)
+    whole = reply_text(prompt, 400)
+    assert len(seen) >= 3  # several writes during a 3 s call, one every half second
+    assert all(whole.startswith(text) for text, _ in seen)
+    assert [tokens for _, tokens in seen] == sorted(tokens for _, tokens in seen)
+    assert (done.status, done.result) == (TaskStatus.COMPLETED, whole)
+    assert (done.partial_result, done.progress_tokens) == (None, None)
+    assert TaskView.of(done).progress is None
+
+
+def test_a_stream_cut_off_halfway_is_retried_like_a_dropped_call(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(rate_break=1.0, reply_chars=200)
+    task_id = worker.submit("a stream that breaks")
+    worker.run_queued(progress_interval_s=0.1)
+    task = worker.task(task_id)
+    assert (task.status, task.last_error_code, task.partial_result) == (
+        TaskStatus.PENDING,
+        "llm_stream_broken",
+        None,
+    )
+    mock_llm.configure(reply_chars=200)
+    retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+    worker.run(retry, progress_interval_s=0.1)
+    assert worker.task(task_id).result == reply_text("a stream that breaks", 200)
+
+
+def test_cancelling_a_streaming_task_stops_its_call(worker: Worker, mock_llm: RunningMock) -> None:
+    mock_llm.configure(latency_s=6, reply_chars=400)
+    task_id = worker.submit("cancel me while I stream")
+    thread = run_in_background(worker, progress_interval_s=0.3)
+    eventually(lambda: worker.task(task_id).partial_result, bool, timeout_s=5, what="a first progress write")
+    started = time.monotonic()
+    worker.service.cancel("default", task_id)
+    thread.join(timeout=10)
+    assert time.monotonic() - started < 2  # stopped at the next write, not after the 6 s call
+    assert worker.task(task_id).status is TaskStatus.CANCELLED
+    assert mock_llm.stats.completed == 0  # the stream was dropped before its end
+
+
+def test_progress_writes_do_not_reach_the_batch_counters(aws: Aws) -> None:
+    [record] = load_event("batch_stream.json")["Records"]
+    matches = pattern_matcher(aws.function("BatchFunction").stream_sources[0].filter_patterns)
+    assert matches(record)
+    record["dynamodb"]["NewImage"]["partial_result"] = {"S": "Once upon"}
+    assert not matches(record)
+
+
+class FakeBedrockStream:
+    """A bedrock-runtime client whose ConverseStream yields the documented event shapes (botocore's
+    Stubber cannot stand in for an event stream)."""
+
+    meta: Any = None
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.asked: dict[str, Any] = {}
+
+    def converse_stream(self, **arguments: Any) -> dict[str, Any]:
+        self.asked = arguments
+        return {"stream": iter(self.events)}
+
+
+def test_bedrock_streams_through_converse_stream() -> None:
+    events = [
+        {"messageStart": {"role": "assistant"}},
+        {"contentBlockDelta": {"delta": {"text": "Queues "}, "contentBlockIndex": 0}},
+        {"contentBlockDelta": {"delta": {"text": "decouple."}, "contentBlockIndex": 0}},
+        {"contentBlockStop": {"contentBlockIndex": 0}},
+        {"messageStop": {"stopReason": "end_turn"}},
+        {
+            "metadata": {
+                "usage": {"inputTokens": 5, "outputTokens": 3, "totalTokens": 8},
+                "metrics": {"latencyMs": 9},
+            }
+        },
+    ]
+    client = FakeBedrockStream(events)
+    progress: list[tuple[str, int]] = []
+
+    async def record(text: str, tokens: int) -> None:
+        progress.append((text, tokens))
+
+    provider = BedrockConverse(default_model="m", client=client)  # type: ignore[arg-type]
+    completion = asyncio.run(
+        provider.complete(LLMRequest(prompt="why queues?"), timeout_s=5, on_progress=record)
+    )
+    assert client.asked["messages"] == [{"role": "user", "content": [{"text": "why queues?"}]}]
+    assert progress == [("Queues ", 1), ("Queues decouple.", 2)]
+    assert (completion.text, completion.usage.total_tokens) == ("Queues decouple.", 8)
+
+
+def test_a_bedrock_stream_error_is_classified_by_its_documented_status() -> None:
+    import boto3
+    from botocore.exceptions import EventStreamError
+
+    real = boto3.client(
+        "bedrock-runtime", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+
+    class Throttled(FakeBedrockStream):
+        meta = real.meta
+
+        def converse_stream(self, **arguments: Any) -> dict[str, Any]:
+            def events() -> Any:
+                yield {"contentBlockDelta": {"delta": {"text": "Half"}, "contentBlockIndex": 0}}
+                error = {"Error": {"Code": "throttlingException", "Message": "slow down"}}
+                raise EventStreamError(error, "ConverseStream")  # type: ignore[arg-type]
+
+            return {"stream": events()}
+
+    async def record(text: str, tokens: int) -> None:
+        return None
+
+    provider = BedrockConverse(default_model="m", client=Throttled([]))  # type: ignore[arg-type]
+    with pytest.raises(LLMError) as raised:
+        asyncio.run(provider.complete(LLMRequest(prompt="hi"), timeout_s=5, on_progress=record))
+    assert (raised.value.code, raised.value.transient) == ("llm_rate_limited", True)
