@@ -315,13 +315,13 @@ def _show(task: TaskView, as_json: bool) -> None:
 
 
 def _wait_and_show(client: Client, task_id: str, timeout: float | None, as_json: bool) -> None:
-    """Waits with a spinner (status, elapsed) on a terminal, prints the outcome, exits 0/1/3."""
+    """Waits with a spinner (status, elapsed) on a terminal, and the reply's text on stdout as it
+    streams in; prints the outcome, exits 0/1/3."""
     from rich.console import Console
-
-    from llmtasks.client import TaskFailedError, WaitTimeoutError
 
     console = Console(stderr=True)
     started = time.monotonic()
+    shown = 0  # characters of the reply already printed
     task = client.get(task_id)
     with console.status("", spinner="dots") as spinner:
         while not task.status.is_terminal:
@@ -329,14 +329,18 @@ def _wait_and_show(client: Client, task_id: str, timeout: float | None, as_json:
             if timeout is not None and elapsed >= timeout:
                 _show(task, as_json)
                 raise SystemExit(EXIT_TIMEOUT)
-            spinner.update(f"{task.task_id}  {task.status.value}  {elapsed:.0f} s")
-            try:
-                task = client.wait(task_id, timeout=min(2.0, timeout - elapsed if timeout else 2.0))
-            except TaskFailedError as failed:
-                task = failed.task
-            except WaitTimeoutError as waiting:
-                task = waiting.task
-    _show(task, as_json)
+            if task.partial_result and not as_json and len(task.partial_result) > shown:
+                sys.stdout.write(task.partial_result[shown:])
+                sys.stdout.flush()
+                shown = len(task.partial_result)
+            tokens = f"  {task.progress.tokens} tokens" if task.progress else ""
+            spinner.update(f"{task.task_id}  {task.status.value}  {elapsed:.0f} s{tokens}")
+            # The server holds the read until the task ends or 2 s pass: the text grows between.
+            task = client.get(task_id, wait=max(1.0, min(2.0, timeout - elapsed if timeout else 2.0)))
+    if shown and task.status is TaskStatus.COMPLETED and task.result is not None and not as_json:
+        click.echo(task.result[shown:])  # the rest of what was streamed
+    else:
+        _show(task, as_json)
     if task.status is not TaskStatus.COMPLETED:
         raise SystemExit(EXIT_FAILED)
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -149,3 +153,41 @@ def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningSt
     wrong = fresh_mock.run_cli("status", "f" * 32)
     assert wrong.returncode == 2
     assert "Task not found" in wrong.stderr
+
+
+def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it_grows(
+    fresh_mock: RunningStack,
+) -> None:
+    fresh_mock.configure_mock(latency_s=6, reply_chars=300)
+    whole = reply_text("stream to me", 300)
+    with fresh_mock.client() as client:
+        task_id = client.post("/tasks", json={"prompt": "stream to me"}).json()["task_id"]
+        partials = []
+        while (view := client.get(f"/tasks/{task_id}").json())["status"] != "completed":
+            if view.get("partial_result"):
+                assert view["status"] == "processing"
+                assert view["progress"]["tokens"] > 0
+                partials.append(view["partial_result"])
+            time.sleep(0.3)
+    assert partials  # written every 2 s of a 6 s call
+    assert all(whole.startswith(text) and text != whole for text in partials)
+    assert view["result"] == whole
+    assert "partial_result" not in view or view["partial_result"] is None
+    # The CLI prints the text as it grows (its first bytes come while it still waits), then the
+    # rest: stdout is the whole reply, once.
+    fresh_mock.configure_mock(latency_s=6, reply_chars=300)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"LLMTASKS_API_URL": fresh_mock.api, "LLMTASKS_API_KEY": fresh_mock.api_key or ""}
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "llmtasks.cli", "submit", "cli stream", "--wait"],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert cli.stdout is not None
+    first = os.read(cli.stdout.fileno(), 10_000)
+    still_waiting = cli.poll() is None
+    rest = cli.stdout.read()
+    assert cli.wait(timeout=30) == 0
+    assert still_waiting
+    assert (first + rest).decode() == reply_text("cli stream", 300) + "\n"
+    assert len(first) < len(first + rest) - 1
