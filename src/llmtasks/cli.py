@@ -106,6 +106,22 @@ def main() -> None:
 @click.option(
     "--report", is_flag=True, help="Print Lambda's REPORT line (duration, memory) after each invocation."
 )
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep tables, queues and objects here across restarts [default: .llmtasks/state beside"
+    " the template].",
+)
+@click.option("--reset", is_flag=True, help="Start empty, forgetting what the state dir holds.")
+@click.option("--no-state", is_flag=True, help="Keep nothing: every start is empty.")
+@click.option(
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="On Ctrl-C, seconds the calls in flight get to finish (a second Ctrl-C stops at once).",
+)
 def up(
     template: Path,
     host: str,
@@ -119,10 +135,17 @@ def up(
     no_auth: bool,
     verbose: bool,
     report: bool,
+    state_dir: Path | None,
+    reset: bool,
+    no_state: bool,
+    grace: float,
 ) -> None:
-    """Run the whole application locally, from template.yaml, until Ctrl-C."""
+    """Run the whole application locally, from template.yaml, until Ctrl-C. Tasks, queues and
+    results are kept in the state dir: a restart goes on where the stack stopped."""
     from llmtasks.local.stack import LocalStack, StackOptions
 
+    if not no_state and state_dir is None:
+        state_dir = template.resolve().parent / ".llmtasks" / "state"
     options = StackOptions(
         template=template,
         host=host,
@@ -136,19 +159,30 @@ def up(
         quiet_children=not verbose,
         auth=not no_auth,
         report_invocations=report,
+        state_dir=None if no_state else state_dir,
+        reset=reset,
+        grace_s=grace,
     )
     stack = LocalStack(options)
     stopped = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        # The first stops taking work and lets the calls in flight finish; the second hurries.
+        if stopped.is_set():
+            stack.hurry.set()
+        stopped.set()
+
     # Both set explicitly: a shell starts background jobs with SIGINT ignored, and Python then
     # raises no KeyboardInterrupt, so `kill -INT` would do nothing.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop_signal, lambda *_: stopped.set())
+        signal.signal(stop_signal, on_signal)
     click.echo("Starting the llmtasks local stack ...")
     stack.start()
     click.echo(f"  API          {stack.api_url}   (docs: {stack.api_url}/docs)")
     click.echo(f"  AWS endpoint {stack.endpoint_url}")
     click.echo(f"  LLM          {stack.llm_base_url}")
     click.echo(f"  functions    {', '.join(stack.functions)}")
+    click.echo(f"  state        {options.state_dir or 'not kept (--no-state)'}")
     if stack.dev_key:
         click.echo(f"  API key      {stack.dev_key}   (tenant 'dev'; more: llmtasks keys create)")
         auth = f' -H "Authorization: Bearer {stack.dev_key}"'
@@ -160,7 +194,7 @@ def up(
     try:
         stopped.wait()
     finally:
-        click.echo("Stopping ...")
+        click.echo(f"Stopping: the calls in flight get up to {grace:g} s (Ctrl-C again stops at once) ...")
         stack.stop()
 
 

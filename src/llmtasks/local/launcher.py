@@ -128,6 +128,11 @@ def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = No
             str(mock_port),
             "--mock-latency",
             "0",
+            # A stack of its own, empty: unless told where to keep state, it keeps none (the
+            # default state dir is the project's, shared by every stack started from it).
+            *([] if "--state-dir" in extra else ["--no-state"]),
+            # Stops quickly unless a test is about the grace period.
+            *([] if "--grace" in extra else ["--grace", "2"]),
             *extra,
         ],
         cwd=cwd,

@@ -35,6 +35,11 @@ _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "ba
 _lock = threading.RLock()
 
 
+def write_lock() -> threading.RLock:
+    """The lock every DynamoDB write holds (for a snapshot that no write may cut through)."""
+    return _lock
+
+
 def _atomic(write: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(write)
     def locked(*args: Any, **kwargs: Any) -> Any:

@@ -2,23 +2,35 @@
 
 A separate process keeps moto's request handling off the functions' interpreter lock. This
 module is where the local stack adds what moto lacks, so every client sees one endpoint:
-redrive (moto_redrive), atomic conditional writes (moto_atomic), and a count of the AWS API
+redrive (moto_redrive), atomic conditional writes (moto_atomic), a count of the AWS API
 calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
-which the benchmark reads to count what a task costs at the backend rather than estimate it.
+which the benchmark reads to count what a task costs at the backend rather than estimate it,
+and its state kept across restarts (`--state FILE`; `POST /_llmtasks/state` saves it).
+
+The state is a snapshot of moto's own backends (pickle), not moto's recorder: a replay of every
+request would redo each receive and delete of a queue in order, at start, slowly; a snapshot
+restores tables, stream records, objects and messages as they were, delays and visibility
+timers included (they are wall-clock times, and go on running while the stack is down).
 """
 
 from __future__ import annotations
 
+import copyreg
 import json
+import pickle
 import re
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 CALLS_PATH = "/_llmtasks/calls"
+STATE_PATH = "/_llmtasks/state"
+# What the local stack keeps: tables and their streams, buckets, queues.
+STATE_SERVICES = ("dynamodb", "dynamodbstreams", "s3", "sqs")
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
 
 
@@ -78,16 +90,60 @@ class CallCounter:
         return reply
 
 
-def _install_call_counter() -> None:
+def _picklable_locks() -> None:
+    """moto's SQS queues hold locks; a snapshot holds fresh ones in their place."""
+    copyreg.pickle(type(threading.RLock()), lambda _: (threading.RLock, ()))
+    copyreg.pickle(type(threading.Lock()), lambda _: (threading.Lock, ()))
+
+
+def save_state(path: Path) -> int:
+    """Writes moto's backends to `path` (whole or not at all); returns the bytes written."""
+    from llmtasks.local.moto_atomic import write_lock
+
+    with write_lock():  # no DynamoDB write lands halfway through the snapshot
+        state = {
+            name: {account: dict(regions) for account, regions in _backends(name).items()}
+            for name in STATE_SERVICES
+        }
+        data = pickle.dumps(state)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+    return len(data)
+
+
+def _backends(name: str) -> Any:
+    from moto.backends import get_backend
+
+    return get_backend(name)  # type: ignore[call-overload]
+
+
+def load_state(path: Path) -> None:
+    state = pickle.loads(path.read_bytes())  # noqa: S301 - the stack's own file, in its own state dir
+    for name, accounts in state.items():
+        backends = _backends(name)
+        for account, regions in accounts.items():
+            for region, backend in regions.items():
+                backends[account][region] = backend
+
+
+def _install_endpoints(state_file: Path | None) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
     dispatch = DomainDispatcherApplication.__call__
     counter = CallCounter()
 
-    def counted(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
+    def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == STATE_PATH and environ.get("REQUEST_METHOD") == "POST":
+            if state_file is None:
+                start_response("409 Conflict", [("Content-Type", "application/json")])
+                return [b'{"error": "started without --state"}']
+            size = save_state(state_file)
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps({"bytes": size}).encode()]
         return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
 
-    DomainDispatcherApplication.__call__ = counted  # type: ignore[method-assign]
+    DomainDispatcherApplication.__call__ = served  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,10 +151,19 @@ def main(argv: list[str] | None = None) -> None:
 
     from llmtasks.local import moto_atomic, moto_redrive
 
+    args = list(argv if argv is not None else sys.argv[1:])
+    state_file = None
+    if "--state" in args:
+        at = args.index("--state")
+        state_file = Path(args[at + 1])
+        del args[at : at + 2]
     moto_redrive.install()
     moto_atomic.install()
-    _install_call_counter()
-    moto_main(argv if argv is not None else sys.argv[1:])
+    _picklable_locks()
+    if state_file is not None and state_file.exists():
+        load_state(state_file)
+    _install_endpoints(state_file)
+    moto_main(args)
 
 
 if __name__ == "__main__":

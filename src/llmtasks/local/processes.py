@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def wait_for_port(
@@ -58,9 +59,22 @@ def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.
     return child
 
 
-def spawn_moto_server(port: int, *, quiet: bool = True) -> subprocess.Popen[bytes]:
+def spawn_moto_server(
+    port: int, *, quiet: bool = True, state_file: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """The embedded AWS endpoint; with `state_file`, it starts from that snapshot (if there is
+    one) and saves to it when asked (moto_server.STATE_PATH)."""
+    state = ["--state", str(state_file)] if state_file is not None else []
     return spawn_python(
-        "-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port), ready_port=port, quiet=quiet
+        "-m",
+        "llmtasks.local.moto_server",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        *state,
+        ready_port=port,
+        quiet=quiet,
     )
 
 

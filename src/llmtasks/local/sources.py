@@ -80,6 +80,8 @@ class SqsPoller:
         self._queue_url = queue_url
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
+        # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
+        self._in_flight: dict[int, list[str]] = {}
         self.threads = [
             threading.Thread(target=self._poll, name=f"sqs-{source.function_id}-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -131,7 +133,11 @@ class SqsPoller:
 
     def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
         records = [sqs_record(m, self.source.queue_arn) for m in batch]
-        invocation = self._runtime.invoke({"Records": records})
+        self._in_flight[threading.get_ident()] = [r["receiptHandle"] for r in records]
+        try:
+            invocation = self._runtime.invoke({"Records": records})
+        finally:
+            self._in_flight.pop(threading.get_ident(), None)
         if invocation.error:
             print(f"[{self.source.function_id}] {invocation.error}", flush=True)
         ids = [r["messageId"] for r in records]
@@ -144,6 +150,22 @@ class SqsPoller:
                 Entries=[{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(chunk)],
             )
         return invocation
+
+    def release_in_flight(self) -> int:
+        """Makes the messages of invocations a stop cut short visible again at once, so that after
+        a restart they are delivered again now, not after the queue's visibility timeout (hours for
+        TaskQueue). The next delivery of such a message takes its task over at once (the lease
+        names the message). Returns how many."""
+        receipts = [handle for handles in list(self._in_flight.values()) for handle in handles]
+        for start in range(0, len(receipts), 10):
+            self._sqs.change_message_visibility_batch(
+                QueueUrl=self._queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+                    for i, handle in enumerate(receipts[start : start + 10])
+                ],
+            )
+        return len(receipts)
 
 
 def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
@@ -172,6 +194,7 @@ class StreamPoller:
         streams: DynamoDBStreamsClient,
         stop: threading.Event,
         on_failure: Callable[[dict[str, Any]], None] | None = None,
+        checkpoints: dict[str, str] | None = None,
     ) -> None:
         self.source = source
         self._runtime = runtime
@@ -179,6 +202,9 @@ class StreamPoller:
         self._stop = stop
         self._on_failure = on_failure
         self._matches = pattern_matcher(source.filter_patterns)
+        # The last record handled per shard, as Lambda's event source mapping keeps it: a
+        # restarted stack with its state goes on from there (`checkpoints` given back).
+        self.checkpoints: dict[str, str] = dict(checkpoints or {})
         self.threads = [threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)]
 
     def start(self) -> None:
@@ -189,14 +215,19 @@ class StreamPoller:
         shards = self._streams.describe_stream(StreamArn=self.source.stream_arn)["StreamDescription"][
             "Shards"
         ]
-        return {
-            shard["ShardId"]: self._streams.get_shard_iterator(
-                StreamArn=self.source.stream_arn,
-                ShardId=shard["ShardId"],
-                ShardIteratorType=self.source.starting_position,  # type: ignore[arg-type]
-            )["ShardIterator"]
-            for shard in shards
-        }
+        return {shard["ShardId"]: self._iterator(shard["ShardId"]) for shard in shards}
+
+    def _iterator(self, shard_id: str) -> str:
+        after = self.checkpoints.get(shard_id)
+        position: dict[str, Any] = (
+            {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after}
+            if after
+            else {"ShardIteratorType": self.source.starting_position}
+        )
+        iterator: str = self._streams.get_shard_iterator(
+            StreamArn=self.source.stream_arn, ShardId=shard_id, **position
+        )["ShardIterator"]
+        return iterator
 
     def _poll(self) -> None:
         iterators: dict[str, str] = {}
@@ -213,8 +244,10 @@ class StreamPoller:
                     ]
                     busy = busy or bool(records)
                     chosen = [r for r in records if self._matches(r)]
-                    if chosen:
-                        self.deliver(chosen)
+                    if chosen and not self.deliver(chosen):
+                        break  # stopped before the batch was handled: not checkpointed
+                    if records:
+                        self.checkpoints[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
                 if not busy:
                     self._stop.wait(STREAM_IDLE_S)
             except Exception as exc:  # keep polling, as Lambda does
@@ -225,9 +258,10 @@ class StreamPoller:
                 )
                 self._stop.wait(1)
 
-    def deliver(self, records: list[dict[str, Any]]) -> None:
+    def deliver(self, records: list[dict[str, Any]]) -> bool:
         """Retries from the first failed record until MaximumRetryAttempts; then the on-failure
-        destination gets a note of the skipped records and the shard moves on."""
+        destination gets a note of the skipped records and the shard moves on. False when a stop
+        came first (the records are read again after a restart)."""
         attempts = 0
         while records and not self._stop.is_set():
             invocation = self._runtime.invoke({"Records": records})
@@ -236,7 +270,7 @@ class StreamPoller:
                 invocation, report_failures=self.source.report_batch_item_failures, all_ids=numbers
             )
             if not failed:
-                return
+                return True
             if invocation.error:
                 print(f"[{self.source.function_id}] {invocation.error}", flush=True)
             first = min(numbers.index(n) for n in failed)
@@ -256,5 +290,6 @@ class StreamPoller:
                             },
                         }
                     )
-                return
+                return True
             self._stop.wait(min(30.0, 0.5 * 2**attempts))
+        return not records

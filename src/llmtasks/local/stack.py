@@ -45,6 +45,16 @@ class StackOptions:
     quiet_children: bool = True
     auth: bool = True  # False: `--no-auth`, every request is the default tenant
     report_invocations: bool = False  # `--report`: Lambda's REPORT line after each invocation
+    # Where tables, queues, objects and stream positions are kept across restarts (None: nowhere).
+    state_dir: Path | None = None
+    reset: bool = False  # start empty, whatever state_dir holds
+    # How long a stop lets the invocations in flight finish (Celery's warm shutdown).
+    grace_s: float = 30.0
+
+
+MOTO_STATE = "moto.pickle"
+STREAM_CHECKPOINTS = "streams.json"
+DEV_KEY = "dev-key"
 
 
 def merged_environment(functions: Mapping[str, FunctionSpec]) -> dict[str, str]:
@@ -75,15 +85,32 @@ class LocalStack:
         self.endpoint_url = options.endpoint_url
         self.llm_base_url = options.llm_base_url
         self.dev_key: str | None = None
+        self._sqs_pollers: list[SqsPoller] = []
+        self._stream_pollers: dict[str, StreamPoller] = {}
+        self.hurry = threading.Event()  # a second Ctrl-C: stop without waiting for calls in flight
 
     @property
     def api_url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
 
+    def _state(self, name: str) -> Path | None:
+        return None if self.options.state_dir is None else self.options.state_dir / name
+
+    def _prepare_state(self) -> None:
+        state_dir = self.options.state_dir
+        if state_dir is None:
+            return
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if self.options.reset:
+            for name in (MOTO_STATE, STREAM_CHECKPOINTS, DEV_KEY):
+                (state_dir / name).unlink(missing_ok=True)
+
     def _start_endpoint(self) -> None:
         if self.endpoint_url is None:
             port = self.options.moto_port
-            self._children.append(spawn_moto_server(port, quiet=self.options.quiet_children))
+            self._children.append(
+                spawn_moto_server(port, quiet=self.options.quiet_children, state_file=self._state(MOTO_STATE))
+            )
             self.endpoint_url = f"http://127.0.0.1:{port}"
             # Never let the embedded stack pick up a real account's credentials.
             os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")  # noqa: S106 - moto's
@@ -120,6 +147,7 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
+        self._prepare_state()
         self._start_endpoint()
         self._start_llm()
         assert self.llm_base_url is not None
@@ -146,6 +174,10 @@ class LocalStack:
             self.dev_key = self._create_dev_key()
         pollers: list[SqsPoller | StreamPoller] = []
         streams = boto3.client("dynamodbstreams")
+        checkpoints_file = self._state(STREAM_CHECKPOINTS)
+        checkpoints = (
+            json.loads(checkpoints_file.read_text()) if checkpoints_file and checkpoints_file.exists() else {}
+        )
         authorizers = {route.authorizer for spec in self.functions.values() for route in spec.routes}
         for spec in self.functions.values():
             serves_http = bool(spec.routes) or spec.logical_id in authorizers
@@ -157,14 +189,22 @@ class LocalStack:
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
                     url = resources.queue_url_of_arn(sqs_source.queue_arn)
-                    pollers.append(SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop))
+                    sqs_poller = SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop)
+                    self._sqs_pollers.append(sqs_poller)
+                    pollers.append(sqs_poller)
             for stream_source in spec.stream_sources:
                 if stream_source.enabled:
-                    pollers.append(
-                        StreamPoller(
-                            stream_source, runtime, streams, self._stop, self._failure_sink(stream_source)
-                        )
+                    name = f"{spec.logical_id}.{stream_source.name}"
+                    stream_poller = StreamPoller(
+                        stream_source,
+                        runtime,
+                        streams,
+                        self._stop,
+                        self._failure_sink(stream_source),
+                        checkpoints=checkpoints.get(name),
                     )
+                    self._stream_pollers[name] = stream_poller
+                    pollers.append(stream_poller)
         routes = [route for spec in self.functions.values() for route in spec.routes]
         self._serve_http(HttpGateway(routes, self.runtimes, authorize=self.options.auth))
         for poller in pollers:
@@ -172,11 +212,17 @@ class LocalStack:
             self._threads.extend(poller.threads)
 
     def _create_dev_key(self) -> str | None:
-        """A key for this run, tenant `dev`, when the template has an authorizer with a keys table."""
+        """A key for this run, tenant `dev`, when the template has an authorizer with a keys table;
+        with a state dir, the one it kept (its table is kept too)."""
         table = os.environ.get("API_KEYS_TABLE_NAME")
         if not table:
             return None
+        kept = self._state(DEV_KEY)
+        if kept is not None and kept.exists():
+            return kept.read_text().strip()
         key, _ = ApiKeys(table, boto3.client("dynamodb")).create("dev", name="llmtasks up")
+        if kept is not None:
+            kept.write_text(key)
         return key
 
     def _failure_sink(self, source: StreamSource) -> Callable[[dict[str, Any]], None] | None:
@@ -212,16 +258,46 @@ class LocalStack:
                 )
             time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stops taking requests and messages, lets the invocations in flight finish (up to
+        `grace_s`, or until `hurry` is set), keeps the state, then stops the endpoint."""
         self._stop.set()
         if self._server is not None:
             self._server.should_exit = True
-        # Pollers first (each finishes its long-poll slice), then the endpoint they talk to.
+        # Pollers first (each finishes the invocation it is in), then the endpoint they talk to.
+        give_up = time.monotonic() + (self.options.grace_s if grace_s is None else grace_s)
         for thread in self._threads:
-            thread.join(timeout=5)
+            while thread.is_alive() and time.monotonic() < give_up and not self.hurry.is_set():
+                thread.join(timeout=0.2)
+        if self._children:
+            self._keep_state()
         for child in self._children:
             stop(child)
         self._children.clear()
+
+    def _keep_state(self) -> None:
+        """Messages of invocations the stop cut short become visible again; then the endpoint's
+        snapshot and the streams' positions are written to the state dir."""
+        cut_short = 0
+        for poller in self._sqs_pollers:
+            try:
+                cut_short += poller.release_in_flight()
+            except Exception as exc:
+                print(f"could not release in-flight messages: {exc!r}", flush=True)
+        if cut_short:
+            print(f"{cut_short} message(s) of unfinished invocations will be delivered again", flush=True)
+        state_file, checkpoints_file = self._state(MOTO_STATE), self._state(STREAM_CHECKPOINTS)
+        if state_file is None or checkpoints_file is None or self.options.endpoint_url is not None:
+            return
+        import httpx
+
+        from llmtasks.local.moto_server import STATE_PATH
+
+        reply = httpx.post(f"{self.endpoint_url}{STATE_PATH}", timeout=60)
+        reply.raise_for_status()
+        checkpoints = {name: poller.checkpoints for name, poller in self._stream_pollers.items()}
+        checkpoints_file.write_text(json.dumps(checkpoints))
+        print(f"State kept in {self.options.state_dir} ({reply.json()['bytes']} bytes)", flush=True)
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -1,0 +1,115 @@
+"""A local stack that keeps its state: stopped with Ctrl-C while calls run, it lets them finish
+(the grace period), keeps tables, queues and stream positions in its state dir, and after a
+restart the tasks left go on; `--reset` starts empty."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmtasks.llm.mock import MockConfig, MockLLM, reply_text
+from tests.e2e.conftest import derived_template, start_stack
+from tests.helpers import eventually, serve
+
+pytestmark = pytest.mark.e2e
+TASKS = 20
+
+
+@pytest.fixture
+def slow_mock() -> Iterator[tuple[MockLLM, str]]:
+    # Outside the stack, so that its counts span both runs of the stack.
+    mock = MockLLM(MockConfig(latency_s=3))
+    with serve(mock.app()) as url:
+        yield mock, url + "/v1"
+
+
+@pytest.mark.timeout(300)
+def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart(
+    slow_mock: tuple[MockLLM, str],
+) -> None:
+    mock, url = slow_mock
+    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+    # Two invocations of two records at a time: 20 tasks of 3 s take 15 s, so a stop at about
+    # 7 s leaves calls in flight and tasks in the queue.
+    batch_of_ten = "BatchSize: 10\n            MaximumBatchingWindowInSeconds"
+    template = derived_template(directory, {batch_of_ten: batch_of_ten.replace("10", "2")})
+    args = (
+        "-t",
+        str(template),
+        "--state-dir",
+        str(directory / "state"),
+        "--grace",
+        "30",
+        "--parameter-overrides",
+        "WorkerMaxConcurrency=2 WorkerBatchingWindowSeconds=0",
+    )
+    env = {"LLM_BASE_URL": url}
+    first = start_stack(*args, env=env)
+    prompts = [f"survive {i}" for i in range(TASKS)]
+    with first.client() as client:
+        ids = [client.post("/tasks", json={"prompt": p}).json()["task_id"] for p in prompts]
+    eventually(lambda: mock.stats.completed, lambda done: done >= 6, timeout_s=60, what="six calls done")
+    assert mock.stats.in_flight > 0
+    stopped_at = time.monotonic()
+    assert first.stop(timeout_s=60) == 0  # one SIGINT
+    assert mock.stats.in_flight == 0  # the calls in flight finished before it exited
+    assert time.monotonic() - stopped_at < 30
+    done_before = mock.stats.completed
+    assert done_before < TASKS
+    assert "State kept in" in first.log.read_text()
+
+    second = start_stack(*args, env=env)
+    try:
+        assert second.api_key == first.api_key  # its keys table was kept too
+        with second.client() as client:
+            tasks = [client.get(f"/tasks/{task_id}", params={"wait": 25}).json() for task_id in ids]
+    finally:
+        second.stop(timeout_s=60)
+    assert [task["status"] for task in tasks] == ["completed"] * TASKS
+    assert [task["result"] for task in tasks] == [reply_text(p) for p in prompts]
+    # None billed twice: one call a task, across both runs.
+    assert mock.stats.calls == TASKS
+    assert all(outcomes == ["ok"] for outcomes in mock.stats.outcomes_by_prompt.values())
+
+    emptied = start_stack(*args, "--reset", env=env)
+    try:
+        with emptied.client() as client:
+            assert client.get(f"/tasks/{ids[0]}").status_code == 404
+    finally:
+        emptied.stop(timeout_s=60)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_restart(
+    slow_mock: tuple[MockLLM, str],
+) -> None:
+    mock, url = slow_mock
+    mock.config = MockConfig(latency_s=20)
+    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+    args = ("--state-dir", str(directory / "state"), "--grace", "60")
+    first = start_stack(*args, env={"LLM_BASE_URL": url})
+    with first.client() as client:
+        ids = [client.post("/tasks", json={"prompt": f"cut {i}"}).json()["task_id"] for i in range(2)]
+    eventually(lambda: mock.stats.in_flight, lambda n: n == 2, timeout_s=30, what="both calls in flight")
+    first.process.send_signal(signal.SIGINT)
+    time.sleep(1)
+    stopped_at = time.monotonic()
+    assert first.stop(timeout_s=30) == 0  # the second SIGINT
+    assert time.monotonic() - stopped_at < 15  # not the 60 s grace, nor the 20 s calls
+    assert "2 message(s) of unfinished invocations will be delivered again" in first.log.read_text()
+    mock.config = MockConfig()
+    second = start_stack(*args, env={"LLM_BASE_URL": url})
+    try:
+        with second.client() as client:
+            tasks = [client.get(f"/tasks/{task_id}", params={"wait": 25}).json() for task_id in ids]
+    finally:
+        second.stop(timeout_s=60)
+    # At once, not after TaskQueue's visibility timeout: the message came back, and its next
+    # delivery took the task over from the one the stop cut short.
+    assert [task["status"] for task in tasks] == ["completed", "completed"]
+    assert [task["attempts"] for task in tasks] == [2, 2]
