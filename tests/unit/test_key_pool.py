@@ -16,6 +16,7 @@ from llmtasks.llm.mock import MockConfig, MockLLM
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.models import TaskStatus
 from llmtasks.settings import Settings
+from tests.conftest import Aws
 from tests.helpers import eventually, serve
 from tests.unit.test_worker import Worker
 
@@ -113,3 +114,17 @@ def test_when_every_key_is_rate_limited_the_task_waits_for_its_retry(
     task = worker.task(task_id)
     assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "llm_rate_limited")
     assert limited.stats.calls + other.stats.calls == 2  # each key tried once, then the retry waits
+
+
+def test_in_aws_the_pool_comes_from_the_secret(aws: Aws, settings: Settings) -> None:
+    import boto3
+
+    keys = [{"api_key": "sk-a"}, {"api_key": "sk-b", "base_url": "https://eu.llm.example/v1"}]
+    arn = boto3.client("secretsmanager").create_secret(Name="llm-keys", SecretString=json.dumps(keys))["ARN"]
+    chosen = Settings.model_validate(
+        {**settings.model_dump(), "llm_base_url": URL, "llm_api_key_secret_arn": arn}
+    )
+    assert endpoints_from_settings(chosen) == [
+        LlmEndpoint(URL, "sk-a"),
+        LlmEndpoint("https://eu.llm.example/v1", "sk-b"),
+    ]
