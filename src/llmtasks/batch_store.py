@@ -35,8 +35,15 @@ def _mark_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"counted#{task_id}"}}
 
 
+# The item names its tenant `owner_tenant`, not `tenant_id`: TasksTable's by_tenant index
+# (GET /tasks) holds every item with a tenant_id and a created_at, and it lists tasks.
+_TENANT = "owner_tenant"
+
+
 def batch_from_item(item: Mapping[str, Any]) -> Batch:
-    return Batch.model_validate(deserialize(item))
+    fields = deserialize(item)
+    fields["tenant_id"] = fields.pop(_TENANT)
+    return Batch.model_validate(fields)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class BatchStore:
         """Raises BatchExists with the stored batch when its id is taken (a retried submit)."""
         # As for a task: unset fields are left out, the client's metadata is kept exactly.
         fields = batch.model_dump(mode="json", exclude_none=True) | {"metadata": batch.metadata}
+        fields[_TENANT] = fields.pop("tenant_id")
         item = serialize({"pk": f"batch#{batch.batch_id}", **fields})
         try:
             self._client.put_item(
@@ -119,7 +127,7 @@ class BatchStore:
         return self._update(
             batch_id,
             update="SET #status = :cancelling, cancel_requested_at = :now",
-            condition="tenant_id = :tenant AND expires_at > :now AND #status IN (:pending, :processing)",
+            condition=f"{_TENANT} = :tenant AND expires_at > :now AND #status IN (:pending, :processing)",
             values={
                 ":cancelling": BatchStatus.CANCELLING.value,
                 ":pending": BatchStatus.PENDING.value,

@@ -346,6 +346,14 @@ def test_bad_batches_are_refused_and_change_nothing(
     assert rig.aws.messages("BatchFanoutQueue") == []
 
 
+def test_a_batch_lists_its_items_among_the_tenants_tasks_but_not_itself(rig: Rig) -> None:
+    batch_id = rig.submit([{"prompt": f"listed {i}"} for i in range(3)])["batch_id"]
+    rig.fan_out()
+    listed = rig.api.call("GET", "/tasks", query="limit=10")
+    assert listed["statusCode"] == 200, listed
+    assert sorted(task["batch_id"] for task in listed["json"]["data"]) == [batch_id] * 3
+
+
 def test_another_tenants_or_an_unknown_batch_is_404(rig: Rig) -> None:
     batch_id = rig.submit([{"prompt": "mine"}])["batch_id"]
     for path in (f"/batches/{'f' * 32}", "/batches/not-an-id", f"/batches/{'f' * 32}/results"):
