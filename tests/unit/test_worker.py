@@ -360,7 +360,7 @@ def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace
 class CrashingLLM:
     """A worker that dies after its claim and before any token is spent (an unexpected bug)."""
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
         raise RuntimeError("injected crash")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtasks import wiring
-from llmtasks.llm import provider_from_settings
+from llmtasks.llm import OnProgress, provider_from_settings
 from llmtasks.models import Completion, LLMRequest, TaskMessage
 from llmtasks.service import TaskRunner
 from llmtasks.settings import get_settings
@@ -68,12 +68,16 @@ class FaultyLLM:
         self._poison = poison
         self._crash = crash_on_first_call
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+    ) -> Completion:
         if self._crash:
             raise InjectedCrash("injected: the worker died after its claim")
         if self._poison and self._poison in request.prompt:
             raise RuntimeError("injected: a poison task")
-        completion: Completion = await self._real.complete(request, timeout_s=timeout_s)
+        completion: Completion = await self._real.complete(
+            request, timeout_s=timeout_s, on_progress=on_progress
+        )
         return completion
 
 
