@@ -42,7 +42,8 @@ class Queue:
         return reply["MessageId"]
 
     def send_many(self, bodies: list[BaseModel]) -> None:
-        """Sends every body, ten to a SendMessageBatch call; entries SQS refuses are sent again."""
+        """Sends every body, ten to a SendMessageBatch call. Entries that failed on SQS's side are
+        sent again; one it refuses as the sender's fault is an error."""
         for start in range(0, len(bodies), SEND_BATCH):
             entries = {
                 str(i): body.model_dump_json() for i, body in enumerate(bodies[start : start + SEND_BATCH])
