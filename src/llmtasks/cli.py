@@ -122,6 +122,13 @@ def main() -> None:
     show_default=True,
     help="On Ctrl-C, seconds the calls in flight get to finish (a second Ctrl-C stops at once).",
 )
+@click.option(
+    "--ttl-sweep",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between deletions of expired items (DynamoDB TTL; 0: never).",
+)
 def up(
     template: Path,
     host: str,
@@ -139,6 +146,7 @@ def up(
     reset: bool,
     no_state: bool,
     grace: float,
+    ttl_sweep: float,
 ) -> None:
     """Run the whole application locally, from template.yaml, until Ctrl-C. Tasks, queues and
     results are kept in the state dir: a restart goes on where the stack stopped."""
@@ -162,6 +170,7 @@ def up(
         state_dir=None if no_state else state_dir,
         reset=reset,
         grace_s=grace,
+        ttl_sweep_s=ttl_sweep,
     )
     stack = LocalStack(options)
     stopped = threading.Event()

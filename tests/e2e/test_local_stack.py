@@ -159,3 +159,30 @@ def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
             "Item"
         ]
         assert task["status"] == item["status"]["S"] == "completed"
+
+
+def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
+    stack = start_stack("--ttl-sweep", "0.5")
+    try:
+        dynamodb = boto3.client(
+            "dynamodb",
+            endpoint_url=stack.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        table = local_name("TasksTable")
+        now = int(time.time())
+        for pk, expires_at in (("task#expired", now - 1), ("task#alive", now + 3600)):
+            dynamodb.put_item(TableName=table, Item={"pk": {"S": pk}, "expires_at": {"N": str(expires_at)}})
+
+        def present() -> set[str]:
+            keys = [{"pk": {"S": "task#expired"}}, {"pk": {"S": "task#alive"}}]
+            reply = dynamodb.batch_get_item(RequestItems={table: {"Keys": keys}})
+            return {item["pk"]["S"] for item in reply["Responses"][table]}
+
+        eventually(
+            present, lambda left: left == {"task#alive"}, timeout_s=10, what="the expired item deleted"
+        )
+    finally:
+        stack.stop()

@@ -54,6 +54,7 @@ class LocalResources:
     table_names: dict[str, str] = field(default_factory=dict)  # logical id -> name
     queue_urls: dict[str, str] = field(default_factory=dict)  # logical id -> URL
     bucket_names: dict[str, str] = field(default_factory=dict)  # logical id -> name
+    ttl_attributes: dict[str, str] = field(default_factory=dict)  # table logical id -> its TTL attribute
 
     def queue_url_of_arn(self, arn: str) -> str:
         for logical_id, url in self.queue_urls.items():
@@ -119,6 +120,7 @@ def _create_table(
         description = dynamodb.describe_table(TableName=name)["Table"]
     ttl = props.get("TimeToLiveSpecification")
     if ttl and ttl.get("Enabled"):
+        resources.ttl_attributes[logical_id] = str(ttl["AttributeName"])
         current = dynamodb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
         if current.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
             dynamodb.update_time_to_live(

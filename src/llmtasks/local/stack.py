@@ -27,6 +27,7 @@ from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
+from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits
 
@@ -50,6 +51,7 @@ class StackOptions:
     reset: bool = False  # start empty, whatever state_dir holds
     # How long a stop lets the invocations in flight finish (Celery's warm shutdown).
     grace_s: float = 30.0
+    ttl_sweep_s: float = DEFAULT_SWEEP_S  # how often expired items are deleted (DynamoDB TTL)
 
 
 MOTO_STATE = "moto.pickle"
@@ -205,11 +207,24 @@ class LocalStack:
                     )
                     self._stream_pollers[name] = stream_poller
                     pollers.append(stream_poller)
+        self._start_ttl(resources)
         routes = [route for spec in self.functions.values() for route in spec.routes]
         self._serve_http(HttpGateway(routes, self.runtimes, authorize=self.options.auth))
         for poller in pollers:
             poller.start()
             self._threads.extend(poller.threads)
+
+    def _start_ttl(self, resources: LocalResources) -> None:
+        tables = [
+            TtlTable(resources.table_names[logical_id], attribute)
+            for logical_id, attribute in resources.ttl_attributes.items()
+        ]
+        if not tables or self.options.ttl_sweep_s <= 0:
+            return
+        sweeper = TtlSweeper(boto3.client("dynamodb"), tables, interval_s=self.options.ttl_sweep_s)
+        thread = threading.Thread(target=sweeper.run, args=(self._stop,), name="ttl", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def _create_dev_key(self) -> str | None:
         """A key for this run, tenant `dev`, when the template has an authorizer with a keys table;
