@@ -15,8 +15,8 @@ import pytest
 from llmtasks.local.gateway import http_event, http_response
 from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
-from llmtasks.local.sources import SqsPoller, failed_ids
-from llmtasks.local.template import FunctionSpec, HttpRoute, SqsSource, Template, TemplateError
+from llmtasks.local.sources import SqsPoller, StreamPoller, failed_ids
+from llmtasks.local.template import FunctionSpec, HttpRoute, SqsSource, StreamSource, Template, TemplateError
 from tests.conftest import Aws
 
 pytestmark = pytest.mark.unit
@@ -325,3 +325,46 @@ def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
     }
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
+
+
+def test_a_function_error_splits_a_stream_batch_so_one_bad_record_holds_up_only_itself(
+    tmp_path: Path,
+) -> None:
+    spec = _function(
+        tmp_path,
+        """
+        import json
+        def handler(event, context):
+            numbers = [r["dynamodb"]["SequenceNumber"] for r in event["Records"]]
+            with open(__file__ + ".calls", "a") as calls:
+                calls.write(json.dumps(numbers) + "\\n")
+            if "3" in numbers:
+                raise RuntimeError("a poison record")
+    """,
+    )
+    skipped: list[dict[str, Any]] = []
+
+    def poller(bisect: bool) -> StreamPoller:
+        source = StreamSource("F", "S", "arn:stream", maximum_retry_attempts=1, bisect_on_error=bisect)
+        return StreamPoller(source, FunctionRuntime(spec), None, threading.Event(), skipped.append)  # type: ignore[arg-type]
+
+    records = [{"dynamodb": {"SequenceNumber": str(n)}} for n in range(1, 7)]
+    calls = tmp_path / "app.py.calls"
+    assert poller(bisect=True).deliver(records) is True
+    invoked = [json.loads(line) for line in calls.read_text().splitlines()]
+    # Halves until the bad record stands alone; it alone is retried (once) and given up on.
+    assert invoked == [
+        ["1", "2", "3", "4", "5", "6"],
+        ["1", "2", "3"],
+        ["1"],
+        ["2", "3"],
+        ["2"],
+        ["3"],
+        ["3"],
+        ["4", "5", "6"],
+    ]
+    assert [note["DDBStreamBatchInfo"]["startSequenceNumber"] for note in skipped] == ["3"]
+    calls.unlink()
+    skipped.clear()
+    poller(bisect=False).deliver(records)
+    assert [note["DDBStreamBatchInfo"]["batchSize"] for note in skipped] == [6]  # all six skipped together

@@ -259,7 +259,8 @@ class StreamPoller:
                 self._stop.wait(1)
 
     def deliver(self, records: list[dict[str, Any]]) -> bool:
-        """Retries from the first failed record until MaximumRetryAttempts; then the on-failure
+        """Retries from the first failed record until MaximumRetryAttempts (a function error
+        first splits the batch in two, with BisectBatchOnFunctionError); then the on-failure
         destination gets a note of the skipped records and the shard moves on. False when a stop
         came first (the records are read again after a restart)."""
         attempts = 0
@@ -273,6 +274,11 @@ class StreamPoller:
                 return True
             if invocation.error:
                 print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+            if not invocation.ok and self.source.bisect_on_error and len(records) > 1:
+                # BisectBatchOnFunctionError: each half is retried on its own (a split does not
+                # count toward MaximumRetryAttempts), so one bad record holds up only itself.
+                half = len(records) // 2
+                return self.deliver(records[:half]) and self.deliver(records[half:])
             first = min(numbers.index(n) for n in failed)
             records = records[first:]
             attempts += 1
