@@ -166,3 +166,16 @@ def test_a_bedrock_stream_error_is_classified_by_its_documented_status() -> None
     with pytest.raises(LLMError) as raised:
         asyncio.run(provider.complete(LLMRequest(prompt="hi"), timeout_s=5, on_progress=record))
     assert (raised.value.code, raised.value.transient) == ("llm_rate_limited", True)
+
+
+def test_a_server_that_refuses_to_stream_is_called_without_streaming(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(refuse_stream=True)
+    first, second = worker.submit("no streams here"), worker.submit("nor here")
+    worker.run_queued(progress_interval_s=0.1)
+    assert [worker.task(t).result for t in (first, second)] == [
+        reply_text("no streams here"),
+        reply_text("nor here"),
+    ]
+    assert [worker.task(t).attempts for t in (first, second)] == [1, 1]

@@ -40,6 +40,7 @@ class MockConfig(BaseSettings):
         default=None, gt=0, description="Calls per second accepted; the rest get 429 with Retry-After."
     )
     reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
+    refuse_stream: bool = Field(default=False, description="Answer 400 to streamed requests.")
     rate_break: float = Field(
         default=0.0, ge=0, le=1, description="Share of streamed answers cut off halfway (no [DONE])."
     )
@@ -141,6 +142,8 @@ class MockLLM:
             prompt = str(messages[-1]["content"])
         except (ValueError, KeyError, IndexError, TypeError):
             return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
+        if body.get("stream") and self.config.refuse_stream:
+            return JSONResponse({"error": {"message": "stream is not supported (mock)"}}, 400)
         outcome, wait = self._decide(prompt)
         if outcome == "ok" and body.get("stream"):
             return StreamingResponse(self._stream(body, messages, prompt), media_type="text/event-stream")

@@ -58,6 +58,7 @@ class OpenAIChat:
         # loops: a client refers to its loop, so weak keys would never let an entry go, and an
         # AsyncClient holds an SSL context of most of a megabyte.
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._unstreamed: set[str] = set()  # base URLs that refused a streamed request
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -85,11 +86,16 @@ class OpenAIChat:
         while True:
             index = self._pool.pick(besides=frozenset(tried))
             assert index is not None  # the loop ends before every key has been tried
+            endpoint = self._pool.endpoints[index]
+            streamed = on_progress if endpoint.base_url not in self._unstreamed else None
             try:
-                completion = await self._call(
-                    self._pool.endpoints[index], body, give_up - time.monotonic(), on_progress
-                )
+                completion = await self._call(endpoint, body, give_up - time.monotonic(), streamed)
             except LLMError as error:
+                if streamed is not None and error.code == "llm_http_400":
+                    # A server that refuses `stream`/`stream_options` (some OpenAI-compatible
+                    # ones do): this call and the next ones to it go without streaming.
+                    self._unstreamed.add(endpoint.base_url)
+                    continue
                 if error.code != RATE_LIMITED:
                     raise
                 self._pool.rest(index, error.retry_after)
