@@ -58,9 +58,6 @@ class CountedChange:
     expires_at: int  # the task's: the mark goes with it
 
 
-CACHED_BATCHES = 1000
-
-
 class CountsRefused(Exception):
     """The transaction did not apply. `counted` has, for each task whose mark refused it, the
     revision the counters already include (None: not told); `conflict` says another
@@ -122,30 +119,30 @@ class BatchStore:
         return None if batch.is_expired(now) else batch
 
     def request_cancel(self, batch_id: str, *, tenant_id: str, now: float) -> Batch | None:
-        """pending | processing -> cancelling; None when the batch is not the tenant's, or is
-        expired, cancelling or ended already (the caller reads it to say which)."""
+        """pending (as stored: `processing` is only read) -> cancelling; None when the batch is
+        not the tenant's, or is expired, cancelling or ended already (the caller reads it to say
+        which)."""
         return self._update(
             batch_id,
             update="SET #status = :cancelling, cancel_requested_at = :now",
-            condition=f"{_TENANT} = :tenant AND expires_at > :now AND #status IN (:pending, :processing)",
+            condition=f"{_TENANT} = :tenant AND expires_at > :now AND #status = :pending",
             values={
                 ":cancelling": BatchStatus.CANCELLING.value,
                 ":pending": BatchStatus.PENDING.value,
-                ":processing": BatchStatus.PROCESSING.value,
                 ":tenant": tenant_id,
                 ":now": now,
             },
         )
 
     def finish(self, batch: Batch, *, now: float) -> Batch | None:
-        """The batch as read, ended with its final status, when every item is terminal and it was
-        still open as read; None when it was not (another call ended it, or items are left)."""
+        """The batch, read when every item had ended, ended with its final status; None when its
+        status changed since that read (another call ended it, or a cancel came). Once every item
+        has ended no counter moves again, so the read's counts still hold."""
         return self._update(
             batch.batch_id,
             update="SET #status = :final, completed_at = :now",
-            condition="#done = #total AND #status = :seen",
+            condition="#status = :seen",
             values={":final": batch.final_status().value, ":now": now, ":seen": batch.status.value},
-            names={"#done": "done", "#total": "total"},
         )
 
     def record_webhook_attempt(self, batch_id: str, *, status: WebhookStatus) -> None:
@@ -169,8 +166,6 @@ class BatchStore:
         for change in changes:
             delta[change.old.value] -= 1
             delta[change.new.value] += 1
-            if change.new.is_terminal and not change.old.is_terminal:
-                delta["done"] += 1
             actions.append(
                 {
                     "Update": {
@@ -262,6 +257,10 @@ class BatchStore:
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return batch_from_item(reply["Attributes"])
+
+
+# Batches whose cancel state one worker sandbox remembers before it forgets them all.
+CACHED_BATCHES = 1000
 
 
 class BatchCancellations:

@@ -370,7 +370,7 @@ class BatchFanout:
 def finish_if_done(batches: BatchStore, batch_id: str, *, now: float) -> Batch | None:
     """Ends the batch when every item is terminal; that write is the batch webhook's outbox."""
     batch = batches.get(batch_id, now=now)
-    if batch is None or batch.status.is_terminal or batch.done < batch.total:
+    if batch is None or batch.status.is_terminal or batch.finished < batch.total:
         return None
     ended = batches.finish(batch, now=now)
     if ended is not None:
@@ -427,9 +427,9 @@ class BatchProgress:
         counted: dict[str, int | None] = {}
         todo = dict(by_task)
         for attempt in range(COUNT_ATTEMPTS):
-            changes = {task_id: _collapse(task_id, s, counted.get(task_id)) for task_id, s in todo.items()}
-            todo = {task_id: todo[task_id] for task_id, change in changes.items() if change is not None}
-            pending = [change for change in changes.values() if change is not None]
+            collapsed = (_collapse(task_id, steps, counted.get(task_id)) for task_id, steps in todo.items())
+            pending = [change for change in collapsed if change is not None]
+            todo = {change.task_id: todo[change.task_id] for change in pending}
             if not pending:
                 return
             for start in range(0, len(pending), COUNT_GROUP):

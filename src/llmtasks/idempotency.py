@@ -81,13 +81,11 @@ def at_most_once(
     action: Callable[[], dict[str, Any]],
     *,
     tenant: str,
-    key: str | None,
+    key: str,
     body: dict[str, Any],
 ) -> tuple[dict[str, Any], bool]:
-    """`action`'s result and whether it is a replay: once per (tenant, key) with a key, simply
-    run without one."""
-    if key is None:
-        return action(), False
+    """`action`'s result, computed once per (tenant, key), and whether it is a replay; a 503
+    where this deployment keeps no Idempotency-Key records."""
     if keys is None:
         raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
     return keys.once(action, tenant=tenant, key=key, body=body)

@@ -464,7 +464,6 @@ class Batch(BaseModel):
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
-    done: int = 0  # completed + failed + cancelled, for the write that ends the batch
     # Where each fan-out chunk's items start in the manifest (ResultsBucket), and where it ends.
     manifest_ref: str
     chunk_size: int
@@ -481,6 +480,11 @@ class Batch(BaseModel):
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
+
+    @property
+    def finished(self) -> int:
+        """Items that have ended: the counters are exact, so at `total` every item has."""
+        return self.completed + self.failed + self.cancelled
 
     @property
     def chunks(self) -> int:

@@ -308,7 +308,6 @@ class ProgressWriter:
         self._max_bytes = max_bytes
         self._clock = clock
         self._written_at = clock()  # the first write comes one interval into the call
-        self.writes = 0
 
     async def record(self, text: str, tokens: int) -> None:
         now = self._clock()
@@ -325,7 +324,6 @@ class ProgressWriter:
             tokens=tokens,
             now=now,
         )
-        self.writes += 1
 
 
 class TaskRunner:
