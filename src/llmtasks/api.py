@@ -132,14 +132,17 @@ def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) 
     return Response(status_code=status, content_type="application/json", body=model, headers=headers or {})
 
 
+def _polled(view: BaseModel, *, ended: bool) -> Response[Any]:
+    """A status object, telling a client that polls when to look again while it has not ended."""
+    return _json(view, 200, {} if ended else {"Retry-After": str(RETRY_AFTER_S)})
+
+
 def _status_reply(task: Task) -> Response[TaskView]:
-    headers = {} if task.status.is_terminal else {"Retry-After": str(RETRY_AFTER_S)}
-    return _json(TaskView.of(task), 200, headers)
+    return _polled(TaskView.of(task), ended=task.status.is_terminal)
 
 
 def _batch_reply(batch: Batch) -> Response[BatchView]:
-    headers = {} if batch.status.is_terminal else {"Retry-After": str(RETRY_AFTER_S)}
-    return _json(BatchView.of(batch), 200, headers)
+    return _polled(BatchView.of(batch), ended=batch.status.is_terminal)
 
 
 _IDEMPOTENCY_KEY = Header(

@@ -526,12 +526,11 @@ def _follow_batch(client: Client, batch_id: str, timeout: float | None) -> Batch
         started = time.monotonic()
 
         def show(view: BatchView) -> None:
-            done = view.completed + view.failed + view.cancelled
-            rate = done / max(1e-9, time.monotonic() - started)
+            rate = view.finished / max(1e-9, time.monotonic() - started)
             progress.update(
                 bar,
                 total=view.total,
-                completed=done,
+                completed=view.finished,
                 failed=view.failed,
                 rate=f"{rate:.1f}/s",
                 description=f"{batch_id[:12]} {view.status.value}",

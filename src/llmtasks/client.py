@@ -69,8 +69,8 @@ class WaitTimeoutError(TimeoutError):
 class BatchWaitTimeoutError(TimeoutError):
     def __init__(self, batch: BatchView) -> None:
         self.batch = batch
-        done = batch.completed + batch.failed + batch.cancelled
-        super().__init__(f"batch {batch.batch_id} still {batch.status.value} ({done}/{batch.total} done)")
+        done = f"{batch.finished}/{batch.total} done"
+        super().__init__(f"batch {batch.batch_id} still {batch.status.value} ({done})")
 
 
 def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -> WebhookEvent:

@@ -534,6 +534,11 @@ class BatchView(BaseModel):
     metadata: dict[str, Any] | None = None
     webhook: WebhookView | None = None
 
+    @property
+    def finished(self) -> int:
+        """Items that have ended (completed, failed or cancelled)."""
+        return self.completed + self.failed + self.cancelled
+
     @classmethod
     def of(cls, batch: Batch) -> BatchView:
         return cls(

@@ -273,15 +273,16 @@ class WebhookDelivery:
         """What the event is about, as it is now: its task or its batch (None once it is gone)."""
         now = self._clock()
         if message.batch_id is not None:
-            batch = self._batches.get(message.batch_id, now=now) if self._batches else None
-            if batch is None or not batch.webhook_url:
+            batches = self._batches
+            batch = batches.get(message.batch_id, now=now) if batches else None
+            if batches is None or batch is None or not batch.webhook_url:
                 return None
             batch_id = batch.batch_id
             return _Subject(
                 url=batch.webhook_url,
                 tenant_id=batch.tenant_id,
                 data=BatchView.of(batch),
-                record=lambda status: self._record_batch(batch_id, status),
+                record=lambda status: batches.record_webhook_attempt(batch_id, status=status),
                 log={"batch_id": batch_id},
             )
         task = self._store.get(message.task_id or "", now=now)
@@ -295,10 +296,6 @@ class WebhookDelivery:
             record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
             log={"task_id": task_id},
         )
-
-    def _record_batch(self, batch_id: str, status: WebhookStatus) -> None:
-        assert self._batches is not None
-        self._batches.record_webhook_attempt(batch_id, status=status)
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
         """`attempt` counts this message's deliveries (SQS's receive count): a redriven event

@@ -174,7 +174,6 @@ class LocalStack:
         os.environ["LAMBDA_TASK_ROOT"] = str(template.root)
         if self.options.auth:
             self.dev_key = self._create_dev_key()
-        pollers: list[SqsPoller | StreamPoller] = []
         streams = boto3.client("dynamodbstreams")
         checkpoints_file = self._state(STREAM_CHECKPOINTS)
         checkpoints = (
@@ -191,13 +190,13 @@ class LocalStack:
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
                     url = resources.queue_url_of_arn(sqs_source.queue_arn)
-                    sqs_poller = SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop)
-                    self._sqs_pollers.append(sqs_poller)
-                    pollers.append(sqs_poller)
+                    self._sqs_pollers.append(
+                        SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop)
+                    )
             for stream_source in spec.stream_sources:
                 if stream_source.enabled:
                     name = f"{spec.logical_id}.{stream_source.name}"
-                    stream_poller = StreamPoller(
+                    self._stream_pollers[name] = StreamPoller(
                         stream_source,
                         runtime,
                         streams,
@@ -205,11 +204,10 @@ class LocalStack:
                         self._failure_sink(stream_source),
                         checkpoints=checkpoints.get(name),
                     )
-                    self._stream_pollers[name] = stream_poller
-                    pollers.append(stream_poller)
         self._start_ttl(resources)
         routes = [route for spec in self.functions.values() for route in spec.routes]
         self._serve_http(HttpGateway(routes, self.runtimes, authorize=self.options.auth))
+        pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
         for poller in pollers:
             poller.start()
             self._threads.extend(poller.threads)

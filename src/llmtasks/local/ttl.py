@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
+from llmtasks.store import is_condition_failure
+
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
@@ -54,32 +56,28 @@ class TtlSweeper:
         values: dict[str, Any] = {":now": {"N": str(int(self._clock()))}}
         key_names = {f"#key{i}": key for i, key in enumerate(keys)}
         deleted = 0
-        start: dict[str, Any] = {}
-        while True:
-            page = self._dynamodb.scan(
-                TableName=table.name,
-                FilterExpression="#ttl < :now",
-                ProjectionExpression=", ".join(key_names),
-                ExpressionAttributeNames=names | key_names,
-                ExpressionAttributeValues=values,
-                **start,
-            )
-            for key in page.get("Items", []):
-                try:
-                    self._dynamodb.delete_item(
-                        TableName=table.name,
-                        Key=key,
-                        ConditionExpression="#ttl < :now",
-                        ExpressionAttributeNames=names,
-                        ExpressionAttributeValues=values,
-                    )
-                    deleted += 1
-                except ClientError as exc:
-                    if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                        raise
-            if "LastEvaluatedKey" not in page:
-                return deleted
-            start = {"ExclusiveStartKey": page["LastEvaluatedKey"]}
+        pages = self._dynamodb.get_paginator("scan").paginate(
+            TableName=table.name,
+            FilterExpression="#ttl < :now",
+            ProjectionExpression=", ".join(key_names),
+            ExpressionAttributeNames=names | key_names,
+            ExpressionAttributeValues=values,
+        )
+        for key in (item for page in pages for item in page.get("Items", [])):
+            try:
+                self._dynamodb.delete_item(
+                    TableName=table.name,
+                    Key=key,
+                    ConditionExpression="#ttl < :now",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                )
+            except ClientError as exc:
+                if not is_condition_failure(exc):
+                    raise
+                continue  # its TTL moved on since the scan
+            deleted += 1
+        return deleted
 
     def run(self, stop: threading.Event) -> None:
         """Sweeps every `interval_s` until `stop` is set; a failed sweep is tried again later."""
