@@ -7,6 +7,7 @@ import re
 import textwrap
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +369,42 @@ def test_a_function_error_splits_a_stream_batch_so_one_bad_record_holds_up_only_
     skipped.clear()
     poller(bisect=False).deliver(records)
     assert [note["DDBStreamBatchInfo"]["batchSize"] for note in skipped] == [6]  # all six skipped together
+
+
+def test_concurrent_receives_hand_each_message_to_one_poller_and_deletes_lose_no_send(aws: Aws) -> None:
+    """As SQS does within a visibility timeout; moto alone gave one message to two pollers at
+    times (a task then ran twice), and a delete could drop a message sent meanwhile."""
+    url = aws.queue_url("TaskQueue")
+    sent = 400
+    received: list[str] = []
+    errors: list[BaseException] = []
+
+    def send(first: int) -> None:
+        for start in range(first, sent, 40):
+            entries = [{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
+            aws.sqs.send_message_batch(QueueUrl=url, Entries=entries)
+
+    def receive_and_delete() -> None:
+        try:
+            idle = 0
+            while idle < 3:
+                reply = aws.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=120)
+                batch = reply.get("Messages", [])
+                idle = 0 if batch else idle + 1
+                received.extend(m["Body"] for m in batch)
+                for m in batch:
+                    aws.sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    senders = [threading.Thread(target=send, args=(first,)) for first in range(0, 40, 10)]
+    pollers = [threading.Thread(target=receive_and_delete) for _ in range(6)]
+    for thread in senders + pollers:
+        thread.start()
+    for thread in senders + pollers:
+        thread.join(timeout=60)
+    received.extend(m["Body"] for m in aws.messages("TaskQueue"))
+    assert errors == []
+    duplicates = {body for body, n in Counter(received).items() if n > 1}
+    assert duplicates == set()
+    assert set(received) == {f"m{i}" for i in range(sent)}

@@ -1,4 +1,4 @@
-"""DynamoDB's conditional writes made atomic in moto, as they are in DynamoDB.
+"""DynamoDB's conditional writes and SQS's receives made atomic in moto, as they are in AWS.
 
 moto reads the old item (for ReturnValues), checks a ConditionExpression and applies the write
 as separate steps with no lock, so two threads (the moto server serves each request on its own
@@ -12,6 +12,12 @@ transaction touches, once per action, to roll back a refused one, so one 50-acti
 on a table of a few thousand items took a second, under the lock, while every other write waited
 (the batch counters are such transactions). Here every condition is checked first and nothing
 is written unless all hold; only the touched items are kept for a rollback.
+
+moto's SQS has the same gap: a receive checks that a message is visible, then marks it received,
+with no lock between, so two pollers receiving at once can both get the same message (one task
+then ran twice: a second delivery of a message takes its task over, as a redelivery after a
+crash must); and a delete rebuilds the queue's list of messages, dropping one sent meanwhile.
+Every SQS operation on messages runs behind one lock here too, released while a receive long-polls.
 """
 
 from __future__ import annotations
@@ -30,9 +36,22 @@ from moto.dynamodb.exceptions import (
 )
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.responses import DynamoHandler
+from moto.sqs.models import Queue, SQSBackend
 
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 _lock = threading.RLock()
+_SQS_MESSAGE_OPERATIONS = (
+    "send_message",
+    "send_message_batch",
+    "receive_message",
+    "delete_message",
+    "delete_message_batch",
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "purge_queue",
+)
+_sqs_lock = threading.RLock()
+_holds_sqs_lock = threading.local()
 
 
 def write_lock() -> threading.RLock:
@@ -48,6 +67,36 @@ def _atomic(write: Callable[..., Any]) -> Callable[..., Any]:
 
     locked.__llmtasks_atomic__ = True  # type: ignore[attr-defined]
     return locked
+
+
+def _sqs_atomic(operation: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(operation)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _sqs_lock:
+            depth = getattr(_holds_sqs_lock, "depth", 0)
+            _holds_sqs_lock.depth = depth + 1
+            try:
+                return operation(*args, **kwargs)
+            finally:
+                _holds_sqs_lock.depth = depth
+
+    locked.__llmtasks_atomic__ = True  # type: ignore[attr-defined]
+    return locked
+
+
+_wait_for_messages = Queue.wait_for_messages
+
+
+def _wait_unlocked(self: Queue, timeout: int) -> None:
+    """A long poll waits without the lock, so that sends (which end the wait) can go on."""
+    depth = getattr(_holds_sqs_lock, "depth", 0)
+    for _ in range(depth):
+        _sqs_lock.release()
+    try:
+        _wait_for_messages(self, timeout)
+    finally:
+        for _ in range(depth):
+            _sqs_lock.acquire()
 
 
 def _key_of(backend: DynamoDBBackend, op_type: str, op: dict[str, Any]) -> dict[str, Any]:
@@ -138,3 +187,13 @@ def install() -> None:
         write = getattr(DynamoHandler, name, None)
         if write is not None and not getattr(write, "__llmtasks_atomic__", False):
             setattr(DynamoHandler, name, _atomic(write))
+    for name in _SQS_MESSAGE_OPERATIONS:
+        operation = getattr(SQSBackend, name)
+        if not getattr(operation, "__llmtasks_atomic__", False):
+            setattr(SQSBackend, name, _sqs_atomic(operation))
+    Queue.wait_for_messages = _wait_unlocked  # type: ignore[method-assign]
+
+
+def sqs_lock() -> threading.RLock:
+    """The lock every SQS operation on messages holds (for a move between queues)."""
+    return _sqs_lock

@@ -22,6 +22,8 @@ from moto.sqs.exceptions import InvalidParameterValue, QueueDoesNotExist
 from moto.sqs.models import Queue, SQSBackend
 from moto.sqs.responses import SQSResponse
 
+from llmtasks.local.moto_atomic import sqs_lock
+
 
 @dataclass
 class MoveTask:
@@ -92,22 +94,24 @@ def start_message_move_task(
     tasks = _moves(backend).by_source.setdefault(source_arn, [])
     if any(task.status == "RUNNING" for task in tasks):
         raise InvalidParameterValue("There is already a task running. Only one active task is allowed.")
-    messages = list(dlq.messages)
-    handle = base64.b64encode(
-        json.dumps({"taskId": str(uuid.uuid4()), "sourceArn": source_arn}).encode()
-    ).decode()
-    task = MoveTask(handle, source_arn, destination_arn, rate, int(time.time() * 1000), len(messages))
-    tasks.insert(0, task)
-    for message in messages:
-        backend.send_message(
-            destination.name,
-            message.body,
-            message_attributes=dict(message.message_attributes),
-        )
-        with dlq._messages_lock:
-            dlq._messages.remove(message)
-        task.moved += 1
-    task.status = "COMPLETED"
+    # No receive or delete of the DLQ's messages cuts through the move.
+    with sqs_lock():
+        messages = list(dlq.messages)
+        handle = base64.b64encode(
+            json.dumps({"taskId": str(uuid.uuid4()), "sourceArn": source_arn}).encode()
+        ).decode()
+        task = MoveTask(handle, source_arn, destination_arn, rate, int(time.time() * 1000), len(messages))
+        tasks.insert(0, task)
+        for message in messages:
+            backend.send_message(
+                destination.name,
+                message.body,
+                message_attributes=dict(message.message_attributes),
+            )
+            with dlq._messages_lock:
+                dlq._messages.remove(message)
+            task.moved += 1
+        task.status = "COMPLETED"
     return task
 
 
