@@ -19,7 +19,7 @@ from llmtasks.local.sources import sqs_record
 from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
-from llmtasks.service import Delivery, TaskRunner, TaskService
+from llmtasks.service import HELD_LEASE_RECHECK_S, Delivery, TaskRunner, TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock, lambda_context
@@ -399,6 +399,25 @@ def test_a_copy_of_the_message_waits_for_the_lease_then_takes_over(
     assert worker.run([redelivered(copy, 2)]) == {"batchItemFailures": []}
     assert worker.task(task_id).status is TaskStatus.COMPLETED
     assert mock_llm.stats.calls == 1
+
+
+def test_a_message_finding_the_lease_held_looks_again_within_seconds_then_waits_for_the_lease(
+    worker: Worker,
+) -> None:
+    # A retry's message can arrive before the release that follows its send is written: the
+    # task still reads processing under the lease being given up, for a moment
+    task_id, _message = worker.crashed("a retry message ahead of its release")
+    lease_left = worker.task(task_id).lease_until - time.time()
+    runner = worker.runner()
+
+    def refused_for(receive_count: int) -> float:
+        delivery = Delivery(message_id="the-retry", receive_count=receive_count, sent_at=time.time())
+        with pytest.raises(RetryLater) as later:
+            asyncio.run(runner.run(task_id, delivery, remaining_s=60))
+        return later.value.delay_s
+
+    assert refused_for(1) <= HELD_LEASE_RECHECK_S  # soon, not after the lease
+    assert refused_for(2) >= lease_left  # a copy that still finds it held waits the lease out
 
 
 def test_a_copy_on_its_last_delivery_is_dropped_rather_than_dead_lettered(
