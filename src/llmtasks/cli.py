@@ -104,7 +104,9 @@ def main() -> None:
 @click.option("--no-auth", is_flag=True, help="Serve the API without API keys (local experiments).")
 @click.option("--verbose", is_flag=True, help="Show the output of moto and the mock LLM.")
 @click.option(
-    "--report", is_flag=True, help="Print Lambda's REPORT line (duration, memory) after each invocation."
+    "--report",
+    is_flag=True,
+    help="Print Lambda's START, END and REPORT lines (duration, memory) for each invocation.",
 )
 @click.option(
     "--state-dir",
@@ -205,6 +207,74 @@ def up(
     finally:
         click.echo(f"Stopping: the calls in flight get up to {grace:g} s (Ctrl-C again stops at once) ...")
         stack.stop()
+
+
+@main.command()
+@click.argument("function_id", metavar="FUNCTION_LOGICAL_ID")
+@click.option(
+    "--event",
+    "-e",
+    type=click.File("r"),
+    default=None,
+    help="A JSON file with the event ('-' reads stdin); without it the event is {}.",
+)
+@click.option(
+    "--env-vars",
+    "-n",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='SAM\'s env-vars file: {"Parameters": {...}, "FunctionLogicalId": {...}}.',
+)
+@click.option(
+    "--template",
+    "-t",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="template.yaml",
+    show_default=True,
+    help="The SAM template.",
+)
+@click.option(
+    "--parameter-overrides", multiple=True, help="Template parameters, as Name=Value (SAM's format)."
+)
+@click.option(
+    "--endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    default=None,
+    help="The AWS endpoint with the resources (a running `llmtasks up`: http://127.0.0.1:4566);"
+    " without it, an empty moto in this process.",
+)
+def invoke(
+    function_id: str,
+    event: Any,
+    env_vars: Path | None,
+    template: Path,
+    parameter_overrides: tuple[str, ...],
+    endpoint_url: str | None,
+) -> None:
+    """Run one function of the template with one event, as `sam local invoke` does but without
+    Docker: logs on stderr, the return value on stdout. Exit 1 on a function error or timeout."""
+    from llmtasks.local.invoke import invoke as invoke_function
+    from llmtasks.local.invoke import read_env_vars
+    from llmtasks.local.template import TemplateError
+
+    try:
+        payload = json.load(event) if event is not None else {}
+    except ValueError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="--event") from error
+    try:
+        result = invoke_function(
+            template,
+            function_id,
+            payload,
+            env_vars=read_env_vars(env_vars) if env_vars else None,
+            parameter_overrides=_overrides(parameter_overrides),
+            endpoint_url=endpoint_url,
+        )
+    except TemplateError as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(json.dumps(result.reply()))
+    if not result.invocation.ok:
+        sys.exit(1)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class Api:
         event.update(rawPath=path, routeKey=route_key, rawQueryString=query)
         event["requestContext"].update(routeKey=route_key)
         event["requestContext"]["http"].update(method=method, path=path)
+        event["requestContext"].pop("authorizer", None)  # auth is off here: the default tenant
         event.pop("pathParameters", None)
         event.pop("queryStringParameters", None)
         if params:

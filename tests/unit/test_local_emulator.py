@@ -143,6 +143,7 @@ def test_each_invocation_can_report_like_lambda(tmp_path: Path, capsys: pytest.C
 
     report = capsys.readouterr().out
     assert re.fullmatch(
+        rf"START RequestId: {request_id} Version: \$LATEST\nEND RequestId: {request_id}\n"
         rf"REPORT RequestId: {request_id}\tFunction: F\tDuration: \d+\.\d\d ms\tBilled Duration: \d+ ms"
         r"\tMemory Size: 128 MB\n",
         report,

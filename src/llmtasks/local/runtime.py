@@ -32,13 +32,13 @@ _module_counter = itertools.count(1)
 class LocalLambdaContext:
     """The attributes and method of Lambda's context object that handlers and Powertools use."""
 
-    def __init__(self, spec: FunctionSpec, deadline: float) -> None:
+    def __init__(self, spec: FunctionSpec, deadline: float, request_id: str | None = None) -> None:
         region, account = PSEUDO_PARAMETERS["AWS::Region"], PSEUDO_PARAMETERS["AWS::AccountId"]
         self.function_name = spec.logical_id
         self.function_version = "$LATEST"
         self.invoked_function_arn = f"arn:aws:lambda:{region}:{account}:function:{spec.logical_id}"
         self.memory_limit_in_mb = spec.memory_mb
-        self.aws_request_id = str(uuid.uuid4())
+        self.aws_request_id = request_id or str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{spec.logical_id}"
         self.log_stream_name = f"local/{self.aws_request_id}"
         self._deadline = deadline
@@ -64,6 +64,9 @@ def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
     path = spec.handler_file
     if not path.is_file():
         raise FileNotFoundError(f"{spec.logical_id}: no handler module at {path}")
+    for layer in spec.layer_dirs:
+        if str(layer) not in sys.path:
+            sys.path.append(str(layer))  # after the function's own code, as in Lambda
     name = f"_llmtasks_local_{spec.logical_id}_{next(_module_counter)}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
@@ -78,7 +81,7 @@ def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
 class _Sandbox:
     def __init__(self, spec: FunctionSpec) -> None:
         self.spec = spec
-        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], LocalLambdaContext, Future[Any]] | None] = (
+        self._jobs: queue.SimpleQueue[tuple[Any, LocalLambdaContext, Future[Any]] | None] = (
             queue.SimpleQueue()
         )
         self._handler: Callable[..., Any] | None = None
@@ -95,7 +98,7 @@ class _Sandbox:
             except BaseException as exc:  # sys.exit in a handler too: Lambda reports it as an error
                 future.set_exception(exc)
 
-    def submit(self, event: dict[str, Any], context: LocalLambdaContext) -> Future[Any]:
+    def submit(self, event: Any, context: LocalLambdaContext) -> Future[Any]:
         future: Future[Any] = Future()
         self._jobs.put((event, context, future))
         return future
@@ -135,10 +138,20 @@ class FunctionRuntime:
                 sandbox.retire()
             self._available.notify()
 
-    def invoke(self, event: dict[str, Any]) -> Invocation:
+    def close(self) -> None:
+        """Ends the idle sandboxes' threads (a busy one ends after its invocation)."""
+        with self._available:
+            for sandbox in self._idle:
+                sandbox.retire()
+            self._count -= len(self._idle)
+            self._idle.clear()
+
+    def invoke(self, event: Any, *, request_id: str | None = None) -> Invocation:
         sandbox = self._acquire()
         started = time.monotonic()
-        context = LocalLambdaContext(self.spec, started + self.spec.timeout_s)
+        context = LocalLambdaContext(self.spec, started + self.spec.timeout_s, request_id)
+        if self.report:
+            print(f"START RequestId: {context.aws_request_id} Version: $LATEST", flush=True)
         future = sandbox.submit(event, context)
         try:
             payload = future.result(timeout=self.spec.timeout_s)
@@ -153,6 +166,7 @@ class FunctionRuntime:
             invocation = Invocation(payload=payload)
         invocation = dataclasses.replace(invocation, duration_s=time.monotonic() - started)
         if self.report:
+            print(f"END RequestId: {context.aws_request_id}", flush=True)
             self._print_report(context.aws_request_id, invocation.duration_s)
         return invocation
 

@@ -45,7 +45,7 @@ class StackOptions:
     parameter_overrides: dict[str, str] = field(default_factory=dict)
     quiet_children: bool = True
     auth: bool = True  # False: `--no-auth`, every request is the default tenant
-    report_invocations: bool = False  # `--report`: Lambda's REPORT line after each invocation
+    report_invocations: bool = False  # `--report`: Lambda's START, END and REPORT lines
     # Where tables, queues, objects and stream positions are kept across restarts (None: nowhere).
     state_dir: Path | None = None
     reset: bool = False  # start empty, whatever state_dir holds

@@ -114,6 +114,8 @@ class FunctionSpec:
     timeout_s: int
     memory_mb: int
     environment: dict[str, str]
+    # The source folders of its layers (ContentUri): on sys.path, as Lambda puts a layer's.
+    layer_dirs: tuple[Path, ...] = ()
     routes: tuple[HttpRoute, ...] = ()
     sqs_sources: tuple[SqsSource, ...] = ()
     stream_sources: tuple[StreamSource, ...] = ()
@@ -261,6 +263,7 @@ class Template:
                 timeout_s=int(resolved.get("Timeout", 3)),
                 memory_mb=int(resolved.get("MemorySize", 128)),
                 environment={k: str(v) for k, v in resolved["Environment"]["Variables"].items()},
+                layer_dirs=tuple(self._layer_dir(layer) for layer in resolved.get("Layers") or ()),
                 routes=tuple(
                     HttpRoute(
                         logical_id,
@@ -283,6 +286,12 @@ class Template:
                 ),
             )
         return specs
+
+    def _layer_dir(self, layer: Any) -> Path:
+        props = self.resources("AWS::Serverless::LayerVersion").get(str(layer))
+        if props is None:
+            raise TemplateError(f"layer {layer!r} is not an AWS::Serverless::LayerVersion of the template")
+        return (self.root / str(props.get("ContentUri", "."))).resolve()
 
     def _authorizer_of(self, api_id: Any, route_auth: Mapping[str, Any] | None) -> str | None:
         """The function that authorizes a route: its own Auth.Authorizer, else its Api's

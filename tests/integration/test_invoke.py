@@ -1,0 +1,200 @@
+"""`llmtasks invoke`, the Docker-free `sam local invoke`: every sample event in events/ is invoked
+through the command, as a user runs it, against an AWS endpoint over HTTP (the moto server the
+local stack embeds), and each reply is what that event should get. The samples name one task and
+one batch, so they are run in an order that makes each meaningful: the task is written first,
+then the worker runs it, the webhook function relays and delivers its ending, and so on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from llmtasks.client import verify_webhook
+from llmtasks.llm.mock import reply_text
+from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables
+from llmtasks.local.provision import local_name
+from llmtasks.local.runtime import Invocation
+from llmtasks.local.template import Template
+from llmtasks.models import LLMRequest
+from llmtasks.store import TaskStore
+from tests.conftest import RunningMock
+from tests.helpers import EVENTS, ROOT, TEMPLATE, WebhookReceiver, pending_task, serve
+
+pytestmark = pytest.mark.integration
+
+TASK_ID = "0f8fad5bd9cb469fa16570867728950e"  # the task the samples name
+BATCH_ID = "6345e22008ea521e88cfe5f8e5304a30"  # the batch submit_batch.json's Idempotency-Key makes
+
+
+class Invoker:
+    """`llmtasks invoke` in a child process; remembers which sample events it ran."""
+
+    def __init__(self, endpoint_url: str, env_vars: Path, overrides: str) -> None:
+        self.endpoint_url = endpoint_url
+        self.env_vars = env_vars
+        self.overrides = overrides
+        self.invoked: set[str] = set()
+
+    def run(self, function_id: str, event_file: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        self.invoked.add(event_file)
+        command = [
+            sys.executable,
+            "-m",
+            "llmtasks.cli",
+            "invoke",
+            function_id,
+            "-e",
+            str(EVENTS / event_file),
+        ]
+        command += ["--endpoint-url", self.endpoint_url, "--env-vars", str(self.env_vars)]
+        command += ["--parameter-overrides", self.overrides, *extra]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        return subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+
+    def __call__(self, function_id: str, event_file: str) -> Any:
+        done = self.run(function_id, event_file)
+        assert done.returncode == 0, done.stderr
+        # As sam local invoke: the return value alone on stdout, Lambda's lines on stderr.
+        assert "START RequestId: " in done.stderr
+        assert "REPORT RequestId: " in done.stderr
+        return json.loads(done.stdout)
+
+
+def body_of(reply: dict[str, Any]) -> Any:
+    return json.loads(reply["body"])
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[WebhookReceiver, str]]:
+    receiver = WebhookReceiver()
+    with serve(receiver.app()) as url:
+        yield receiver, url + "/hook"
+
+
+def test_every_sample_event_runs_through_llmtasks_invoke(
+    endpoint_url: str, mock_llm: RunningMock, hook: tuple[WebhookReceiver, str], tmp_path: Path
+) -> None:
+    receiver, hook_url = hook
+    env_vars = tmp_path / "env.json"
+    # SAM's env-vars format: "Parameters" for every function, then a function's own section.
+    env_vars.write_text(json.dumps({"Parameters": {"LLM_BASE_URL": mock_llm.url}, "WorkerFunction": {}}))
+    invoke = Invoker(endpoint_url, env_vars, "WebhookAllowedHosts=127.0.0.1")
+    # The sample task, as submit stores it, with its webhook on this machine
+    assert invoke("StatusFunction", "health.json")["statusCode"] == 200  # provisions the tables
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", endpoint_url),
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    store = TaskStore(local_name("TasksTable"), dynamodb)
+    prompt = "Write a haiku about queues."
+    task = pending_task(TASK_ID, tenant="dev", now=time.time(), ttl_s=3600, request=LLMRequest(prompt=prompt))
+    assert store.create(task.model_copy(update={"webhook_url": hook_url}))
+
+    reply = invoke("StatusFunction", "get_task.json")
+    assert (reply["statusCode"], body_of(reply)["status"]) == (200, "pending")
+    assert invoke("WorkerFunction", "worker_sqs.json") == {"batchItemFailures": []}
+    reply = invoke("StatusFunction", "get_task.json")
+    assert (body_of(reply)["status"], body_of(reply)["result"]) == ("completed", reply_text(prompt))
+    assert mock_llm.stats.calls == 1  # the LLM_BASE_URL of the env-vars file
+    reply = invoke("StatusFunction", "list_tasks.json")
+    assert [t["task_id"] for t in body_of(reply)["data"]] == [TASK_ID]
+    reply = invoke("SubmitFunction", "cancel_task.json")
+    assert (reply["statusCode"], reply["headers"]["Content-Type"]) == (409, "application/problem+json")
+
+    # The webhook function relays the ending from the stream, then delivers it, signed
+    assert invoke("WebhookFunction", "webhook_stream.json") == {"batchItemFailures": []}
+    secret = body_of(invoke("StatusFunction", "get_webhook_secret.json"))["key"]
+    assert invoke("WebhookFunction", "webhook_delivery.json") == {"batchItemFailures": []}
+    [delivery] = receiver.deliveries
+    event = verify_webhook(delivery.body, delivery.headers, secret)
+    assert (event.type, event.data.task_id, event.data.result) == (
+        "task.completed",
+        TASK_ID,
+        reply_text(prompt),
+    )
+    reply = invoke("SubmitFunction", "rotate_webhook_secret.json")
+    assert reply["statusCode"] == 200
+    assert body_of(reply)["key"] != secret
+    assert body_of(reply)["previous_key_expires_at"]  # the old key stays valid for a while
+
+    reply = invoke("SubmitFunction", "submit_task.json")
+    assert (reply["statusCode"], body_of(reply)["status"]) == (202, "pending")
+
+    # The sample batch: submitted, its first chunk fanned out, counted, read, cancelled
+    reply = invoke("SubmitFunction", "submit_batch.json")
+    assert (reply["statusCode"], body_of(reply)["batch_id"]) == (202, BATCH_ID)
+    assert invoke("BatchFunction", "batch_fanout.json") == {"batchItemFailures": []}
+    assert (
+        invoke("BatchFunction", "batch_stream.json") is None
+    )  # counted in one transaction, or retried whole
+    batch = body_of(invoke("StatusFunction", "get_batch.json"))
+    assert (batch["total"], batch["pending"], batch["processing"]) == (2, 1, 1)
+    rows = invoke("StatusFunction", "batch_results.json")["body"].splitlines()
+    assert [json.loads(row)["custom_id"] for row in rows] == ["doc-0", "doc-1"]
+    reply = invoke("SubmitFunction", "cancel_batch.json")
+    assert (reply["statusCode"], body_of(reply)["status"]) == (200, "cancelling")
+
+    # The authorizer passes its refusal of the sample's placeholder key on (the API answers
+    # 401 with a problem); the open routes answer without a key
+    verdict = invoke("AuthorizerFunction", "authorizer_request.json")
+    assert verdict["isAuthorized"] is True
+    assert verdict["context"] == {"refusal": "unknown"}
+    assert invoke("StatusFunction", "openapi.json")["statusCode"] == 200
+    assert invoke("StatusFunction", "docs.json")["statusCode"] == 200
+    assert invoke("StatusFunction", "unknown_route.json")["statusCode"] == 404
+
+    assert invoke.invoked == {path.name for path in EVENTS.glob("*.json")}  # every sample, each once
+
+
+def test_a_function_error_prints_lambda_s_error_object_and_exits_1(endpoint_url: str, tmp_path: Path) -> None:
+    env_vars = tmp_path / "env.json"
+    env_vars.write_text("{}")
+    not_an_sqs_event = tmp_path / "bad.json"
+    not_an_sqs_event.write_text("[1, 2, 3]")
+    done = Invoker(endpoint_url, env_vars, "WebhookAllowedHosts=127.0.0.1").run(
+        "WorkerFunction", str(not_an_sqs_event)
+    )
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)
+    assert set(error) == {"errorMessage", "errorType"}
+    assert "END RequestId: " in done.stderr
+
+
+def test_the_env_vars_file_overrides_as_sam_s_does(remote: dict[str, Any]) -> None:
+    """ "Parameters" for all functions, then the function's own section; a variable the template
+    does not declare for the function is ignored (and named)."""
+    resources = remote["resources"]
+    spec = Template.load(TEMPLATE).functions(resources.refs, resources.attributes)["WorkerFunction"]
+    given = {
+        "Parameters": {"LLM_BASE_URL": "http://127.0.0.1:1/v1", "NOT_DECLARED": "x"},
+        "WorkerFunction": {"LLM_BASE_URL": "http://127.0.0.1:2/v1"},
+        "StatusFunction": {"LLM_MODEL": "elsewhere"},
+    }
+    variables = function_environment(spec, given)
+    assert variables["LLM_BASE_URL"] == "http://127.0.0.1:2/v1"
+    assert variables["LLM_MODEL"] == spec.environment["LLM_MODEL"]
+    assert "NOT_DECLARED" not in variables
+    assert ignored_variables(spec, given) == ["NOT_DECLARED"]
+
+
+def test_the_reply_is_the_return_value_or_lambda_s_error_object() -> None:
+    assert InvokeResult(Invocation(payload={"a": 1}), "r").reply() == {"a": 1}
+    failed = InvokeResult(Invocation(error="KeyError: 'x'"), "r").reply()
+    assert failed == {"errorMessage": "'x'", "errorType": "KeyError"}
+    timed_out = InvokeResult(Invocation(timed_out=True), "r").reply()
+    assert timed_out == {"errorMessage": "r Task timed out", "errorType": "TimeoutError"}
