@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(BIN)/llmtasks up $(ARGS)
 
-## Every check CI runs: format, lint, types, template lint, then all tests (unit, integration, e2e).
+## Every check CI runs: format, lint, types, the template (cfn-lint, sam validate --lint, sam build),
+## then all tests (unit, integration, e2e).
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
@@ -43,6 +44,7 @@ lint: $(STAMP)
 	for handler in functions/*/app.py; do $(BIN)/mypy $$handler || exit 1; done
 	$(BIN)/mypy bench/run.py
 	$(BIN)/cfn-lint template.yaml
+	PYTHON=$(PYTHON) scripts/check-template
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -2,36 +2,93 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from llmtasks.local.runtime import load_handler
+from llmtasks.local.template import FunctionSpec
 from llmtasks.settings import Settings
 from tests.conftest import Aws
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
-FUNCTIONS = ("SubmitFunction", "StatusFunction", "WorkerFunction", "WebhookFunction")
+# What Lambda itself sets in every function's environment.
+LAMBDA_VARIABLES = {
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_LAMBDA_FUNCTION_NAME",
+    "LAMBDA_TASK_ROOT",
+    "_X_AMZN_TRACE_ID",
+}
+# Code that no handler imports: the CLI, the client SDK and the local emulator.
+NOT_IN_LAMBDA = ("cli.py", "client.py", "local/")
+ENV_READ = re.compile(r"""os\.(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z0-9_]+)["']""")
 
 
-def test_the_four_functions_have_a_handler_where_the_template_says(aws: Aws) -> None:
-    for logical_id in FUNCTIONS:
-        spec = aws.function(logical_id)
-        assert spec.code_dir == ROOT / "functions" / logical_id.removesuffix("Function").lower()
-        assert callable(load_handler(spec))
-
-
-def test_every_variable_the_template_sets_is_a_setting_and_every_required_setting_is_set(aws: Aws) -> None:
+def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
+    """What would fail in Lambda: a handler missing where the template says, a variable set that
+    no setting reads (a typo), a required setting or a variable the code reads left unset."""
     known = {name.upper() for name in Settings.model_fields}
     required = {name.upper() for name, field in Settings.model_fields.items() if field.is_required()}
-    for logical_id in FUNCTIONS:
-        variables = set(aws.function(logical_id).environment)
+    problems = []
+    for logical_id, spec in functions.items():
+        try:
+            load_handler(spec)
+        except (FileNotFoundError, ImportError, AttributeError) as error:
+            problems.append(f"{logical_id}: no handler {spec.handler} in {spec.code_dir} ({error})")
+        variables = set(spec.environment)
         ours = {v for v in variables if not v.startswith("POWERTOOLS_")}
-        assert ours <= known, f"{logical_id} sets variables no setting reads: {ours - known}"
-        assert required <= variables, f"{logical_id} lacks {required - variables}"
+        problems += [f"{logical_id} sets {name}, which no setting reads" for name in sorted(ours - known)]
+        problems += [f"{logical_id} lacks {name}" for name in sorted(required - variables)]
+        sources = [path for path in (spec.handler_file, *handler_imports()) if path.is_file()]
+        read = {name for path in sources for name in ENV_READ.findall(path.read_text())}
+        problems += [
+            f"{logical_id}'s code reads {name}, which the template does not set"
+            for name in sorted(read - variables - LAMBDA_VARIABLES)
+        ]
+    return problems
+
+
+def handler_imports() -> list[Path]:
+    package = ROOT / "src" / "llmtasks"
+    return [
+        path for path in package.rglob("*.py") if not str(path.relative_to(package)).startswith(NOT_IN_LAMBDA)
+    ]
+
+
+def test_every_function_has_its_handler_and_the_settings_it_needs(aws: Aws) -> None:
+    functions = aws.template.functions(aws.resources.refs, aws.resources.attributes)
+    assert len(functions) == 6
+    assert template_problems(functions) == []
+
+
+def test_the_template_check_finds_a_missing_handler_and_missing_variables(aws: Aws, tmp_path: Path) -> None:
+    functions = aws.template.functions(aws.resources.refs, aws.resources.attributes)
+    worker = functions["WorkerFunction"]
+    environment = {k: v for k, v in worker.environment.items() if k != "TASKS_TABLE_NAME"}
+    code = tmp_path / "worker"
+    code.mkdir()
+    (code / "app.py").write_text('import os\nTIMEOUT = os.environ.get("LLM_TIMEOUT_OVERRIDE")\n')
+    broken = {
+        "StatusFunction": dataclasses.replace(functions["StatusFunction"], handler="missing.lambda_handler"),
+        "WorkerFunction": dataclasses.replace(
+            worker, environment=environment | {"TASK_TABLE_NAME": "typo"}, code_dir=code
+        ),
+    }
+    problems = template_problems(broken)
+    assert len(problems) == 5, problems
+    assert problems[0].startswith("StatusFunction: no handler missing.lambda_handler in ")
+    assert problems[1].startswith(f"WorkerFunction: no handler app.lambda_handler in {code} ")
+    assert problems[2:] == [
+        "WorkerFunction sets TASK_TABLE_NAME, which no setting reads",
+        "WorkerFunction lacks TASKS_TABLE_NAME",
+        "WorkerFunction's code reads LLM_TIMEOUT_OVERRIDE, which the template does not set",
+    ]
 
 
 def test_runtime_is_python_312_or_newer() -> None:
@@ -45,8 +102,8 @@ def test_queues_follow_the_sqs_event_source_rules(aws: Aws) -> None:
         queue_id: aws.template.resolve(props, aws.resources.refs, aws.resources.attributes)
         for queue_id, props in aws.template.resources("AWS::SQS::Queue").items()
     }
-    for logical_id in FUNCTIONS:
-        spec = aws.function(logical_id)
+    functions = aws.template.functions(aws.resources.refs, aws.resources.attributes)
+    for spec in functions.values():
         for source in spec.sqs_sources:
             queue_id = aws.resources.logical_id_of_arn(source.queue_arn)
             # AWS: the visibility timeout at least six times the function's timeout.
@@ -56,8 +113,8 @@ def test_queues_follow_the_sqs_event_source_rules(aws: Aws) -> None:
             assert source.maximum_concurrency is not None
     assert int(queues["TaskQueue"]["RedrivePolicy"]["maxReceiveCount"]) == 5
     # Every function knows the count, so a reader can tell a dead-lettered task.
-    for logical_id in FUNCTIONS:
-        assert aws.function(logical_id).environment["TASK_MAX_RECEIVE_COUNT"] == "5"
+    for spec in functions.values():
+        assert spec.environment["TASK_MAX_RECEIVE_COUNT"] == "5", spec.logical_id
     assert int(queues["TaskDLQ"]["MessageRetentionPeriod"]) == 14 * 24 * 3600
 
 
