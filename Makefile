@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test test-fast lint format e2e faults bench clean
+.PHONY: up test test-fast lint format e2e faults localstack bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "llmtasks needs Python 3.11+ (set PYTHON=...)"; exit 2; }
@@ -18,9 +18,10 @@ up: $(STAMP)
 	$(BIN)/llmtasks up $(ARGS)
 
 ## Every check CI runs: format, lint, types, the template (cfn-lint, sam validate --lint, sam build),
-## then all tests (unit, integration, e2e).
+## then all tests (unit, integration, e2e), then the integration suite with SQS on LocalStack.
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+	scripts/localstack-tests $(PYTEST_ARGS)
 
 ## The fast tests alone (no end-to-end stack), in seconds.
 test-fast: $(STAMP)
@@ -31,6 +32,10 @@ e2e: $(STAMP)
 
 faults: $(STAMP)
 	$(BIN)/pytest -m faults $(PYTEST_ARGS)
+
+## The integration suite again, with SQS served by a real LocalStack (its own venv, Python 3.13).
+localstack: $(STAMP)
+	scripts/localstack-tests $(PYTEST_ARGS)
 
 ## The benchmark: overhead, scale, long calls, goodput under a rate limit, AWS calls and cost per
 ## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 8 minutes).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from llmtasks.local.launcher import free_port
+from llmtasks.local.template import FunctionSpec
 from llmtasks.models import LLMRequest, Task, TaskStatus
 
 T = TypeVar("T")
@@ -130,3 +132,9 @@ def pending_task(
         expires_at=int(now + ttl_s),
         **fields,
     )
+
+
+def toy_function(directory: Path, body: str, *, timeout_s: int = 1) -> FunctionSpec:
+    """A function `F` whose handler (`app.handler`) is `body`, for the emulator's own tests."""
+    (directory / "app.py").write_text(textwrap.dedent(body))
+    return FunctionSpec("F", directory, "app.handler", timeout_s, 128, {})

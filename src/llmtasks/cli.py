@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -45,6 +46,20 @@ def _overrides(values: tuple[str, ...]) -> dict[str, str]:
     return pairs
 
 
+def _split_endpoints(values: tuple[str, ...]) -> str | None:
+    """The endpoint for every service (None: the embedded moto), from `--endpoint-url` values
+    and AWS_ENDPOINT_URL; each SERVICE=URL becomes boto3's own AWS_ENDPOINT_URL_<SERVICE>, which
+    every client the stack and its functions create then honours."""
+    everything = os.environ.get("AWS_ENDPOINT_URL") or None
+    for value in values:
+        service, sep, url = value.partition("=")
+        if sep and "://" not in service:
+            os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = url
+        else:
+            everything = value
+    return everything
+
+
 class _Commands(click.Group):
     """API errors end a command with their problem's words, not a traceback: exit 2 when the
     request was wrong (4xx), 1 when the service or the network failed."""
@@ -83,9 +98,10 @@ def main() -> None:
 @click.option("--port", default=3000, show_default=True, help="The HTTP API's port.")
 @click.option(
     "--endpoint-url",
-    envvar="AWS_ENDPOINT_URL",
-    default=None,
-    help="Use this AWS endpoint (e.g. a LocalStack) instead of the embedded moto server.",
+    multiple=True,
+    help="Use this AWS endpoint (e.g. a LocalStack) instead of the embedded moto server; as"
+    " SERVICE=URL (e.g. sqs=http://127.0.0.1:4599), for that service alone, the rest staying on"
+    " moto. Repeatable. AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVICE> say the same.",
 )
 @click.option("--moto-port", default=4566, show_default=True, help="Port of the embedded moto server.")
 @click.option(
@@ -135,7 +151,7 @@ def up(
     template: Path,
     host: str,
     port: int,
-    endpoint_url: str | None,
+    endpoint_url: tuple[str, ...],
     moto_port: int,
     llm_base_url: str | None,
     mock_port: int,
@@ -160,7 +176,7 @@ def up(
         template=template,
         host=host,
         port=port,
-        endpoint_url=endpoint_url,
+        endpoint_url=_split_endpoints(endpoint_url),
         moto_port=moto_port,
         llm_base_url=llm_base_url,
         mock_port=mock_port,
@@ -191,6 +207,9 @@ def up(
     stack.start()
     click.echo(f"  API          {stack.api_url}   (docs: {stack.api_url}/docs)")
     click.echo(f"  AWS endpoint {stack.endpoint_url}")
+    for name, url in sorted(os.environ.items()):
+        if name.startswith("AWS_ENDPOINT_URL_"):
+            click.echo(f"    {name.removeprefix('AWS_ENDPOINT_URL_').lower():10} {url}")
     click.echo(f"  LLM          {stack.llm_base_url}")
     click.echo(f"  functions    {', '.join(stack.functions)}")
     click.echo(f"  state        {options.state_dir or 'not kept (--no-state)'}")
@@ -302,7 +321,9 @@ def _target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
         region_name=PSEUDO_PARAMETERS["AWS::Region"],
     )
     url = endpoint_url or LOCAL_ENDPOINT
-    sqs, dynamodb = session.client("sqs", endpoint_url=url), session.client("dynamodb", endpoint_url=url)
+    # As boto3 itself would: a per-service endpoint (SQS on a LocalStack) wins.
+    sqs = session.client("sqs", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_SQS") or url)
+    dynamodb = session.client("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or url)
     return Target(Deployment.local(sqs), sqs, dynamodb)
 
 

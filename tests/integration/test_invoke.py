@@ -57,7 +57,12 @@ class Invoker:
         ]
         command += ["--endpoint-url", self.endpoint_url, "--env-vars", str(self.env_vars)]
         command += ["--parameter-overrides", self.overrides, *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        # No real account's credentials; a per-service endpoint (a LocalStack's SQS) stays.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("AWS_") or k.startswith("AWS_ENDPOINT_URL_")
+        }
         env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
         return subprocess.run(
             command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, check=False

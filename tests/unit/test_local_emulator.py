@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-import threading
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +13,8 @@ import pytest
 from llmtasks.local.gateway import http_event, http_response
 from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
-from llmtasks.local.sources import SqsPoller, StreamPoller, failed_ids
-from llmtasks.local.template import FunctionSpec, HttpRoute, SqsSource, StreamSource, Template, TemplateError
-from tests.conftest import Aws
+from llmtasks.local.sources import failed_ids
+from llmtasks.local.template import FunctionSpec, HttpRoute, Template, TemplateError
 
 pytestmark = pytest.mark.unit
 
@@ -171,79 +167,6 @@ def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
     assert runtime.invoke({"sleep": 0}).payload == 2  # a warm sandbox keeps its state
 
 
-def test_the_sqs_poller_deletes_all_but_the_reported_failures(aws: Aws, tmp_path: Path) -> None:
-    spec = _function(
-        tmp_path,
-        """
-        def handler(event, context):
-            return {"batchItemFailures": [
-                {"itemIdentifier": r["messageId"]} for r in event["Records"] if r["body"] == "bad"]}
-    """,
-        timeout_s=5,
-    )
-    url = aws.queue_url("WebhookQueue")
-    arn = aws.resources.attributes[("WebhookQueue", "Arn")]
-    for body in ("good", "bad", "good"):
-        aws.sqs.send_message(QueueUrl=url, MessageBody=body)
-
-    source = SqsSource("F", "S", arn, batch_size=10, report_batch_item_failures=True)
-    poller = SqsPoller(source, FunctionRuntime(spec), aws.sqs, url, threading.Event())
-    batch = poller.next_batch()
-    assert len(batch) == 3
-    poller.deliver(batch)
-    aws.sqs.change_message_visibility_batch(
-        QueueUrl=url,
-        Entries=[
-            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
-            for i, m in enumerate(batch)
-        ],
-    )
-    left = aws.messages("WebhookQueue")
-    assert [m["Body"] for m in left] == ["bad"]
-
-
-class CountingSqs:
-    """The SQS client, with a count of its receives."""
-
-    def __init__(self, sqs: Any) -> None:
-        self._sqs = sqs
-        self.receives = 0
-
-    def receive_message(self, **kwargs: Any) -> Any:
-        self.receives += 1
-        return self._sqs.receive_message(**kwargs)
-
-
-def test_a_batching_window_gathers_a_trickle_into_one_batch_with_few_receives(
-    aws: Aws, tmp_path: Path
-) -> None:
-    # Given a queue that gets a message now and four more over the next 0.6 s
-    url = aws.queue_url("WebhookQueue")
-    arn = aws.resources.attributes[("WebhookQueue", "Arn")]
-    aws.sqs.send_message(QueueUrl=url, MessageBody="first")
-
-    def trickle() -> None:
-        for i in range(4):
-            time.sleep(0.15)
-            aws.sqs.send_message(QueueUrl=url, MessageBody=f"then {i}")
-
-    sender = threading.Thread(target=trickle)
-    sender.start()
-    sqs = CountingSqs(aws.sqs)
-    source = SqsSource("F", "S", arn, batch_size=10, batching_window_s=1)
-    spec = _function(tmp_path, "def handler(event, context):\n    return None\n")
-    poller = SqsPoller(source, FunctionRuntime(spec), sqs, url, threading.Event())  # type: ignore[arg-type]
-    # When the poller takes its next batch, with a one-second window
-    started = time.monotonic()
-    batch = poller.next_batch()
-    sender.join()
-    # Then all five are in it, the window was kept, and it took a receive every quarter second
-    # at most, not one per message as each landed
-    assert sorted(m["Body"] for m in batch) == ["first", "then 0", "then 1", "then 2", "then 3"]
-    assert 1.0 <= time.monotonic() - started < 2.0
-    assert sqs.receives <= 1 + 4
-
-
 def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:
     import httpx
 
@@ -327,85 +250,3 @@ def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
     }
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
-
-
-def test_a_function_error_splits_a_stream_batch_so_one_bad_record_holds_up_only_itself(
-    tmp_path: Path,
-) -> None:
-    spec = _function(
-        tmp_path,
-        """
-        import json
-        def handler(event, context):
-            numbers = [r["dynamodb"]["SequenceNumber"] for r in event["Records"]]
-            with open(__file__ + ".calls", "a") as calls:
-                calls.write(json.dumps(numbers) + "\\n")
-            if "3" in numbers:
-                raise RuntimeError("a poison record")
-    """,
-    )
-    skipped: list[dict[str, Any]] = []
-
-    def poller(bisect: bool) -> StreamPoller:
-        source = StreamSource("F", "S", "arn:stream", maximum_retry_attempts=1, bisect_on_error=bisect)
-        return StreamPoller(source, FunctionRuntime(spec), None, threading.Event(), skipped.append)  # type: ignore[arg-type]
-
-    records = [{"dynamodb": {"SequenceNumber": str(n)}} for n in range(1, 7)]
-    calls = tmp_path / "app.py.calls"
-    assert poller(bisect=True).deliver(records) is True
-    invoked = [json.loads(line) for line in calls.read_text().splitlines()]
-    # Halves until the bad record stands alone; it alone is retried (once) and given up on.
-    assert invoked == [
-        ["1", "2", "3", "4", "5", "6"],
-        ["1", "2", "3"],
-        ["1"],
-        ["2", "3"],
-        ["2"],
-        ["3"],
-        ["3"],
-        ["4", "5", "6"],
-    ]
-    assert [note["DDBStreamBatchInfo"]["startSequenceNumber"] for note in skipped] == ["3"]
-    calls.unlink()
-    skipped.clear()
-    poller(bisect=False).deliver(records)
-    assert [note["DDBStreamBatchInfo"]["batchSize"] for note in skipped] == [6]  # all six skipped together
-
-
-def test_concurrent_receives_hand_each_message_to_one_poller_and_deletes_lose_no_send(aws: Aws) -> None:
-    """As SQS does within a visibility timeout; moto alone gave one message to two pollers at
-    times (a task then ran twice), and a delete could drop a message sent meanwhile."""
-    url = aws.queue_url("TaskQueue")
-    sent = 400
-    received: list[str] = []
-    errors: list[BaseException] = []
-
-    def send(first: int) -> None:
-        for start in range(first, sent, 40):
-            entries = [{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
-            aws.sqs.send_message_batch(QueueUrl=url, Entries=entries)
-
-    def receive_and_delete() -> None:
-        try:
-            idle = 0
-            while idle < 3:
-                reply = aws.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=120)
-                batch = reply.get("Messages", [])
-                idle = 0 if batch else idle + 1
-                received.extend(m["Body"] for m in batch)
-                for m in batch:
-                    aws.sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-        except BaseException as exc:
-            errors.append(exc)
-
-    senders = [threading.Thread(target=send, args=(first,)) for first in range(0, 40, 10)]
-    pollers = [threading.Thread(target=receive_and_delete) for _ in range(6)]
-    for thread in senders + pollers:
-        thread.start()
-    for thread in senders + pollers:
-        thread.join(timeout=60)
-    received.extend(m["Body"] for m in aws.messages("TaskQueue"))
-    assert errors == []
-    duplicates = {body for body, n in Counter(received).items() if n > 1}
-    assert duplicates == set()
-    assert set(received) == {f"m{i}" for i in range(sent)}

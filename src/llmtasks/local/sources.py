@@ -184,6 +184,15 @@ def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], boo
     return lambda record: any(p.matches_event(record) for p in compiled)  # type: ignore[arg-type]
 
 
+def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any]], None]:
+    """A stream's on-failure destination (an SQS queue): a note of each skipped batch."""
+
+    def send(note: dict[str, Any]) -> None:
+        sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(note))
+
+    return send
+
+
 class StreamPoller:
     """One DynamoDB stream event source: shards read in order, batches retried, then skipped."""
 

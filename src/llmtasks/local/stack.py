@@ -25,7 +25,7 @@ from llmtasks.local.gateway import HttpGateway
 from llmtasks.local.processes import spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
-from llmtasks.local.sources import SqsPoller, StreamPoller
+from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 
@@ -239,16 +239,9 @@ class LocalStack:
         return key
 
     def _failure_sink(self, source: StreamSource) -> Callable[[dict[str, Any]], None] | None:
-        """The stream's on-failure destination (an SQS queue): a note of each skipped batch."""
         if not source.on_failure_arn or self.resources is None:
             return None
-        url = self.resources.queue_url_of_arn(source.on_failure_arn)
-        sqs = boto3.client("sqs")
-
-        def send(note: dict[str, Any]) -> None:
-            sqs.send_message(QueueUrl=url, MessageBody=json.dumps(note))
-
-        return send
+        return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(source.on_failure_arn))
 
     def _serve_http(self, gateway: HttpGateway) -> None:
         config = uvicorn.Config(

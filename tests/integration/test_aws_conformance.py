@@ -1,0 +1,525 @@
+"""What the local stack emulates of AWS, one behaviour a test, each stated in its docstring.
+
+Every test runs the emulator's own parts (the event-source pollers, the Lambda runtime, the TTL
+sweeper, the redrive API) against the local stack's AWS endpoint over HTTP: the moto server
+`llmtasks up` embeds, or with scripts/localstack-tests, SQS served by a real LocalStack. Where a
+setting matters, it is read from template.yaml, as `llmtasks up` reads it. The README lists what
+is not emulated.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from llmtasks.local.provision import LocalResources
+from llmtasks.local.runtime import FunctionRuntime
+from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
+from llmtasks.local.template import SqsSource, StreamSource, Template
+from llmtasks.local.ttl import TtlSweeper, TtlTable
+from llmtasks.models import TaskMessage
+from llmtasks.queues import Queue
+from tests.helpers import TEMPLATE, eventually, toy_function
+
+pytestmark = pytest.mark.integration
+
+RECORDER = """
+    import json, os, time
+    def handler(event, context):
+        records = event["Records"]
+        with open(__file__ + ".calls", "a") as calls:
+            calls.write(json.dumps({"at": time.time(), "n": len(records),
+                                    "bodies": [r.get("body") for r in records]}) + "\\n")
+        time.sleep(float(os.environ.get("HOLD_S", "0")))
+        return None
+"""
+
+
+def calls_of(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "app.py.calls"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def template_functions(resources: LocalResources) -> dict[str, Any]:
+    return Template.load(TEMPLATE).functions(resources.refs, resources.attributes)
+
+
+def queue(remote: dict[str, Any], logical_id: str) -> tuple[str, str]:
+    resources = remote["resources"]
+    return resources.queue_urls[logical_id], resources.attributes[(logical_id, "Arn")]
+
+
+def send(remote: dict[str, Any], url: str, *bodies: str) -> None:
+    for body in bodies:
+        remote["sqs"].send_message(QueueUrl=url, MessageBody=body)
+
+
+def visible(remote: dict[str, Any], url: str) -> list[str]:
+    """The bodies of a queue's visible messages (received with no visibility timeout)."""
+    found: list[str] = []
+    for _ in range(5):
+        reply = remote["sqs"].receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        found += [m["Body"] for m in reply.get("Messages", [])]
+    return sorted(set(found))
+
+
+def run_pollers(
+    poller: SqsPoller | StreamPoller, stop: threading.Event, until: Any, timeout_s: float = 20
+) -> None:
+    if poller.threads[0].ident is None:  # not started yet
+        poller.start()
+    try:
+        eventually(until, bool, timeout_s=timeout_s, what="the invocations")
+    finally:
+        stop.set()
+        for thread in poller.threads:
+            thread.join(timeout=5)
+
+
+# --- SQS event sources --------------------------------------------------------------------------
+
+
+def test_event_sources_are_read_from_template_yaml(remote: dict[str, Any]) -> None:
+    """Each SQS and stream event source is read from template.yaml: queue, BatchSize, window, concurrency, reports, filters, retries, destination."""
+    functions = template_functions(remote["resources"])
+    _, task_queue_arn = queue(remote, "TaskQueue")
+    [from_tasks] = [s for s in functions["WorkerFunction"].sqs_sources if s.queue_arn == task_queue_arn]
+    assert (from_tasks.batch_size, from_tasks.report_batch_item_failures) == (10, True)
+    assert from_tasks.maximum_concurrency == 10  # WorkerMaxConcurrency's default
+    [relay] = functions["WebhookFunction"].stream_sources
+    assert relay.stream_arn == remote["resources"].attributes[("TasksTable", "StreamArn")]
+    assert (relay.starting_position, relay.maximum_retry_attempts, relay.bisect_on_error) == (
+        "TRIM_HORIZON",
+        100,
+        True,
+    )
+    assert relay.filter_patterns
+    assert relay.on_failure_arn == queue(remote, "WebhookRelayDLQ")[1]
+
+
+def test_sqs_long_polling_delivers_a_message_sent_during_the_wait(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """A poller's receive waits (WaitTimeSeconds) and returns as soon as a message arrives, instead of polling empty."""
+    url, arn = queue(remote, "WebhookQueue")
+    receives = Counter[str]()
+    remote["sqs"].meta.events.register("before-call.sqs.ReceiveMessage", lambda **_: receives.update(["r"]))
+    poller = SqsPoller(
+        SqsSource("F", "S", arn),
+        FunctionRuntime(toy_function(tmp_path, RECORDER)),
+        remote["sqs"],
+        url,
+        threading.Event(),
+    )
+    threading.Timer(0.5, send, (remote, url, "late")).start()
+    started = time.monotonic()
+    batch = poller.next_batch()
+    assert [m["Body"] for m in batch] == ["late"]
+    assert time.monotonic() - started < 1.0 + 0.5  # POLL_WAIT_S: well before a second poll would
+    assert receives["r"] == 1
+
+
+def test_sqs_batch_size_caps_the_records_of_an_invocation(remote: dict[str, Any], tmp_path: Path) -> None:
+    """An invocation gets at most BatchSize records; the rest go to the next invocations."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, *[f"m{i}" for i in range(7)])
+    stop = threading.Event()
+    source = SqsSource("F", "S", arn, batch_size=3, maximum_concurrency=1)
+    poller = SqsPoller(source, FunctionRuntime(toy_function(tmp_path, RECORDER)), remote["sqs"], url, stop)
+    run_pollers(poller, stop, lambda: sum(c["n"] for c in calls_of(tmp_path)) == 7)
+    assert max(c["n"] for c in calls_of(tmp_path)) == 3
+    assert sorted(b for c in calls_of(tmp_path) for b in c["bodies"]) == sorted(f"m{i}" for i in range(7))
+
+
+def test_sqs_batching_window_gathers_a_trickle_into_one_batch(remote: dict[str, Any], tmp_path: Path) -> None:
+    """With MaximumBatchingWindowInSeconds, a poller waits up to the window to fill its batch, with few receives."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, "first")
+
+    def trickle() -> None:
+        for i in range(4):
+            time.sleep(0.15)
+            send(remote, url, f"then {i}")
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    receives = Counter[str]()
+    remote["sqs"].meta.events.register("before-call.sqs.ReceiveMessage", lambda **_: receives.update(["r"]))
+    source = SqsSource("F", "S", arn, batch_size=10, batching_window_s=1)
+    poller = SqsPoller(
+        source, FunctionRuntime(toy_function(tmp_path, RECORDER)), remote["sqs"], url, threading.Event()
+    )
+    started = time.monotonic()
+    batch = poller.next_batch()
+    sender.join()
+    assert sorted(m["Body"] for m in batch) == ["first", "then 0", "then 1", "then 2", "then 3"]
+    assert 1.0 <= time.monotonic() - started < 2.0
+    assert receives["r"] <= 1 + 4  # a receive a quarter second at most, not one per message
+
+
+def test_sqs_maximum_concurrency_caps_invocations_each_with_its_own_batch(
+    remote: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ScalingConfig.MaximumConcurrency: at most that many invocations at once, each with a batch of its own."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, *[f"m{i}" for i in range(12)])
+    monkeypatch.setenv("HOLD_S", "0.6")
+    stop = threading.Event()
+    source = SqsSource("F", "S", arn, batch_size=2, maximum_concurrency=3)
+    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER, timeout_s=5), concurrency=10)
+    poller = SqsPoller(source, runtime, remote["sqs"], url, stop)
+    assert len(poller.threads) == 3
+    run_pollers(poller, stop, lambda: sum(c["n"] for c in calls_of(tmp_path)) == 12)
+    calls = calls_of(tmp_path)
+    bodies = [b for c in calls for b in c["bodies"]]
+    assert sorted(bodies) == sorted(f"m{i}" for i in range(12))  # each message in one batch only
+    starts = sorted(c["at"] for c in calls)
+    # Never more than three running: any four starts span at least one hold of 0.6 s
+    assert all(starts[i + 3] - starts[i] >= 0.55 for i in range(len(starts) - 3))
+
+
+def test_sqs_partial_batch_response_returns_only_the_reported_records(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """ReportBatchItemFailures: only the records listed in batchItemFailures return to the queue; the rest are deleted."""
+    spec = toy_function(
+        tmp_path,
+        """
+        def handler(event, context):
+            return {"batchItemFailures": [
+                {"itemIdentifier": r["messageId"]} for r in event["Records"] if r["body"] == "bad"]}
+        """,
+        timeout_s=5,
+    )
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, "good", "bad", "good")
+    source = SqsSource("F", "S", arn, batch_size=10, batching_window_s=0.5, report_batch_item_failures=True)
+    poller = SqsPoller(source, FunctionRuntime(spec), remote["sqs"], url, threading.Event())
+    batch = poller.next_batch()
+    assert len(batch) == 3
+    poller.deliver(batch)
+    release(remote, url, batch)
+    assert visible(remote, url) == ["bad"]
+
+
+def release(remote: dict[str, Any], url: str, batch: list[Any]) -> None:
+    """Makes a batch's messages that are still in the queue visible now, instead of after the
+    queue's visibility timeout (deleted ones are gone and their receipts fail quietly)."""
+    remote["sqs"].change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+            for i, m in enumerate(batch)
+        ],
+    )
+
+
+def test_sqs_a_function_error_returns_the_whole_batch(remote: dict[str, Any], tmp_path: Path) -> None:
+    """A function error (an exception) returns every record of the batch to the queue, reported failures or not."""
+    spec = toy_function(tmp_path, "def handler(event, context):\n    raise RuntimeError('boom')\n")
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, "a", "b")
+    source = SqsSource("F", "S", arn, batch_size=10, batching_window_s=0.5, report_batch_item_failures=True)
+    poller = SqsPoller(source, FunctionRuntime(spec), remote["sqs"], url, threading.Event())
+    batch = poller.next_batch()
+    assert not poller.deliver(batch).ok
+    release(remote, url, batch)
+    assert visible(remote, url) == ["a", "b"]
+
+
+def test_sqs_a_timed_out_invocation_s_messages_reappear_and_its_late_writes_happen(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """The function's Timeout is enforced: a timed-out batch reappears after the visibility timeout, and the handler's late writes still land."""
+    spec = toy_function(
+        tmp_path,
+        """
+        import time
+        def handler(event, context):
+            time.sleep(1.5)
+            open(__file__ + ".late", "w").write("written after the timeout")
+        """,
+        timeout_s=1,
+    )
+    url, arn = queue(remote, "WebhookQueue")
+    remote["sqs"].set_queue_attributes(QueueUrl=url, Attributes={"VisibilityTimeout": "2"})
+    send(remote, url, "slow")
+    poller = SqsPoller(SqsSource("F", "S", arn), FunctionRuntime(spec), remote["sqs"], url, threading.Event())
+    started = time.monotonic()
+    invocation = poller.deliver(poller.next_batch())
+    assert invocation.timed_out
+    assert invocation.duration_s < 1.4  # the invocation ended at its Timeout
+    assert remote["sqs"].receive_message(QueueUrl=url).get("Messages", []) == []  # still invisible
+    eventually((tmp_path / "app.py.late").exists, bool, timeout_s=5)  # the sandbox ran on
+    [back] = remote["sqs"].receive_message(QueueUrl=url, WaitTimeSeconds=3)["Messages"]
+    assert back["Body"] == "slow"
+    assert time.monotonic() - started >= 1.9
+
+
+def dead_letter(remote: dict[str, Any], task_id: str) -> None:
+    """A TaskQueue message received maxReceiveCount times (each made visible again at once)."""
+    url, _ = queue(remote, "TaskQueue")
+    sqs = remote["sqs"]
+    Queue(url, sqs).send(TaskMessage(task_id=task_id))
+    for _ in range(5):
+        [message] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+        Queue(url, sqs).retry_later(message["ReceiptHandle"], 0)
+    # The next receive finds nothing: SQS moves the message as a receive reaches it
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages", []) == []
+
+
+def test_sqs_max_receive_count_moves_a_message_to_the_dlq(remote: dict[str, Any]) -> None:
+    """The queue's RedrivePolicy (maxReceiveCount 5 for TaskQueue) moves a message received that often to its DLQ."""
+    dlq_url, _ = queue(remote, "TaskDLQ")
+    dead_letter(remote, "poison")
+    [dead] = remote["sqs"].receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1, VisibilityTimeout=0)[
+        "Messages"
+    ]
+    assert TaskMessage.model_validate_json(dead["Body"]).task_id == "poison"
+
+
+def test_sqs_redrive_start_and_list_message_move_tasks(remote: dict[str, Any]) -> None:
+    """StartMessageMoveTask moves a DLQ's messages back to the queue they came from; ListMessageMoveTasks reports it."""
+    url, _ = queue(remote, "TaskQueue")
+    _, dlq_arn = queue(remote, "TaskDLQ")
+    sqs = remote["sqs"]
+    dead_letter(remote, "dead")
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    give_up = time.monotonic() + 30
+    while (move := sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0])["Status"] == "RUNNING":
+        assert time.monotonic() < give_up
+        time.sleep(0.5)
+    assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
+    [back] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+    assert TaskMessage.model_validate_json(back["Body"]).task_id == "dead"
+
+
+def test_sqs_concurrent_receives_hand_each_message_to_one_poller(remote: dict[str, Any]) -> None:
+    """Within its visibility timeout a message goes to one receiver only, however many poll at once, and no send is lost."""
+    url, _ = queue(remote, "TaskQueue")
+    sent = 300
+    received: list[str] = []
+    errors: list[BaseException] = []
+    sqs = remote["sqs"]
+
+    def send_some(first: int) -> None:
+        for start in range(first, sent, 30):
+            sqs.send_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
+            )
+
+    def receive_and_delete() -> None:
+        try:
+            idle = 0
+            while idle < 3:
+                batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=120).get(
+                    "Messages", []
+                )
+                idle = 0 if batch else idle + 1
+                received.extend(m["Body"] for m in batch)
+                for m in batch:
+                    sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send_some, args=(first,)) for first in range(0, 30, 10)]
+    threads += [threading.Thread(target=receive_and_delete) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    received += visible(remote, url)
+    assert errors == []
+    assert {body for body, n in Counter(received).items() if n > 1} == set()
+    assert set(received) == {f"m{i}" for i in range(sent)}
+
+
+# --- DynamoDB streams ---------------------------------------------------------------------------
+
+
+def streams(remote: dict[str, Any]) -> tuple[Any, str]:
+    return boto3.client("dynamodbstreams"), remote["resources"].attributes[("TasksTable", "StreamArn")]
+
+
+def put(remote: dict[str, Any], pk: str, **attributes: str) -> None:
+    item = {"pk": {"S": pk}, **{name: {"S": value} for name, value in attributes.items()}}
+    remote["dynamodb"].put_item(TableName=remote["resources"].table_names["TasksTable"], Item=item)
+
+
+STREAM_RECORDER = """
+    import json
+    def handler(event, context):
+        keys = [r["dynamodb"]["Keys"]["pk"]["S"] for r in event["Records"]]
+        with open(__file__ + ".calls", "a") as calls:
+            calls.write(json.dumps({"n": len(keys), "keys": keys}) + "\\n")
+"""
+
+
+def stream_keys(directory: Path) -> list[str]:
+    return [k for c in calls_of(directory) for k in c["keys"]]
+
+
+@pytest.mark.parametrize(
+    ("position", "expected"), [("TRIM_HORIZON", ["before", "after"]), ("LATEST", ["after"])]
+)
+def test_streams_starting_position(
+    remote: dict[str, Any], tmp_path: Path, position: str, expected: list[str]
+) -> None:
+    """StartingPosition: TRIM_HORIZON reads the records written before the mapping started; LATEST only later ones."""
+    client, arn = streams(remote)
+    put(remote, "before")
+    stop = threading.Event()
+    source = StreamSource("F", "S", arn, starting_position=position)
+    poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER)), client, stop)
+    poller.start()
+    time.sleep(1)  # the poller has taken its iterators
+    put(remote, "after")
+    run_pollers(poller, stop, lambda: "after" in stream_keys(tmp_path))
+    assert stream_keys(tmp_path) == expected
+
+
+def test_streams_filter_criteria_pass_only_matching_records(remote: dict[str, Any], tmp_path: Path) -> None:
+    """FilterCriteria: only records matching a pattern reach the function; the others are dropped, not retried."""
+    client, arn = streams(remote)
+    stop = threading.Event()
+    pattern = json.dumps({"dynamodb": {"NewImage": {"kind": {"S": ["wanted"]}}}})
+    source = StreamSource("F", "S", arn, starting_position="TRIM_HORIZON", filter_patterns=(pattern,))
+    poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER)), client, stop)
+    for i in range(3):
+        put(remote, f"other {i}", kind="other")
+        put(remote, f"wanted {i}", kind="wanted")
+    run_pollers(poller, stop, lambda: len(stream_keys(tmp_path)) == 3)
+    assert stream_keys(tmp_path) == ["wanted 0", "wanted 1", "wanted 2"]
+
+
+def test_streams_batch_size_caps_the_records_of_an_invocation(remote: dict[str, Any], tmp_path: Path) -> None:
+    """A stream invocation gets at most BatchSize records, in order."""
+    client, arn = streams(remote)
+    for i in range(5):
+        put(remote, f"r{i}")
+    stop = threading.Event()
+    source = StreamSource("F", "S", arn, starting_position="TRIM_HORIZON", batch_size=2)
+    poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER)), client, stop)
+    run_pollers(poller, stop, lambda: len(stream_keys(tmp_path)) == 5)
+    assert stream_keys(tmp_path) == [f"r{i}" for i in range(5)]
+    assert [c["n"] for c in calls_of(tmp_path)] == [2, 2, 1]
+
+
+def test_streams_retries_then_the_on_failure_destination_gets_the_batch(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """MaximumRetryAttempts: a failing batch is retried that often, then its range goes to the OnFailure destination and the shard moves on."""
+    spec = toy_function(
+        tmp_path,
+        """
+        import json
+        def handler(event, context):
+            keys = [r["dynamodb"]["Keys"]["pk"]["S"] for r in event["Records"]]
+            with open(__file__ + ".calls", "a") as calls:
+                calls.write(json.dumps({"n": len(keys), "keys": keys}) + "\\n")
+            if "poison" in keys:
+                raise RuntimeError("cannot handle it")
+        """,
+        timeout_s=5,
+    )
+    client, arn = streams(remote)
+    destination_url, destination_arn = queue(remote, "WebhookDLQ")
+    put(remote, "poison")
+    stop = threading.Event()
+    source = StreamSource(
+        "F", "S", arn, "TRIM_HORIZON", batch_size=10, maximum_retry_attempts=2, on_failure_arn=destination_arn
+    )
+    poller = StreamPoller(
+        source, FunctionRuntime(spec), client, stop, queue_destination(remote["sqs"], destination_url)
+    )
+    poller.start()
+    # The first try and two retries
+    eventually(lambda: stream_keys(tmp_path).count("poison"), lambda n: n == 3, timeout_s=20)
+    put(remote, "next")
+    run_pollers(poller, stop, lambda: "next" in stream_keys(tmp_path))
+    assert stream_keys(tmp_path) == ["poison"] * 3 + ["next"]
+    [note] = remote["sqs"].receive_message(QueueUrl=destination_url, WaitTimeSeconds=2)["Messages"]
+    info = json.loads(note["Body"])
+    assert info["requestContext"]["condition"] == "RetryAttemptsExhausted"
+    assert (info["DDBStreamBatchInfo"]["streamArn"], info["DDBStreamBatchInfo"]["batchSize"]) == (arn, 1)
+
+
+def test_streams_bisect_batch_on_function_error_isolates_the_bad_record(tmp_path: Path) -> None:
+    """BisectBatchOnFunctionError: a failing batch is split in halves until the bad record stands alone; only it is given up on."""
+    spec = toy_function(
+        tmp_path,
+        """
+        import json
+        def handler(event, context):
+            numbers = [r["dynamodb"]["SequenceNumber"] for r in event["Records"]]
+            with open(__file__ + ".calls", "a") as calls:
+                calls.write(json.dumps(numbers) + "\\n")
+            if "3" in numbers:
+                raise RuntimeError("a poison record")
+        """,
+    )
+    skipped: list[dict[str, Any]] = []
+
+    def poller(bisect: bool) -> StreamPoller:
+        source = StreamSource("F", "S", "arn:stream", maximum_retry_attempts=1, bisect_on_error=bisect)
+        return StreamPoller(source, FunctionRuntime(spec), None, threading.Event(), skipped.append)  # type: ignore[arg-type]
+
+    records = [{"dynamodb": {"SequenceNumber": str(n)}} for n in range(1, 7)]
+    calls = tmp_path / "app.py.calls"
+    assert poller(bisect=True).deliver(records) is True
+    invoked = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert invoked == [
+        ["1", "2", "3", "4", "5", "6"],
+        ["1", "2", "3"],
+        ["1"],
+        ["2", "3"],
+        ["2"],
+        ["3"],
+        ["3"],
+        ["4", "5", "6"],
+    ]
+    assert [note["DDBStreamBatchInfo"]["startSequenceNumber"] for note in skipped] == ["3"]
+    calls.unlink()
+    skipped.clear()
+    poller(bisect=False).deliver(records)
+    assert [note["DDBStreamBatchInfo"]["batchSize"] for note in skipped] == [
+        6
+    ]  # without it, all six skipped together
+
+
+# --- DynamoDB TTL -------------------------------------------------------------------------------
+
+
+def test_ttl_deletes_expired_items_and_the_stream_shows_removes(remote: dict[str, Any]) -> None:
+    """TTL: items past their TimeToLiveSpecification attribute are deleted on a schedule and appear on the stream as REMOVE records."""
+    resources = remote["resources"]
+    table, attribute = resources.table_names["TasksTable"], resources.ttl_attributes["TasksTable"]
+    assert attribute == "expires_at"  # as template.yaml declares it
+    client, arn = streams(remote)
+    shard = client.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+    iterator = client.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="LATEST")[
+        "ShardIterator"
+    ]
+    now = int(time.time())
+    for pk, expires_at in {"task#gone": now - 10, "task#kept": now + 3600}.items():
+        remote["dynamodb"].put_item(
+            TableName=table, Item={"pk": {"S": pk}, "expires_at": {"N": str(expires_at)}}
+        )
+    remote["dynamodb"].put_item(TableName=table, Item={"pk": {"S": "tenant#no-ttl"}})
+    sweeper = TtlSweeper(remote["dynamodb"], [TtlTable(table, attribute)])
+    assert sweeper.sweep() == 1
+    assert sweeper.sweep() == 0  # nothing left to do
+    left = {item["pk"]["S"] for item in remote["dynamodb"].scan(TableName=table)["Items"]}
+    assert left == {"task#kept", "tenant#no-ttl"}
+    records = client.get_records(ShardIterator=iterator)["Records"]
+    removes = [
+        (r["eventName"], r["dynamodb"]["Keys"]["pk"]["S"]) for r in records if r["eventName"] == "REMOVE"
+    ]
+    assert removes == [("REMOVE", "task#gone")]

@@ -1,0 +1,52 @@
+"""`llmtasks up --endpoint-url sqs=URL`: SQS on one endpoint (a LocalStack when
+AWS_ENDPOINT_URL_SQS names one, as scripts/localstack-tests sets it; otherwise a second moto
+server), every other service on the embedded moto; a task goes through the split stack."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from llmtasks.local.launcher import LaunchedStack, launch
+from tests.helpers import ROOT, moto_endpoint
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sqs_endpoint() -> Iterator[str]:
+    given = os.environ.get("AWS_ENDPOINT_URL_SQS")
+    if given:
+        yield given
+        return
+    with moto_endpoint() as url:
+        yield url
+
+
+def queue_names(endpoint_url: str) -> set[str]:
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    return {url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])}
+
+
+def test_a_task_runs_with_sqs_on_its_own_endpoint_and_the_rest_on_moto(sqs_endpoint: str) -> None:
+    env = {"AUTH_CACHE_S": "1", "WEBHOOK_RESOLVE_NAMES": "false"}
+    stack: LaunchedStack = launch("--endpoint-url", f"sqs={sqs_endpoint}", env=env, cwd=ROOT)
+    try:
+        with stack.client() as client:
+            task_id = client.post("/tasks", json={"prompt": "split"}).json()["task_id"]
+            task = client.get(f"/tasks/{task_id}", params={"wait": 20}).json()
+        assert task["status"] == "completed", task
+        assert "llmtasks-local-TaskQueue" in queue_names(sqs_endpoint)
+        assert queue_names(stack.endpoint) == set()  # the embedded moto holds no queue
+        assert f"sqs        {sqs_endpoint}" in stack.log.read_text()
+    finally:
+        stack.stop()
