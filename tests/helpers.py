@@ -138,3 +138,20 @@ def toy_function(directory: Path, body: str, *, timeout_s: int = 1) -> FunctionS
     """A function `F` whose handler (`app.handler`) is `body`, for the emulator's own tests."""
     (directory / "app.py").write_text(textwrap.dedent(body))
     return FunctionSpec("F", directory, "app.handler", timeout_s, 128, {})
+
+
+def emf_records(output: str) -> dict[str, list[dict[str, Any]]]:
+    """The EMF records in captured stdout, by metric name: each with its dimensions and value."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for line in output.splitlines():
+        if not line.startswith('{"_aws"'):
+            continue
+        record = json.loads(line)
+        [directive] = record["_aws"]["CloudWatchMetrics"]
+        assert directive["Namespace"] == "llmtasks"
+        [dimensions] = directive["Dimensions"]
+        for metric in directive["Metrics"]:
+            values = {name: record[name] for name in dimensions}
+            [value] = record[metric["Name"]]  # one value a record: each metric is written as it happens
+            found.setdefault(metric["Name"], []).append({**values, "value": value})
+    return found

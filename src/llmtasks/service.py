@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aws_lambda_powertools.metrics import MetricUnit
+
 from llmtasks.batch_store import BatchCancellations
 from llmtasks.errors import (
     RATE_LIMITED,
@@ -43,7 +45,7 @@ from llmtasks.models import (
     WebhookSecret,
     WebhookStatus,
 )
-from llmtasks.observability import logger
+from llmtasks.observability import Metric, emit, logger
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import MAX_DELAY_S, Queue
 from llmtasks.results import ResultBlobs
@@ -207,6 +209,7 @@ class TaskService:
                 "The task could not be stored or queued; nothing was kept. Retry."
             ) from exc
         logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id)
+        emit(Metric.SUBMITTED, **dimensions_of(task, self._settings))
         return task
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
@@ -256,6 +259,7 @@ class TaskService:
             now=self._clock(),
         )
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
+        emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
         return task
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:
@@ -328,6 +332,11 @@ class ProgressWriter:
         )
 
 
+def dimensions_of(task: Task, settings: Settings) -> dict[str, str]:
+    """A task's metric dimensions besides the service: few values each, as CloudWatch wants."""
+    return {"model": task.request.model or settings.llm_model, "priority": task.priority}
+
+
 class TaskRunner:
     """What the worker does with one TaskQueue message: claim, call the LLM, record the outcome."""
 
@@ -359,6 +368,17 @@ class TaskRunner:
     async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
         """Raises RetryLater when this delivery must come back later: another delivery holds a
         live lease on the task, or the message arrived before its task's item was written."""
+        try:
+            await self._run(task_id, delivery, remaining_s=remaining_s)
+        except BaseException:
+            if delivery.receive_count >= self._settings.task_max_receive_count:
+                # SQS moves the message to TaskDLQ instead of delivering it again. (A delivery
+                # killed by the function's timeout cannot count itself: TaskDLQ's depth alarm does.)
+                logger.warning("dead-lettered", task_id=task_id, receive_count=delivery.receive_count)
+                emit(Metric.DEAD_LETTERED)
+            raise
+
+    async def _run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
         now = self._clock()
         lease_id = uuid.uuid4().hex
         lease_until = now + remaining_s + self._settings.lease_margin_s
@@ -368,6 +388,9 @@ class TaskRunner:
             self._refused(task_id, delivery, refused, now)
             return
         logger.info("claimed", task_id=task_id, attempt=task.attempts, receive_count=delivery.receive_count)
+        dimensions = dimensions_of(task, self._settings)
+        if task.attempts == 1:
+            emit(Metric.QUEUE_WAIT, max(0.0, now - task.created_at), MetricUnit.Seconds, **dimensions)
         if task.batch_id and self._cancellations is not None:
             cancelled = await asyncio.to_thread(self._cancellations.cancelled, task.batch_id, now=now)
             if cancelled:
@@ -417,6 +440,9 @@ class TaskRunner:
         logger.info(
             "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
         )
+        emit(Metric.COMPLETED, **dimensions)
+        emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
+        emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
 
     async def _call(self, task: Task, lease_id: str, timeout_s: float) -> Completion | None:
         """The LLM's completion; None when there is none to store (the error is dealt with)."""
@@ -430,6 +456,7 @@ class TaskRunner:
                 max_bytes=self._settings.max_inline_result_bytes,
                 clock=self._clock,
             )
+        started = time.monotonic()
         try:
             return await self._llm.complete(
                 task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
@@ -440,6 +467,10 @@ class TaskRunner:
             # A progress write found the task cancelled (or taken over): the call was stopped
             # there, and no more tokens are spent on it.
             logger.info("call stopped: the task moved on", task_id=task.task_id)
+        finally:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            dimensions = dimensions_of(task, self._settings)
+            emit(Metric.LLM_LATENCY, elapsed_ms, MetricUnit.Milliseconds, **dimensions)
         return None
 
     async def _wait_for_pace(self, call_budget_s: float) -> float:
@@ -609,6 +640,7 @@ class TaskRunner:
         except (TaskNotFound, TaskConflict):
             return  # the sweep cancelled it first
         logger.info("cancelled with its batch", task_id=task.task_id, batch_id=task.batch_id)
+        emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
 
     def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
         try:
@@ -619,3 +651,4 @@ class TaskRunner:
             logger.info("cancelled during the call", task_id=task.task_id)
             return
         logger.info("failed", task_id=task.task_id, error_code=error_code)
+        emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings))

@@ -37,7 +37,7 @@ from llmtasks.models import (
     WebhookMessage,
     WebhookStatus,
 )
-from llmtasks.observability import logger
+from llmtasks.observability import Metric, emit, logger
 from llmtasks.results import ResultBlobs
 from llmtasks.retry_after import parse_retry_after
 from llmtasks.store import task_from_item
@@ -317,6 +317,9 @@ class WebhookDelivery:
             secrets=secrets.signing(self._clock()),
         )
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
+        emit(Metric.WEBHOOK_ATTEMPTS)
+        if not result.delivered:
+            emit(Metric.WEBHOOK_FAILURES)
         if result.delivered:
             subject.record(WebhookStatus.DELIVERED)
             logger.info("webhook delivered", **log)

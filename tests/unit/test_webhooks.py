@@ -21,7 +21,7 @@ from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url, no_lookups
 from tests.conftest import Aws
-from tests.helpers import NEVER, WebhookReceiver, load_event
+from tests.helpers import NEVER, WebhookReceiver, emf_records, load_event
 
 pytestmark = pytest.mark.unit
 
@@ -261,7 +261,7 @@ def test_a_tampered_body_fails_verification(
 
 
 def test_a_failing_receiver_is_retried_with_the_same_webhook_id(
-    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     hook, _ = receiver
     hook.answers = [500, 503]
@@ -278,6 +278,8 @@ def test_a_failing_receiver_is_retried_with_the_same_webhook_id(
     assert len({d.headers["webhook-id"] for d in hook.deliveries}) == 1
     assert len(hook.deliveries) == 3
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.DELIVERED
+    emf = emf_records(capsys.readouterr().out)
+    assert (len(emf["WebhookAttempts"]), len(emf["WebhookFailures"])) == (3, 2)
 
 
 def test_410_stops_at_once_and_parks_the_event_in_the_dlq(

@@ -23,7 +23,7 @@ from llmtasks.service import HELD_LEASE_RECHECK_S, Delivery, TaskRunner, TaskSer
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import free_port, pending_task
+from tests.helpers import emf_records, free_port, pending_task
 
 pytestmark = pytest.mark.unit
 
@@ -588,3 +588,47 @@ def test_a_task_whose_last_delivery_died_before_the_handler_reads_as_dead_letter
     assert read_at(lease_until + 1).status is TaskStatus.PROCESSING  # the 5th delivery may still come
     assert (read_at(due + 1).status, read_at(due + 1).error_code) == (TaskStatus.FAILED, "dead_lettered")
     assert worker.store.requeue_dead_lettered(task_id, now=due + 1)
+
+
+def test_one_task_s_life_writes_its_metrics_as_emf(
+    worker: Worker, mock_llm: RunningMock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A task that fails once (a 500), then completes; another that fails for good; one cancelled
+    mock_llm.configure(rate_500=1.0)
+    task_id = worker.submit("measured", priority="high")
+    worker.run_queued()
+    mock_llm.configure()
+    worker.clock = lambda: time.time() + 60  # past the retry's backoff
+    worker.run_queued()
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+    mock_llm.configure(rate_500=1.0)
+    worker.submit("doomed", max_retries=0)
+    worker.run_queued()
+    worker.service.cancel("default", worker.submit("unwanted"))
+    emf = emf_records(capsys.readouterr().out)
+
+    common = {"service": "llmtasks", "model": worker.settings.llm_model}
+    assert emf["TasksSubmitted"][0] == {**common, "priority": "high", "value": 1}
+    assert len(emf["TasksSubmitted"]) == 3
+    assert [r["value"] for r in emf["TasksCompleted"]] == [1]
+    [failed] = emf["TasksFailed"]
+    assert failed == {**common, "priority": "normal", "error_code": "llm_http_500", "value": 1}
+    assert len(emf["TasksCancelled"]) == 1
+    assert len(emf["LlmLatency"]) == 3  # every call: the 500, the success, the doomed one
+    assert all(r["value"] >= 0 for r in emf["LlmLatency"])
+    assert emf["LlmTokens"][0]["value"] > 0
+    assert len(emf["QueueWait"]) == 2  # first claims only
+    assert emf["EndToEndLatency"][0]["value"] >= 0
+    assert "measured" not in json.dumps(emf)  # no prompt text in a metric
+
+
+def test_a_task_s_last_delivery_failing_counts_it_dead_lettered(
+    worker: Worker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task_id = worker.submit("poison")
+    [message] = worker.queued()
+    for receive in range(1, worker.settings.task_max_receive_count + 1):
+        worker.run([redelivered(message, receive)], llm=CrashingLLM())
+    emf = emf_records(capsys.readouterr().out)
+    assert [r["value"] for r in emf["TasksDeadLettered"]] == [1]
+    assert worker.task(task_id).status is TaskStatus.PROCESSING  # until its lease lapses
