@@ -149,7 +149,10 @@ def emf_records(output: str) -> dict[str, list[dict[str, Any]]]:
         record = json.loads(line)
         [directive] = record["_aws"]["CloudWatchMetrics"]
         assert directive["Namespace"] == "llmtasks"
-        [dimensions] = directive["Dimensions"]
+        # The service alone (alarms and totals read it), then the detailed set, if any
+        overall, *detailed = directive["Dimensions"]
+        assert overall == ["service"]
+        dimensions = detailed[0] if detailed else overall
         for metric in directive["Metrics"]:
             values = {name: record[name] for name in dimensions}
             [value] = record[metric["Name"]]  # one value a record: each metric is written as it happens

@@ -3,16 +3,18 @@
 Log lines carry keys (`task_id`, `tenant_id`, ...), never the prompt, the result or a key.
 
 Metrics are CloudWatch embedded metric format (EMF) records on stdout, namespace `llmtasks`,
-each with the dimensions `service` and, where a task is concerned, `model` and `priority`
-(failures also `error_code`). Each is written as it happens (Powertools' single_metric): one
-invocation of the worker runs several tasks with different models, and a metric set flushed at
-the end of it could hold only one set of dimensions.
+each under two dimension sets: `service` alone (what the alarms and the dashboard's totals
+read) and, where a task is concerned, `service`, `model`, `priority` (failures also
+`error_code`). Each is written as it happens, by a Powertools EMF provider of its own: one
+invocation of the worker runs several tasks with different models, and the shared metric set
+flushed at the end of it could hold only one set of dimensions.
 """
 
 from __future__ import annotations
 
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
 SERVICE = "llmtasks"
 NAMESPACE = "llmtasks"
@@ -41,9 +43,9 @@ def emit(
     name: str, value: float = 1, unit: MetricUnit = MetricUnit.Count, /, **dimensions: str | None
 ) -> None:
     """One metric, written now as its own EMF record; dimensions given as None are left out."""
-    with single_metric(
-        name=name, unit=unit, value=value, namespace=NAMESPACE, default_dimensions={"service": SERVICE}
-    ) as metric:
-        for dimension, dimension_value in dimensions.items():
-            if dimension_value is not None:
-                metric.add_dimension(dimension, str(dimension_value))
+    record = AmazonCloudWatchEMFProvider(namespace=NAMESPACE, service=SERVICE)
+    record.add_metric(name=name, unit=unit, value=value)
+    detail = {key: str(value) for key, value in dimensions.items() if value is not None}
+    if detail:
+        record.add_dimensions(service=SERVICE, **detail)
+    record.flush_metrics()

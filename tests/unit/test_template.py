@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from llmtasks.local.runtime import load_handler
 from llmtasks.local.template import FunctionSpec
+from llmtasks.observability import NAMESPACE, Metric
 from llmtasks.settings import Settings
 from tests.conftest import Aws
 from tests.helpers import ROOT
@@ -152,3 +154,35 @@ def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
     # Large results, and batch manifests (a batch's items until they are fanned out).
     assert {rule["Filter"].get("Prefix", rule.get("Prefix")) for rule in rules} == {"results/", "batches/"}
     assert {rule["Expiration"]["Days"] for rule in rules} == {int(parameters["ResultRetentionDays"])}
+
+
+def test_alarms_watch_the_dlqs_the_backlog_and_the_failed_task_rate(aws: Aws) -> None:
+    alarms = aws.template.resources("AWS::CloudWatch::Alarm")
+    watched = {
+        (props.get("MetricName"), props["Dimensions"][0]["Value"]["Fn::GetAtt"][0])
+        for props in alarms.values()
+        if "Dimensions" in props
+    }
+    assert ("ApproximateNumberOfMessagesVisible", "TaskDLQ") in watched
+    assert ("ApproximateNumberOfMessagesVisible", "WebhookDLQ") in watched
+    assert ("ApproximateAgeOfOldestMessage", "TaskQueue") in watched
+    rate = alarms["FailedTaskRateAlarm"]["Metrics"]
+    read = {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m}
+    assert read == {Metric.FAILED, Metric.COMPLETED}
+    assert all(m["MetricStat"]["Metric"]["Namespace"] == NAMESPACE for m in rate if "MetricStat" in m)
+
+
+def test_the_dashboard_is_json_and_charts_every_metric_the_code_writes(aws: Aws) -> None:
+    [dashboard] = aws.template.resources("AWS::CloudWatch::Dashboard").values()
+    body, names = dashboard["DashboardBody"]["Fn::Sub"]
+    text = re.sub(r"\$\{[^}]+\}", "x", body)  # what Fn::Sub fills in
+    widgets = json.loads(text)["widgets"]
+    charted = {
+        row[1]
+        for widget in widgets
+        for row in widget["properties"]["metrics"]
+        if len(row) > 1 and isinstance(row[1], str) and row[1] != "."
+    }
+    written = {value for name, value in vars(Metric).items() if not name.startswith("_")}
+    assert written <= charted, written - charted
+    assert set(names) == {"TaskQueueName", "BatchTaskQueueName", "TaskDLQName", "WebhookDLQName"}
