@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event import (
     APIGatewayAuthorizerEventV2,
     APIGatewayAuthorizerResponseV2,
@@ -20,7 +21,7 @@ from llmtasks.apikeys import CachedAuthenticator, presented_key
 from llmtasks.observability import logger
 
 
-@logger.inject_lambda_context(clear_state=True)
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
 def lambda_handler(
     event: dict[str, Any], context: LambdaContext, authenticator: CachedAuthenticator | None = None
 ) -> dict[str, Any]:

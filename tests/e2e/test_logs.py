@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 
 import pytest
 
-from tests.e2e.conftest import RunningStack
+from tests.e2e.conftest import RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import WebhookReceiver, serve
 
@@ -46,3 +48,32 @@ def test_logs_carry_ids_but_never_prompts_results_keys_or_secrets(stack: Running
         secret.removeprefix("whsec_"),
     ):
         assert secret_text not in log, f"a log line carries {secret_text[:12]}..."
+
+
+def test_one_task_s_life_carries_its_task_id_on_every_line_and_the_request_id_as_correlation_id() -> None:
+    # A stack of its own, so that its log is about this one task
+    fresh = start_stack()
+    try:
+        marker = f"private-{uuid.uuid4().hex}"
+        hook = WebhookReceiver()
+        with serve(hook.app()) as receiver, fresh.client() as client:
+            reply = client.post("/tasks", json={"prompt": marker, "webhook_url": receiver + "/hook"})
+            task_id, request_id = reply.json()["task_id"], reply.headers["apigw-requestid"]
+            assert wait_terminal(client, task_id)["status"] == "completed"
+            hook.wait_for(1)
+            time.sleep(0.5)  # the delivery's own lines
+    finally:
+        fresh.stop()
+    lines = [json.loads(line) for line in fresh.log.read_text().splitlines() if line.startswith('{"level"')]
+    # Every line but the authorizer's (about requests) is about the one task. (Not told apart by
+    # function_name: locally the functions share one logger, and its keys, in one process.)
+    about_the_task = [line for line in lines if line["message"] != "authorized"]
+    messages = {line["message"] for line in about_the_task}
+    assert messages >= {"submitted", "claimed", "completed", "webhook queued", "webhook delivered"}
+    strays = [line for line in about_the_task if line.get("task_id") != task_id]
+    assert strays == []
+    # The submit request's lines, the authorizer's included, carry API Gateway's request id
+    [submitted] = [line for line in lines if line["message"] == "submitted"]
+    assert submitted["correlation_id"] == request_id
+    assert request_id in {line.get("correlation_id") for line in lines if line["message"] == "authorized"}
+    assert marker not in fresh.log.read_text()
