@@ -44,7 +44,7 @@ from llmtasks.models import (
     TaskView,
     WebhookSecret,
 )
-from llmtasks.observability import logger
+from llmtasks.observability import logger, trace_header
 from llmtasks.service import TaskService
 
 PROBLEM_JSON = "application/problem+json"
@@ -176,7 +176,10 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     def submit_task(
         body: SubmitTaskRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[TaskAccepted]:
-        submission = _service(app).submit(tenant_of(app), body, idempotency_key=idempotency_key)
+        trace = trace_header(app.current_event.headers)
+        submission = _service(app).submit(
+            tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
+        )
         task = submission.task
         headers = {"Location": f"/tasks/{task.task_id}", "Retry-After": str(RETRY_AFTER_S)}
         if submission.replayed:

@@ -209,6 +209,8 @@ class Task(BaseModel):
     custom_id: str | None = None  # the batch item's own id, if it gave one
     created_at: float
     expires_at: int
+    # The submit request's X-Ray trace header: every message about the task carries it on.
+    trace_header: str | None = None
     # Counts the task's status changes (each conditional write adds one), so the batch counters
     # apply each change once however often its stream record is processed.
     revision: int = 0

@@ -2,6 +2,13 @@
 
 Log lines carry keys (`task_id`, `tenant_id`, ...), never the prompt, the result or a key.
 
+Traces: one X-Ray trace follows a task from its submit request to its LLM call and its webhook.
+The submit's trace header is kept on the task and sent with each message about it (SQS's
+AWSTraceHeader system attribute, from which Lambda continues the trace in the function the
+queue triggers); the lines that say what happened to the task carry its `trace_id`. The LLM
+call is a subsegment; DynamoDB, SQS and S3 calls are subsegments through the Tracer's botocore
+patch.
+
 Metrics are CloudWatch embedded metric format (EMF) records on stdout, namespace `llmtasks`,
 each under two dimension sets: `service` alone (what the alarms and the dashboard's totals
 read) and, where a task is concerned, `service`, `model`, `priority` (failures also
@@ -12,6 +19,9 @@ flushed at the end of it could hold only one set of dimensions.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
@@ -21,6 +31,25 @@ NAMESPACE = "llmtasks"
 
 logger = Logger(service=SERVICE)
 tracer = Tracer(service=SERVICE)
+
+
+def trace_header(request_headers: Mapping[str, str] | None = None) -> str | None:
+    """This invocation's X-Ray trace header: Lambda's own (`_X_AMZN_TRACE_ID`), else the one
+    API Gateway put on the request (the local stack puts one there as well)."""
+    own = os.environ.get("_X_AMZN_TRACE_ID")
+    if own:
+        return own
+    headers = {name.lower(): value for name, value in (request_headers or {}).items()}
+    return headers.get("x-amzn-trace-id")
+
+
+def trace_id(header: str | None) -> str | None:
+    """The trace's id (its Root) in a header such as `Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1`."""
+    for part in (header or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == "Root" and value:
+            return value
+    return None
 
 
 class Metric:

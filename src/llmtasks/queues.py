@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
@@ -30,12 +30,20 @@ class Queue:
         self.url = queue_url
         self._client: SQSClient = client or boto3.client("sqs")
 
-    def send(self, body: BaseModel, *, delay_s: float = 0) -> str:
+    def send(self, body: BaseModel, *, delay_s: float = 0, trace_header: str | None = None) -> str:
+        """`trace_header` (X-Ray's) goes as the AWSTraceHeader attribute: the function the queue
+        triggers continues that trace."""
+        traced: dict[str, Any] = {}
+        if trace_header:
+            traced["MessageSystemAttributes"] = {
+                "AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}
+            }
         try:
             reply = self._client.send_message(
                 QueueUrl=self.url,
                 MessageBody=body.model_dump_json(),
                 DelaySeconds=min(MAX_DELAY_S, max(0, round(delay_s))),
+                **traced,
             )
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"SQS send failed: {exc}") from exc

@@ -45,7 +45,7 @@ from llmtasks.models import (
     WebhookSecret,
     WebhookStatus,
 )
-from llmtasks.observability import Metric, emit, logger
+from llmtasks.observability import Metric, emit, logger, trace_id, tracer
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import MAX_DELAY_S, Queue
 from llmtasks.results import ResultBlobs
@@ -161,7 +161,12 @@ class TaskService:
         return self._settings.auth_required
 
     def submit(
-        self, tenant_id: str, body: SubmitTaskRequest, *, idempotency_key: str | None = None
+        self,
+        tenant_id: str,
+        body: SubmitTaskRequest,
+        *,
+        idempotency_key: str | None = None,
+        trace_header: str | None = None,
     ) -> Submission:
         """A new task; with an Idempotency-Key, the task this key already made (a replay)."""
         # Before the key is recorded: a refused body leaves no trace.
@@ -171,17 +176,17 @@ class TaskService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
         if idempotency_key is None:
-            return Submission(self._create(tenant_id, body))
+            return Submission(self._create(tenant_id, body, trace_header))
         stored, replayed = at_most_once(
             self.idempotency,
-            lambda: self._create(tenant_id, body).model_dump(mode="json"),
+            lambda: self._create(tenant_id, body, trace_header).model_dump(mode="json"),
             tenant=tenant_id,
             key=idempotency_key,
             body=body.model_dump(mode="json", exclude_unset=True),
         )
         return Submission(Task.model_validate(stored), replayed=replayed)
 
-    def _create(self, tenant_id: str, body: SubmitTaskRequest) -> Task:
+    def _create(self, tenant_id: str, body: SubmitTaskRequest, trace_header: str | None) -> Task:
         now = self._clock()
         task = Task(
             task_id=new_task_id(),
@@ -197,18 +202,19 @@ class TaskService:
             metadata=body.metadata,
             created_at=now,
             expires_at=int(now + self._settings.task_ttl_seconds),
+            trace_header=trace_header,
         )
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.
         try:
-            self._queue.send(TaskMessage(task_id=task.task_id))
+            self._queue.send(TaskMessage(task_id=task.task_id), trace_header=trace_header)
             self._store.create(task)
         except BackendError as exc:
             logger.exception("submit failed", task_id=task.task_id)
             raise ServiceUnavailable(
                 "The task could not be stored or queued; nothing was kept. Retry."
             ) from exc
-        logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id)
+        logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id, trace_id=trace_id(trace_header))
         emit(Metric.SUBMITTED, **dimensions_of(task, self._settings))
         return task
 
@@ -387,7 +393,13 @@ class TaskRunner:
         except ClaimRefused as refused:
             self._refused(task_id, delivery, refused, now)
             return
-        logger.info("claimed", task_id=task_id, attempt=task.attempts, receive_count=delivery.receive_count)
+        logger.info(
+            "claimed",
+            task_id=task_id,
+            attempt=task.attempts,
+            receive_count=delivery.receive_count,
+            trace_id=trace_id(task.trace_header),
+        )
         dimensions = dimensions_of(task, self._settings)
         if task.attempts == 1:
             emit(Metric.QUEUE_WAIT, max(0.0, now - task.created_at), MetricUnit.Seconds, **dimensions)
@@ -438,7 +450,11 @@ class TaskRunner:
             logger.info("result discarded", task_id=task_id)
             return
         logger.info(
-            "completed", task_id=task_id, model=completion.model, total_tokens=completion.usage.total_tokens
+            "completed",
+            task_id=task_id,
+            model=completion.model,
+            total_tokens=completion.usage.total_tokens,
+            trace_id=trace_id(task.trace_header),
         )
         emit(Metric.COMPLETED, **dimensions)
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
@@ -458,9 +474,7 @@ class TaskRunner:
             )
         started = time.monotonic()
         try:
-            return await self._llm.complete(
-                task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
-            )
+            return await self._complete(task, timeout_s, progress)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except StaleWrite:
@@ -472,6 +486,14 @@ class TaskRunner:
             dimensions = dimensions_of(task, self._settings)
             emit(Metric.LLM_LATENCY, elapsed_ms, MetricUnit.Milliseconds, **dimensions)
         return None
+
+    # A subsegment of its own in the trace; its reply (the result text) is never put in it.
+    @tracer.capture_method(capture_response=False)
+    async def _complete(self, task: Task, timeout_s: float, progress: ProgressWriter | None) -> Completion:
+        tracer.put_annotation("task_id", task.task_id)
+        return await self._llm.complete(
+            task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+        )
 
     async def _wait_for_pace(self, call_budget_s: float) -> float:
         """Waits for this call's slot in the shared pace; returns the seconds waited. Raises
@@ -612,7 +634,7 @@ class TaskRunner:
         delay = min(math.ceil(delay), MAX_DELAY_S)
         # A batch item's messages stay on the batch queue, under its own concurrency.
         queue = self._batch_queue if task.batch_id else self._queue
-        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay)
+        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay, trace_header=task.trace_header)
         try:
             self._store.release(
                 task.task_id,

@@ -37,7 +37,7 @@ from llmtasks.models import (
     WebhookMessage,
     WebhookStatus,
 )
-from llmtasks.observability import Metric, emit, logger
+from llmtasks.observability import Metric, emit, logger, trace_id
 from llmtasks.results import ResultBlobs
 from llmtasks.retry_after import parse_retry_after
 from llmtasks.store import task_from_item
@@ -225,9 +225,12 @@ class WebhookRelay:
         self._queue.send(
             WebhookMessage(
                 webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type
-            )
+            ),
+            trace_header=new.trace_header,
         )
-        logger.info("webhook queued", task_id=new.task_id, event_type=event_type)
+        logger.info(
+            "webhook queued", task_id=new.task_id, event_type=event_type, trace_id=trace_id(new.trace_header)
+        )
         return True
 
     def relay_batch(self, old: Batch | None, new: Batch) -> bool:
@@ -294,7 +297,7 @@ class WebhookDelivery:
             tenant_id=task.tenant_id,
             data=TaskView.of(self._results.hydrate(task)),
             record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
-            log={"task_id": task_id},
+            log={"task_id": task_id, **({"trace_id": tid} if (tid := trace_id(task.trace_header)) else {})},
         )
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:

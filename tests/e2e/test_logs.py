@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -72,6 +73,13 @@ def test_one_task_s_life_carries_its_task_id_on_every_line_and_the_request_id_as
     assert messages >= {"submitted", "claimed", "completed", "webhook queued", "webhook delivered"}
     strays = [line for line in about_the_task if line.get("task_id") != task_id]
     assert strays == []
+    # One X-Ray trace from the submit request to the worker and the webhook
+    traced = {
+        line["message"]: line.get("trace_id") for line in about_the_task if line["message"] != "claimed"
+    }
+    traced["claimed"] = next(line.get("trace_id") for line in about_the_task if line["message"] == "claimed")
+    [trace] = set(traced.values())
+    assert re.fullmatch(r"1-[0-9a-f]{8}-[0-9a-f]{24}", trace), traced
     # The submit request's lines, the authorizer's included, carry API Gateway's request id
     [submitted] = [line for line in lines if line["message"] == "submitted"]
     assert submitted["correlation_id"] == request_id

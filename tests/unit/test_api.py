@@ -473,9 +473,9 @@ def test_an_empty_or_overlong_key_is_422(api: Api, key: str) -> None:
 class SlowQueue(Queue):
     """A queue whose sends take a while, so that a duplicate arrives mid-request."""
 
-    def send(self, body: Any, *, delay_s: float = 0) -> str:
+    def send(self, body: Any, *, delay_s: float = 0, trace_header: str | None = None) -> str:
         time.sleep(0.5)
-        return super().send(body, delay_s=delay_s)
+        return super().send(body, delay_s=delay_s, trace_header=trace_header)
 
 
 def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, settings: Settings) -> None:

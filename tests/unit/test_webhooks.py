@@ -15,6 +15,7 @@ from llmtasks.errors import InvalidInput
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
 from llmtasks.models import Completion, SubmitTaskRequest, TaskStatus, Usage, WebhookMessage, WebhookStatus
+from llmtasks.observability import trace_id
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -166,11 +167,16 @@ class Hooks:
         self.url = url
 
     def finish_task(
-        self, prompt: str = "hello", *, result_ref: str | None = None, events: list[Any] | None = None
+        self,
+        prompt: str = "hello",
+        *,
+        result_ref: str | None = None,
+        events: list[Any] | None = None,
+        trace_header: str | None = None,
     ) -> str:
         """A task with a webhook that the worker completed."""
         request = SubmitTaskRequest(prompt=prompt, webhook_url=self.url, webhook_events=events)
-        task = self.service.submit("default", request).task
+        task = self.service.submit("default", request, trace_header=trace_header).task
         self.store.claim(
             task.task_id,
             lease_id="L",
@@ -247,6 +253,19 @@ def test_a_completed_task_is_relayed_once_and_delivered_signed(
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
     # The delivery status write is itself a MODIFY on the stream; the filter keeps it out.
     assert len(hooks.stream_event()["Records"]) == 1
+
+
+def test_the_submit_s_trace_header_rides_on_every_message_about_the_task(hooks: Hooks, aws: Aws) -> None:
+    """AWSTraceHeader on the task's message and on its webhook's: the functions those queues
+    trigger continue the submit request's X-Ray trace."""
+    header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    hooks.finish_task("traced", trace_header=header)
+    [task_message] = aws.messages("TaskQueue")
+    assert task_message["Attributes"]["AWSTraceHeader"] == header
+    hooks.relay()
+    [webhook_message] = aws.messages("WebhookQueue")
+    assert webhook_message["Attributes"]["AWSTraceHeader"] == header
+    assert trace_id(header) == "1-5759e988-bd862e3fe1be46a994272793"
 
 
 def test_a_tampered_body_fails_verification(

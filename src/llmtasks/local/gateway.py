@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,9 @@ def http_event(
         name, value = unquote_plus(name), unquote_plus(value)
         query[name] = f"{query[name]},{value}" if name in query else value
     now = datetime.now(tz=UTC)
+    # API Gateway starts an X-Ray trace for each request (or continues the caller's) and passes
+    # its header on to the integration.
+    joined.setdefault("x-amzn-trace-id", new_trace_header(now))
     content_type = joined.get("content-type", "")
     as_text = _is_text(content_type)
     if as_text:
@@ -100,6 +104,11 @@ def http_event(
     if body:
         event["body"] = text_body if as_text else base64.b64encode(body).decode()
     return event
+
+
+def new_trace_header(now: datetime) -> str:
+    """X-Ray's format: Root=1-<epoch seconds, 8 hex>-<96 random bits, 24 hex>;Sampled=1."""
+    return f"Root=1-{int(now.timestamp()):08x}-{secrets.token_hex(12)};Sampled=1"
 
 
 def http_response(payload: Any) -> Response:
