@@ -206,6 +206,7 @@ def up(
     click.echo("Starting the llmtasks local stack ...")
     stack.start()
     click.echo(f"  API          {stack.api_url}   (docs: {stack.api_url}/docs)")
+    click.echo(f"  console      {stack.api_url}/console")
     click.echo(f"  AWS endpoint {stack.endpoint_url}")
     for name, url in sorted(os.environ.items()):
         if name.startswith("AWS_ENDPOINT_URL_"):
@@ -698,28 +699,28 @@ def batch_cancel(batch_id: str, api_url: str, api_key: str | None, as_json: bool
 
 
 @main.command()
-@_with_api
+@click.option("--json", "as_json", is_flag=True, help="Print the whole overview as JSON.")
 @_targeted
-def stats(
-    api_url: str, api_key: str | None, as_json: bool, stack_name: str | None, endpoint_url: str | None
-) -> None:
-    """Tasks by status, queue and DLQ depths, and latency p50/p95 over the last hour."""
-    from llmtasks.stats import queue_depths, task_stats
+def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> None:
+    """Tasks by status, queue and DLQ depths, latency p50/p95/p99 over the last hour, batches:
+    the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
+    from llmtasks.stats import overview
 
-    with _client(api_url, api_key) as client:
-        summary = task_stats(client, now=time.time())
     target = _target_of(stack_name, endpoint_url)
-    summary["queues"] = queue_depths(target.sqs, target.deployment)
+    summary = overview(target.dynamodb, target.sqs, target.deployment, now=time.time())
     if as_json:
         click.echo(json.dumps(summary))
         return
-    click.echo("tasks      " + "  ".join(f"{k}={v}" for k, v in summary["by_status"].items()))
+    click.echo("tasks      " + "  ".join(f"{k}={v}" for k, v in summary["tasks"]["by_status"].items()))
     click.echo("queues     " + "  ".join(f"{k}={v}" for k, v in summary["queues"].items()))
-    latency = summary["latency_s"]
-    click.echo(
-        f"latency    p50={latency['p50']} s  p95={latency['p95']} s"
-        f"  (tasks completed in the last hour: {latency['n']})"
-    )
+    for name, label in (("queue_wait_s", "queue wait"), ("run_s", "run"), ("end_to_end_s", "end to end")):
+        cut = summary["latency"][name]
+        cuts = "  ".join(f"{p}={cut[p]} s" for p in ("p50", "p95", "p99"))
+        click.echo(f"{label:10} {cuts}  (n={cut['n']}, last hour)")
+    for batch in summary["batches"]:
+        done = batch["completed"] + batch["failed"] + batch["cancelled"]
+        progress = f"{done}/{batch['total']}  failed={batch['failed']}"
+        click.echo(f"batch      {batch['batch_id']}  {batch['status']}  {progress}")
 
 
 @main.group()

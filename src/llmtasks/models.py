@@ -191,6 +191,11 @@ class Usage(BaseModel):
     total_tokens: int = 0
 
 
+def is_dead_lettered(status: TaskStatus, dead_letter_at: float | None, now: float) -> bool:
+    """See `Task.is_dead_lettered` (also for readers that load a few fields of a task)."""
+    return status is TaskStatus.PROCESSING and dead_letter_at is not None and dead_letter_at < now
+
+
 class Task(BaseModel):
     """The stored task: one TasksTable item. Times are epoch seconds (expires_at is the TTL attribute)."""
 
@@ -273,11 +278,7 @@ class Task(BaseModel):
         Derived on read rather than written by a sweeper: no writer races a live worker, nothing
         runs while nothing fails, and a redriven message claims the task as it stands.
         """
-        return (
-            self.status is TaskStatus.PROCESSING
-            and self.dead_letter_at is not None
-            and self.dead_letter_at < now
-        )
+        return is_dead_lettered(self.status, self.dead_letter_at, now)
 
     def as_read(self, now: float) -> Task:
         """The task as clients see it: a dead-lettered one reads as failed."""

@@ -1,49 +1,84 @@
-"""`llmtasks stats`: what a tenant's tasks and the deployment's queues look like right now."""
+"""What a deployment's tasks, batches and queues look like right now: `llmtasks stats` prints it,
+the local console (`llmtasks up`, /console) draws it. Both read the tables and queues the
+functions use; there is no second store.
+
+Tasks are read with one Scan of TasksTable (prompts and results left out), up to MAX_ITEMS
+items: cheap on a local stack, a bounded read on a deployed one.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from llmtasks.models import TaskStatus
+from llmtasks.batch_store import batch_from_item
+from llmtasks.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
+from llmtasks.store import deserialize
 
 if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-    from llmtasks.client import Client
     from llmtasks.deployment import Deployment
 
 HOUR_S = 3600
-MAX_TASKS = 2000  # pages read for the summary; the newest come first
-
-
-def task_stats(client: Client, *, now: float) -> dict[str, Any]:
-    """Tasks by status (the newest MAX_TASKS) and submit-to-done latency of the last hour."""
-    by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus})
-    latencies: list[float] = []
-    cursor, seen = None, 0
-    while seen < MAX_TASKS:
-        page = client.list(limit=100, cursor=cursor)
-        for task in page.data:
-            by_status[task.status.value] += 1
-            done = task.completed_at
-            if task.status is TaskStatus.COMPLETED and done and now - done.timestamp() <= HOUR_S:
-                latencies.append((done - task.created_at).total_seconds())
-        seen += len(page.data)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return {"by_status": dict(by_status), "latency_s": percentiles(latencies)}
+BUCKET_S = 300  # the charts' resolution: five minutes
+MAX_ITEMS = 20_000
+RECENT = 25  # tasks shown with their timeline
+BATCHES = 10
+# What the Scan reads of a task: never its prompt, result or webhook URL.
+_TASK_FIELDS = [
+    "pk",
+    "task_id",
+    "tenant_id",
+    "status",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "attempts",
+    "max_retries",
+    "error_code",
+    "batch_id",
+    "priority",
+    "webhook_status",
+    "webhook_attempts",
+    "dead_letter_at",
+    "lease_until",
+    "expires_at",
+    "request.model",
+]
+_BATCH_FIELDS = [
+    "pk",
+    "batch_id",
+    "owner_tenant",
+    "status",
+    "total",
+    "pending",
+    "processing",
+    "completed",
+    "failed",
+    "cancelled",
+    "manifest_ref",
+    "chunk_size",
+    "chunk_offsets",
+    "created_at",
+    "expires_at",
+    "completed_at",
+    "cancel_requested_at",
+]
 
 
 def percentiles(values: list[float]) -> dict[str, Any]:
+    """p50, p95 and p99 (seconds, two decimals) and how many values they come from."""
     if not values:
-        return {"p50": None, "p95": None, "n": 0}
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
     if len(values) == 1:
-        return {"p50": round(values[0], 2), "p95": round(values[0], 2), "n": 1}
+        only = round(values[0], 2)
+        return {"p50": only, "p95": only, "p99": only, "n": 1}
     cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": round(cuts[49], 2), "p95": round(cuts[94], 2), "n": len(values)}
+    return {"p50": round(cuts[49], 2), "p95": round(cuts[94], 2), "p99": round(cuts[98], 2), "n": len(values)}
 
 
 def queue_depths(sqs: SQSClient, deployment: Deployment) -> dict[str, int]:
@@ -58,3 +93,100 @@ def queue_depths(sqs: SQSClient, deployment: Deployment) -> dict[str, int]:
         )["Attributes"]
         depths[name] = sum(int(value) for value in attributes.values())
     return depths
+
+
+def _scan(dynamodb: DynamoDBClient, table: str, prefix: str, fields: list[str]) -> list[dict[str, Any]]:
+    """The items whose key starts with `prefix`, with the given fields only (raw DynamoDB JSON).
+    Every name goes through a placeholder: several (status, total) are reserved words."""
+    names = sorted({name for path in fields for name in path.split(".")})
+    placeholder = {name: f"#n{i}" for i, name in enumerate(names)}
+    projection = ", ".join(".".join(placeholder[name] for name in path.split(".")) for path in fields)
+    items: list[dict[str, Any]] = []
+    pages = dynamodb.get_paginator("scan").paginate(
+        TableName=table,
+        FilterExpression="begins_with(pk, :prefix)",
+        ExpressionAttributeValues={":prefix": {"S": prefix}},
+        ProjectionExpression=projection,
+        ExpressionAttributeNames={alias: name for name, alias in placeholder.items()},
+    )
+    for page in pages:
+        items += page.get("Items", [])
+        if len(items) >= MAX_ITEMS:
+            break
+    return items[:MAX_ITEMS]
+
+
+def _status(task: dict[str, Any], now: float) -> str:
+    """As a client reads it, with a dead-lettered task told apart from the other failures."""
+    status = TaskStatus(task["status"])
+    if is_dead_lettered(status, task.get("dead_letter_at"), now):
+        return DEAD_LETTERED
+    return status.value
+
+
+def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
+    return {
+        "task_id": task["task_id"],
+        "tenant_id": task.get("tenant_id"),
+        "status": status,
+        "model": (task.get("request") or {}).get("model"),
+        "priority": task.get("priority"),
+        "batch_id": task.get("batch_id"),
+        "submitted_at": task.get("created_at"),
+        "claimed_at": task.get("started_at"),
+        "attempts": task.get("attempts", 0),
+        "ended_at": task.get("completed_at") if status != DEAD_LETTERED else task.get("lease_until"),
+        "error_code": DEAD_LETTERED if status == DEAD_LETTERED else task.get("error_code"),
+        "webhook_status": task.get("webhook_status"),
+        "webhook_attempts": task.get("webhook_attempts", 0),
+    }
+
+
+def overview(
+    dynamodb: DynamoDBClient, sqs: SQSClient, deployment: Deployment, *, now: float
+) -> dict[str, Any]:
+    """Tasks by status; queue wait, run time (claim to end, retries included: the LLM's share)
+    and end-to-end time over the last hour, as percentiles and per five minutes; the newest
+    tasks with their timelines; queue and DLQ depths; the newest batches with their counts."""
+    scanned = _scan(dynamodb, deployment.tasks_table, "task#", _TASK_FIELDS)
+    tasks = [task for task in map(deserialize, scanned) if task["expires_at"] > now]
+    statuses = [_status(task, now) for task in tasks]
+    by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus} | {DEAD_LETTERED: 0})
+    by_status.update(statuses)
+    since = now - HOUR_S
+    buckets = int(HOUR_S / BUCKET_S)
+    measured: dict[str, list[list[float]]] = {
+        name: [[] for _ in range(buckets)] for name in ("queue_wait_s", "run_s", "end_to_end_s")
+    }
+
+    def add(name: str, at: float | None, value: float) -> None:
+        if at is not None and since <= at <= now:
+            measured[name][min(buckets - 1, math.floor((at - since) / BUCKET_S))].append(max(0.0, value))
+
+    for task, status in zip(tasks, statuses, strict=True):
+        created, started, ended = task["created_at"], task.get("started_at"), task.get("completed_at")
+        if started is not None:
+            add("queue_wait_s", started, started - created)
+        if status == TaskStatus.COMPLETED.value and ended is not None:
+            add("run_s", ended, ended - (started or created))
+            add("end_to_end_s", ended, ended - created)
+    latency = {name: percentiles([v for bucket in rows for v in bucket]) for name, rows in measured.items()}
+    series = [
+        {"at": since + i * BUCKET_S, **{name: percentiles(rows[i]) for name, rows in measured.items()}}
+        for i in range(buckets)
+    ]
+    newest = sorted(zip(tasks, statuses, strict=True), key=lambda pair: -pair[0]["created_at"])[:RECENT]
+    stored = [
+        batch_from_item(item) for item in _scan(dynamodb, deployment.tasks_table, "batch#", _BATCH_FIELDS)
+    ]
+    newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
+    batches = [BatchView.of(batch).model_dump(mode="json") for batch in newest_batches[:BATCHES]]
+    return {
+        "generated_at": now,
+        "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},
+        "latency": latency,
+        "series": series,
+        "recent": [_timeline(task, status) for task, status in newest],
+        "queues": queue_depths(sqs, deployment),
+        "batches": batches,
+    }

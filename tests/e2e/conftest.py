@@ -34,6 +34,13 @@ def derived_template(directory: Path, replacements: dict[str, str]) -> Path:
     return path
 
 
+def faulty_template(directory: Path) -> Path:
+    """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper."""
+    worker = "CodeUri: functions/worker/\n      Handler: app.lambda_handler"
+    faulty = f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
+    return derived_template(directory, {worker: faulty})
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[RunningStack]:
     running = start_stack()

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from llmtasks.llm.mock import reply_text
-from tests.e2e.conftest import RunningStack, derived_template, start_stack
-from tests.helpers import ROOT, eventually
+from tests.e2e.conftest import RunningStack, faulty_template, start_stack
+from tests.helpers import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
@@ -33,13 +33,6 @@ POISON = "poison-pill"
 TERMINAL = ("completed", "failed", "cancelled")
 FAULTS = {"crash_rate": 0.05, "duplicate_rate": 0.05, "poison": POISON}
 LLM_FAULTS = {"rate_500": 0.2, "rate_429": 0.1, "retry_after_s": 1, "rate_hang": 0.02, "hang_s": 3600}
-
-
-def faulty_template(directory: Path) -> Path:
-    """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper."""
-    worker = "CodeUri: functions/worker/\n      Handler: app.lambda_handler"
-    faulty = f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
-    return derived_template(directory, {worker: faulty})
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,12 @@ from typing import Any
 
 import boto3
 import uvicorn
+from starlette.types import ASGIApp
 
 from llmtasks.apikeys import ApiKeys
+from llmtasks.deadletters import DeadLetters
+from llmtasks.deployment import Deployment
+from llmtasks.local.console import Console
 from llmtasks.local.gateway import HttpGateway
 from llmtasks.local.processes import spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
@@ -28,6 +32,7 @@ from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
+from llmtasks.store import TaskStore
 
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits
 
@@ -206,7 +211,8 @@ class LocalStack:
                     )
         self._start_ttl(resources)
         routes = [route for spec in self.functions.values() for route in spec.routes]
-        self._serve_http(HttpGateway(routes, self.runtimes, authorize=self.options.auth))
+        gateway = HttpGateway(routes, self.runtimes, authorize=self.options.auth)
+        self._serve_http(self._console().around(gateway.app()))
         pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
         for poller in pollers:
             poller.start()
@@ -243,9 +249,15 @@ class LocalStack:
             return None
         return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(source.on_failure_arn))
 
-    def _serve_http(self, gateway: HttpGateway) -> None:
+    def _console(self) -> Console:
+        sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
+        deployment = Deployment.local(sqs)
+        dead_letters = DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
+        return Console(dynamodb, sqs, deployment, dead_letters)
+
+    def _serve_http(self, app: ASGIApp) -> None:
         config = uvicorn.Config(
-            gateway.app(),
+            app,
             host=self.options.host,
             port=self.options.port,
             log_level="warning",

@@ -1,0 +1,153 @@
+"""The local console (`llmtasks up`, /console) in a real headless Chromium (Debian's chromium and
+chromium-driver, driven by Selenium): it lists a completed and a failed task, shows a
+dead-lettered one in its DLQ, and its Redrive button brings that one back to completed.
+
+With LLMTASKS_SCREENSHOT=1 it also writes the README's picture, docs/console.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.e2e.conftest import RunningStack, faulty_template, start_stack
+from tests.e2e.test_local_stack import wait_terminal
+from tests.helpers import ROOT, eventually
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+POISON = "poison-pill"
+# Every flag keeps Chromium off the network: no updates, sync, metrics or QUIC probes.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--window-size=1400,1600",
+)
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.fail(
+            "the console test needs Debian's chromium and chromium-driver"
+            " (apt-get install chromium chromium-driver; .ci/run installs them)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='llmtasks-chromium-')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def console_stack(tmp_path: Path) -> Iterator[tuple[RunningStack, Path]]:
+    """A stack whose worker fails the poison prompt on every delivery (until the faults file
+    says otherwise), with two deliveries a message and a three-second visibility timeout, so a
+    poison task is dead-lettered within seconds."""
+    faults_file = tmp_path / "faults.json"
+    faults_file.write_text(json.dumps({"poison": POISON}))
+    stack = start_stack(
+        "-t",
+        str(faulty_template(tmp_path)),
+        "--parameter-overrides",
+        "WorkerTimeoutSeconds=10 TaskVisibilityTimeoutSeconds=3 TaskMaxReceiveCount=2",
+        env={"LLMTASKS_FAULTS_FILE": str(faults_file), "LEASE_MARGIN_S": "1", "DEAD_LETTER_GRACE_S": "1"},
+    )
+    try:
+        yield stack, faults_file
+    finally:
+        stack.stop()
+
+
+def shown(browser: webdriver.Chrome, find: Callable[[webdriver.Chrome], Any], timeout_s: float = 30) -> Any:
+    """What `find` returns once it returns something truthy; the page redraws every two seconds."""
+
+    def attempt(driver: webdriver.Chrome) -> Any:
+        try:
+            return find(driver)
+        except (StaleElementReferenceException, WebDriverException):
+            return None
+
+    return WebDriverWait(browser, timeout_s, poll_frequency=0.25).until(attempt)
+
+
+def status_in_recent(task_id: str) -> Callable[[webdriver.Chrome], str | None]:
+    def read(driver: webdriver.Chrome) -> str | None:
+        rows = driver.find_elements(
+            By.CSS_SELECTOR, f"#recent tr[data-task-id='{task_id}'] [data-role=status]"
+        )
+        return rows[0].text if rows else None
+
+    return read
+
+
+def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_it(
+    console_stack: tuple[RunningStack, Path], browser: webdriver.Chrome
+) -> None:
+    stack, faults_file = console_stack
+    with stack.client() as client:
+        completed = client.post("/tasks", json={"prompt": "a fine prompt"}).json()["task_id"]
+        assert wait_terminal(client, completed)["status"] == "completed"
+        stack.configure_mock(rate_500=1.0)
+        failed = client.post("/tasks", json={"prompt": "doomed", "max_retries": 0}).json()["task_id"]
+        assert wait_terminal(client, failed)["error_code"] == "llm_http_500"
+        stack.configure_mock(rate_500=0.0)
+        poison = client.post("/tasks", json={"prompt": f"a {POISON}"}).json()["task_id"]
+        eventually(
+            lambda: client.get(f"/tasks/{poison}").json().get("error_code"),
+            lambda code: code == "dead_lettered",
+            timeout_s=60,
+            what="the poison task dead-lettered",
+        )
+    faults_file.write_text("{}")  # the worker is fixed: a redrive will now complete it
+
+    browser.get(stack.api + "/console")
+    assert shown(browser, status_in_recent(completed)) == "completed"
+    assert shown(browser, status_in_recent(failed)) == "failed"
+    assert shown(browser, status_in_recent(poison)) == "dead_lettered"
+    dead = shown(
+        browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"[data-dlq=tasks] tr[data-task-id='{poison}']")
+    )
+    assert "failed" in dead[0].text  # the DLQ view says what the task reads as now
+    cards = {
+        card.get_attribute("data-status"): int(card.text.split()[-1])
+        for card in browser.find_elements(By.CSS_SELECTOR, ".card")
+    }
+    assert (cards["completed"], cards["failed"], cards["dead_lettered"]) == (1, 1, 1)
+    # `llmtasks stats` prints the same numbers in the terminal
+    stats = json.loads(stack.cli("stats", "--json"))
+    assert stats["tasks"]["by_status"] == cards
+    assert stats["queues"]["tasks_dlq"] == 1
+    assert "dead_lettered=1" in stack.cli("stats")
+    if os.environ.get("LLMTASKS_SCREENSHOT"):
+        browser.save_screenshot(str(ROOT / "docs" / "console.png"))
+
+    shown(
+        browser, lambda d: d.find_element(By.CSS_SELECTOR, "button[data-redrive=tasks]:not([disabled])")
+    ).click()
+    assert shown(browser, lambda d: status_in_recent(poison)(d) == "completed" and "completed", timeout_s=60)
+    with stack.client() as client:
+        assert client.get(f"/tasks/{poison}").json()["status"] == "completed"
+    assert shown(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-dlq=tasks] tr[data-task-id]"))
