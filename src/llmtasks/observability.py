@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
+
+if TYPE_CHECKING:
+    from llmtasks.models import Task
 
 SERVICE = "llmtasks"
 NAMESPACE = "llmtasks"
@@ -50,6 +54,16 @@ def trace_id(header: str | None) -> str | None:
         if name == "Root" and value:
             return value
     return None
+
+
+def task_keys(task: Task) -> dict[str, Any]:
+    """The keys of every log line about a task: its id, tenant, batch and trace."""
+    keys: dict[str, Any] = {"task_id": task.task_id, "tenant_id": task.tenant_id}
+    if task.batch_id:
+        keys["batch_id"] = task.batch_id
+    if trace := trace_id(task.trace_header):
+        keys["trace_id"] = trace
+    return keys
 
 
 class Metric:

@@ -45,7 +45,7 @@ from llmtasks.models import (
     WebhookSecret,
     WebhookStatus,
 )
-from llmtasks.observability import Metric, emit, logger, trace_id, tracer
+from llmtasks.observability import Metric, emit, logger, task_keys, tracer
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import MAX_DELAY_S, Queue
 from llmtasks.results import ResultBlobs
@@ -214,7 +214,7 @@ class TaskService:
             raise ServiceUnavailable(
                 "The task could not be stored or queued; nothing was kept. Retry."
             ) from exc
-        logger.info("submitted", task_id=task.task_id, tenant_id=tenant_id, trace_id=trace_id(trace_header))
+        logger.info("submitted", **task_keys(task))
         emit(Metric.SUBMITTED, **dimensions_of(task, self._settings))
         return task
 
@@ -393,13 +393,7 @@ class TaskRunner:
         except ClaimRefused as refused:
             self._refused(task_id, delivery, refused, now)
             return
-        logger.info(
-            "claimed",
-            task_id=task_id,
-            attempt=task.attempts,
-            receive_count=delivery.receive_count,
-            trace_id=trace_id(task.trace_header),
-        )
+        logger.info("claimed", attempt=task.attempts, receive_count=delivery.receive_count, **task_keys(task))
         dimensions = dimensions_of(task, self._settings)
         if task.attempts == 1:
             emit(Metric.QUEUE_WAIT, max(0.0, now - task.created_at), MetricUnit.Seconds, **dimensions)
@@ -447,14 +441,10 @@ class TaskRunner:
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
             # discarded, never written over a terminal state.
-            logger.info("result discarded", task_id=task_id)
+            logger.info("result discarded", **task_keys(task))
             return
         logger.info(
-            "completed",
-            task_id=task_id,
-            model=completion.model,
-            total_tokens=completion.usage.total_tokens,
-            trace_id=trace_id(task.trace_header),
+            "completed", model=completion.model, total_tokens=completion.usage.total_tokens, **task_keys(task)
         )
         emit(Metric.COMPLETED, **dimensions)
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
@@ -480,7 +470,7 @@ class TaskRunner:
         except StaleWrite:
             # A progress write found the task cancelled (or taken over): the call was stopped
             # there, and no more tokens are spent on it.
-            logger.info("call stopped: the task moved on", task_id=task.task_id)
+            logger.info("call stopped: the task moved on", **task_keys(task))
         finally:
             elapsed_ms = (time.monotonic() - started) * 1000
             dimensions = dimensions_of(task, self._settings)
@@ -590,7 +580,7 @@ class TaskRunner:
 
     def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
         now = self._clock()
-        logger.warning("llm error", task_id=task.task_id, error_code=error.code, transient=error.transient)
+        logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
@@ -634,7 +624,7 @@ class TaskRunner:
         delay = min(math.ceil(delay), MAX_DELAY_S)
         # A batch item's messages stay on the batch queue, under its own concurrency.
         queue = self._batch_queue if task.batch_id else self._queue
-        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay, trace_header=task.trace_header)
+        queue.send(TaskMessage(**task_keys(task)), delay_s=delay, trace_header=task.trace_header)
         try:
             self._store.release(
                 task.task_id,
@@ -645,9 +635,9 @@ class TaskRunner:
                 attempted=attempted,
             )
         except StaleWrite:
-            logger.info("cancelled during the call", task_id=task.task_id)
+            logger.info("cancelled during the call", **task_keys(task))
             return
-        logger.info("retry scheduled", task_id=task.task_id, attempt=task.attempts, delay_s=delay)
+        logger.info("retry scheduled", **task_keys(task), attempt=task.attempts, delay_s=delay)
 
     def backoff_s(self, attempt: int) -> float:
         """Exponential backoff with full jitter (AWS Architecture Blog, 'Exponential Backoff And Jitter')."""
@@ -661,7 +651,7 @@ class TaskRunner:
             self._store.cancel(task.task_id, tenant_id=task.tenant_id, now=self._clock())
         except (TaskNotFound, TaskConflict):
             return  # the sweep cancelled it first
-        logger.info("cancelled with its batch", task_id=task.task_id, batch_id=task.batch_id)
+        logger.info("cancelled with its batch", **task_keys(task))
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
 
     def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
@@ -670,7 +660,7 @@ class TaskRunner:
                 task.task_id, lease_id=lease_id, error=error, error_code=error_code, now=self._clock()
             )
         except StaleWrite:
-            logger.info("cancelled during the call", task_id=task.task_id)
+            logger.info("cancelled during the call", **task_keys(task))
             return
-        logger.info("failed", task_id=task.task_id, error_code=error_code)
+        logger.info("failed", **task_keys(task), error_code=error_code)
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings))

@@ -37,7 +37,7 @@ from llmtasks.models import (
     WebhookMessage,
     WebhookStatus,
 )
-from llmtasks.observability import Metric, emit, logger, trace_id
+from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.results import ResultBlobs
 from llmtasks.retry_after import parse_retry_after
 from llmtasks.store import task_from_item
@@ -220,7 +220,7 @@ class WebhookRelay:
             return False  # the stream filter should not have let it through; changes nothing
         event_type = EVENT_OF_STATUS[new.status]
         if not new.wants_webhook(event_type):
-            logger.info("webhook not wanted for this event", task_id=new.task_id, event_type=event_type)
+            logger.info("webhook not wanted for this event", event_type=event_type, **task_keys(new))
             return False
         self._queue.send(
             WebhookMessage(
@@ -228,9 +228,7 @@ class WebhookRelay:
             ),
             trace_header=new.trace_header,
         )
-        logger.info(
-            "webhook queued", task_id=new.task_id, event_type=event_type, trace_id=trace_id(new.trace_header)
-        )
+        logger.info("webhook queued", event_type=event_type, **task_keys(new))
         return True
 
     def relay_batch(self, old: Batch | None, new: Batch) -> bool:
@@ -297,7 +295,7 @@ class WebhookDelivery:
             tenant_id=task.tenant_id,
             data=TaskView.of(self._results.hydrate(task)),
             record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
-            log={"task_id": task_id, **({"trace_id": tid} if (tid := trace_id(task.trace_header)) else {})},
+            log=task_keys(task),
         )
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
@@ -348,7 +346,7 @@ class _Subject:
     tenant_id: str
     data: TaskView | BatchView
     record: Callable[[WebhookStatus], object]  # counts one attempt and its outcome on the item
-    log: dict[str, str]
+    log: dict[str, Any]  # the keys of its log lines
 
 
 def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:
