@@ -17,10 +17,11 @@ import base64
 import json
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
@@ -46,10 +47,10 @@ from llmtasks.models import (
     TaskStatus,
     WebhookStatus,
 )
-from llmtasks.observability import logger
+from llmtasks.observability import Metric, emit, logger
 from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
-from llmtasks.service import check_limits, check_metadata, is_task_id
+from llmtasks.service import check_limits, check_metadata, dimensions_of, is_task_id
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import Resolver, check_webhook_url, resolver_from_settings
@@ -337,6 +338,10 @@ class BatchFanout:
             group = [task.task_id for task in created[start : start + SEND_GROUP] if self._store.create(task)]
             if not cancelling:
                 self._queue.send_many([TaskMessage(task_id=task_id) for task_id in group])
+        if not cancelling:
+            submitted = Counter(tuple(dimensions_of(task, self._settings).items()) for task in created)
+            for dimensions, count in submitted.items():
+                emit(Metric.SUBMITTED, count, MetricUnit.Count, **dict(dimensions))
         if unclaimed and not cancelling:
             self._queue.send_many([TaskMessage(task_id=task_id) for task_id in unclaimed])
         logger.info(

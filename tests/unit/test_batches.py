@@ -25,7 +25,7 @@ from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookRelay
 from tests.conftest import Aws, RunningMock
-from tests.helpers import load_event
+from tests.helpers import emf_records, load_event
 from tests.unit.test_api import Api, assert_problem, task_service
 
 pytestmark = pytest.mark.unit
@@ -305,6 +305,20 @@ def test_the_same_batch_sent_twice_with_one_idempotency_key_fans_out_once(rig: R
     assert len(rig.aws.messages("BatchFanoutQueue")) == 2  # 5 items, 4 a chunk: sent once
     other = rig.api.call("POST", "/batches", {"items": items[:1]}, headers={"Idempotency-Key": "k1"})
     assert_problem(other, 422)
+
+
+def test_fanned_out_items_count_as_submitted_tasks_by_model_and_priority(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = [{"prompt": f"item {i}", **({"model": "big"} if i % 2 else {})} for i in range(5)]
+    rig.submit(items)
+    capsys.readouterr()
+    rig.fan_out()
+    submitted = emf_records(capsys.readouterr().out)["TasksSubmitted"]
+    by_model = Counter[str]()
+    for record in submitted:
+        by_model[record["model"]] += record["value"]
+    assert by_model == {"big": 2, rig.settings.llm_model: 3}
 
 
 def test_a_submit_retried_after_its_key_record_lapsed_finds_the_batch_it_began(rig: Rig) -> None:
