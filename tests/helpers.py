@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import threading
 import time
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import boto3
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -158,3 +160,25 @@ def emf_records(output: str) -> dict[str, list[dict[str, Any]]]:
             [value] = record[metric["Name"]]  # one value a record: each metric is written as it happens
             found.setdefault(metric["Name"], []).append({**values, "value": value})
     return found
+
+
+def local_client(service: str, endpoint_url: str) -> Any:
+    """A boto3 client of a local endpoint, with moto's fixed keys: never a real account's."""
+    return boto3.client(
+        service,
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+@contextmanager
+def endpoint_or_moto(variable: str) -> Iterator[str]:
+    """The endpoint the environment variable names, else a moto server of this test's own."""
+    given = os.environ.get(variable)
+    if given:
+        yield given
+        return
+    with moto_endpoint() as url:
+        yield url

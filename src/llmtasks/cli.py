@@ -60,6 +60,16 @@ def _split_endpoints(values: tuple[str, ...]) -> str | None:
     return everything
 
 
+_template_option = click.option(
+    "--template",
+    "-t",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="template.yaml",
+    show_default=True,
+    help="The SAM template.",
+)
+
+
 class _Commands(click.Group):
     """API errors end a command with their problem's words, not a traceback: exit 2 when the
     request was wrong (4xx), 1 when the service or the network failed."""
@@ -86,14 +96,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--template",
-    "-t",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default="template.yaml",
-    show_default=True,
-    help="The SAM template to run.",
-)
+@_template_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP API listens.")
 @click.option("--port", default=3000, show_default=True, help="The HTTP API's port.")
 @click.option(
@@ -245,14 +248,7 @@ def up(
     default=None,
     help='SAM\'s env-vars file: {"Parameters": {...}, "FunctionLogicalId": {...}}.',
 )
-@click.option(
-    "--template",
-    "-t",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default="template.yaml",
-    show_default=True,
-    help="The SAM template.",
-)
+@_template_option
 @click.option(
     "--parameter-overrides", multiple=True, help="Template parameters, as Name=Value (SAM's format)."
 )

@@ -8,7 +8,6 @@ import socket
 import time
 from typing import Any
 
-import boto3
 import httpx
 import pytest
 from standardwebhooks import Webhook
@@ -20,7 +19,7 @@ from starlette.routing import Route
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.provision import local_name
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, eventually, moto_endpoint, serve
+from tests.helpers import WebhookReceiver, eventually, local_client, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -148,13 +147,7 @@ def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
         finally:
             assert stack.stop() == 0
         # Then the task lives on that endpoint, which outlives the stack
-        dynamodb = boto3.client(
-            "dynamodb",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        dynamodb = local_client("dynamodb", endpoint)
         item = dynamodb.get_item(TableName=local_name("TasksTable"), Key={"pk": {"S": f"task#{task_id}"}})[
             "Item"
         ]
@@ -164,13 +157,7 @@ def test_endpoint_url_runs_the_stack_on_an_existing_aws_endpoint() -> None:
 def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
     stack = start_stack("--ttl-sweep", "0.5")
     try:
-        dynamodb = boto3.client(
-            "dynamodb",
-            endpoint_url=stack.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        dynamodb = local_client("dynamodb", stack.endpoint)
         table = local_name("TasksTable")
         now = int(time.time())
         for pk, expires_at in (("task#expired", now - 1), ("task#alive", now + 3600)):

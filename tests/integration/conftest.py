@@ -15,16 +15,12 @@ import pytest
 
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.template import Template
-from tests.helpers import TEMPLATE, moto_endpoint
+from tests.helpers import TEMPLATE, endpoint_or_moto
 
 
 @pytest.fixture(scope="session")
 def endpoint_url() -> Iterator[str]:
-    given = os.environ.get("AWS_ENDPOINT_URL")
-    if given:
-        yield given
-        return
-    with moto_endpoint() as url:
+    with endpoint_or_moto("AWS_ENDPOINT_URL") as url:
         yield url
 
 

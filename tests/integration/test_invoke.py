@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from llmtasks.client import verify_webhook
@@ -27,7 +26,7 @@ from llmtasks.local.template import Template
 from llmtasks.models import LLMRequest
 from llmtasks.store import TaskStore
 from tests.conftest import RunningMock
-from tests.helpers import EVENTS, ROOT, TEMPLATE, WebhookReceiver, pending_task, serve
+from tests.helpers import EVENTS, ROOT, TEMPLATE, WebhookReceiver, local_client, pending_task, serve
 
 pytestmark = pytest.mark.integration
 
@@ -98,13 +97,7 @@ def test_every_sample_event_runs_through_llmtasks_invoke(
     invoke = Invoker(endpoint_url, env_vars, "WebhookAllowedHosts=127.0.0.1")
     # The sample task, as submit stores it, with its webhook on this machine
     assert invoke("StatusFunction", "health.json")["statusCode"] == 200  # provisions the tables
-    dynamodb = boto3.client(
-        "dynamodb",
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", endpoint_url),
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    dynamodb = local_client("dynamodb", os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", endpoint_url))
     store = TaskStore(local_name("TasksTable"), dynamodb)
     prompt = "Write a haiku about queues."
     task = pending_task(TASK_ID, tenant="dev", now=time.time(), ttl_s=3600, request=LLMRequest(prompt=prompt))

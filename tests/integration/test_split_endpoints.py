@@ -4,36 +4,24 @@ server), every other service on the embedded moto; a task goes through the split
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
-import boto3
 import pytest
 
 from llmtasks.local.launcher import LaunchedStack, launch
-from tests.helpers import ROOT, moto_endpoint
+from tests.helpers import ROOT, endpoint_or_moto, local_client
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def sqs_endpoint() -> Iterator[str]:
-    given = os.environ.get("AWS_ENDPOINT_URL_SQS")
-    if given:
-        yield given
-        return
-    with moto_endpoint() as url:
+    with endpoint_or_moto("AWS_ENDPOINT_URL_SQS") as url:
         yield url
 
 
 def queue_names(endpoint_url: str) -> set[str]:
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    sqs = local_client("sqs", endpoint_url)
     return {url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])}
 
 
