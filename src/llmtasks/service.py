@@ -624,7 +624,7 @@ class TaskRunner:
         delay = min(math.ceil(delay), MAX_DELAY_S)
         # A batch item's messages stay on the batch queue, under its own concurrency.
         queue = self._batch_queue if task.batch_id else self._queue
-        queue.send(TaskMessage(**task_keys(task)), delay_s=delay, trace_header=task.trace_header)
+        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay, trace_header=task.trace_header)
         try:
             self._store.release(
                 task.task_id,
