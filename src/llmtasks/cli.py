@@ -709,7 +709,11 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
         return
     click.echo("tasks      " + "  ".join(f"{k}={v}" for k, v in summary["tasks"]["by_status"].items()))
     click.echo("queues     " + "  ".join(f"{k}={v}" for k, v in summary["queues"].items()))
-    for name, label in (("queue_wait_s", "queue wait"), ("run_s", "run"), ("end_to_end_s", "end to end")):
+    for name, label in (
+        ("queue_wait_s", "queue wait"),
+        ("llm_s", "LLM time"),
+        ("end_to_end_s", "end to end"),
+    ):
         cut = summary["latency"][name]
         cuts = "  ".join(f"{p}={cut[p]} s" for p in ("p50", "p95", "p99"))
         click.echo(f"{label:10} {cuts}  (n={cut['n']}, last hour)")

@@ -191,6 +191,16 @@ class Usage(BaseModel):
     total_tokens: int = 0
 
 
+class AttemptRecord(BaseModel):
+    """One ended attempt at a task's LLM call."""
+
+    attempt: int
+    started_at: float
+    ended_at: float
+    outcome: Literal["completed", "failed", "retry"]
+    error_code: str | None = None
+
+
 def is_dead_lettered(status: TaskStatus, dead_letter_at: float | None, now: float) -> bool:
     """See `Task.is_dead_lettered` (also for readers that load a few fields of a task)."""
     return status is TaskStatus.PROCESSING and dead_letter_at is not None and dead_letter_at < now
@@ -231,6 +241,9 @@ class Task(BaseModel):
     # the message had left was due by then (set at the claim; see TaskRunner.run).
     dead_letter_at: float | None = None
     next_attempt_at: float | None = None
+    # When the running attempt was claimed, and each ended attempt: the console's timeline.
+    attempt_started_at: float | None = None
+    attempt_log: list[AttemptRecord] = Field(default_factory=list)
     result: str | None = None
     # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
     result_ref: str | None = None

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -36,6 +36,7 @@ from llmtasks.errors import (
 from llmtasks.idempotency import IdempotencyKeys, at_most_once
 from llmtasks.llm import LLMProvider
 from llmtasks.models import (
+    AttemptRecord,
     Completion,
     SubmitTaskRequest,
     Task,
@@ -437,6 +438,7 @@ class TaskRunner:
                 completion=completion,
                 now=self._clock(),
                 result_ref=result_ref,
+                attempt=self._attempt(task, "completed"),
             )
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
@@ -633,11 +635,22 @@ class TaskRunner:
                 error_code=error_code,
                 next_attempt_at=self._clock() + delay,
                 attempted=attempted,
+                attempt=self._attempt(task, "retry", error_code),
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))
             return
         logger.info("retry scheduled", **task_keys(task), attempt=task.attempts, delay_s=delay)
+
+    def _attempt(
+        self, task: Task, outcome: Literal["completed", "failed", "retry"], error_code: str | None = None
+    ) -> AttemptRecord:
+        """The attempt this claim ran, as it ends now (for the task's timeline)."""
+        now = self._clock()
+        started = task.attempt_started_at if task.attempt_started_at is not None else now
+        return AttemptRecord(
+            attempt=task.attempts, started_at=started, ended_at=now, outcome=outcome, error_code=error_code
+        )
 
     def backoff_s(self, attempt: int) -> float:
         """Exponential backoff with full jitter (AWS Architecture Blog, 'Exponential Backoff And Jitter')."""
@@ -657,7 +670,12 @@ class TaskRunner:
     def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
         try:
             self._store.fail(
-                task.task_id, lease_id=lease_id, error=error, error_code=error_code, now=self._clock()
+                task.task_id,
+                lease_id=lease_id,
+                error=error,
+                error_code=error_code,
+                now=self._clock(),
+                attempt=self._attempt(task, "failed", error_code),
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))

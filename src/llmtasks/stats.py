@@ -48,6 +48,7 @@ _TASK_FIELDS = [
     "lease_until",
     "expires_at",
     "request.model",
+    "attempt_log",
 ]
 _BATCH_FIELDS = [
     "pk",
@@ -135,6 +136,7 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
         "submitted_at": task.get("created_at"),
         "claimed_at": task.get("started_at"),
         "attempts": task.get("attempts", 0),
+        "attempt_log": task.get("attempt_log") or [],
         "ended_at": task.get("completed_at") if status != DEAD_LETTERED else task.get("lease_until"),
         "error_code": DEAD_LETTERED if status == DEAD_LETTERED else task.get("error_code"),
         "webhook_status": task.get("webhook_status"),
@@ -142,11 +144,17 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
+def llm_time(task: dict[str, Any]) -> float:
+    """The time its attempts took, each from its claim to its end (the LLM's call, mostly),
+    without the waits between them."""
+    return float(sum(entry["ended_at"] - entry["started_at"] for entry in task.get("attempt_log") or []))
+
+
 def overview(
     dynamodb: DynamoDBClient, sqs: SQSClient, deployment: Deployment, *, now: float
 ) -> dict[str, Any]:
-    """Tasks by status; queue wait, run time (claim to end, retries included: the LLM's share)
-    and end-to-end time over the last hour, as percentiles and per five minutes; the newest
+    """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
+    over the last hour, as percentiles and per five minutes; the newest
     tasks with their timelines; queue and DLQ depths; the newest batches with their counts."""
     scanned = _scan(dynamodb, deployment.tasks_table, "task#", _TASK_FIELDS)
     tasks = [task for task in map(deserialize, scanned) if task["expires_at"] > now]
@@ -156,7 +164,7 @@ def overview(
     since = now - HOUR_S
     buckets = int(HOUR_S / BUCKET_S)
     measured: dict[str, list[list[float]]] = {
-        name: [[] for _ in range(buckets)] for name in ("queue_wait_s", "run_s", "end_to_end_s")
+        name: [[] for _ in range(buckets)] for name in ("queue_wait_s", "llm_s", "end_to_end_s")
     }
 
     def add(name: str, at: float | None, value: float) -> None:
@@ -168,7 +176,7 @@ def overview(
         if started is not None:
             add("queue_wait_s", started, started - created)
         if status == TaskStatus.COMPLETED.value and ended is not None:
-            add("run_s", ended, ended - (started or created))
+            add("llm_s", ended, llm_time(task))
             add("end_to_end_s", ended, ended - created)
     latency = {name: percentiles([v for bucket in rows for v in bucket]) for name, rows in measured.items()}
     series = [

@@ -17,7 +17,15 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import DEAD_LETTERED, Completion, Task, TaskStatus, WebhookSecrets, WebhookStatus
+from llmtasks.models import (
+    DEAD_LETTERED,
+    AttemptRecord,
+    Completion,
+    Task,
+    TaskStatus,
+    WebhookSecrets,
+    WebhookStatus,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -30,7 +38,7 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 # What a run leaves on the task while it lasts: its lease, and the text streamed so far.
 _LEASE_FIELDS = (
     "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at,"
-    " partial_result, progress_tokens, progress_at"
+    " partial_result, progress_tokens, progress_at, attempt_started_at"
 )
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
@@ -226,7 +234,7 @@ class TaskStore:
                     f"SET #status = :processing, {_REVISE}, lease_id = :lease, lease_until = :until,"
                     " lease_message_id = :message, lease_receive_count = :receives, dead_letter_at = :dead,"
                     " attempts = if_not_exists(attempts, :zero) + :one,"
-                    " started_at = if_not_exists(started_at, :now)"
+                    " started_at = if_not_exists(started_at, :now), attempt_started_at = :now"
                     " REMOVE next_attempt_at"
                 ),
                 condition=(
@@ -264,12 +272,14 @@ class TaskStore:
         completion: Completion,
         now: float,
         result_ref: str | None = None,
+        attempt: AttemptRecord | None = None,
     ) -> Task:
         """processing -> completed, with the text itself or, when it is in ResultsBucket, its key."""
         return self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.COMPLETED,
+            attempt=attempt,
             values={
                 "result": None if result_ref else completion.text,
                 "result_ref": result_ref,
@@ -280,12 +290,22 @@ class TaskStore:
             },
         )
 
-    def fail(self, task_id: str, *, lease_id: str | None, error: str, error_code: str, now: float) -> Task:
+    def fail(
+        self,
+        task_id: str,
+        *,
+        lease_id: str | None,
+        error: str,
+        error_code: str,
+        now: float,
+        attempt: AttemptRecord | None = None,
+    ) -> Task:
         """processing (under this lease) -> failed; with lease_id None, pending -> failed."""
         return self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.FAILED,
+            attempt=attempt,
             values={"error": error, "error_code": error_code, "completed_at": now},
         )
 
@@ -328,6 +348,7 @@ class TaskStore:
         error_code: str,
         next_attempt_at: float,
         attempted: bool = True,
+        attempt: AttemptRecord | None = None,
     ) -> Task:
         """processing -> pending after a transient error, with the time of the next attempt.
         With `attempted` False the claim gives its attempt back: the call never left."""
@@ -335,6 +356,7 @@ class TaskStore:
             task_id,
             lease_id=lease_id,
             status=TaskStatus.PENDING,
+            attempt=attempt if attempted else None,
             values={"last_error": error, "last_error_code": error_code, "next_attempt_at": next_attempt_at},
             uncount_attempt=not attempted,
         )
@@ -347,6 +369,7 @@ class TaskStore:
         status: TaskStatus,
         values: Mapping[str, Any],
         uncount_attempt: bool = False,
+        attempt: AttemptRecord | None = None,
     ) -> Task:
         values = {k: v for k, v in values.items() if v is not None}
         names = {"#status": "status", **{f"#{k}": k for k in values}}
@@ -359,6 +382,12 @@ class TaskStore:
         }
         if uncount_attempt:
             expression_values[":uncount"] = -1
+        if attempt is not None:
+            assignments += ", attempt_log = list_append(if_not_exists(attempt_log, :no_attempts), :attempt)"
+            expression_values |= {
+                ":no_attempts": [],
+                ":attempt": [attempt.model_dump(mode="json", exclude_none=True)],
+            }
         if lease_id is None:
             condition = "#status = :pending"
             expression_values[":pending"] = TaskStatus.PENDING.value

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmtasks.deployment import Deployment
 from llmtasks.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
@@ -21,6 +22,7 @@ from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
 from llmtasks.service import HELD_LEASE_RECHECK_S, Delivery, TaskRunner, TaskService
 from llmtasks.settings import Settings
+from llmtasks.stats import overview
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import emf_records, free_port, pending_task
@@ -632,3 +634,41 @@ def test_a_task_s_last_delivery_failing_counts_it_dead_lettered(
     emf = emf_records(capsys.readouterr().out)
     assert [r["value"] for r in emf["TasksDeadLettered"]] == [1]
     assert worker.task(task_id).status is TaskStatus.PROCESSING  # until its lease lapses
+
+
+def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # One task that fails once and then completes, one that fails for good, one dead-lettered
+    mock_llm.configure(rate_500=1.0)
+    retried = worker.submit("retried")
+    worker.run_queued()
+    mock_llm.configure()
+    worker.clock = lambda: time.time() + 5  # past the retry's backoff
+    worker.run_queued()
+    mock_llm.configure(rate_500=1.0)
+    worker.submit("doomed", max_retries=0)
+    worker.run_queued()
+    dead, message = worker.crashed("poison")
+    for receive in range(2, worker.settings.task_max_receive_count + 1):
+        worker.run([redelivered(message, receive)], llm=CrashingLLM())
+    later = worker.task(dead).lease_until + 1
+    deployment = Deployment.local(worker.aws.sqs)
+
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, deployment, now=later)
+
+    counts = view["tasks"]["by_status"]
+    assert (counts["completed"], counts["failed"], counts["dead_lettered"], counts["pending"]) == (1, 1, 1, 0)
+    timeline = {task["task_id"]: task for task in view["recent"]}
+    log = timeline[retried]["attempt_log"]
+    assert [(a["attempt"], a["outcome"], a.get("error_code")) for a in log] == [
+        (1, "retry", "llm_http_500"),
+        (2, "completed", None),
+    ]
+    assert all(a["ended_at"] >= a["started_at"] for a in log)
+    assert timeline[dead]["status"] == "dead_lettered"
+    llm = view["latency"]["llm_s"]
+    assert llm["n"] == 1
+    assert llm["p50"] == pytest.approx(sum(a["ended_at"] - a["started_at"] for a in log), abs=0.01)
+    assert sum(bucket["end_to_end_s"]["n"] for bucket in view["series"]) == 1
+    assert "retried" not in json.dumps(view)  # no prompt in the overview
