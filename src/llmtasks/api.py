@@ -213,7 +213,10 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     def submit_batch(
         body: SubmitBatchRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[BatchAccepted]:
-        submission = _batches(app).submit(tenant_of(app), body, idempotency_key=idempotency_key)
+        trace = trace_header(app.current_event.headers)
+        submission = _batches(app).submit(
+            tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
+        )
         batch = submission.batch
         headers = {"Location": f"/batches/{batch.batch_id}", "Retry-After": str(RETRY_AFTER_S)}
         if submission.replayed:

@@ -127,15 +127,20 @@ class BatchService:
         self._idempotency = idempotency
 
     def submit(
-        self, tenant_id: str, body: SubmitBatchRequest, *, idempotency_key: str | None = None
+        self,
+        tenant_id: str,
+        body: SubmitBatchRequest,
+        *,
+        idempotency_key: str | None = None,
+        trace_header: str | None = None,
     ) -> BatchSubmission:
         self._check(body)
         batch_id = new_batch_id(tenant_id, idempotency_key)
         if idempotency_key is None:
-            return BatchSubmission(self._create(tenant_id, batch_id, body))
+            return BatchSubmission(self._create(tenant_id, batch_id, body, trace_header))
         stored, replayed = at_most_once(
             self._idempotency,
-            lambda: self._create(tenant_id, batch_id, body).model_dump(mode="json"),
+            lambda: self._create(tenant_id, batch_id, body, trace_header).model_dump(mode="json"),
             tenant=tenant_id,
             key=f"batch\n{idempotency_key}",  # a batch's keys never meet a task's
             body=body.model_dump(mode="json", exclude_unset=True),
@@ -152,7 +157,9 @@ class BatchService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
 
-    def _create(self, tenant_id: str, batch_id: str, body: SubmitBatchRequest) -> Batch:
+    def _create(
+        self, tenant_id: str, batch_id: str, body: SubmitBatchRequest, trace_header: str | None
+    ) -> Batch:
         now = self._clock()
         chunk_size = self._settings.batch_chunk_size
         lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items]
@@ -176,10 +183,12 @@ class BatchService:
                 webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
                 created_at=now,
                 expires_at=int(now + self._settings.task_ttl_seconds),
+                trace_header=trace_header,
             )
             # The messages first, then the item, as for a task: a stored batch always has its
             # fan-out messages; messages whose batch never arrives are dropped after a grace.
-            self._fanout.send_many([FanoutMessage(batch_id=batch_id, chunk=c) for c in range(batch.chunks)])
+            chunks = [FanoutMessage(batch_id=batch_id, chunk=c) for c in range(batch.chunks)]
+            self._fanout.send_many(chunks, trace_header=trace_header)
             self._batches.create(batch)
         except BatchExists as exists:
             # The same Idempotency-Key after its record lapsed: the batch it began already.
@@ -280,6 +289,7 @@ def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float 
         created_at=batch.created_at,
         expires_at=batch.expires_at,
         completed_at=cancelled_at,
+        trace_header=batch.trace_header,
     )
 
 
@@ -337,13 +347,17 @@ class BatchFanout:
         for start in range(0, len(created), SEND_GROUP):
             group = [task.task_id for task in created[start : start + SEND_GROUP] if self._store.create(task)]
             if not cancelling:
-                self._queue.send_many([TaskMessage(task_id=task_id) for task_id in group])
+                self._queue.send_many(
+                    [TaskMessage(task_id=task_id) for task_id in group], trace_header=batch.trace_header
+                )
         if not cancelling:
             submitted = Counter(tuple(dimensions_of(task, self._settings).items()) for task in created)
             for dimensions, count in submitted.items():
                 emit(Metric.SUBMITTED, count, MetricUnit.Count, **dict(dimensions))
         if unclaimed and not cancelling:
-            self._queue.send_many([TaskMessage(task_id=task_id) for task_id in unclaimed])
+            self._queue.send_many(
+                [TaskMessage(task_id=task_id) for task_id in unclaimed], trace_header=batch.trace_header
+            )
         logger.info(
             "batch chunk fanned out",
             batch_id=batch.batch_id,

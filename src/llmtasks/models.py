@@ -493,6 +493,8 @@ class Batch(BaseModel):
     expires_at: int
     cancel_requested_at: float | None = None
     completed_at: float | None = None
+    # The submit request's X-Ray trace header, passed on to the items and their messages.
+    trace_header: str | None = None
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -25,6 +26,15 @@ def queue_name(url_or_arn: str) -> str:
     return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
+def _traced(trace_header: str | None) -> dict[str, Any]:
+    """A message's AWSTraceHeader attribute, if there is a trace to continue."""
+    if not trace_header:
+        return {}
+    return {
+        "MessageSystemAttributes": {"AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}}
+    }
+
+
 class Queue:
     def __init__(self, queue_url: str, client: SQSClient | None = None) -> None:
         self.url = queue_url
@@ -33,11 +43,7 @@ class Queue:
     def send(self, body: BaseModel, *, delay_s: float = 0, trace_header: str | None = None) -> str:
         """`trace_header` (X-Ray's) goes as the AWSTraceHeader attribute: the function the queue
         triggers continues that trace."""
-        traced: dict[str, Any] = {}
-        if trace_header:
-            traced["MessageSystemAttributes"] = {
-                "AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}
-            }
+        traced = _traced(trace_header)
         try:
             reply = self._client.send_message(
                 QueueUrl=self.url,
@@ -49,19 +55,20 @@ class Queue:
             raise BackendError(f"SQS send failed: {exc}") from exc
         return reply["MessageId"]
 
-    def send_many(self, bodies: list[BaseModel]) -> None:
+    def send_many(self, bodies: Sequence[BaseModel], *, trace_header: str | None = None) -> None:
         """Sends every body, ten to a SendMessageBatch call. Entries that failed on SQS's side are
         sent again; one it refuses as the sender's fault is an error."""
+        traced = _traced(trace_header)
         for start in range(0, len(bodies), SEND_BATCH):
             entries = {
                 str(i): body.model_dump_json() for i, body in enumerate(bodies[start : start + SEND_BATCH])
             }
             for _ in range(SEND_ATTEMPTS):
                 try:
-                    reply = self._client.send_message_batch(
-                        QueueUrl=self.url,
-                        Entries=[{"Id": key, "MessageBody": body} for key, body in entries.items()],
-                    )
+                    batch: list[Any] = [
+                        {"Id": key, "MessageBody": body, **traced} for key, body in entries.items()
+                    ]
+                    reply = self._client.send_message_batch(QueueUrl=self.url, Entries=batch)
                 except (BotoCoreError, ClientError) as exc:
                     raise BackendError(f"SQS send failed: {exc}") from exc
                 entries = {

@@ -341,6 +341,26 @@ def test_sqs_concurrent_receives_hand_each_message_to_one_poller(remote: dict[st
     assert set(received) == {f"m{i}" for i in range(sent)}
 
 
+def test_sqs_messages_keep_their_aws_trace_header_sent_alone_or_in_a_batch(remote: dict[str, Any]) -> None:
+    """AWSTraceHeader, a message system attribute, comes back on receive whether the message went by SendMessage or SendMessageBatch."""
+    url, _ = queue(remote, "WebhookQueue")
+    header = "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"
+    Queue(url, remote["sqs"]).send(TaskMessage(task_id="alone"), trace_header=header)
+    Queue(url, remote["sqs"]).send_many(
+        [TaskMessage(task_id=f"batched {i}") for i in range(3)], trace_header=header
+    )
+    received = remote["sqs"].receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"]
+    )
+    messages = received["Messages"]
+    while len(messages) < 4:
+        more = remote["sqs"].receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"]
+        )
+        messages += more.get("Messages", [])
+    assert {m["Attributes"].get("AWSTraceHeader") for m in messages} == {header}
+
+
 # --- DynamoDB streams ---------------------------------------------------------------------------
 
 

@@ -321,6 +321,25 @@ def test_fanned_out_items_count_as_submitted_tasks_by_model_and_priority(
     assert by_model == {"big": 2, rig.settings.llm_model: 3}
 
 
+def test_a_batch_s_trace_header_rides_on_its_fan_out_and_on_every_item(rig: Rig) -> None:
+    header = "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"
+    reply = rig.api.call(
+        "POST",
+        "/batches",
+        {"items": [{"prompt": f"traced {i}"} for i in range(5)]},
+        headers={"x-amzn-trace-id": header},
+    )
+    batch_id = reply["json"]["batch_id"]
+    fanout = rig.fan_out()
+    assert {m["Attributes"]["AWSTraceHeader"] for m in fanout} == {header}
+    items = rig.aws.messages("BatchTaskQueue")
+    assert len(items) == 5
+    assert {m["Attributes"]["AWSTraceHeader"] for m in items} == {header}
+    task = rig.store.get(batch_task_id(batch_id, 0), now=time.time())
+    assert task is not None
+    assert task.trace_header == header
+
+
 def test_a_submit_retried_after_its_key_record_lapsed_finds_the_batch_it_began(rig: Rig) -> None:
     # The batch id follows from the tenant and the key, so even without the key's record (its
     # TTL passed, or the first request died before storing it) the same batch comes back.

@@ -18,6 +18,10 @@ with no lock between, so two pollers receiving at once can both get the same mes
 then ran twice: a second delivery of a message takes its task over, as a redelivery after a
 crash must); and a delete rebuilds the queue's list of messages, dropping one sent meanwhile.
 Every SQS operation on messages runs behind one lock here too, released while a receive long-polls.
+
+One more gap of moto's SQS is closed here: SendMessageBatch drops each entry's
+MessageSystemAttributes, so a batch-sent message lost its AWSTraceHeader (the X-Ray trace the
+function it triggers continues).
 """
 
 from __future__ import annotations
@@ -179,6 +183,21 @@ def _apply(backend: DynamoDBBackend, actions: list[_Action]) -> None:
         raise
 
 
+_send_message_batch = SQSBackend.send_message_batch
+
+
+def _send_message_batch_keeping_system_attributes(
+    self: SQSBackend, queue_name: str, entries: dict[str, dict[str, Any]]
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    messages, failed = _send_message_batch(self, queue_name, entries)
+    given = {entry["Id"]: entry.get("MessageSystemAttributes") for entry in entries.values()}
+    for message in messages:
+        system_attributes = given.get(getattr(message, "user_id", ""))
+        if system_attributes:
+            message.system_attributes = system_attributes
+    return messages, failed
+
+
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
     if DynamoDBBackend.transact_write_items is not transact_write_items:
@@ -187,6 +206,8 @@ def install() -> None:
         write = getattr(DynamoHandler, name, None)
         if write is not None and not getattr(write, "__llmtasks_atomic__", False):
             setattr(DynamoHandler, name, _atomic(write))
+    if not getattr(SQSBackend.send_message_batch, "__llmtasks_atomic__", False):
+        SQSBackend.send_message_batch = _send_message_batch_keeping_system_attributes  # type: ignore[method-assign]
     for name in _SQS_MESSAGE_OPERATIONS:
         operation = getattr(SQSBackend, name)
         if not getattr(operation, "__llmtasks_atomic__", False):
