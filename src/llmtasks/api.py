@@ -137,6 +137,14 @@ def _polled(view: BaseModel, *, ended: bool) -> Response[Any]:
     return _json(view, 200, {} if ended else {"Retry-After": str(RETRY_AFTER_S)})
 
 
+def _accepted(accepted: BaseModel, location: str, *, replayed: bool) -> Response[Any]:
+    """The 202 of a submit: where to poll, how soon, and whether an Idempotency-Key replayed it."""
+    headers = {"Location": location, "Retry-After": str(RETRY_AFTER_S)}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return _json(accepted, 202, headers)
+
+
 def _status_reply(task: Task) -> Response[TaskView]:
     return _polled(TaskView.of(task), ended=task.status.is_terminal)
 
@@ -181,10 +189,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
             tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
         )
         task = submission.task
-        headers = {"Location": f"/tasks/{task.task_id}", "Retry-After": str(RETRY_AFTER_S)}
-        if submission.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return _json(TaskAccepted.of(task), 202, headers)
+        return _accepted(TaskAccepted.of(task), f"/tasks/{task.task_id}", replayed=submission.replayed)
 
     @app.post(
         "/tasks/<task_id>/cancel",
@@ -218,10 +223,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
             tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
         )
         batch = submission.batch
-        headers = {"Location": f"/batches/{batch.batch_id}", "Retry-After": str(RETRY_AFTER_S)}
-        if submission.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return _json(BatchAccepted.of(batch), 202, headers)
+        return _accepted(BatchAccepted.of(batch), f"/batches/{batch.batch_id}", replayed=submission.replayed)
 
     @app.post(
         "/batches/<batch_id>/cancel",

@@ -718,8 +718,7 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
         cuts = "  ".join(f"{p}={cut[p]} s" for p in ("p50", "p95", "p99"))
         click.echo(f"{label:10} {cuts}  (n={cut['n']}, last hour)")
     for batch in summary["batches"]:
-        done = batch["completed"] + batch["failed"] + batch["cancelled"]
-        progress = f"{done}/{batch['total']}  failed={batch['failed']}"
+        progress = f"{batch['finished']}/{batch['total']}  failed={batch['failed']}"
         click.echo(f"batch      {batch['batch_id']}  {batch['status']}  {progress}")
 
 

@@ -188,7 +188,8 @@ def overview(
         batch_from_item(item) for item in _scan(dynamodb, deployment.tasks_table, "batch#", _BATCH_FIELDS)
     ]
     newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
-    batches = [BatchView.of(batch).model_dump(mode="json") for batch in newest_batches[:BATCHES]]
+    views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
+    batches = [{**view.model_dump(mode="json"), "finished": view.finished} for view in views]
     return {
         "generated_at": now,
         "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},

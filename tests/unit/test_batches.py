@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
 from llmtasks.batch_store import BatchCancellations, BatchStore
 from llmtasks.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
+from llmtasks.deployment import Deployment
 from llmtasks.errors import BatchNotFound, RetryLater
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm.mock import reply_text
@@ -22,6 +23,7 @@ from llmtasks.models import Batch, BatchStatus, FanoutMessage, TaskStatus, Webho
 from llmtasks.queues import Queue
 from llmtasks.service import TaskRunner
 from llmtasks.settings import Settings
+from llmtasks.stats import overview
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookRelay
 from tests.conftest import Aws, RunningMock
@@ -220,6 +222,16 @@ def test_a_batch_runs_once_per_item_and_its_counts_match_a_full_count_at_every_s
     assert [(e.event_type, e.batch_id) for e in events] == [("batch.completed", batch_id)]
     results = rig.api.call("GET", f"/batches/{batch_id}/results", query="limit=3")["json"]
     assert [r["result"] for r in results["data"]] == [reply_text(f"item {i}") for i in range(3)]
+    # The overview (`llmtasks stats`, the console) shows the batch ended, all ten finished
+    [shown] = overview(rig.aws.dynamodb, rig.aws.sqs, Deployment.local(rig.aws.sqs), now=time.time())[
+        "batches"
+    ]
+    assert (shown["batch_id"], shown["status"], shown["finished"], shown["total"]) == (
+        batch_id,
+        "completed",
+        10,
+        10,
+    )
 
 
 def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
