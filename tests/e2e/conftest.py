@@ -34,11 +34,22 @@ def derived_template(directory: Path, replacements: dict[str, str]) -> Path:
     return path
 
 
+# The worker's timeout and its queue's visibility timeout may be seconds here, not minutes: the
+# fault suites compress time (the stack refuses overrides outside a parameter's range).
+COMPRESSED_TIME = {
+    "MinValue: 30\n    MaxValue: 900\n    Description: WorkerFunction's": "MinValue: 1\n    MaxValue: 900\n"
+    "    Description: WorkerFunction's",
+    "MinValue: 30\n    MaxValue: 43200\n    Description: TaskQueue's": "MinValue: 1\n    MaxValue: 43200\n"
+    "    Description: TaskQueue's",
+}
+
+
 def faulty_template(directory: Path) -> Path:
-    """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper."""
+    """template.yaml with WorkerFunction's code swapped for the fault-injecting wrapper, and
+    timeouts that may be set to seconds."""
     worker = "CodeUri: functions/worker/\n      Handler: app.lambda_handler"
     faulty = f"CodeUri: {ROOT}/tests/e2e/faults/\n      Handler: faulty_worker.lambda_handler"
-    return derived_template(directory, {worker: faulty})
+    return derived_template(directory, {worker: faulty, **COMPRESSED_TIME})
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ LAMBDA_VARIABLES = {
     "_X_AMZN_TRACE_ID",
 }
 # Code that no handler imports: the CLI, the client SDK and the local emulator.
-NOT_IN_LAMBDA = ("cli.py", "client.py", "local/")
+NOT_IN_LAMBDA = ("cli/", "client.py", "local/")
 ENV_READ = re.compile(r"""os\.(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z0-9_]+)["']""")
 
 

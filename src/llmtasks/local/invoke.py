@@ -25,6 +25,7 @@ from typing import Any
 
 import boto3
 
+from llmtasks.local.processes import check_answers
 from llmtasks.local.provision import provision
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, Template, TemplateError
@@ -51,9 +52,13 @@ def read_env_vars(path: Path) -> dict[str, dict[str, str]]:
     try:
         body = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise TemplateError(f"{path}: not a JSON env-vars file ({error})") from error
+        raise TemplateError(f"not a JSON env-vars file ({error})", where=f"{path}, --env-vars") from error
     if not isinstance(body, dict) or not all(isinstance(v, dict) for v in body.values()):
-        raise TemplateError(f'{path}: expected {{"Parameters": {{...}}, "FunctionLogicalId": {{...}}}}')
+        raise TemplateError(
+            "not an env-vars file",
+            where=f"{path}, --env-vars",
+            fix='SAM\'s form is {"Parameters": {...}, "FunctionLogicalId": {...}}',
+        )
     return {str(k): {str(name): str(value) for name, value in v.items()} for k, v in body.items()}
 
 
@@ -124,17 +129,21 @@ def invoke(
     endpoint_url: str | None = None,
 ) -> InvokeResult:
     template = Template.load(template_path, parameter_overrides)
+    functions_declared = template.resources("AWS::Serverless::Function")
+    if function_id not in functions_declared:
+        raise TemplateError(
+            f"{function_id} is not a function of the template",
+            where=str(template_path),
+            fix=f"name one of {', '.join(functions_declared)}",
+        )
+    if endpoint_url is not None:
+        check_answers(endpoint_url)
     request_id = str(uuid.uuid4())
     with _backend(endpoint_url) as aws:
         resources = provision(
             template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
         )
-        functions = template.functions(resources.refs, resources.attributes)
-        if function_id not in functions:
-            raise TemplateError(
-                f"{function_id} is not a function of {template_path}; it has: {', '.join(functions)}"
-            )
-        spec = functions[function_id]
+        spec = template.functions(resources.refs, resources.attributes)[function_id]
         for name in ignored_variables(spec, env_vars or {}):
             print(
                 f"env-vars: {name} is not in {function_id}'s Environment; ignored (as SAM does)",

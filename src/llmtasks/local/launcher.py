@@ -133,6 +133,8 @@ def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = No
             *([] if "--state-dir" in extra else ["--no-state"]),
             # Stops quickly unless a test is about the grace period.
             *([] if "--grace" in extra else ["--grace", "2"]),
+            # The tests and the benchmark read the functions' raw JSON lines.
+            *([] if "--log-format" in extra else ["--log-format", "json"]),
             *extra,
         ],
         cwd=cwd,

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from llmtasks.local.errors import ServiceDownError, ToolError
 
 
 def wait_for_port(
@@ -16,15 +19,20 @@ def wait_for_port(
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"{process.args!r} exited with {process.returncode} before listening on {port}"
+            command = " ".join(str(arg) for arg in process.args[1:])  # type: ignore[index]
+            raise ServiceDownError(
+                f"`{command}` exited with {process.returncode} before it listened",
+                where=f"{host}:{port}",
+                fix="run again with --verbose to see its output",
             )
         with socket.socket() as probe:
             probe.settimeout(0.5)
             if probe.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
+    raise ServiceDownError(
+        f"nothing listens after {timeout_s:.0f} s", where=f"{host}:{port}", fix="run again with --verbose"
+    )
 
 
 def _die_with_parent() -> None:
@@ -85,3 +93,49 @@ def stop(child: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
+
+
+def check_port_free(host: str, port: int, option: str, what: str) -> None:
+    """Refuses a port something already listens on, naming the option that changes it."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+            return
+        except OSError:
+            pass
+    holder = "another `llmtasks up`, it seems" if _is_llmtasks(host, port) else "another program"
+    raise ToolError(
+        f"port {port} is in use by {holder}",
+        where=f"{host}:{port}, {what}",
+        fix=f"stop it, or choose another port with {option}",
+    )
+
+
+def _is_llmtasks(host: str, port: int) -> bool:
+    """Whether what listens there is a part of a running stack (API, moto, mock LLM)."""
+    import httpx
+
+    from llmtasks.local.moto_server import CALLS_PATH
+
+    for path in ("/health", CALLS_PATH, "/_mock/stats"):
+        try:
+            reply = httpx.get(f"http://{host}:{port}{path}", timeout=1)
+        except httpx.HTTPError:
+            return False
+        if reply.status_code == 200 and reply.headers.get("content-type", "").startswith("application/json"):
+            return True
+    return False
+
+
+def check_answers(url: str) -> None:
+    """Refuses an AWS endpoint (--endpoint-url) that does not accept a connection."""
+    target = urlsplit(url)
+    try:
+        socket.create_connection((target.hostname or "127.0.0.1", target.port or 80), timeout=3).close()
+    except OSError as error:
+        raise ServiceDownError(
+            f"the AWS endpoint {url} does not answer ({error.strerror or error})",
+            where="--endpoint-url",
+            fix="start it (a LocalStack, a moto server), or leave the option out for the embedded moto",
+        ) from error

@@ -25,8 +25,9 @@ from llmtasks.apikeys import ApiKeys
 from llmtasks.deadletters import DeadLetters
 from llmtasks.deployment import Deployment
 from llmtasks.local.console import Console
+from llmtasks.local.errors import ToolError
 from llmtasks.local.gateway import HttpGateway
-from llmtasks.local.processes import spawn_moto_server, spawn_python, stop
+from llmtasks.local.processes import check_answers, check_port_free, spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
@@ -57,6 +58,11 @@ class StackOptions:
     # How long a stop lets the invocations in flight finish (Celery's warm shutdown).
     grace_s: float = 30.0
     ttl_sweep_s: float = DEFAULT_SWEEP_S  # how often expired items are deleted (DynamoDB TTL)
+
+
+def default_state_dir(template: Path) -> Path:
+    """Where a stack keeps its state unless told otherwise: .llmtasks/state beside the template."""
+    return template.resolve().parent / ".llmtasks" / "state"
 
 
 MOTO_STATE = "moto.pickle"
@@ -103,11 +109,38 @@ class LocalStack:
     def _state(self, name: str) -> Path | None:
         return None if self.options.state_dir is None else self.options.state_dir / name
 
+    def _preflight(self) -> None:
+        """What would fail later with a traceback fails now with one line: a port in use, an
+        endpoint that does not answer, a state dir that cannot be written."""
+        options = self.options
+        ports = [(options.host, options.port, "--port", "the HTTP API")]
+        if options.endpoint_url is None:
+            ports.append(("127.0.0.1", options.moto_port, "--moto-port", "the embedded moto server"))
+        else:
+            check_answers(options.endpoint_url)
+        for name, url in os.environ.items():
+            if name.startswith("AWS_ENDPOINT_URL_"):
+                check_answers(url)
+        if options.llm_base_url is None:
+            ports.append(("127.0.0.1", options.mock_port, "--mock-port", "the mock LLM"))
+        for host, port, option, what in ports:
+            check_port_free(host, port, option, what)
+
     def _prepare_state(self) -> None:
         state_dir = self.options.state_dir
         if state_dir is None:
             return
-        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            probe = state_dir / ".writable"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as error:
+            raise ToolError(
+                f"the state dir cannot be written: {error.strerror}",
+                where=str(state_dir),
+                fix="give a writable folder with --state-dir, or keep nothing with --no-state",
+            ) from error
         if self.options.reset:
             for name in (MOTO_STATE, STREAM_CHECKPOINTS, DEV_KEY):
                 (state_dir / name).unlink(missing_ok=True)
@@ -154,17 +187,19 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
-        self._prepare_state()
-        self._start_endpoint()
-        self._start_llm()
-        assert self.llm_base_url is not None
+        mock_url = f"http://127.0.0.1:{self.options.mock_port}/v1"
         overrides = {
-            "LlmBaseUrl": self.llm_base_url,
+            "LlmBaseUrl": self.llm_base_url or mock_url,
             # The local receivers live on this machine; the SSRF guard lets them through here only.
             "WebhookAllowedHosts": "127.0.0.1,localhost",
             **self.options.parameter_overrides,
         }
+        # The template first: a mistake in it is said before anything starts.
         template = Template.load(self.options.template, overrides)
+        self._preflight()
+        self._prepare_state()
+        self._start_endpoint()
+        self._start_llm()
         self.resources = resources = provision(
             template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from llmtasks.local.errors import ToolError
+
 PSEUDO_PARAMETERS = {
     "AWS::Region": "us-east-1",
     "AWS::AccountId": "123456789012",
@@ -46,8 +48,102 @@ def _short_form(loader: yaml.SafeLoader, tag_suffix: str, node: yaml.Node) -> di
 _CfnLoader.add_multi_constructor("!", _short_form)
 
 
-class TemplateError(ValueError):
-    pass
+class TemplateError(ToolError):
+    """The template cannot be run locally: it does not parse, or names what does not exist."""
+
+
+# The resource types the local stack provisions or runs, and those it knowingly leaves to AWS
+# (nothing here depends on them locally). Any other type is refused: likely a typo.
+EMULATED_TYPES = frozenset(
+    {
+        "AWS::Serverless::Function",
+        "AWS::Serverless::HttpApi",
+        "AWS::Serverless::LayerVersion",
+        "AWS::DynamoDB::Table",
+        "AWS::SQS::Queue",
+        "AWS::S3::Bucket",
+    }
+)
+IGNORED_TYPES = frozenset(
+    {
+        "AWS::CloudWatch::Alarm",
+        "AWS::CloudWatch::Dashboard",
+        "AWS::SNS::Topic",
+        "AWS::SNS::Subscription",
+        "AWS::IAM::Role",
+        "AWS::IAM::Policy",
+        "AWS::IAM::ManagedPolicy",
+        "AWS::Logs::LogGroup",
+        "AWS::SQS::QueuePolicy",
+        "AWS::SecretsManager::Secret",
+        "AWS::SSM::Parameter",
+        "AWS::Lambda::Permission",
+        "AWS::Lambda::EventInvokeConfig",
+    }
+)
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    """The template's YAML, or a TemplateError that names file:line:column and the parser's words."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise TemplateError(
+            f"cannot read the template: {error.strerror}", where=str(path), fix="name it with --template/-t"
+        ) from error
+    try:
+        body = yaml.load(text, Loader=_CfnLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = " ".join(part for part in (error.context, error.problem) if part)
+        raise TemplateError(f"the template is not valid YAML: {problem}", where=where) from error
+    except yaml.YAMLError as error:
+        raise TemplateError(f"the template is not valid YAML: {error}", where=str(path)) from error
+    if not isinstance(body, dict) or not isinstance(body.get("Resources"), dict):
+        raise TemplateError(
+            "the template has no Resources section", where=str(path), fix="is this a SAM template?"
+        )
+    for logical_id, resource in body["Resources"].items():
+        kind = resource.get("Type") if isinstance(resource, dict) else None
+        if kind not in EMULATED_TYPES | IGNORED_TYPES:
+            raise TemplateError(
+                f"resource {logical_id} has the type {kind!r}, which the local stack does not know",
+                where=str(path),
+                fix=f"check the spelling; it runs {', '.join(sorted(EMULATED_TYPES))}",
+            )
+    return body
+
+
+def _check_parameter(name: str, value: str, spec: Mapping[str, Any], path: Path) -> None:
+    """A parameter override refused as CloudFormation refuses it (AllowedValues, Min/MaxValue,
+    AllowedPattern, Min/MaxLength, Number)."""
+
+    def refuse(why: str, fix: str) -> TemplateError:
+        return TemplateError(
+            f"parameter {name}={value!r} {why}", where=f"{path}, --parameter-overrides", fix=fix
+        )
+
+    allowed = spec.get("AllowedValues")
+    if allowed is not None and value not in [str(a) for a in allowed]:
+        raise refuse("is not one of its AllowedValues", f"use one of {', '.join(map(str, allowed))}")
+    if spec.get("Type") == "Number" or "MinValue" in spec or "MaxValue" in spec:
+        try:
+            number = float(value)
+        except ValueError:
+            raise refuse("is not a number", "give a number") from None
+        low, high = spec.get("MinValue"), spec.get("MaxValue")
+        span = f"from {low if low is not None else '-inf'} to {high if high is not None else 'inf'}"
+        if (low is not None and number < float(low)) or (high is not None and number > float(high)):
+            raise refuse(f"is outside its range {span}", f"give a value {span}")
+    pattern = spec.get("AllowedPattern")
+    if pattern is not None and not re.fullmatch(str(pattern), value):
+        raise refuse(f"does not match its AllowedPattern {pattern}", "give a value that matches it")
+    low_len, high_len = spec.get("MinLength"), spec.get("MaxLength")
+    if (low_len is not None and len(value) < int(low_len)) or (
+        high_len is not None and len(value) > int(high_len)
+    ):
+        raise refuse("has a length outside MinLength/MaxLength", "give a value of an allowed length")
 
 
 @dataclass(frozen=True)
@@ -135,13 +231,19 @@ class Template:
     @classmethod
     def load(cls, path: Path | str, parameter_overrides: Mapping[str, str] | None = None) -> Template:
         path = Path(path)
-        body = yaml.load(path.read_text(), Loader=_CfnLoader)  # noqa: S506 - SafeLoader subclass
+        body = _parse(path)
         declared = body.get("Parameters") or {}
         unknown = set(parameter_overrides or {}) - set(declared)
         if unknown:
-            raise TemplateError(f"unknown parameters: {', '.join(sorted(unknown))}")
+            raise TemplateError(
+                f"the template declares no parameter {', '.join(sorted(unknown))}",
+                where=f"{path}, --parameter-overrides",
+                fix=f"it declares {', '.join(sorted(declared)) or 'none'}",
+            )
         parameters = {name: str(spec.get("Default", "")) for name, spec in declared.items()}
-        parameters.update({k: str(v) for k, v in (parameter_overrides or {}).items()})
+        for name, value in (parameter_overrides or {}).items():
+            _check_parameter(name, str(value), declared[name], path)
+            parameters[name] = str(value)
         return cls(path=path, body=body, parameters=parameters)
 
     @property
@@ -174,12 +276,20 @@ class Template:
                 return PSEUDO_PARAMETERS[name]
             if name in refs:
                 return refs[name]
-            raise TemplateError(f"Ref to '{name}', which the local stack does not know")
+            raise TemplateError(
+                f"a Ref to {name!r}, which is no parameter or resource of the template",
+                where=str(self.path),
+                fix="declare it, or correct the name",
+            )
 
         def get_att(target: list[str]) -> str:
             key = (target[0], target[1])
             if key not in attributes:
-                raise TemplateError(f"GetAtt {target[0]}.{target[1]} is not emulated")
+                raise TemplateError(
+                    f"GetAtt {target[0]}.{target[1]} names no resource attribute the local stack has",
+                    where=str(self.path),
+                    fix="correct the resource or attribute name",
+                )
             return attributes[key]
 
         def sub(template: str, extra: Mapping[str, Any]) -> str:
@@ -285,12 +395,31 @@ class Template:
                     if e.get("Type") == "DynamoDB"
                 ),
             )
+            self._check_code(specs[logical_id])
         return specs
+
+    def _check_code(self, spec: FunctionSpec) -> None:
+        """A CodeUri or a handler module that does not exist is refused before anything runs."""
+        if not spec.code_dir.is_dir():
+            raise TemplateError(
+                f"{spec.logical_id}'s CodeUri {spec.code_dir} is not a folder",
+                where=str(self.path),
+                fix="point CodeUri at the function's code, relative to the template",
+            )
+        if not spec.handler_file.is_file():
+            raise TemplateError(
+                f"{spec.logical_id}'s Handler {spec.handler} has no module at {spec.handler_file}",
+                where=str(self.path),
+                fix="Handler is module.function, relative to CodeUri",
+            )
 
     def _layer_dir(self, layer: Any) -> Path:
         props = self.resources("AWS::Serverless::LayerVersion").get(str(layer))
         if props is None:
-            raise TemplateError(f"layer {layer!r} is not an AWS::Serverless::LayerVersion of the template")
+            raise TemplateError(
+                f"layer {layer!r} is not an AWS::Serverless::LayerVersion of the template",
+                where=str(self.path),
+            )
         return (self.root / str(props.get("ContentUri", "."))).resolve()
 
     def _authorizer_of(self, api_id: Any, route_auth: Mapping[str, Any] | None) -> str | None:

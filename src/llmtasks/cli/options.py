@@ -1,0 +1,196 @@
+"""Options that several commands share, and the clients they lead to."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from llmtasks.client import DEFAULT_URL
+from llmtasks.deployment import Deployment
+from llmtasks.local.errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+    from llmtasks.client import Client
+
+# Where `llmtasks up` serves its embedded AWS endpoint.
+LOCAL_ENDPOINT = "http://127.0.0.1:4566"
+
+
+def parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
+    """SAM's --parameter-overrides: `Name=Value` pairs (or `ParameterKey=Name,...`), space-separated."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        for item in value.split():
+            name, sep, setting = item.partition("=")
+            if not sep:
+                raise click.BadParameter(
+                    f"expected Name=Value, got {item!r}", param_hint="--parameter-overrides"
+                )
+            pairs[name.removeprefix("ParameterKey=")] = setting
+    return pairs
+
+
+parameter_overrides_option = click.option(
+    "--parameter-overrides", multiple=True, help="Template parameters, as Name=Value (SAM's format)."
+)
+
+template_option = click.option(
+    "--template",
+    "-t",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="template.yaml",
+    show_default=True,
+    help="The SAM template.",
+)
+
+
+def _stacked(options: list[Callable[[Any], Any]]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+# --- operator commands: a deployment's tables and queues ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """The deployment an operator command works on, with clients for it."""
+
+    deployment: Deployment
+    sqs: SQSClient
+    dynamodb: DynamoDBClient
+
+
+def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
+    import boto3
+
+    from llmtasks.local.template import PSEUDO_PARAMETERS
+
+    if stack_name:
+        sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
+        return Target(Deployment.of_stack(stack_name), sqs, dynamodb)
+    # The local stack: moto's keys are fixed, and a real account's must never reach it.
+    session = boto3.session.Session(
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",  # noqa: S106 - moto's
+        region_name=PSEUDO_PARAMETERS["AWS::Region"],
+    )
+    url = endpoint_url or LOCAL_ENDPOINT
+    # As boto3 itself would: a per-service endpoint (SQS on a LocalStack) wins.
+    sqs = session.client("sqs", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_SQS") or url)
+    dynamodb = session.client("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or url)
+    with aws_errors(url):
+        return Target(Deployment.local(sqs), sqs, dynamodb)
+
+
+@contextmanager
+def aws_errors(endpoint: str) -> Iterator[None]:
+    """An endpoint that does not answer, said as one line instead of botocore's traceback."""
+    from botocore.exceptions import EndpointConnectionError
+
+    try:
+        yield
+    except EndpointConnectionError as error:
+        raise ServiceDownError(
+            f"the AWS endpoint {endpoint} does not answer",
+            where="--endpoint-url",
+            fix="start the local stack (make up), or name its endpoint with --endpoint-url",
+        ) from error
+
+
+def targeted(command: Callable[..., None]) -> Callable[..., None]:
+    """--stack-name and --endpoint-url; a refused connection to the endpoint is one clear line."""
+
+    @functools.wraps(command)
+    def run(*args: Any, stack_name: str | None, endpoint_url: str | None, **kwargs: Any) -> None:
+        with aws_errors(endpoint_url or LOCAL_ENDPOINT):
+            command(*args, stack_name=stack_name, endpoint_url=endpoint_url, **kwargs)
+
+    return _stacked(
+        [
+            click.option(
+                "--stack-name", default=None, help="A deployed stack (sam deploy); default: the local stack."
+            ),
+            click.option(
+                "--endpoint-url",
+                envvar="AWS_ENDPOINT_URL",
+                default=None,
+                help=f"The local stack's AWS endpoint [default: {LOCAL_ENDPOINT}].",
+            ),
+        ]
+    )(run)
+
+
+# --- API commands: the HTTP API, as a client ---------------------------------------------------
+
+
+def with_api(command: Callable[..., None]) -> Callable[..., None]:
+    """--api-url, --api-key and --json; the API's refusals and silences as one clear line."""
+
+    @functools.wraps(command)
+    def run(*args: Any, api_url: str, api_key: str | None, **kwargs: Any) -> None:
+        import httpx
+
+        from llmtasks.client import ProblemError
+
+        try:
+            command(*args, api_url=api_url, api_key=api_key, **kwargs)
+        except ProblemError as problem:
+            if problem.status in (401, 403):
+                given = "the API key was refused" if api_key else "no API key was given"
+                raise ToolError(
+                    f"{problem} ({given})",
+                    where="--api-key, LLMTASKS_API_KEY",
+                    fix="use the key `make up` printed (`llmtasks keys dev` shows it again)",
+                ) from problem
+            error = ToolError(str(problem))
+            error.exit_code = EXIT_USAGE if problem.status < 500 else EXIT_FAILED
+            raise error from problem
+        except httpx.HTTPError as failure:
+            raise ServiceDownError(
+                f"the API at {api_url} did not answer ({type(failure).__name__}: {failure})",
+                where="--api-url, LLMTASKS_API_URL",
+                fix="start the local stack with `make up`, or name the API with --api-url",
+            ) from failure
+
+    return _stacked(
+        [
+            click.option(
+                "--api-url",
+                envvar="LLMTASKS_API_URL",
+                default=DEFAULT_URL,
+                show_default=True,
+                help="The API (LLMTASKS_API_URL).",
+            ),
+            click.option(
+                "--api-key", envvar="LLMTASKS_API_KEY", default=None, help="An API key (LLMTASKS_API_KEY)."
+            ),
+            click.option("--json", "as_json", is_flag=True, help="Print the reply as JSON."),
+        ]
+    )(run)
+
+
+def client_of(api_url: str, api_key: str | None) -> Client:
+    from llmtasks.client import Client
+
+    if not api_url.startswith(("http://", "https://")):
+        raise ToolError(
+            f"the API URL {api_url!r} is not an http(s) URL",
+            where="--api-url, LLMTASKS_API_URL",
+            fix=f"give one such as {DEFAULT_URL}",
+        )
+    return Client(api_url, api_key or None)
