@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from llmtasks.local.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack
-from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +52,8 @@ def test_schemathesis_finds_no_server_error_and_no_reply_off_the_schema(fresh_mo
             "--report-dir",
             str(report),
         ],
-        cwd=ROOT,
+        # Its example database (.schemathesis/) goes beside the report, out of the work tree.
+        cwd=report,
         capture_output=True,
         text=True,
         timeout=150,
