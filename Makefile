@@ -4,28 +4,32 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test test-fast lint format e2e faults localstack bench clean
+.PHONY: up venv test test-fast lint template format e2e faults localstack bench clean
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "llmtasks needs Python 3.11+ (set PYTHON=...)"; exit 2; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "Error: llmtasks needs Python 3.11 or newer ($(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo missing)): run make with PYTHON=python3.12 or another 3.11+" >&2; exit 2; }
+	@$(PYTHON) -m venv $(VENV) || { echo "Error: $(PYTHON) could not make the virtual environment $(VENV) (on Debian: apt-get install python3-venv)" >&2; exit 1; }
+	@echo "Installing llmtasks and its development tools into $(VENV) ..."
+	@$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	@$(BIN)/python -m pip install -q -e '.[dev]' >$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: pip could not install llmtasks into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
 	@rm -f $(VENV)/.installed-*; touch $@
+	@echo "The CLI is $(BIN)/llmtasks (the README calls it so; or: export PATH=\"$$PWD/$(BIN):\$$PATH\")"
+
+venv: $(STAMP)
 
 ## The whole local stack: moto, the API on 127.0.0.1:3000, the functions' event sources, the mock LLM.
 up: $(STAMP)
 	$(BIN)/llmtasks up $(ARGS)
 
-## Every check CI runs: format, lint, types, the template (cfn-lint, sam validate --lint, sam build),
-## then all tests (unit, integration, e2e), then the integration suite with SQS on LocalStack.
-test: lint
-	$(BIN)/pytest $(PYTEST_ARGS)
-	scripts/localstack-tests $(PYTEST_ARGS)
+## Every check CI runs, phase by phase with their times (scripts/test): system packages, the
+## venvs, format, lint, types, the template (cfn-lint, sam validate --lint, sam build), all tests
+## (unit, integration, e2e, the README's blocks), then the integration suite on LocalStack.
+test:
+	@scripts/test $(PYTEST_ARGS)
 
 ## The fast tests alone (no end-to-end stack), in seconds.
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/pytest -n 3 -m "not e2e" $(PYTEST_ARGS)
 
 e2e: $(STAMP)
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
@@ -42,6 +46,7 @@ localstack: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 
+## Format, lint and types (ruff, mypy on the package, the handlers and the bench), cfn-lint.
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
@@ -49,6 +54,9 @@ lint: $(STAMP)
 	for handler in functions/*/app.py; do $(BIN)/mypy $$handler || exit 1; done
 	$(BIN)/mypy bench/run.py
 	$(BIN)/cfn-lint template.yaml
+
+## The template as AWS's tools see it: sam validate --lint and sam build (SAM CLI in .venv-sam).
+template:
 	PYTHON=$(PYTHON) scripts/check-template
 
 format: $(STAMP)
