@@ -27,13 +27,9 @@ class Receiver(BaseHTTPRequestHandler):
             self.send_response(400)  # not from llmtasks, or replayed
             self.end_headers()
             return
-        print(
-            event.type,
-            event.data.task_id,
-            event.data.status.value,
-            (event.data.result or "")[:80],
-            flush=True,
-        )
+        data = event.data  # a task's status object, or a batch's for batch.completed
+        about = getattr(data, "task_id", None) or getattr(data, "batch_id", "")
+        print(event.type, about, data.status.value, (getattr(data, "result", None) or "")[:80], flush=True)
         self.send_response(204)
         self.end_headers()
 
