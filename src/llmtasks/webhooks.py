@@ -12,6 +12,7 @@ import base64
 import ipaddress
 import os
 import random
+import re
 import socket
 import time
 import uuid
@@ -81,11 +82,52 @@ class UnsafeWebhookUrl(InvalidInput):
         super().__init__(detail, field="webhook_url")
 
 
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits and reach it: NAT64 (RFC 6052's
+# well-known prefix and RFC 8215's local one), and IPv4-compatible addresses (deprecated, ::/96).
+_IPV4_IN_LOW_BITS = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::/96"),
+)
+_TEREDO = ipaddress.ip_network("2001::/32")
+
+
+def _reached(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses a connection to `ip` reaches: itself, and any IPv4 address it embeds
+    (IPv4-mapped, NAT64, 6to4, IPv4-compatible), which SSRF uses to reach the metadata service."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return [ip]
+    embedded: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if ip.ipv4_mapped is not None:
+        embedded.append(ip.ipv4_mapped)
+    if ip.sixtofour is not None:
+        embedded.append(ip.sixtofour)
+    if any(ip in prefix for prefix in _IPV4_IN_LOW_BITS):
+        embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return embedded
+
+
 def _is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast and ip not in _METADATA_ADDRESSES
+    if ip in _TEREDO:  # a tunnel to an IPv4 host it hides; no webhook receiver needs one
+        return False
+    return all(
+        reached.is_global and not reached.is_multicast and reached not in _METADATA_ADDRESSES
+        for reached in _reached(ip)
+    )
+
+
+def _literal_ipv4(host: str) -> str | None:
+    """An IPv4 address however it is spelled (decimal 2852039166, hex 0xa9fe.0xa9fe, octal
+    0251.0376.0251.0376, short 127.1), as the C resolver reads it; None for a name."""
+    if not re.fullmatch(r"[0-9a-fA-FxX.]+", host) or not re.search(r"\d", host):
+        return None
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def check_webhook_url(
@@ -108,8 +150,9 @@ def check_webhook_url(
         raise UnsafeWebhookUrl("webhook_url must use https.")
     if allowed:
         return
+    literal = _literal_ipv4(host)
     try:
-        addresses = resolve(host, port or 443)
+        addresses = [literal] if literal is not None else resolve(host, port or 443)
     except OSError as exc:
         raise UnsafeWebhookUrl(f"webhook_url's host '{host}' does not resolve.") from exc
     if not addresses:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from llmtasks.client import WebhookVerificationError, verify_webhook
-from llmtasks.errors import InvalidInput
+from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
 from llmtasks.models import Completion, SubmitTaskRequest, TaskStatus, Usage, WebhookMessage, WebhookStatus
@@ -53,6 +55,63 @@ def resolver(*addresses: str) -> Any:
 def test_urls_resolving_inside_the_network_are_refused(address: str) -> None:
     with pytest.raises(InvalidInput, match="non-public"):
         check_webhook_url("https://hooks.example.com/x", allowed_hosts=frozenset(), resolve=resolver(address))
+
+
+# Every spelling of an address that reaches inside: what a DNS answer (or the URL itself) may
+# hold, and the inside address it reaches. Each is refused, at submit and at send alike.
+SSRF_TABLE = [
+    ("NAT64 well-known prefix", "64:ff9b::a9fe:a9fe", "169.254.169.254"),
+    ("NAT64 well-known prefix, private", "64:ff9b::a00:1", "10.0.0.1"),
+    ("NAT64 local-use prefix", "64:ff9b:1::a9fe:a9fe", "169.254.169.254"),
+    ("6to4", "2002:a9fe:a9fe::1", "169.254.169.254"),
+    ("6to4, loopback", "2002:7f00:1::1", "127.0.0.1"),
+    ("Teredo", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "a tunnel to an IPv4 host"),
+    ("IPv4-mapped", "::ffff:169.254.169.254", "169.254.169.254"),
+    ("IPv4-compatible", "::a9fe:a9fe", "169.254.169.254"),
+    ("IPv4-compatible, loopback", "::7f00:1", "127.0.0.1"),
+]
+
+
+@pytest.mark.parametrize(("form", "address", "inside"), SSRF_TABLE, ids=[row[0] for row in SSRF_TABLE])
+def test_ipv6_forms_that_embed_an_inside_address_are_refused(form: str, address: str, inside: str) -> None:
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url("https://hooks.example.com/x", allowed_hosts=frozenset(), resolve=resolver(address))
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url(f"https://[{address}]/x", allowed_hosts=frozenset(), resolve=no_lookups)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "2852039166",
+        "0xa9.0xfea9fe",
+        "0251.0376.0251.0376",
+        "0xa9.254.0251.254",
+        "127.1",
+        "0x7f000001",
+        "017700000001",
+    ],
+)
+def test_ipv4_spelled_in_decimal_octal_or_hex_is_read_as_the_address_it_is(host: str) -> None:
+    """The C resolver reads these as 169.254.169.254 or 127.0.0.1; so does the guard, whatever
+    the resolver (the names never reach it)."""
+
+    def must_not_resolve(name: str, port: int) -> list[str]:
+        raise AssertionError(f"{name} was looked up")
+
+    for resolve in (must_not_resolve, no_lookups):
+        with pytest.raises(InvalidInput, match="non-public"):
+            check_webhook_url(f"https://{host}/x", allowed_hosts=frozenset(), resolve=resolve)
+
+
+def test_public_ipv6_and_a_public_address_spelled_in_decimal_pass() -> None:
+    check_webhook_url(
+        "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("2606:4700::6810:84e5")
+    )
+    check_webhook_url("https://1572395042/x", allowed_hosts=frozenset(), resolve=no_lookups)  # 93.184.216.34
+    check_webhook_url(
+        "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("64:ff9b::5db8:d822")
+    )
 
 
 def test_one_private_address_among_public_ones_is_enough_to_refuse() -> None:
@@ -326,6 +385,56 @@ def test_the_last_failed_attempt_parks_the_event_in_the_dlq(
     assert aws.messages("WebhookQueue") == []
     assert len(aws.messages("WebhookDLQ")) == 1
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED
+
+
+class RecordingRandom(random.Random):
+    """Jitter at a known point (three quarters of its span), with the span each draw asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.spans: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.spans.append((a, b))
+        return a + (b - a) * 0.75
+
+
+def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_to_the_dlq(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given a receiver that always fails, and the settings' own schedule
+    hook, _ = receiver
+    hook.answers = [500] * 7
+    settings = hooks.settings.model_copy(
+        update={"webhook_retry_schedule": Settings.model_fields["webhook_retry_schedule"].default}
+    )
+    assert settings.webhook_attempts == 6
+    task_id = hooks.finish_task("on schedule")
+    hooks.relay()
+    [message] = aws.messages("WebhookQueue")
+    webhook = WebhookMessage.model_validate_json(message["Body"])
+    rng = RecordingRandom()
+    sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
+    delivery = WebhookDelivery(
+        settings, hooks.store, Queue(settings.webhook_dlq_url, aws.sqs), sender, rng=rng
+    )
+    # When each of the first five attempts fails, the next waits 5 s, 5 min, 30 min, 2 h, 5 h,
+    # each times a jitter drawn from 0.8-1.2 (here 1.1)
+    delays = []
+    for attempt in range(1, 6):
+        with pytest.raises(RetryLater) as retry:
+            asyncio.run(delivery.deliver(webhook, attempt=attempt))
+        delays.append(retry.value.delay_s)
+    assert delays == pytest.approx([5 * 1.1, 300 * 1.1, 1800 * 1.1, 7200 * 1.1, 18000 * 1.1])
+    assert rng.spans == [(0.8, 1.2)] * 5
+    assert aws.messages("WebhookDLQ") == []
+    # Then the sixth failure is the last: the event waits in WebhookDLQ, the task says failed
+    asyncio.run(delivery.deliver(webhook, attempt=6))
+    [parked] = aws.messages("WebhookDLQ")
+    assert WebhookMessage.model_validate_json(parked["Body"]).webhook_id == webhook.webhook_id
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.FAILED, 6)
+    assert len(hook.deliveries) == 6
 
 
 def test_a_hanging_receiver_counts_as_a_failed_attempt(
