@@ -48,12 +48,12 @@ bench: $(STAMP)
 
 ## Format, lint and types (ruff, mypy on the package, the handlers and the bench), cfn-lint.
 lint: $(STAMP)
-	$(BIN)/ruff format --check .
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	for handler in functions/*/app.py; do $(BIN)/mypy $$handler || exit 1; done
-	$(BIN)/mypy bench/run.py
-	$(BIN)/cfn-lint template.yaml
+	@$(BIN)/ruff format --check . || { echo "Error: ruff format would change the files above: make format rewrites them" >&2; exit 1; }
+	@$(BIN)/ruff check . || { echo "Error: ruff check found the problems above (make format fixes some)" >&2; exit 1; }
+	@$(BIN)/mypy || { echo "Error: mypy found the type errors above in src/" >&2; exit 1; }
+	@for handler in functions/*/app.py; do $(BIN)/mypy $$handler >/dev/null || { $(BIN)/mypy $$handler; echo "Error: mypy found the type errors above in $$handler" >&2; exit 1; }; done
+	@$(BIN)/mypy bench/run.py || { echo "Error: mypy found the type errors above in bench/run.py" >&2; exit 1; }
+	@$(BIN)/cfn-lint template.yaml || { echo "Error: cfn-lint found the problems above in template.yaml" >&2; exit 1; }
 
 ## The template as AWS's tools see it: sam validate --lint and sam build (SAM CLI in .venv-sam).
 template:
