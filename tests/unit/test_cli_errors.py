@@ -97,6 +97,10 @@ def test_a_port_in_use_names_the_port_and_the_option_that_changes_it(taken_port:
     said(llmtasks(*mock), USAGE, f"port {taken_port}", "--mock-port", "the mock LLM")
 
 
+def test_the_mock_llm_on_a_port_in_use_says_so(taken_port: int) -> None:
+    said(llmtasks("mock-llm", "--port", str(taken_port)), USAGE, f"port {taken_port}", "--port")
+
+
 def test_a_port_held_by_another_stack_says_so() -> None:
     async def health(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})

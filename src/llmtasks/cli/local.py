@@ -165,9 +165,13 @@ def up(
     click.echo(f"  API      {stack.api_url}   (docs: {stack.api_url}/docs)")
     click.echo(f"  console  {stack.api_url}/console")
     if stack.dev_key:
-        kept = f"kept in {options.state_dir / DEV_KEY}; " if options.state_dir else ""
+        kept = (
+            f"kept in {options.state_dir / DEV_KEY}: .venv/bin/llmtasks keys dev prints it"
+            if options.state_dir
+            else "not kept: --no-state"
+        )
         click.echo(f"  API key  {stack.dev_key}")
-        click.echo(f"           (tenant 'dev'; {kept}.venv/bin/llmtasks keys dev prints it)")
+        click.echo(f"           (tenant 'dev'; {kept})")
         auth = f' -H "Authorization: Bearer {stack.dev_key}"'
     else:
         click.echo("  API key  none needed (--no-auth): every request is the default tenant")
@@ -263,7 +267,9 @@ def mock_llm(
 ) -> None:
     """Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config)."""
     from llmtasks.llm.mock import MockConfig, serve
+    from llmtasks.local.processes import check_port_free
 
+    check_port_free(host, port, "--port", "the mock LLM")
     given = {
         "latency_s": latency,
         "rate_429": rate_429,
