@@ -153,13 +153,13 @@ def with_api(command: Callable[..., None]) -> Callable[..., None]:
             if problem.status in (401, 403):
                 given = "the API key was refused" if api_key else "no API key was given"
                 raise ToolError(
-                    f"{problem} ({given})",
+                    f"{problem}; {given}",
                     where="--api-key, LLMTASKS_API_KEY",
-                    fix="use the key `make up` printed (`llmtasks keys dev` shows it again)",
+                    fix="use the key `make up` printed (`.venv/bin/llmtasks keys dev` prints it again)",
                 ) from problem
-            error = ToolError(str(problem))
-            error.exit_code = EXIT_USAGE if problem.status < 500 else EXIT_FAILED
-            raise error from problem
+            raise ToolError(
+                str(problem), exit_code=EXIT_USAGE if problem.status < 500 else EXIT_FAILED
+            ) from problem
         except httpx.HTTPError as failure:
             raise ServiceDownError(
                 f"the API at {api_url} did not answer ({type(failure).__name__}: {failure})",

@@ -17,8 +17,12 @@ class ToolError(Exception):
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+    def __init__(
+        self, what: str, *, where: str | None = None, fix: str | None = None, exit_code: int | None = None
+    ) -> None:
         self.what, self.where, self.fix = what, where, fix
+        if exit_code is not None:
+            self.exit_code = exit_code
         super().__init__(str(self))
 
     def __str__(self) -> str:

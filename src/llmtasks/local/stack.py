@@ -106,6 +106,10 @@ class LocalStack:
     def api_url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
 
+    @property
+    def _mock_url(self) -> str:
+        return f"http://127.0.0.1:{self.options.mock_port}/v1"
+
     def _state(self, name: str) -> Path | None:
         return None if self.options.state_dir is None else self.options.state_dir / name
 
@@ -176,7 +180,7 @@ class LocalStack:
                 quiet=self.options.quiet_children,
             )
             self._children.append(child)
-            self.llm_base_url = f"http://127.0.0.1:{port}/v1"
+            self.llm_base_url = self._mock_url
 
     def start(self) -> LocalStack:
         try:
@@ -187,9 +191,8 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
-        mock_url = f"http://127.0.0.1:{self.options.mock_port}/v1"
         overrides = {
-            "LlmBaseUrl": self.llm_base_url or mock_url,
+            "LlmBaseUrl": self.llm_base_url or self._mock_url,
             # The local receivers live on this machine; the SSRF guard lets them through here only.
             "WebhookAllowedHosts": "127.0.0.1,localhost",
             **self.options.parameter_overrides,
