@@ -404,6 +404,47 @@ def test_listing_filters_by_status_and_shows_only_the_tenant_s_own(api: Api) -> 
     assert set(everything) == set(pending)
 
 
+def test_an_expired_task_not_yet_deleted_is_a_404_and_is_not_listed(api: Api, settings: Settings) -> None:
+    # Given a task submitted a TTL and a minute ago: DynamoDB has not deleted it yet
+    ttl = settings.task_ttl_seconds
+    then = TaskService(
+        settings,
+        TaskStore(settings.tasks_table_name, api.aws.dynamodb),
+        Queue(settings.task_queue_url, api.aws.sqs),
+        clock=lambda: time.time() - ttl - 60,
+    )
+    expired = then.submit("default", SubmitTaskRequest(prompt="old")).task.task_id
+    fresh = submit_n(api, 1)[0]
+    stored = api.aws.dynamodb.get_item(
+        TableName=settings.tasks_table_name, Key={"pk": {"S": f"task#{expired}"}}
+    )
+    assert "Item" in stored
+    # Then it reads as gone, and the listing shows only the live one
+    assert_problem(api.call("GET", f"/tasks/{expired}"), 404)
+    assert [t["task_id"] for t in api.call("GET", "/tasks")["json"]["data"]] == [fresh]
+
+
+def test_a_dead_lettered_task_is_listed_as_failed_not_as_processing(api: Api, settings: Settings) -> None:
+    # Given a task whose lease, taken on its message's last delivery, has lapsed
+    task_id = submit_n(api, 1)[0]
+    now = time.time()
+    TaskStore(settings.tasks_table_name, api.aws.dynamodb).claim(
+        task_id,
+        lease_id="L",
+        lease_until=now - 5,
+        now=now - 65,
+        message_id="m1",
+        receive_count=settings.task_max_receive_count,
+        dead_letter_at=now - 1,
+    )
+    # Then the listing reads it as failed with error_code dead_lettered, and filters it so
+    failed = api.call("GET", "/tasks", query="status=failed")["json"]["data"]
+    assert [(t["task_id"], t["status"], t["error_code"]) for t in failed] == [
+        (task_id, "failed", "dead_lettered")
+    ]
+    assert api.call("GET", "/tasks", query="status=processing")["json"]["data"] == []
+
+
 @pytest.mark.parametrize(
     "query",
     [
