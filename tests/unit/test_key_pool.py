@@ -4,7 +4,6 @@ task records (the key's index, never the key)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,7 +73,10 @@ def test_while_one_key_is_rate_limited_the_other_carries_every_task(
     worker: Worker, two_mocks: tuple[MockLLM, str, MockLLM, str]
 ) -> None:
     limited, limited_url, healthy, healthy_url = two_mocks
-    pool = KeyPool([LlmEndpoint(limited_url, "sk-limited"), LlmEndpoint(healthy_url, "sk-healthy")])
+    now = [1000.0]  # the pool's clock: a key's rest ends when the test moves it on
+    pool = KeyPool(
+        [LlmEndpoint(limited_url, "sk-limited"), LlmEndpoint(healthy_url, "sk-healthy")], clock=lambda: now[0]
+    )
     llm = OpenAIChat(pool=pool, default_model="mock-model")
     ids = [worker.submit(f"pooled {i}") for i in range(20)]
     # 20 tasks in two invocations of ten concurrent calls. In the first, the calls that went
@@ -93,7 +95,7 @@ def test_while_one_key_is_rate_limited_the_other_carries_every_task(
     assert healthy.stats.calls == 20
     # Once its rest is over and it answers again, the first key takes its turn again.
     limited.config = MockConfig()
-    time.sleep(3)
+    now[0] += 3  # its Retry-After
     later = [worker.submit(f"pooled later {i}") for i in range(6)]
     worker.run(eventually(worker.queued, lambda q: len(q) == 6, timeout_s=5), llm=llm)
     assert {worker.task(task_id).llm_key_index for task_id in later} == {0, 1}
