@@ -511,16 +511,23 @@ def test_an_empty_or_overlong_key_is_422(api: Api, key: str) -> None:
     assert_problem(api.call("POST", "/tasks", {"prompt": "p"}, headers={"idempotency-key": key}), 422)
 
 
-class SlowQueue(Queue):
-    """A queue whose sends take a while, so that a duplicate arrives mid-request."""
+class HeldQueue(Queue):
+    """A queue whose first send waits until the test lets it go, so that a duplicate arrives
+    while the first request is still being created."""
+
+    def __init__(self, url: str, sqs: Any) -> None:
+        super().__init__(url, sqs)
+        self.entered, self.release = threading.Event(), threading.Event()
 
     def send(self, body: Any, *, delay_s: float = 0, trace_header: str | None = None) -> str:
-        time.sleep(0.5)
+        self.entered.set()
+        assert self.release.wait(timeout=30)
         return super().send(body, delay_s=delay_s, trace_header=trace_header)
 
 
 def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, settings: Settings) -> None:
-    service = task_service(aws, settings, SlowQueue(settings.task_queue_url, aws.sqs))
+    queue = HeldQueue(settings.task_queue_url, aws.sqs)
+    service = task_service(aws, settings, queue)
     outcomes: list[object] = []
 
     def submit() -> None:
@@ -529,11 +536,11 @@ def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, se
         except TaskConflict as conflict:
             outcomes.append(conflict)
 
-    threads = [threading.Thread(target=submit) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.1)
-    for thread in threads:
-        thread.join()
+    first = threading.Thread(target=submit)
+    first.start()
+    assert queue.entered.wait(timeout=30)  # the first is inside its send
+    submit()  # the duplicate, meanwhile
+    queue.release.set()
+    first.join()
     assert sorted(type(o).__name__ for o in outcomes) == ["Submission", "TaskConflict"]
     assert len(aws.messages("TaskQueue")) == 1
