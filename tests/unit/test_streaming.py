@@ -83,7 +83,8 @@ def test_cancelling_a_streaming_task_stops_its_call(worker: Worker, mock_llm: Ru
     started = time.monotonic()
     worker.service.cancel("default", task_id)
     thread.join(timeout=10)
-    assert time.monotonic() - started < 2  # stopped at the next write, not after the 6 s call
+    # Real time is the point: stopped at its next write (every 0.5 s), long before the 6 s call ends
+    assert time.monotonic() - started < 4
     assert worker.task(task_id).status is TaskStatus.CANCELLED
     assert mock_llm.stats.completed == 0  # the stream was dropped before its end
 
