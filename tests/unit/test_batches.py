@@ -27,7 +27,7 @@ from llmtasks.stats import overview
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookRelay
 from tests.conftest import Aws, RunningMock
-from tests.helpers import emf_records, load_event
+from tests.helpers import emf_records, eventually, load_event
 from tests.unit.test_api import Api, assert_problem, task_service
 
 pytestmark = pytest.mark.unit
@@ -245,11 +245,13 @@ def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
     assert rig.run_items() == 6
     first = rig.stream()  # inserts, claims, releases
     mock_llm.configure()
-    second_runs = 0
-    give_up = time.monotonic() + 20
-    while second_runs < 6 and time.monotonic() < give_up:
-        time.sleep(0.2)  # the retries' messages wait out their (rounded-up) delays
-        second_runs += rig.run_items()
+    runs = [0]  # the retries' messages come due after their (rounded-up) delays
+
+    def run_due() -> int:
+        runs[0] += rig.run_items()
+        return runs[0]
+
+    eventually(run_due, lambda done: done >= 6, timeout_s=20, every_s=0.2, what="six retries run")
     second = rig.stream()
     every = first + second
     half = len(every) // 2

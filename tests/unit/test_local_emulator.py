@@ -118,7 +118,7 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
         """
         import time
         def handler(event, context):
-            time.sleep(event["sleep"])
+            time.sleep(event["sleep"])  # the handler's work, not a wait of the test
             return context.get_remaining_time_in_millis()
     """,
     )
@@ -154,7 +154,7 @@ def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
         calls = []
         def handler(event, context):
             calls.append(1)
-            time.sleep(event["sleep"])
+            time.sleep(event["sleep"])  # the handler's work, not a wait of the test
             return len(calls)
     """,
     )
@@ -181,7 +181,7 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
             if event["rawPath"] == "/boom":
                 raise RuntimeError("boom")
             if event["rawPath"] == "/slow":
-                time.sleep(1.5)
+                time.sleep(1.5)  # the handler's work, past the gateway's timeout
             return {"statusCode": 200, "body": event["pathParameters"]["name"]}
     """,
     )

@@ -46,7 +46,7 @@ def test_a_streaming_call_shows_its_text_as_it_grows_then_the_whole_result(
             assert view.progress is not None
             if not seen or seen[-1][0] != task.partial_result:
                 seen.append((task.partial_result, view.progress.tokens))
-        time.sleep(0.1)
+        time.sleep(0.1)  # the sampling interval while the call runs; the loop ends with the call
     done = worker.task(task_id)
     whole = reply_text(prompt, 400)
     assert len(seen) >= 3  # several writes during a 3 s call, one every half second
