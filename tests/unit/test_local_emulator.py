@@ -14,7 +14,8 @@ from llmtasks.local.gateway import http_event, http_response
 from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.sources import failed_ids
-from llmtasks.local.template import FunctionSpec, HttpRoute, Template, TemplateError
+from llmtasks.local.template import HttpRoute, Template, TemplateError
+from tests.helpers import toy_function
 
 pytestmark = pytest.mark.unit
 
@@ -107,13 +108,8 @@ def test_batch_replies_follow_lambdas_rules(invocation: Invocation, report: bool
     assert failed_ids(invocation, report_failures=report, all_ids=["a", "b"]) == expected
 
 
-def _function(tmp_path: Path, body: str, timeout_s: int = 1) -> FunctionSpec:
-    (tmp_path / "app.py").write_text(textwrap.dedent(body))
-    return FunctionSpec("F", tmp_path, "app.handler", timeout_s, 128, {})
-
-
 def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) -> None:
-    spec = _function(
+    spec = toy_function(
         tmp_path,
         """
         import time
@@ -130,7 +126,7 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
 
 
 def test_each_invocation_can_report_like_lambda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = _function(tmp_path, "def handler(event, context):\n    return context.aws_request_id\n")
+    spec = toy_function(tmp_path, "def handler(event, context):\n    return context.aws_request_id\n")
     quiet, reporting = FunctionRuntime(spec), FunctionRuntime(spec, report=True)
 
     quiet.invoke({})
@@ -147,7 +143,7 @@ def test_each_invocation_can_report_like_lambda(tmp_path: Path, capsys: pytest.C
 
 
 def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
-    spec = _function(
+    spec = toy_function(
         tmp_path,
         """
         import threading, time
@@ -173,7 +169,7 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
     from llmtasks.local.gateway import HttpGateway
     from tests.helpers import serve
 
-    spec = _function(
+    spec = toy_function(
         tmp_path,
         """
         import time
@@ -181,7 +177,7 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
             if event["rawPath"] == "/boom":
                 raise RuntimeError("boom")
             if event["rawPath"] == "/slow":
-                time.sleep(1.5)  # the handler's work, past the gateway's timeout
+                time.sleep(1.5)  # the handler's work, past its 1 s Timeout (a 503)
             return {"statusCode": 200, "body": event["pathParameters"]["name"]}
     """,
     )
@@ -199,7 +195,7 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
 
 
 def test_a_handler_that_exits_is_a_function_error_not_a_dead_poller(tmp_path: Path) -> None:
-    spec = _function(
+    spec = toy_function(
         tmp_path,
         """
         import sys
