@@ -14,7 +14,7 @@ from llmtasks.models import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.queues import Queue
 from llmtasks.records import process_sqs_concurrently, receive_count
-from llmtasks.service import Delivery, TaskRunner
+from llmtasks.runner import Delivery, TaskRunner
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -50,7 +50,7 @@ from llmtasks.models import (
 from llmtasks.observability import Metric, emit, logger
 from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
-from llmtasks.service import check_limits, check_metadata, dimensions_of, is_task_id
+from llmtasks.rules import check_limits, check_metadata, dimensions_of, is_task_id
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import Resolver, check_webhook_url, resolver_from_settings

@@ -1,4 +1,5 @@
-"""The task lifecycle: submit, read, cancel, and run one task in the worker.
+"""What the HTTP API does with tasks: submit, read (with a long-poll), list and cancel them for
+one tenant at a time; the listing's cursor.
 
 Everything here talks to the table and the queues through their adapters, never to boto3, and
 takes its clock and ids from the constructor so tests can pin them.
@@ -6,77 +7,40 @@ takes its clock and ids from the constructor so tests can pin them.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import itertools
 import json
-import math
-import random
 import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from aws_lambda_powertools.metrics import MetricUnit
-
-from llmtasks.batch_store import BatchCancellations
 from llmtasks.errors import (
-    RATE_LIMITED,
     BackendError,
     InvalidInput,
-    LLMError,
-    PayloadTooLarge,
-    RetryLater,
     ServiceUnavailable,
-    StaleWrite,
-    TaskConflict,
     TaskNotFound,
 )
 from llmtasks.idempotency import IdempotencyKeys, at_most_once
-from llmtasks.llm import LLMProvider
 from llmtasks.models import (
-    AttemptRecord,
-    Completion,
     SubmitTaskRequest,
     Task,
     TaskMessage,
-    TaskOptions,
     TaskStatus,
     WebhookSecret,
     WebhookStatus,
 )
-from llmtasks.observability import Metric, emit, logger, task_keys, tracer
-from llmtasks.pacing import CallPacer
-from llmtasks.queues import MAX_DELAY_S, Queue
+from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.queues import Queue
 from llmtasks.results import ResultBlobs
+from llmtasks.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.settings import Settings
-from llmtasks.store import ClaimRefused, TaskStore
+from llmtasks.store import TaskStore
 from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings
 
-Clock = Callable[[], float]
 WAIT_POLL_S = 0.5
 WAIT_FIRST_POLL_S = 0.05
-# How long a first delivery waits, between looks, for the item submit writes after the message.
-ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
-# A paced call starts only if at least this much of its timeout is left after the wait.
-MIN_CALL_TIME_S = 60.0
-# How often a call that woke late for its pace slot takes a fresh one before it goes anyway.
-PACE_LATE_TRIES = 3
-# How soon a message's first delivery looks again at a task whose lease another delivery holds.
-HELD_LEASE_RECHECK_S = 3.0
 # Queries one listing may make to fill a page when a status filter skips most tasks.
 MAX_LIST_PAGES = 10
-
-
-def new_task_id() -> str:
-    return uuid.uuid4().hex
-
-
-def is_task_id(text: str) -> bool:
-    """The shape new_task_id makes. Anything else cannot name a task, so it is not looked up
-    (a 3 KB id would otherwise reach DynamoDB and fail its key-size check)."""
-    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
 
 
 def _encode_cursor(start: dict[str, Any], tenant_id: str) -> str:
@@ -104,25 +68,6 @@ def _decode_cursor(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
     if not valid:
         raise InvalidInput("cursor is not one this API returned.", field="cursor")
     return start  # type: ignore[no-any-return]
-
-
-def check_limits(body: TaskOptions, settings: Settings, *, where: str = "") -> None:
-    """The size limits of one task body; `where` names its place in a bigger body (items[3])."""
-    size = body.text_bytes()
-    if size > settings.max_prompt_bytes:
-        of = f" of {where}" if where else ""
-        raise PayloadTooLarge(
-            f"The prompt{of} is {size} bytes; the limit is {settings.max_prompt_bytes} bytes."
-        )
-    if body.metadata is not None:
-        check_metadata(body.metadata, settings, field=f"{where}.metadata" if where else "metadata")
-
-
-def check_metadata(metadata: dict[str, Any], settings: Settings, *, field: str = "metadata") -> None:
-    size = len(json.dumps(metadata, separators=(",", ":")).encode())
-    if size > settings.max_metadata_bytes:
-        limit = settings.max_metadata_bytes
-        raise InvalidInput(f"{field} is {size} bytes; the limit is {limit}.", field=field)
 
 
 @dataclass(frozen=True)
@@ -282,403 +227,3 @@ class TaskService:
         )
         logger.info("webhook secret rotated", tenant_id=tenant_id)
         return WebhookSecret.of(secrets, now)
-
-
-class PaceFull(Exception):
-    def __init__(self, backlog_s: float) -> None:
-        super().__init__(f"the next free pace slot is {backlog_s:.0f} s away")
-        self.backlog_s = backlog_s
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One receipt of a TaskQueue message, as the worker got it."""
-
-    message_id: str
-    receive_count: int  # SQS ApproximateReceiveCount: 1 on the first delivery
-    sent_at: float  # epoch s
-
-
-class ProgressWriter:
-    """Writes a streaming call's text so far to its task, at most once every `interval_s`: each
-    write is one UpdateItem, billed by the item's size. Raises StaleWrite when the task is no
-    longer this lease's (cancelled, taken over), which ends the call."""
-
-    def __init__(
-        self,
-        store: TaskStore,
-        task_id: str,
-        *,
-        lease_id: str,
-        interval_s: float,
-        max_bytes: int,
-        clock: Clock,
-    ) -> None:
-        self._store = store
-        self._task_id = task_id
-        self._lease_id = lease_id
-        self._interval_s = interval_s
-        self._max_bytes = max_bytes
-        self._clock = clock
-        self._written_at = clock()  # the first write comes one interval into the call
-
-    async def record(self, text: str, tokens: int) -> None:
-        now = self._clock()
-        if now - self._written_at < self._interval_s:
-            return
-        self._written_at = now
-        # The head of a long reply: the item must stay under DynamoDB's 400 KB with the prompt.
-        head = text.encode()[: self._max_bytes].decode(errors="ignore")
-        await asyncio.to_thread(
-            self._store.record_progress,
-            self._task_id,
-            lease_id=self._lease_id,
-            partial_result=head,
-            tokens=tokens,
-            now=now,
-        )
-
-
-def dimensions_of(task: Task, settings: Settings) -> dict[str, str]:
-    """A task's metric dimensions besides the service: few values each, as CloudWatch wants."""
-    return {"model": task.request.model or settings.llm_model, "priority": task.priority}
-
-
-class TaskRunner:
-    """What the worker does with one TaskQueue message: claim, call the LLM, record the outcome."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        store: TaskStore,
-        task_queue: Queue,
-        llm: LLMProvider,
-        *,
-        clock: Clock = time.time,
-        rng: random.Random | None = None,
-        results: ResultBlobs | None = None,
-        pacer: CallPacer | None = None,
-        batch_task_queue: Queue | None = None,
-        cancellations: BatchCancellations | None = None,
-    ) -> None:
-        self._settings = settings
-        self._store = store
-        self._queue = task_queue
-        self._batch_queue = batch_task_queue or task_queue
-        self._cancellations = cancellations
-        self._llm = llm
-        self._pacer = pacer
-        self._clock = clock
-        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
-        self._results = results or ResultBlobs(settings.results_bucket)
-
-    async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
-        """Raises RetryLater when this delivery must come back later: another delivery holds a
-        live lease on the task, or the message arrived before its task's item was written."""
-        try:
-            await self._run(task_id, delivery, remaining_s=remaining_s)
-        except BaseException:
-            if delivery.receive_count >= self._settings.task_max_receive_count:
-                # SQS moves the message to TaskDLQ instead of delivering it again. (A delivery
-                # killed by the function's timeout cannot count itself: TaskDLQ's depth alarm does.)
-                logger.warning("dead-lettered", task_id=task_id, receive_count=delivery.receive_count)
-                emit(Metric.DEAD_LETTERED)
-            raise
-
-    async def _run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
-        now = self._clock()
-        lease_id = uuid.uuid4().hex
-        lease_until = now + remaining_s + self._settings.lease_margin_s
-        try:
-            task = await self._claim(task_id, delivery, lease_id=lease_id, lease_until=lease_until, now=now)
-        except ClaimRefused as refused:
-            self._refused(task_id, delivery, refused, now)
-            return
-        logger.info("claimed", attempt=task.attempts, receive_count=delivery.receive_count, **task_keys(task))
-        dimensions = dimensions_of(task, self._settings)
-        if task.attempts == 1:
-            emit(Metric.QUEUE_WAIT, max(0.0, now - task.created_at), MetricUnit.Seconds, **dimensions)
-        if task.batch_id and self._cancellations is not None:
-            cancelled = await asyncio.to_thread(self._cancellations.cancelled, task.batch_id, now=now)
-            if cancelled:
-                # Its batch is being cancelled and the sweep has not reached this item yet: no call.
-                self._cancel(task)
-                return
-
-        deadline = task.deadline
-        if deadline is not None and now >= deadline:
-            self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
-            return
-        # Leave time to write the outcome before the function's own timeout.
-        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - 10))
-        if deadline is not None:
-            timeout = min(timeout, deadline - now)
-        if self._pacer is not None:
-            try:
-                timeout -= await self._wait_for_pace(timeout)
-            except PaceFull as full:
-                # No slot this invocation can still use: the task waits in the queue meanwhile.
-                self._schedule_retry(
-                    task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
-                )
-                return
-        completion = await self._call(task, lease_id, timeout)
-        if completion is None:
-            return
-        result_ref = None
-        if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
-            # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
-            # rule removes it with the rest.
-            result_ref = self._results.put(task_id, completion.text)
-        try:
-            await asyncio.to_thread(
-                self._store.complete,
-                task_id,
-                lease_id=lease_id,
-                completion=completion,
-                now=self._clock(),
-                result_ref=result_ref,
-                attempt=self._attempt(task, "completed"),
-            )
-        except StaleWrite:
-            # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
-            # discarded, never written over a terminal state.
-            logger.info("result discarded", **task_keys(task))
-            return
-        logger.info(
-            "completed", model=completion.model, total_tokens=completion.usage.total_tokens, **task_keys(task)
-        )
-        emit(Metric.COMPLETED, **dimensions)
-        emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
-        emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
-
-    async def _call(self, task: Task, lease_id: str, timeout_s: float) -> Completion | None:
-        """The LLM's completion; None when there is none to store (the error is dealt with)."""
-        progress = None
-        if self._settings.progress_interval_s > 0:
-            progress = ProgressWriter(
-                self._store,
-                task.task_id,
-                lease_id=lease_id,
-                interval_s=self._settings.progress_interval_s,
-                max_bytes=self._settings.max_inline_result_bytes,
-                clock=self._clock,
-            )
-        started = time.monotonic()
-        try:
-            return await self._complete(task, timeout_s, progress)
-        except LLMError as error:
-            self._after_llm_error(task, lease_id, error)
-        except StaleWrite:
-            # A progress write found the task cancelled (or taken over): the call was stopped
-            # there, and no more tokens are spent on it.
-            logger.info("call stopped: the task moved on", **task_keys(task))
-        finally:
-            elapsed_ms = (time.monotonic() - started) * 1000
-            dimensions = dimensions_of(task, self._settings)
-            emit(Metric.LLM_LATENCY, elapsed_ms, MetricUnit.Milliseconds, **dimensions)
-        return None
-
-    # A subsegment of its own in the trace; its reply (the result text) is never put in it.
-    @tracer.capture_method(capture_response=False)
-    async def _complete(self, task: Task, timeout_s: float, progress: ProgressWriter | None) -> Completion:
-        tracer.put_annotation("task_id", task.task_id)
-        return await self._llm.complete(
-            task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
-        )
-
-    async def _wait_for_pace(self, call_budget_s: float) -> float:
-        """Waits for this call's slot in the shared pace; returns the seconds waited. Raises
-        PaceFull when the slot lies beyond what the call's time budget leaves. A call that wakes well
-        past its slot (a busy sandbox) takes a fresh one rather than leave in a burst with the
-        next, which a provider counting requests per second would refuse."""
-        assert self._pacer is not None
-        began = self._clock()
-        for _ in range(PACE_LATE_TRIES):
-            start_at = await asyncio.to_thread(self._pacer.reserve, self._clock())
-            if start_at - began > call_budget_s - MIN_CALL_TIME_S:
-                raise PaceFull(start_at - began)
-            await asyncio.sleep(max(0.0, start_at - self._clock()))
-            if self._clock() - start_at <= self._pacer.interval_s / 2:
-                break
-        return self._clock() - began
-
-    async def _claim(
-        self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float
-    ) -> Task:
-        """The lease on the task; it outlives this invocation, so no other delivery takes the task
-        while we may still write, and after a crash or timeout the next delivery takes over once
-        it lapses. A first delivery that finds no item looks again for a moment: submit writes
-        the item milliseconds after the message, and a message returned to the queue would wait
-        seconds."""
-        for recheck_in_s in (*ITEM_RECHECKS_S, None):
-            try:
-                # In a thread, like the other writes of a run: the batch's other records keep
-                # their calls moving (and a paced call leaves on time) while this one waits.
-                return await asyncio.to_thread(
-                    self._store.claim,
-                    task_id,
-                    lease_id=lease_id,
-                    lease_until=lease_until,
-                    now=now,
-                    message_id=delivery.message_id,
-                    receive_count=delivery.receive_count,
-                    dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
-                )
-            except ClaimRefused as refused:
-                if not refused.missing or recheck_in_s is None or delivery.receive_count > 1:
-                    raise
-                await asyncio.sleep(recheck_in_s)
-        raise AssertionError("unreachable: the last recheck raises")
-
-    def _dead_letter_at(self, lease_until: float, receive_count: int) -> float:
-        """If this delivery dies, the message comes back one visibility timeout after it was
-        received (so before the lease lapses plus that), as long as it has deliveries left. Once
-        each of those is past due (with a grace for the pollers) and none has claimed the task,
-        even one that died before the handler ran, the message is in TaskDLQ."""
-        left = max(0, self._settings.task_max_receive_count - receive_count)
-        return lease_until + left * (
-            self._settings.task_visibility_timeout_s + self._settings.dead_letter_grace_s
-        )
-
-    def _refused(self, task_id: str, delivery: Delivery, refused: ClaimRefused, now: float) -> None:
-        """Returns when the message is done with; raises RetryLater when it must come back."""
-        max_receives = self._settings.task_max_receive_count
-        if refused.missing:
-            grace_left = self._settings.unwritten_task_grace_s - (now - delivery.sent_at)
-            if grace_left <= 0:
-                logger.warning("no task for this message; dropped", task_id=task_id)
-                return
-            # The item is usually milliseconds behind its message, so the first waits are short;
-            # the delivery before the last waits out the grace, so that a late item is never left
-            # pending with its message in TaskDLQ.
-            if delivery.receive_count >= max_receives - 1:
-                raise RetryLater(grace_left + 1, "the task's item is not written yet") from refused
-            delay = min(grace_left, 2.0 ** (delivery.receive_count - 1))
-            raise RetryLater(delay, "the task's item is not written yet") from refused
-        current = refused.current
-        if current is None or current.status.is_terminal:
-            logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
-            return
-        if current.status is TaskStatus.PENDING:
-            # A retry is scheduled and has its own delayed message: this one (a duplicate, or a
-            # redelivery after a lost reply) would only call the provider before its Retry-After.
-            logger.info("early delivery dropped; the retry's message runs the task", task_id=task_id)
-            return
-        # Another message's delivery holds a live lease (a duplicate, or a retry that came early).
-        if delivery.receive_count >= max_receives:
-            # Returned once more, this copy would only land in TaskDLQ. The holder's own message
-            # brings the task back if that delivery dies.
-            logger.info("duplicate delivery dropped", task_id=task_id)
-            return
-        wait = (current.lease_until or now) - now + 1
-        if delivery.receive_count == 1:
-            # Most often this is the task's own retry message, sent just before the release was
-            # written (a write slower than the message's delay): look again soon, not after a
-            # lease that is about to be given up. A true copy waits out the lease next time.
-            wait = min(wait, HELD_LEASE_RECHECK_S)
-        logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
-        raise RetryLater(wait, "lease held by another delivery") from refused
-
-    def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
-        now = self._clock()
-        logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
-        if not error.transient:
-            self._fail(task, lease_id, str(error), error.code)
-            return
-        if task.attempts > task.max_retries:
-            self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
-            return
-        delay = self.backoff_s(task.attempts)
-        if self._pacer is not None and error.code == RATE_LIMITED and error.retry_after is not None:
-            # The pace ran ahead of the provider's own count: every worker waits the Retry-After,
-            # and this task's retry takes the pace's next slot after it, without a backoff of its own.
-            self._pacer.hold(now + error.retry_after)
-            delay = 0
-        if error.retry_after is not None:
-            if error.retry_after > self._settings.retry_after_cap_s:
-                self._fail(
-                    task,
-                    lease_id,
-                    f"{error} (the provider asked to retry in {error.retry_after:.0f} s, beyond the"
-                    f" {self._settings.retry_after_cap_s:.0f} s this service waits)",
-                    "retry_after_too_long",
-                )
-                return
-            delay = max(delay, error.retry_after)
-        deadline = task.deadline
-        if deadline is not None and now + delay >= deadline:
-            self._fail(
-                task, lease_id, f"{error} (no time left for a retry before the deadline)", "deadline_exceeded"
-            )
-            return
-        self._schedule_retry(task, lease_id, delay, str(error), error.code)
-
-    def _schedule_retry(
-        self, task: Task, lease_id: str, delay: float, error: str, error_code: str, *, attempted: bool = True
-    ) -> None:
-        """The task back to pending with a delayed message of its own; `attempted` False when no
-        call left (the pace was full), so the wait costs the task none of its retries."""
-        # A new message with a delay, sent before the task is released: if we die in between,
-        # the lease makes the new message wait and the old one finds the task already done.
-        # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
-        # than the message can be held back (else it would arrive before next_attempt_at).
-        delay = min(math.ceil(delay), MAX_DELAY_S)
-        # A batch item's messages stay on the batch queue, under its own concurrency.
-        queue = self._batch_queue if task.batch_id else self._queue
-        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay, trace_header=task.trace_header)
-        try:
-            self._store.release(
-                task.task_id,
-                lease_id=lease_id,
-                error=error,
-                error_code=error_code,
-                next_attempt_at=self._clock() + delay,
-                attempted=attempted,
-                attempt=self._attempt(task, "retry", error_code),
-            )
-        except StaleWrite:
-            logger.info("cancelled during the call", **task_keys(task))
-            return
-        logger.info("retry scheduled", **task_keys(task), attempt=task.attempts, delay_s=delay)
-
-    def _attempt(
-        self, task: Task, outcome: Literal["completed", "failed", "retry"], error_code: str | None = None
-    ) -> AttemptRecord:
-        """The attempt this claim ran, as it ends now (for the task's timeline)."""
-        now = self._clock()
-        started = task.attempt_started_at if task.attempt_started_at is not None else now
-        return AttemptRecord(
-            attempt=task.attempts, started_at=started, ended_at=now, outcome=outcome, error_code=error_code
-        )
-
-    def backoff_s(self, attempt: int) -> float:
-        """Exponential backoff with full jitter (AWS Architecture Blog, 'Exponential Backoff And Jitter')."""
-        ceiling = min(
-            self._settings.retry_max_delay_s, self._settings.retry_base_delay_s * 2 ** (attempt - 1)
-        )
-        return self._rng.uniform(0, ceiling)
-
-    def _cancel(self, task: Task) -> None:
-        try:
-            self._store.cancel(task.task_id, tenant_id=task.tenant_id, now=self._clock())
-        except (TaskNotFound, TaskConflict):
-            return  # the sweep cancelled it first
-        logger.info("cancelled with its batch", **task_keys(task))
-        emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
-
-    def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
-        try:
-            self._store.fail(
-                task.task_id,
-                lease_id=lease_id,
-                error=error,
-                error_code=error_code,
-                now=self._clock(),
-                attempt=self._attempt(task, "failed", error_code),
-            )
-        except StaleWrite:
-            logger.info("cancelled during the call", **task_keys(task))
-            return
-        logger.info("failed", **task_keys(task), error_code=error_code)
-        emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings))

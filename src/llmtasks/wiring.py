@@ -21,7 +21,8 @@ from llmtasks.llm import provider_from_settings
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue, queue_name
 from llmtasks.results import ResultBlobs
-from llmtasks.service import TaskRunner, TaskService
+from llmtasks.runner import TaskRunner
+from llmtasks.service import TaskService
 from llmtasks.settings import get_settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings

@@ -21,7 +21,7 @@ from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
 from llmtasks.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
 from llmtasks.queues import Queue
-from llmtasks.service import TaskRunner
+from llmtasks.runner import TaskRunner
 from llmtasks.settings import Settings
 from llmtasks.stats import overview
 from llmtasks.store import TaskStore

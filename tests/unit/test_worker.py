@@ -20,7 +20,8 @@ from llmtasks.local.sources import sqs_record
 from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
-from llmtasks.service import HELD_LEASE_RECHECK_S, Delivery, TaskRunner, TaskService
+from llmtasks.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
+from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.stats import overview
 from llmtasks.store import TaskStore

@@ -22,7 +22,7 @@ from typing import Any
 from llmtasks import wiring
 from llmtasks.llm import OnProgress, provider_from_settings
 from llmtasks.models import Completion, LLMRequest, TaskMessage
-from llmtasks.service import TaskRunner
+from llmtasks.runner import TaskRunner
 from llmtasks.settings import get_settings
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,0 +1,55 @@
+"""The rules of a task that the API, batches and the worker share: its id, its size limits,
+its metric dimensions. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from llmtasks.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+)
+from llmtasks.models import (
+    Task,
+    TaskOptions,
+)
+from llmtasks.settings import Settings
+
+Clock = Callable[[], float]
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+def is_task_id(text: str) -> bool:
+    """The shape new_task_id makes. Anything else cannot name a task, so it is not looked up
+    (a 3 KB id would otherwise reach DynamoDB and fail its key-size check)."""
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def check_limits(body: TaskOptions, settings: Settings, *, where: str = "") -> None:
+    """The size limits of one task body; `where` names its place in a bigger body (items[3])."""
+    size = body.text_bytes()
+    if size > settings.max_prompt_bytes:
+        of = f" of {where}" if where else ""
+        raise PayloadTooLarge(
+            f"The prompt{of} is {size} bytes; the limit is {settings.max_prompt_bytes} bytes."
+        )
+    if body.metadata is not None:
+        check_metadata(body.metadata, settings, field=f"{where}.metadata" if where else "metadata")
+
+
+def check_metadata(metadata: dict[str, Any], settings: Settings, *, field: str = "metadata") -> None:
+    size = len(json.dumps(metadata, separators=(",", ":")).encode())
+    if size > settings.max_metadata_bytes:
+        limit = settings.max_metadata_bytes
+        raise InvalidInput(f"{field} is {size} bytes; the limit is {limit}.", field=field)
+
+
+def dimensions_of(task: Task, settings: Settings) -> dict[str, str]:
+    """A task's metric dimensions besides the service: few values each, as CloudWatch wants."""
+    return {"model": task.request.model or settings.llm_model, "priority": task.priority}
