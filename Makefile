@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up venv test test-fast lint template format e2e faults localstack bench clean
+.PHONY: up venv test test-fast lint template format e2e faults localstack bench mutation clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "Error: llmtasks needs Python 3.11 or newer ($(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo missing)): run make with PYTHON=python3.12 or another 3.11+" >&2; exit 2; }
@@ -59,9 +59,16 @@ lint: $(STAMP)
 template:
 	PYTHON=$(PYTHON) scripts/check-template
 
+## Mutation testing of the core (not in make test: it takes long): the modules in pyproject's
+## [tool.mutmut], the unit suite against each mutant; then the survivors. MUTANTS narrows it,
+## e.g. make mutation MUTANTS="llmtasks.webhooks*".
+mutation: $(STAMP)
+	$(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut results
+
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .aws-sam
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .aws-sam mutants
