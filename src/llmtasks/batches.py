@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -25,10 +23,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
+from llmtasks.cursors import decode_cursor, encode_cursor
 from llmtasks.errors import (
     BackendError,
     BatchNotFound,
-    InvalidInput,
     RetryLater,
     ServiceUnavailable,
     TaskConflict,
@@ -78,22 +76,19 @@ def batch_task_id(batch_id: str, index: int) -> str:
     return uuid.uuid5(_BATCH_NAMESPACE, f"{batch_id}/{index}").hex
 
 
-def _encode_cursor(batch_id: str, index: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"batch": batch_id, "index": index}).encode()).decode()
+def _results_scope(batch_id: str) -> str:
+    return f"results of {batch_id}"
 
 
-def _decode_cursor(cursor: str | None, batch: Batch) -> int:
+def _results_start(cursor: str | None, batch: Batch) -> int:
+    """Where a results page starts: the item index a cursor of this batch carries."""
     if cursor is None:
         return 0
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        index = decoded["index"]
-        valid = decoded["batch"] == batch.batch_id and isinstance(index, int) and 0 <= index <= batch.total
-    except (ValueError, TypeError, KeyError, AttributeError):
-        valid = False
-    if not valid:
-        raise InvalidInput("cursor is not one this API returned for this batch.", field="cursor")
-    return int(index)
+
+    def valid(index: object) -> bool:
+        return isinstance(index, int) and 0 <= index <= batch.total
+
+    return int(decode_cursor(cursor, _results_scope(batch.batch_id), valid))
 
 
 @dataclass(frozen=True)
@@ -229,7 +224,7 @@ class BatchService:
     ) -> tuple[list[BatchResult], str | None]:
         """Up to `limit` items from the cursor on, in submission order, and the next cursor."""
         batch = self.get(tenant_id, batch_id)
-        start = _decode_cursor(cursor, batch)
+        start = _results_start(cursor, batch)
         indexes = range(start, min(batch.total, start + limit))
         ids = [batch_task_id(batch_id, i) for i in indexes]
         tasks = self._store.get_many(ids)
@@ -253,7 +248,7 @@ class BatchService:
                 break
             rows.append(row)
         following = start + len(rows)
-        return rows, _encode_cursor(batch_id, following) if following < batch.total else None
+        return rows, encode_cursor(_results_scope(batch_id), following) if following < batch.total else None
 
     def _custom_ids(self, batch: Batch, indexes: list[int]) -> dict[int, str | None]:
         found: dict[int, str | None] = {}

@@ -7,16 +7,14 @@ takes its clock and ids from the constructor so tests can pin them.
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from llmtasks.cursors import decode_cursor, encode_cursor
 from llmtasks.errors import (
     BackendError,
-    InvalidInput,
     ServiceUnavailable,
     TaskNotFound,
 )
@@ -43,31 +41,26 @@ WAIT_FIRST_POLL_S = 0.05
 MAX_LIST_PAGES = 10
 
 
-def _encode_cursor(start: dict[str, Any], tenant_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"tenant": tenant_id, "start": start}).encode()).decode()
+def _tenant_scope(tenant_id: str) -> str:
+    return f"tasks of {tenant_id}"
 
 
-def _decode_cursor(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
-    """The continuation a cursor carries, checked: a cursor is opaque to clients, so anything
-    that is not one this service made for this tenant is a 422, never a query error."""
+def _listing_start(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
+    """Where a listing page starts: the table key a cursor of this tenant carries."""
     if cursor is None:
         return None
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        start = decoded["start"]
-        valid = (
-            decoded["tenant"] == tenant_id
-            and set(start) == {"pk", "tenant_id", "created_at"}
+
+    def valid(start: Any) -> bool:
+        return (
+            set(start) == {"pk", "tenant_id", "created_at"}
             and start["tenant_id"] == tenant_id
             and isinstance(start["pk"], str)
             and is_task_id(start["pk"].removeprefix("task#"))
             and isinstance(start["created_at"], int | float)
         )
-    except (ValueError, TypeError, KeyError, AttributeError):
-        valid = False
-    if not valid:
-        raise InvalidInput("cursor is not one this API returned.", field="cursor")
-    return start  # type: ignore[no-any-return]
+
+    start: dict[str, Any] = decode_cursor(cursor, _tenant_scope(tenant_id), valid)
+    return start
 
 
 @dataclass(frozen=True)
@@ -189,7 +182,7 @@ class TaskService:
         """Up to `limit` of the tenant's tasks, newest first, as clients read them, and the cursor
         of the next page (None on the last). The status filter applies to the status as read,
         so dead-lettered tasks count as failed; a page may come back short when few match."""
-        start = _decode_cursor(cursor, tenant_id)
+        start = _listing_start(cursor, tenant_id)
         now = self._clock()
         found: list[Task] = []
         for _ in range(MAX_LIST_PAGES):
@@ -200,7 +193,7 @@ class TaskService:
                     found.append(task)
             if start is None or len(found) >= limit:
                 break
-        return found, _encode_cursor(start, tenant_id) if start else None
+        return found, encode_cursor(_tenant_scope(tenant_id), start) if start else None
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         if not is_task_id(task_id):

@@ -14,6 +14,7 @@ import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
 from llmtasks.batches import BatchService
+from llmtasks.cursors import encode_cursor
 from llmtasks.errors import TaskConflict
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.models import SubmitTaskRequest
@@ -453,16 +454,18 @@ def test_a_dead_lettered_task_is_listed_as_failed_not_as_processing(api: Api, se
         "limit=101",
         "limit=ten",
         "cursor=not-a-cursor",
-        # a well-formed cursor of another tenant
+        # a well-formed cursor of another tenant's listing
         "cursor="
-        + base64.urlsafe_b64encode(
-            json.dumps(
-                {
-                    "tenant": "globex",
-                    "start": {"pk": "task#" + "a" * 32, "tenant_id": "globex", "created_at": 1},
-                }
-            ).encode()
-        ).decode(),
+        + encode_cursor(
+            "tasks of globex", {"pk": "task#" + "a" * 32, "tenant_id": "globex", "created_at": 1}
+        ),
+        # this tenant's scope around another tenant's table key
+        "cursor="
+        + encode_cursor(
+            "tasks of default", {"pk": "task#" + "a" * 32, "tenant_id": "globex", "created_at": 1}
+        ),
+        # a batch's results cursor
+        "cursor=" + encode_cursor("results of " + "b" * 32, 10),
     ],
 )
 def test_bad_listing_parameters_are_422_problems(api: Api, query: str) -> None:
