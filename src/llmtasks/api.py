@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from llmtasks import __version__
 from llmtasks.apikeys import REFUSALS
 from llmtasks.batches import BatchService
-from llmtasks.errors import ApiError, Unauthorized
+from llmtasks.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
 from llmtasks.models import (
     Batch,
     BatchAccepted,
@@ -388,6 +388,14 @@ def _on_not_found(_: NotFoundError) -> Response[Any]:
     return problem(404, "Not found", "No such route.", slug="not-found")
 
 
+def _on_backend_error(exc: BackendError) -> Response[Any]:
+    """DynamoDB, SQS or S3 failed under a request: the client may retry it."""
+    logger.exception("backend failed", error_type=type(exc).__name__)
+    reply = _on_api_error(ServiceUnavailable("A storage or queue call failed. Retry the request."))
+    reply.headers["Retry-After"] = "1"
+    return reply
+
+
 def _on_unexpected(exc: Exception) -> Response[Any]:
     logger.exception("unhandled error", error_type=type(exc).__name__)
     return problem(500, "Internal error", "Something went wrong on our side.", slug="internal")
@@ -402,6 +410,7 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
         add_queries(app)
     app.exception_handler(ApiError)(_on_api_error)
     app.exception_handler(RequestValidationError)(_on_validation_error)
+    app.exception_handler(BackendError)(_on_backend_error)
     app.not_found(_on_not_found)
     app.exception_handler(Exception)(_on_unexpected)
     if docs:

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aws_lambda_powertools.metrics import MetricUnit
-from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
 from llmtasks.cursors import decode_cursor, encode_cursor
@@ -189,7 +188,7 @@ class BatchService:
             # The same Idempotency-Key after its record lapsed: the batch it began already.
             logger.info("batch exists", batch_id=batch_id)
             return exists.batch
-        except (BackendError, BotoCoreError, ClientError) as exc:
+        except BackendError as exc:
             logger.exception("batch submit failed", batch_id=batch_id)
             raise ServiceUnavailable("The batch could not be stored or queued. Retry.") from exc
         logger.info("batch submitted", batch_id=batch_id, tenant_id=tenant_id, total=batch.total)

@@ -4,14 +4,27 @@ wait here too (its manifest, one JSON line an item) until they are fanned out in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtasks.errors import BackendError
 from llmtasks.models import Task
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+
+@contextmanager
+def _s3(action: str) -> Iterator[None]:
+    """S3's failures as the domain's BackendError: nothing above this adapter sees botocore."""
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise BackendError(f"S3 {action} failed: {exc}") from exc
 
 
 class ResultBlobs:
@@ -29,13 +42,15 @@ class ResultBlobs:
     def put(self, task_id: str, text: str) -> str:
         """Stores the text; returns the key the task item keeps as `result_ref`."""
         key = f"results/{task_id}.txt"
-        self._client.put_object(
-            Bucket=self.bucket, Key=key, Body=text.encode(), ContentType="text/plain; charset=utf-8"
-        )
+        with _s3("put"):
+            self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=text.encode(), ContentType="text/plain; charset=utf-8"
+            )
         return key
 
     def get(self, key: str) -> str:
-        return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+        with _s3("get"):
+            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
 
     def hydrate(self, task: Task) -> Task:
         """The task with its result text, fetched from the bucket when the item only has the key."""
@@ -46,14 +61,16 @@ class ResultBlobs:
     def put_manifest(self, batch_id: str, lines: list[bytes]) -> str:
         """Stores a batch's items, one JSON line each; returns the object's key."""
         key = f"batches/{batch_id}.jsonl"
-        self._client.put_object(
-            Bucket=self.bucket, Key=key, Body=b"".join(lines), ContentType="application/jsonl"
-        )
+        with _s3("put"):
+            self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=b"".join(lines), ContentType="application/jsonl"
+            )
         return key
 
     def manifest_lines(self, key: str, start: int, end: int) -> list[bytes]:
         """The lines between two byte offsets of a manifest (one ranged GET, not the whole object)."""
         if end <= start:
             return []
-        body = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-        return body["Body"].read().splitlines()
+        with _s3("get"):
+            body = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            return body["Body"].read().splitlines()

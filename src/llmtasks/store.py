@@ -154,7 +154,12 @@ class TaskStore:
 
     def get(self, task_id: str, *, now: float) -> Task | None:
         """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
-        reply = self._client.get_item(TableName=self.table_name, Key=task_key(task_id), ConsistentRead=True)
+        try:
+            reply = self._client.get_item(
+                TableName=self.table_name, Key=task_key(task_id), ConsistentRead=True
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB read failed: {exc}") from exc
         item = reply.get("Item")
         if not item:
             return None
@@ -497,7 +502,9 @@ class TaskStore:
         except ClientError as exc:
             if is_condition_failure(exc):
                 raise _ConditionFailed(_failed_item(exc)) from exc
-            raise
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return task_from_item(reply["Attributes"])
 
     # --- tenants ---------------------------------------------------------------------------
@@ -505,7 +512,10 @@ class TaskStore:
     def webhook_secrets(self, tenant_id: str, *, new_secret: str) -> WebhookSecrets:
         """The tenant's signing secrets; `new_secret` is stored if the tenant has none yet."""
         key = _tenant_key(tenant_id)
-        item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
+        try:
+            item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB read failed: {exc}") from exc
         if item:
             return WebhookSecrets.model_validate(deserialize(item))
         try:
@@ -516,9 +526,11 @@ class TaskStore:
             )
         except ClientError as exc:
             if not is_condition_failure(exc):
-                raise
+                raise BackendError(f"DynamoDB put failed: {exc}") from exc
             # Another request created it first: theirs is the secret.
             return self.webhook_secrets(tenant_id, new_secret=new_secret)
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB put failed: {exc}") from exc
         return WebhookSecrets(webhook_secret=new_secret)
 
     def rotate_webhook_secret(
@@ -528,16 +540,19 @@ class TaskStore:
         current = self.webhook_secrets(tenant_id, new_secret=new_secret)
         if current.webhook_secret == new_secret:
             return current  # the tenant had none: this is its first, with nothing to overlap
-        reply = self._client.update_item(
-            TableName=self.table_name,
-            Key=_tenant_key(tenant_id),
-            UpdateExpression=(
-                "SET previous_webhook_secret = webhook_secret, previous_secret_until = :until,"
-                " webhook_secret = :new"
-            ),
-            ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
-            ReturnValues="ALL_NEW",
-        )
+        try:
+            reply = self._client.update_item(
+                TableName=self.table_name,
+                Key=_tenant_key(tenant_id),
+                UpdateExpression=(
+                    "SET previous_webhook_secret = webhook_secret, previous_secret_until = :until,"
+                    " webhook_secret = :new"
+                ),
+                ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
+                ReturnValues="ALL_NEW",
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return WebhookSecrets.model_validate(deserialize(reply["Attributes"]))
 
 

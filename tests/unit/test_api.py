@@ -363,6 +363,18 @@ def test_unusual_but_storable_metadata_is_echoed_back_exactly(api: Api) -> None:
     assert api.call("GET", f"/tasks/{task_id}")["json"]["metadata"] == metadata
 
 
+def test_a_failing_table_is_a_503_problem_with_retry_after_not_a_500(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    # Given a table the backend refuses (it does not exist): every read and write fails
+    store = TaskStore("no-such-table", aws.dynamodb)
+    api = Api(aws, handler, TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs)))
+    for method, path in (("GET", "/webhooks/secret"), ("GET", f"/tasks/{'a' * 32}")):
+        reply = api.call(method, path)
+        assert_problem(reply, 503)
+        assert reply["headers"]["Retry-After"] == "1"
+
+
 @pytest.mark.parametrize("task_id", ["x" * 3000, "%00", "ABCDEF0123456789ABCDEF0123456789", "nope"])
 def test_ids_that_cannot_name_a_task_are_404_without_a_table_lookup(
     aws: Aws, handler: Any, settings: Settings, task_id: str
