@@ -12,7 +12,6 @@ import base64
 import ipaddress
 import os
 import random
-import re
 import socket
 import time
 import uuid
@@ -68,7 +67,7 @@ def no_lookups(host: str, port: int) -> list[str]:
     """For deployments that must not look names up (WEBHOOK_RESOLVE_NAMES=false): addresses
     written as such are checked, every name but an allowed host is refused."""
     try:
-        return [str(ipaddress.ip_address(host.strip("[]")))]
+        return [str(ipaddress.ip_address(host))]
     except ValueError:
         raise OSError(f"name lookups are off here; '{host}' is not an allowed host") from None
 
@@ -96,12 +95,11 @@ def _reached(
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
 ) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     """The addresses a connection to `ip` reaches: itself, and any IPv4 address it embeds
-    (IPv4-mapped, NAT64, 6to4, IPv4-compatible), which SSRF uses to reach the metadata service."""
+    (NAT64, 6to4, IPv4-compatible), which SSRF uses to reach the metadata service."""
     if not isinstance(ip, ipaddress.IPv6Address):
         return [ip]
+    # (IPv4-mapped addresses, ::ffff:0:0/96, are never global to the ipaddress module already.)
     embedded: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
-    if ip.ipv4_mapped is not None:
-        embedded.append(ip.ipv4_mapped)
     if ip.sixtofour is not None:
         embedded.append(ip.sixtofour)
     if any(ip in prefix for prefix in _IPV4_IN_LOW_BITS):
@@ -110,7 +108,7 @@ def _reached(
 
 
 def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    ip = ipaddress.ip_address(address.partition("%")[0])  # a link-local answer's zone: fe80::1%eth0
     if ip in _TEREDO:  # a tunnel to an IPv4 host it hides; no webhook receiver needs one
         return False
     return all(
@@ -120,10 +118,8 @@ def _is_public(address: str) -> bool:
 
 
 def _literal_ipv4(host: str) -> str | None:
-    """An IPv4 address however it is spelled (decimal 2852039166, hex 0xa9fe.0xa9fe, octal
+    """An IPv4 address however it is spelled (decimal 2852039166, hex 0xa9.0xfea9fe, octal
     0251.0376.0251.0376, short 127.1), as the C resolver reads it; None for a name."""
-    if not re.fullmatch(r"[0-9a-fA-FxX.]+", host) or not re.search(r"\d", host):
-        return None
     try:
         return socket.inet_ntoa(socket.inet_aton(host))
     except OSError:

@@ -108,10 +108,17 @@ def test_public_ipv6_and_a_public_address_spelled_in_decimal_pass() -> None:
     check_webhook_url(
         "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("2606:4700::6810:84e5")
     )
+    # A public IPv6 address whose last 32 bits spell a private IPv4 one embeds nothing
+    check_webhook_url("https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("2606:4700::a00:1"))
     check_webhook_url("https://1572395042/x", allowed_hosts=frozenset(), resolve=no_lookups)  # 93.184.216.34
     check_webhook_url(
         "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("64:ff9b::5db8:d822")
     )
+
+
+def test_a_link_local_answer_with_its_zone_is_refused_not_an_error() -> None:
+    with pytest.raises(InvalidInput, match="non-public"):
+        check_webhook_url("https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("fe80::1%eth0"))
 
 
 def test_one_private_address_among_public_ones_is_enough_to_refuse() -> None:
