@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from llmtasks.cursors import decode_cursor, encode_cursor
 from llmtasks.errors import (
@@ -43,24 +42,6 @@ MAX_LIST_PAGES = 10
 
 def _tenant_scope(tenant_id: str) -> str:
     return f"tasks of {tenant_id}"
-
-
-def _listing_start(cursor: str | None, tenant_id: str) -> dict[str, Any] | None:
-    """Where a listing page starts: the table key a cursor of this tenant carries."""
-    if cursor is None:
-        return None
-
-    def valid(start: Any) -> bool:
-        return (
-            set(start) == {"pk", "tenant_id", "created_at"}
-            and start["tenant_id"] == tenant_id
-            and isinstance(start["pk"], str)
-            and is_task_id(start["pk"].removeprefix("task#"))
-            and isinstance(start["created_at"], int | float)
-        )
-
-    start: dict[str, Any] = decode_cursor(cursor, _tenant_scope(tenant_id), valid)
-    return start
 
 
 @dataclass(frozen=True)
@@ -182,7 +163,10 @@ class TaskService:
         """Up to `limit` of the tenant's tasks, newest first, as clients read them, and the cursor
         of the next page (None on the last). The status filter applies to the status as read,
         so dead-lettered tasks count as failed; a page may come back short when few match."""
-        start = _listing_start(cursor, tenant_id)
+        start = None
+        if cursor is not None:
+            scope = _tenant_scope(tenant_id)
+            start = decode_cursor(cursor, scope, lambda key: self._store.is_page_start(key, tenant_id))
         now = self._clock()
         found: list[Task] = []
         for _ in range(MAX_LIST_PAGES):

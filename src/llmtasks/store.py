@@ -26,6 +26,7 @@ from llmtasks.models import (
     WebhookSecrets,
     WebhookStatus,
 )
+from llmtasks.rules import is_task_id
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -165,6 +166,19 @@ class TaskStore:
             return None
         task = task_from_item(item)
         return None if task.is_expired(now) else task
+
+    @staticmethod
+    def is_page_start(start: Any, tenant_id: str) -> bool:
+        """Whether `start` is a continuation tenant_tasks could have returned for this tenant: a
+        key of its by_tenant index (the layout is this adapter's business alone)."""
+        return (
+            isinstance(start, dict)
+            and set(start) == {"pk", "tenant_id", "created_at"}
+            and start["tenant_id"] == tenant_id
+            and isinstance(start["pk"], str)
+            and is_task_id(start["pk"].removeprefix("task#"))
+            and isinstance(start["created_at"], int | float)
+        )
 
     def tenant_tasks(
         self, tenant_id: str, *, limit: int, start: Mapping[str, Any] | None = None
