@@ -23,6 +23,8 @@ from starlette.routing import Route
 from llmtasks.local.launcher import free_port
 from llmtasks.local.template import FunctionSpec
 from llmtasks.models import LLMRequest, Task, TaskStatus
+from llmtasks.results import ResultBlobs
+from llmtasks.settings import Settings
 
 T = TypeVar("T")
 # A claim's dead_letter_at in tests about other rules: the task never counts as dead-lettered.
@@ -182,3 +184,8 @@ def endpoint_or_moto(variable: str) -> Iterator[str]:
         return
     with moto_endpoint() as url:
         yield url
+
+
+def blobs(settings: Settings) -> ResultBlobs:
+    """The results bucket's adapter, as wiring builds it, for services the tests build."""
+    return ResultBlobs(settings.results_bucket)

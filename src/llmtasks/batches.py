@@ -108,7 +108,7 @@ class BatchService:
         *,
         clock: Clock = time.time,
         resolve: Resolver | None = None,
-        results: ResultBlobs | None = None,
+        results: ResultBlobs,
         idempotency: IdempotencyKeys | None = None,
     ) -> None:
         self._settings = settings
@@ -117,7 +117,7 @@ class BatchService:
         self._fanout = fanout_queue
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
-        self._results = results or ResultBlobs(settings.results_bucket)
+        self._results = results
         self._idempotency = idempotency
 
     def submit(
@@ -298,14 +298,14 @@ class BatchFanout:
         batch_task_queue: Queue,
         *,
         clock: Clock = time.time,
-        results: ResultBlobs | None = None,
+        results: ResultBlobs,
     ) -> None:
         self._settings = settings
         self._store = store
         self._batches = batches
         self._queue = batch_task_queue
         self._clock = clock
-        self._results = results or ResultBlobs(settings.results_bucket)
+        self._results = results
 
     def handle(self, message: FanoutMessage, *, sent_at: float) -> None:
         now = self._clock()

@@ -119,7 +119,7 @@ class TaskRunner:
         *,
         clock: Clock = time.time,
         rng: random.Random | None = None,
-        results: ResultBlobs | None = None,
+        results: ResultBlobs,
         pacer: CallPacer | None = None,
         batch_task_queue: Queue | None = None,
         cancellations: BatchCancellations | None = None,
@@ -133,7 +133,7 @@ class TaskRunner:
         self._pacer = pacer
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
-        self._results = results or ResultBlobs(settings.results_bucket)
+        self._results = results
 
     async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
         """Raises RetryLater when this delivery must come back later: another delivery holds a

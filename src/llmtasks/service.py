@@ -61,7 +61,7 @@ class TaskService:
         *,
         clock: Clock = time.time,
         resolve: Resolver | None = None,
-        results: ResultBlobs | None = None,
+        results: ResultBlobs,
         idempotency: IdempotencyKeys | None = None,
     ) -> None:
         self._settings = settings
@@ -69,7 +69,7 @@ class TaskService:
         self._queue = task_queue
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
-        self._results = results or ResultBlobs(settings.results_bucket)
+        self._results = results
         self.idempotency = idempotency
 
     @property

@@ -297,7 +297,7 @@ class WebhookDelivery:
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        results: ResultBlobs | None = None,
+        results: ResultBlobs,
         batches: BatchStore | None = None,
     ) -> None:
         self._settings = settings
@@ -307,7 +307,7 @@ class WebhookDelivery:
         self._sender = sender
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
-        self._results = results or ResultBlobs(settings.results_bucket)
+        self._results = results
 
     def _subject(self, message: WebhookMessage) -> _Subject | None:
         """What the event is about, as it is now: its task or its batch (None once it is gone)."""

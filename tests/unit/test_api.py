@@ -23,7 +23,7 @@ from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
-from tests.helpers import load_event
+from tests.helpers import blobs, load_event
 
 pytestmark = pytest.mark.unit
 
@@ -95,6 +95,7 @@ def task_service(aws: Aws, settings: Settings, queue: Queue | None = None) -> Ta
         TaskStore(settings.tasks_table_name, aws.dynamodb),
         queue or Queue(settings.task_queue_url, aws.sqs),
         idempotency=IdempotencyKeys(persistence, ttl_s=settings.idempotency_ttl_s),
+        results=blobs(settings),
     )
 
 
@@ -290,7 +291,7 @@ def test_when_the_queue_refuses_nothing_is_stored_and_the_client_is_told_to_retr
 ) -> None:
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)
     broken_queue = Queue(settings.task_queue_url + "-gone", aws.sqs)
-    api = Api(aws, handler, TaskService(settings, store, broken_queue))
+    api = Api(aws, handler, TaskService(settings, store, broken_queue, results=blobs(settings)))
     problem = assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
     assert "Retry" in problem["detail"]
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
@@ -321,7 +322,11 @@ def test_when_the_table_refuses_the_client_is_told_to_retry_and_no_task_exists(
     aws: Aws, handler: Any, settings: Settings
 ) -> None:
     broken_store = TaskStore(settings.tasks_table_name + "-gone", aws.dynamodb)
-    api = Api(aws, handler, TaskService(settings, broken_store, Queue(settings.task_queue_url, aws.sqs)))
+    api = Api(
+        aws,
+        handler,
+        TaskService(settings, broken_store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
+    )
     assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
     # Its message was sent first; the worker drops it once the grace has passed (test_worker).
@@ -368,7 +373,11 @@ def test_a_failing_table_is_a_503_problem_with_retry_after_not_a_500(
 ) -> None:
     # Given a table the backend refuses (it does not exist): every read and write fails
     store = TaskStore("no-such-table", aws.dynamodb)
-    api = Api(aws, handler, TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs)))
+    api = Api(
+        aws,
+        handler,
+        TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
+    )
     for method, path in (("GET", "/webhooks/secret"), ("GET", f"/tasks/{'a' * 32}")):
         reply = api.call(method, path)
         assert_problem(reply, 503)
@@ -382,7 +391,11 @@ def test_ids_that_cannot_name_a_task_are_404_without_a_table_lookup(
     # A table that does not exist: any lookup would fail, so a 404 proves none was made
     # (real DynamoDB refuses keys over 2048 bytes with an error; moto does not check).
     store = TaskStore("no-such-table", aws.dynamodb)
-    api = Api(aws, handler, TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs)))
+    api = Api(
+        aws,
+        handler,
+        TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
+    )
     assert_problem(api.call("GET", f"/tasks/{task_id}"), 404)
     assert_problem(api.call("POST", f"/tasks/{task_id}/cancel"), 404)
 
@@ -425,6 +438,7 @@ def test_an_expired_task_not_yet_deleted_is_a_404_and_is_not_listed(api: Api, se
         TaskStore(settings.tasks_table_name, api.aws.dynamodb),
         Queue(settings.task_queue_url, api.aws.sqs),
         clock=lambda: time.time() - ttl - 60,
+        results=blobs(settings),
     )
     expired = then.submit("default", SubmitTaskRequest(prompt="old")).task.task_id
     fresh = submit_n(api, 1)[0]

@@ -13,7 +13,7 @@ from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
-from tests.helpers import load_event
+from tests.helpers import blobs, load_event
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def test_the_api_answers_a_refusal_with_a_401_problem_and_a_verdict_with_the_ten
 ) -> None:
     strict = settings.model_copy(update={"auth_required": True})
     store = TaskStore(strict.tasks_table_name, aws.dynamodb)
-    service = TaskService(strict, store, Queue(strict.task_queue_url, aws.sqs))
+    service = TaskService(strict, store, Queue(strict.task_queue_url, aws.sqs), results=blobs(strict))
     for verdict, detail in [(None, "Send an API key"), ({"refusal": "revoked"}, "revoked")]:
         reply = submit_as(handler, service, verdict)
         assert reply["statusCode"] == 401

@@ -27,7 +27,7 @@ from llmtasks.stats import overview
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookRelay
 from tests.conftest import Aws, RunningMock
-from tests.helpers import emf_records, eventually, load_event
+from tests.helpers import blobs, emf_records, eventually, load_event
 from tests.unit.test_api import Api, assert_problem, task_service
 
 pytestmark = pytest.mark.unit
@@ -55,10 +55,13 @@ class Rig:
             self.batches,
             self.fanout_queue,
             idempotency=IdempotencyKeys(persistence, ttl_s=60),
+            results=blobs(settings),
         )
         self.api = Api(aws, handler, task_service(aws, settings), batches=self.service)
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
-        self.fanout = BatchFanout(settings, self.store, self.batches, self.item_queue)
+        self.fanout = BatchFanout(
+            settings, self.store, self.batches, self.item_queue, results=blobs(settings)
+        )
         self.progress = BatchProgress(self.batches)
         self.worker_fn, self.worker_ctx = handler("WorkerFunction")
         self.webhook_fn, self.webhook_ctx = handler("WebhookFunction")
@@ -70,6 +73,7 @@ class Rig:
             llm,
             batch_task_queue=self.item_queue,
             cancellations=BatchCancellations(self.batches, ttl_s=0),
+            results=blobs(settings),
         )
         arn = aws.resources.attributes[("TasksTable", "StreamArn")]
         shard = aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
@@ -406,7 +410,9 @@ def test_another_tenants_or_an_unknown_batch_is_404(rig: Rig) -> None:
     for path in (f"/batches/{'f' * 32}", "/batches/not-an-id", f"/batches/{'f' * 32}/results"):
         assert_problem(rig.api.call("GET", path), 404)
     assert_problem(rig.api.call("POST", f"/batches/{'f' * 32}/cancel"), 404)
-    service = BatchService(rig.settings, rig.store, rig.batches, rig.fanout_queue)
+    service = BatchService(
+        rig.settings, rig.store, rig.batches, rig.fanout_queue, results=blobs(rig.settings)
+    )
     assert service.get("default", batch_id).batch_id == batch_id
     for action in (service.get, service.cancel):
         with pytest.raises(BatchNotFound):
@@ -436,7 +442,7 @@ def test_results_page_in_submission_order_and_as_json_lines(rig: Rig) -> None:
 
 
 def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Rig) -> None:
-    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.item_queue)
+    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.item_queue, results=blobs(rig.settings))
     message = FanoutMessage(batch_id="e" * 32, chunk=0)
     with pytest.raises(RetryLater):
         fanout.handle(message, sent_at=time.time())

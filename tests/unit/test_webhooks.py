@@ -24,7 +24,7 @@ from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url, no_lookups
 from tests.conftest import Aws
-from tests.helpers import NEVER, WebhookReceiver, emf_records, load_event
+from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event
 
 pytestmark = pytest.mark.unit
 
@@ -169,7 +169,9 @@ def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores
     # Given no allowance for any host, and a name that resolves (by injection) inside the network
     strict = settings.model_copy(update={"webhook_allowed_hosts": frozenset()})
     store = TaskStore(strict.tasks_table_name, aws.dynamodb)
-    service = TaskService(strict, store, Queue(strict.task_queue_url, aws.sqs), resolve=resolver(address))
+    service = TaskService(
+        strict, store, Queue(strict.task_queue_url, aws.sqs), results=blobs(strict), resolve=resolver(address)
+    )
     submit, context = handler("SubmitFunction")
     event = load_event("submit_task.json")
     event["body"] = json.dumps({"prompt": "p", "webhook_url": "https://innocent.example/hook"})
@@ -227,7 +229,9 @@ class Hooks:
         self.aws = aws
         self.settings = settings
         self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
-        self.service = TaskService(settings, self.store, Queue(settings.task_queue_url, aws.sqs))
+        self.service = TaskService(
+            settings, self.store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)
+        )
         self.webhook_queue = Queue(settings.webhook_queue_url, aws.sqs)
         self.fn, self.context = handler("WebhookFunction")
         self.url = url
@@ -285,7 +289,7 @@ class Hooks:
             transport=transport,
         )
         dlq = Queue(settings.webhook_dlq_url, self.aws.sqs)
-        delivery = WebhookDelivery(settings, self.store, dlq, sender)
+        delivery = WebhookDelivery(settings, self.store, dlq, sender, results=blobs(settings))
         arn = self.aws.resources.attributes[("WebhookQueue", "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
         return self.fn(event, self.context, delivery=delivery, queue=self.webhook_queue)  # type: ignore[no-any-return]
@@ -423,7 +427,12 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
     rng = RecordingRandom()
     sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
     delivery = WebhookDelivery(
-        settings, hooks.store, Queue(settings.webhook_dlq_url, aws.sqs), sender, rng=rng
+        settings,
+        hooks.store,
+        Queue(settings.webhook_dlq_url, aws.sqs),
+        sender,
+        rng=rng,
+        results=blobs(settings),
     )
     # When each of the first five attempts fails, the next waits 5 s, 5 min, 30 min, 2 h, 5 h,
     # each times a jitter drawn from 0.8-1.2 (here 1.1)
@@ -460,7 +469,11 @@ def test_the_sample_delivery_event_for_a_task_that_is_gone_is_dropped(
 ) -> None:
     sender = WebhookSender(timeout_s=1, allowed_hosts=hooks.settings.webhook_allowed_hosts)
     delivery = WebhookDelivery(
-        hooks.settings, hooks.store, Queue(hooks.settings.webhook_dlq_url, hooks.aws.sqs), sender
+        hooks.settings,
+        hooks.store,
+        Queue(hooks.settings.webhook_dlq_url, hooks.aws.sqs),
+        sender,
+        results=blobs(hooks.settings),
     )
     reply = hooks.fn(
         load_event("webhook_delivery.json"), hooks.context, delivery=delivery, queue=hooks.webhook_queue
@@ -542,7 +555,9 @@ def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new_one(
         assert verify_webhook(delivery.body, delivery.headers, secret).type == "task.completed"
     # Once the overlap is over, only the new secret signs
     overlap_over = hooks.settings.model_copy(update={"webhook_secret_overlap_s": 0})
-    TaskService(overlap_over, hooks.store, hooks.webhook_queue).rotate_webhook_secret("default")
+    TaskService(
+        overlap_over, hooks.store, hooks.webhook_queue, results=blobs(overlap_over)
+    ).rotate_webhook_secret("default")
     newest = hooks.secret()
     hooks.finish_task("after the overlap")
     hooks.relay()

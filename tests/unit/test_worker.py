@@ -26,7 +26,7 @@ from llmtasks.settings import Settings
 from llmtasks.stats import overview
 from llmtasks.store import TaskStore
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import emf_records, free_port, pending_task
+from tests.helpers import blobs, emf_records, free_port, pending_task
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ class Worker:
         self.settings = settings
         self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
         self.queue = Queue(settings.task_queue_url, aws.sqs)
-        self.service = TaskService(settings, self.store, self.queue)
+        self.service = TaskService(settings, self.store, self.queue, results=blobs(settings))
         self.fn, self.context = handler("WorkerFunction")
         self.llm_url = mock_llm.url
         self.clock = time.time
@@ -52,7 +52,9 @@ class Worker:
         llm = llm or OpenAIChat(
             base_url=overrides.get("llm_base_url", self.llm_url), api_key=None, default_model="mock-model"
         )
-        return TaskRunner(settings, self.store, self.queue, llm, clock=self.clock, pacer=pacer)
+        return TaskRunner(
+            settings, self.store, self.queue, llm, clock=self.clock, pacer=pacer, results=blobs(settings)
+        )
 
     def queued(self) -> list[dict[str, Any]]:
         return self.aws.messages("TaskQueue")
@@ -446,7 +448,9 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
     # Once it lapses nothing will run it again, so it reads as failed, with no write at all
     lapsed = worker.task(task_id).lease_until + 1
     worker.clock = lambda: lapsed
-    worker.service = TaskService(worker.settings, worker.store, worker.queue, clock=worker.clock)
+    worker.service = TaskService(
+        worker.settings, worker.store, worker.queue, clock=worker.clock, results=blobs(worker.settings)
+    )
     task = worker.service.get("default", task_id)
     assert (task.status, task.error_code) == (TaskStatus.FAILED, "dead_lettered")
     assert f"delivered {last} times" in task.error
@@ -588,9 +592,9 @@ def test_a_task_whose_last_delivery_died_before_the_handler_reads_as_dead_letter
     due = lease_until + worker.settings.task_visibility_timeout_s + worker.settings.dead_letter_grace_s
 
     def read_at(now: float) -> Any:
-        return TaskService(worker.settings, worker.store, worker.queue, clock=lambda: now).get(
-            "default", task_id
-        )
+        return TaskService(
+            worker.settings, worker.store, worker.queue, clock=lambda: now, results=blobs(worker.settings)
+        ).get("default", task_id)
 
     assert read_at(lease_until + 1).status is TaskStatus.PROCESSING  # the 5th delivery may still come
     assert (read_at(due + 1).status, read_at(due + 1).error_code) == (TaskStatus.FAILED, "dead_lettered")
