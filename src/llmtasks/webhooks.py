@@ -108,7 +108,7 @@ def _reached(
 
 
 def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.partition("%")[0])  # a link-local answer's zone: fe80::1%eth0
+    ip = ipaddress.ip_address(address)  # a link-local answer may carry its zone: fe80::1%eth0
     if ip in _TEREDO:  # a tunnel to an IPv4 host it hides; no webhook receiver needs one
         return False
     return all(
@@ -390,6 +390,6 @@ class _Subject:
 
 def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:
     """The task before and after one stream record (view type NEW_AND_OLD_IMAGES)."""
-    images = raw.get("dynamodb", {})
+    images = raw["dynamodb"]
     old = images.get("OldImage")
     return (task_from_item(old) if old else None), task_from_item(images["NewImage"])

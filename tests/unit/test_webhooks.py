@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 import time
@@ -22,7 +23,14 @@ from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, check_webhook_url, no_lookups
+from llmtasks.webhooks import (
+    WebhookDelivery,
+    WebhookRelay,
+    WebhookSender,
+    check_webhook_url,
+    new_webhook_secret,
+    no_lookups,
+)
 from tests.conftest import Aws
 from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event
 
@@ -160,6 +168,20 @@ def test_with_lookups_off_names_are_refused_and_literal_addresses_still_checked(
 
 def test_allowed_hosts_pass_without_a_lookup_even_over_http() -> None:
     check_webhook_url("http://127.0.0.1:9/x", allowed_hosts=frozenset({"127.0.0.1"}), resolve=resolver())
+    # Host names compare without case, as DNS does
+    check_webhook_url("http://LocalHost:9/x", allowed_hosts=frozenset({"localhost"}), resolve=resolver())
+
+
+def test_a_url_without_a_host_says_so() -> None:
+    with pytest.raises(InvalidInput, match="no host"):
+        check_webhook_url("https:///nohost", allowed_hosts=frozenset(), resolve=resolver("93.184.216.34"))
+
+
+def test_a_new_secret_is_standard_webhooks_shape_with_32_random_bytes() -> None:
+    secret = new_webhook_secret()
+    assert secret.startswith("whsec_")
+    assert len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
+    assert new_webhook_secret() != secret
 
 
 @pytest.mark.parametrize("address", ["10.0.0.1", "169.254.169.254", "127.0.0.1"])
