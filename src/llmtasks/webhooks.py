@@ -281,7 +281,7 @@ class WebhookRelay:
                 event_type=BATCH_COMPLETED,
             )
         )
-        logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
+        logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)  # pragma: no mutate
         return True
 
 

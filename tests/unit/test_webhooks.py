@@ -17,7 +17,17 @@ from llmtasks.client import WebhookVerificationError, verify_webhook
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
-from llmtasks.models import Completion, SubmitTaskRequest, TaskStatus, Usage, WebhookMessage, WebhookStatus
+from llmtasks.models import (
+    BATCH_COMPLETED,
+    Batch,
+    BatchStatus,
+    Completion,
+    SubmitTaskRequest,
+    TaskStatus,
+    Usage,
+    WebhookMessage,
+    WebhookStatus,
+)
 from llmtasks.observability import trace_id
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
@@ -30,6 +40,7 @@ from llmtasks.webhooks import (
     check_webhook_url,
     new_webhook_secret,
     no_lookups,
+    webhook_id,
 )
 from tests.conftest import Aws
 from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event
@@ -345,6 +356,46 @@ def test_a_completed_task_is_relayed_once_and_delivered_signed(
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
     # The delivery status write is itself a MODIFY on the stream; the filter keeps it out.
     assert len(hooks.stream_event()["Records"]) == 1
+
+
+def a_batch(
+    status: BatchStatus, *, webhook_url: str | None = "https://h.example/hook", **fields: Any
+) -> Batch:
+    ended = status is BatchStatus.COMPLETED
+    return Batch(
+        batch_id="b" * 32,
+        tenant_id="default",
+        status=status,
+        total=1,
+        pending=0 if ended else 1,
+        completed=1 if ended else 0,
+        manifest_ref="batches/b.jsonl",
+        chunk_size=100,
+        chunk_offsets=[0, 20],
+        webhook_url=webhook_url,
+        created_at=1.0,
+        expires_at=2,
+        **fields,
+    )
+
+
+def test_a_batch_s_webhook_is_relayed_once_when_it_ends_and_only_if_it_asked_for_one(aws: Aws) -> None:
+    relay = WebhookRelay(Queue(aws.queue_url("WebhookQueue"), aws.sqs))
+    running, ended = a_batch(BatchStatus.PENDING), a_batch(BatchStatus.COMPLETED)
+    # The write that ends it (or an item inserted already ended) queues batch.completed
+    assert relay.relay_batch(running, ended) is True
+    assert relay.relay_batch(None, ended) is True
+    messages = [WebhookMessage.model_validate_json(m["Body"]) for m in aws.messages("WebhookQueue")]
+    expected = webhook_id("b" * 32, BATCH_COMPLETED)
+    assert [(m.batch_id, m.task_id, m.event_type, m.webhook_id) for m in messages] == [
+        ("b" * 32, None, BATCH_COMPLETED, expected)
+    ] * 2
+    # Nothing for a later write to the ended batch, one still running, or one without the webhook
+    assert relay.relay_batch(ended, ended) is False
+    assert relay.relay_batch(running, running) is False
+    assert relay.relay_batch(running, a_batch(BatchStatus.COMPLETED, webhook_url=None)) is False
+    assert relay.relay_batch(running, a_batch(BatchStatus.COMPLETED, webhook_events=["task.failed"])) is False
+    assert aws.messages("WebhookQueue") == []
 
 
 def test_the_submit_s_trace_header_rides_on_every_message_about_the_task(hooks: Hooks, aws: Aws) -> None:
