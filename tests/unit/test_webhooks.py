@@ -152,11 +152,33 @@ def test_a_public_https_url_passes() -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["http://h.example/x", "ftp://h.example/x", "https:///nohost", "https://h.example:99999/"]
+    ("url", "said"),
+    [
+        ("http://h.example/x", "webhook_url must use https."),
+        ("ftp://h.example/x", "webhook_url must use https."),
+        ("https:///nohost", "webhook_url has no host."),
+        ("https://h.example:99999/", "webhook_url is not a valid URL"),
+    ],
 )
-def test_only_https_urls_with_a_host(url: str) -> None:
-    with pytest.raises(InvalidInput):
+def test_only_https_urls_with_a_host(url: str, said: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
         check_webhook_url(url, allowed_hosts=frozenset(), resolve=resolver("93.184.216.34"))
+    assert refused.value.detail.startswith(said)
+
+
+def test_the_lookup_is_for_the_url_s_port_else_https_s() -> None:
+    asked: list[tuple[str, int]] = []
+
+    def recording(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        return ["93.184.216.34"]
+
+    check_webhook_url("https://h.example/x", allowed_hosts=frozenset(), resolve=recording)
+    check_webhook_url("https://h.example:8443/x", allowed_hosts=frozenset(), resolve=recording)
+    assert asked == [("h.example", 443), ("h.example", 8443)]
+    with pytest.raises(InvalidInput) as refused:
+        check_webhook_url("https://gone.example/x", allowed_hosts=frozenset(), resolve=resolver())
+    assert refused.value.detail == "webhook_url's host 'gone.example' does not resolve."
 
 
 def test_an_unresolvable_host_is_refused() -> None:
@@ -237,6 +259,10 @@ def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> 
         )
     )
     assert (result.delivered, result.gone) == (False, True)
+    assert (
+        result.error
+        == "webhook_url's host 'rebound.example' resolves to a non-public address; it is refused."
+    )
     assert sent == []
 
 
@@ -352,6 +378,8 @@ def test_a_completed_task_is_relayed_once_and_delivered_signed(
     assert event["data"]["task_id"] == task_id
     assert event["data"]["result"] == reply_text("signed please")
     assert delivery.headers["webhook-id"].startswith("msg_")
+    assert delivery.headers["content-type"] == "application/json"
+    assert delivery.headers["user-agent"] == "llmtasks-webhooks/1"
     task = hooks.store.get(task_id, now=time.time())
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
     # The delivery status write is itself a MODIFY on the stream; the filter keeps it out.
