@@ -24,4 +24,10 @@ def lambda_handler(
     service: TaskService | None = None,
     batches: BatchService | None = None,
 ) -> dict[str, Any]:
-    return handle(app, event, context, service or wiring.task_service(), batches)
+    return handle(
+        app,
+        event,
+        context,
+        service or wiring.task_service(),
+        (lambda: batches) if batches else wiring.batch_service,
+    )

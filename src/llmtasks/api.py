@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
@@ -101,11 +102,8 @@ def _service(app: APIGatewayHttpResolver) -> TaskService:
 
 
 def _batches(app: APIGatewayHttpResolver) -> BatchService:
-    batches: BatchService | None = app.context.get("batches")
-    if batches is None:
-        from llmtasks import wiring  # built on the first batch request: most requests are tasks'
-
-        batches = wiring.batch_service()
+    # Built by the handler's provider on the first batch request: most requests are tasks'.
+    batches: BatchService = app.context["batches"]()
     return batches
 
 
@@ -441,9 +439,10 @@ def handle(
     event: dict[str, Any],
     context: Any,
     service: TaskService,
-    batches: BatchService | None = None,
+    batches: Callable[[], BatchService],
 ) -> dict[str, Any]:
-    """One HTTP invocation: the routes read `service` and `batches` from the resolver's context."""
+    """One HTTP invocation: the routes read `service` and `batches` (a provider, called by the
+    batch routes alone) from the resolver's context."""
     headers = event.get("headers") or {}
     if event.get("body") and event.get("isBase64Encoded"):
         # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
