@@ -40,6 +40,8 @@ from llmtasks.webhooks import (
     check_webhook_url,
     new_webhook_secret,
     no_lookups,
+    resolver_from_settings,
+    system_resolver,
     webhook_id,
 )
 from tests.conftest import Aws
@@ -133,6 +135,14 @@ def test_public_ipv6_and_a_public_address_spelled_in_decimal_pass() -> None:
     check_webhook_url(
         "https://h.example/x", allowed_hosts=frozenset(), resolve=resolver("64:ff9b::5db8:d822")
     )
+
+
+def test_the_settings_choose_the_resolver_and_the_system_one_answers_addresses(settings: Settings) -> None:
+    on, off = (settings.model_copy(update={"webhook_resolve_names": flag}) for flag in (True, False))
+    assert (resolver_from_settings(on), resolver_from_settings(off)) == (system_resolver, no_lookups)
+    # Numeric hosts and /etc/hosts' localhost: the C resolver answers without sending a query
+    assert system_resolver("127.0.0.1", 443) == ["127.0.0.1"]
+    assert "127.0.0.1" in system_resolver("localhost", 443)
 
 
 def test_a_link_local_answer_with_its_zone_is_refused_not_an_error() -> None:
