@@ -368,16 +368,17 @@ def test_unusual_but_storable_metadata_is_echoed_back_exactly(api: Api) -> None:
     assert api.call("GET", f"/tasks/{task_id}")["json"]["metadata"] == metadata
 
 
+def api_without_a_table(aws: Aws, handler: Any, settings: Settings) -> Api:
+    """The API on a tasks table that does not exist: every read and write of it fails."""
+    store = TaskStore("no-such-table", aws.dynamodb)
+    queue = Queue(settings.task_queue_url, aws.sqs)
+    return Api(aws, handler, TaskService(settings, store, queue, results=blobs(settings)))
+
+
 def test_a_failing_table_is_a_503_problem_with_retry_after_not_a_500(
     aws: Aws, handler: Any, settings: Settings
 ) -> None:
-    # Given a table the backend refuses (it does not exist): every read and write fails
-    store = TaskStore("no-such-table", aws.dynamodb)
-    api = Api(
-        aws,
-        handler,
-        TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
-    )
+    api = api_without_a_table(aws, handler, settings)
     for method, path in (("GET", "/webhooks/secret"), ("GET", f"/tasks/{'a' * 32}")):
         reply = api.call(method, path)
         assert_problem(reply, 503)
@@ -390,12 +391,7 @@ def test_ids_that_cannot_name_a_task_are_404_without_a_table_lookup(
 ) -> None:
     # A table that does not exist: any lookup would fail, so a 404 proves none was made
     # (real DynamoDB refuses keys over 2048 bytes with an error; moto does not check).
-    store = TaskStore("no-such-table", aws.dynamodb)
-    api = Api(
-        aws,
-        handler,
-        TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
-    )
+    api = api_without_a_table(aws, handler, settings)
     assert_problem(api.call("GET", f"/tasks/{task_id}"), 404)
     assert_problem(api.call("POST", f"/tasks/{task_id}/cancel"), 404)
 
