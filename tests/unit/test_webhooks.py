@@ -13,6 +13,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from llmtasks.batch_store import BatchStore
 from llmtasks.client import WebhookVerificationError, verify_webhook
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.llm.mock import reply_text
@@ -400,21 +401,19 @@ def a_batch(
     status: BatchStatus, *, webhook_url: str | None = "https://h.example/hook", **fields: Any
 ) -> Batch:
     ended = status is BatchStatus.COMPLETED
-    return Batch(
-        batch_id="b" * 32,
-        tenant_id="default",
-        status=status,
-        total=1,
-        pending=0 if ended else 1,
-        completed=1 if ended else 0,
-        manifest_ref="batches/b.jsonl",
-        chunk_size=100,
-        chunk_offsets=[0, 20],
-        webhook_url=webhook_url,
-        created_at=1.0,
-        expires_at=2,
-        **fields,
-    )
+    defaults: dict[str, Any] = {
+        "batch_id": "b" * 32,
+        "tenant_id": "default",
+        "total": 1,
+        "pending": 0 if ended else 1,
+        "completed": 1 if ended else 0,
+        "manifest_ref": "batches/b.jsonl",
+        "chunk_size": 100,
+        "chunk_offsets": [0, 20],
+        "created_at": 1.0,
+        "expires_at": 2,
+    }
+    return Batch(status=status, webhook_url=webhook_url, **(defaults | fields))
 
 
 def test_a_batch_s_webhook_is_relayed_once_when_it_ends_and_only_if_it_asked_for_one(aws: Aws) -> None:
@@ -434,6 +433,50 @@ def test_a_batch_s_webhook_is_relayed_once_when_it_ends_and_only_if_it_asked_for
     assert relay.relay_batch(running, a_batch(BatchStatus.COMPLETED, webhook_url=None)) is False
     assert relay.relay_batch(running, a_batch(BatchStatus.COMPLETED, webhook_events=["task.failed"])) is False
     assert aws.messages("WebhookQueue") == []
+
+
+def test_a_batch_s_webhook_is_delivered_signed_with_its_status_object_and_recorded(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given an ended batch that asked for its webhook, and one that did not
+    hook, url = receiver
+    settings = hooks.settings
+    batches = BatchStore(settings.tasks_table_name, aws.dynamodb)
+    live = int(time.time()) + 3600
+    wanted = a_batch(BatchStatus.COMPLETED, webhook_url=url, expires_at=live)
+    silent = a_batch(BatchStatus.COMPLETED, webhook_url=None, expires_at=live, batch_id="c" * 32)
+    for batch in (wanted, silent):
+        batches.create(batch)
+    sender = WebhookSender(timeout_s=2, allowed_hosts=settings.webhook_allowed_hosts)
+    dead_letters = Queue(settings.webhook_dlq_url, aws.sqs)
+    delivery = WebhookDelivery(
+        settings, hooks.store, dead_letters, sender, results=blobs(settings), batches=batches
+    )
+
+    def event_of(batch_id: str) -> WebhookMessage:
+        return WebhookMessage(
+            webhook_id=webhook_id(batch_id, BATCH_COMPLETED), batch_id=batch_id, event_type=BATCH_COMPLETED
+        )
+
+    # When each is delivered, and one for a batch that is gone
+    for batch_id in ("b" * 32, "c" * 32, "d" * 32):
+        asyncio.run(delivery.deliver(event_of(batch_id), attempt=1))
+    # Then only the first reached the receiver: signed for the batch's tenant, its status inside
+    [sent] = hook.deliveries
+    event = Webhook(hooks.secret()).verify(sent.body, sent.headers)
+    assert event["type"] == "batch.completed"
+    data = event["data"]
+    assert (data["batch_id"], data["status"], data["total"], data["completed"]) == (
+        "b" * 32,
+        "completed",
+        1,
+        1,
+    )
+    assert sent.headers["webhook-id"] == webhook_id("b" * 32, BATCH_COMPLETED)
+    stored = batches.get("b" * 32, now=time.time())
+    assert stored is not None
+    assert (stored.webhook_status, stored.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
+    assert aws.messages("WebhookDLQ") == []
 
 
 def test_the_submit_s_trace_header_rides_on_every_message_about_the_task(hooks: Hooks, aws: Aws) -> None:
