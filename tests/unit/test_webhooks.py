@@ -435,6 +435,29 @@ def test_a_batch_s_webhook_is_relayed_once_when_it_ends_and_only_if_it_asked_for
     assert aws.messages("WebhookQueue") == []
 
 
+def test_the_relay_reads_both_images_and_queues_only_the_write_that_ends_the_task(
+    hooks: Hooks, aws: Aws
+) -> None:
+    # Given every record a task's life wrote, unfiltered: insert, claim, completion, and the
+    # delivery-status write that follows a completion
+    task_id = hooks.finish_task("imaged")
+    hooks.store.record_webhook_attempt(task_id, status=WebhookStatus.DELIVERED)
+    arn = aws.resources.attributes[("TasksTable", "StreamArn")]
+    shard = aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+    iterator = aws.streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+    raw = aws.streams.get_records(ShardIterator=iterator["ShardIterator"])["Records"]
+    records = [
+        stream_record(dict(r), arn) for r in raw if r["dynamodb"]["Keys"]["pk"]["S"] == f"task#{task_id}"
+    ]
+    # When the relay reads each, old image and new
+    relay = WebhookRelay(hooks.webhook_queue)
+    # Then only the completion queues task.completed, under the task's stable webhook-id
+    assert [relay.relay_record(r) for r in records] == [False, False, True, False]
+    [message] = [WebhookMessage.model_validate_json(m["Body"]) for m in aws.messages("WebhookQueue")]
+    assert (message.task_id, message.event_type) == (task_id, "task.completed")
+    assert message.webhook_id == webhook_id(task_id, "task.completed")
+
+
 def test_a_batch_s_webhook_is_delivered_signed_with_its_status_object_and_recorded(
     hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
 ) -> None:
