@@ -8,7 +8,8 @@ Every state change is a conditional write, so no transition happens twice or bac
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,15 @@ BATCH_GET_KEYS = 100  # BatchGetItem's limit per call
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 # Every status change counts itself (Task.revision), so batch counters can apply it exactly once.
 _REVISE = "revision = if_not_exists(revision, :zero) + :one"
+
+
+@contextmanager
+def _dynamodb(action: str) -> Iterator[None]:
+    """DynamoDB's failures as the domain's BackendError: nothing above this adapter sees botocore."""
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise BackendError(f"DynamoDB {action} failed: {exc}") from exc
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -144,10 +154,8 @@ class TaskStore:
         found: dict[str, Task] = {}
         for start in range(0, len(task_ids), BATCH_GET_KEYS):
             keys = [task_key(task_id) for task_id in task_ids[start : start + BATCH_GET_KEYS]]
-            try:
+            with _dynamodb("read"):
                 items = self._batch_get(keys)
-            except (BotoCoreError, ClientError) as exc:
-                raise BackendError(f"DynamoDB read failed: {exc}") from exc
             for item in items.values():
                 task = task_from_item(item)
                 found[task.task_id] = task
@@ -155,12 +163,10 @@ class TaskStore:
 
     def get(self, task_id: str, *, now: float) -> Task | None:
         """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
-        try:
+        with _dynamodb("read"):
             reply = self._client.get_item(
                 TableName=self.table_name, Key=task_key(task_id), ConsistentRead=True
             )
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"DynamoDB read failed: {exc}") from exc
         item = reply.get("Item")
         if not item:
             return None
@@ -191,7 +197,7 @@ class TaskStore:
         callers filter.
         """
         extra: dict[str, Any] = {"ExclusiveStartKey": serialize(start)} if start else {}
-        try:
+        with _dynamodb("query"):
             reply = self._client.query(
                 TableName=self.table_name,
                 IndexName=TENANT_INDEX,
@@ -203,8 +209,6 @@ class TaskStore:
             )
             keys = [{"pk": item["pk"]} for item in reply.get("Items", [])]
             items = self._batch_get(keys)
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"DynamoDB query failed: {exc}") from exc
         following = reply.get("LastEvaluatedKey")
         # In the index's order; a task deleted between the query and the read is left out.
         tasks = [task_from_item(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
@@ -526,10 +530,8 @@ class TaskStore:
     def webhook_secrets(self, tenant_id: str, *, new_secret: str) -> WebhookSecrets:
         """The tenant's signing secrets; `new_secret` is stored if the tenant has none yet."""
         key = _tenant_key(tenant_id)
-        try:
+        with _dynamodb("read"):
             item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"DynamoDB read failed: {exc}") from exc
         if item:
             return WebhookSecrets.model_validate(deserialize(item))
         try:
@@ -554,7 +556,7 @@ class TaskStore:
         current = self.webhook_secrets(tenant_id, new_secret=new_secret)
         if current.webhook_secret == new_secret:
             return current  # the tenant had none: this is its first, with nothing to overlap
-        try:
+        with _dynamodb("update"):
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=_tenant_key(tenant_id),
@@ -565,8 +567,6 @@ class TaskStore:
                 ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
                 ReturnValues="ALL_NEW",
             )
-        except (BotoCoreError, ClientError) as exc:
-            raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return WebhookSecrets.model_validate(deserialize(reply["Attributes"]))
 
 
