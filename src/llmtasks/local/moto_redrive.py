@@ -23,6 +23,7 @@ from moto.sqs.models import Queue, SQSBackend
 from moto.sqs.responses import SQSResponse
 
 from llmtasks.local.moto_atomic import sqs_lock
+from llmtasks.local.moto_state import remove_message
 
 
 @dataclass
@@ -108,8 +109,7 @@ def start_message_move_task(
                 message.body,
                 message_attributes=dict(message.message_attributes),
             )
-            with dlq._messages_lock:
-                dlq._messages.remove(message)
+            remove_message(dlq, message)
             task.moved += 1
         task.status = "COMPLETED"
     return task

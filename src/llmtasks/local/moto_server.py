@@ -5,32 +5,30 @@ module is where the local stack adds what moto lacks, so every client sees one e
 redrive (moto_redrive), atomic conditional writes (moto_atomic), a count of the AWS API
 calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
 which the benchmark reads to count what a task costs at the backend rather than estimate it,
-and its state kept across restarts (`--state FILE`; `POST /_llmtasks/state` saves it).
-
-The state is a snapshot of moto's own backends (pickle), not moto's recorder: a replay of every
-request would redo each receive and delete of a queue in order, at start, slowly; a snapshot
-restores tables, stream records, objects and messages as they were, delays and visibility
-timers included (they are wall-clock times, and go on running while the stack is down).
+and its state kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state):
+`GET /_llmtasks/state` says whether changes can be written there, `POST` takes a clean stop's
+snapshot.
 """
 
 from __future__ import annotations
 
-import copyreg
 import json
-import pickle
 import re
+import signal
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
+
+if TYPE_CHECKING:  # moto is imported by the server process alone, not by the stack that starts it
+    from llmtasks.local.moto_state import DurableState
 
 CALLS_PATH = "/_llmtasks/calls"
 STATE_PATH = "/_llmtasks/state"
-# What the local stack keeps: tables and their streams, buckets, queues.
-STATE_SERVICES = ("dynamodb", "dynamodbstreams", "s3", "sqs")
+STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
 
 
@@ -90,80 +88,91 @@ class CallCounter:
         return reply
 
 
-def _picklable_locks() -> None:
-    """moto's SQS queues hold locks; a snapshot holds fresh ones in their place."""
-    copyreg.pickle(type(threading.RLock()), lambda _: (threading.RLock, ()))
-    copyreg.pickle(type(threading.Lock()), lambda _: (threading.Lock, ()))
-
-
-def save_state(path: Path) -> int:
-    """Writes moto's backends to `path` (whole or not at all); returns the bytes written."""
-    from llmtasks.local.moto_atomic import write_lock
-
-    with write_lock():  # no DynamoDB write lands halfway through the snapshot
-        state = {
-            name: {account: dict(regions) for account, regions in _backends(name).items()}
-            for name in STATE_SERVICES
-        }
-        data = pickle.dumps(state)
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
-    return len(data)
-
-
-def _backends(name: str) -> Any:
-    from moto.backends import get_backend
-
-    return get_backend(name)  # type: ignore[call-overload]
-
-
-def load_state(path: Path) -> None:
-    state = pickle.loads(path.read_bytes())  # noqa: S301 - the stack's own file, in its own state dir
-    for name, accounts in state.items():
-        backends = _backends(name)
-        for account, regions in accounts.items():
-            for region, backend in regions.items():
-                backends[account][region] = backend
-
-
-def _install_endpoints(state_file: Path | None) -> None:
+def _install_endpoints(state: DurableState | None) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
     dispatch = DomainDispatcherApplication.__call__
     counter = CallCounter()
 
     def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
-        if environ.get("PATH_INFO") == STATE_PATH and environ.get("REQUEST_METHOD") == "POST":
-            if state_file is None:
-                start_response("409 Conflict", [("Content-Type", "application/json")])
-                return [b'{"error": "started without --state"}']
-            size = save_state(state_file)
-            start_response("200 OK", [("Content-Type", "application/json")])
-            return [json.dumps({"bytes": size}).encode()]
+        if environ.get("PATH_INFO") == STATE_PATH:
+            return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
         return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
 
     DomainDispatcherApplication.__call__ = served  # type: ignore[method-assign]
 
 
+def _state_endpoint(state: DurableState | None, method: str, start_response: Any) -> list[bytes]:
+    """GET: whether changes can be journaled; POST: a clean stop's snapshot."""
+    if state is None:
+        start_response("409 Conflict", [("Content-Type", "application/json")])
+        return [b'{"error": "started without --state-dir"}']
+    body = state.status() if method == "GET" else {"bytes": state.save(clean=True)}
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps(body).encode()]
+
+
+def _open_state(directory: Path, report_file: Path | None) -> DurableState:
+    """The state dir loaded. What the start found is written to `report_file` for the stack to
+    say (this process's own output may go nowhere): notes, or the error that stops it."""
+    from llmtasks.local.journal import StateError
+    from llmtasks.local.moto_state import DurableState
+
+    def report(**said: Any) -> None:
+        if report_file is not None:
+            report_file.write_text(json.dumps(said))
+
+    state = DurableState(directory)
+    try:
+        loaded = state.open()
+    except (StateError, OSError) as error:
+        what, where = (
+            (error.what, str(error.path)) if isinstance(error, StateError) else (str(error), str(directory))
+        )
+        fix = "start empty with --reset, or move the file aside to keep it"
+        report(error={"what": what, "where": where, "fix": fix})
+        print(f"Error: {what} ({where}): {fix}", file=sys.stderr, flush=True)
+        raise SystemExit(STATE_ERROR_EXIT) from error
+    notes = []
+    if loaded.torn is not None:
+        notes.append(f"Warning: {loaded.torn}")
+    if not loaded.clean:
+        notes.append(
+            f"The last run stopped without saving: {loaded.replayed} journaled change(s) replayed;"
+            f" {loaded.released} message(s) received before the stop and not deleted are visible again"
+        )
+    report(notes=notes)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return state
+
+
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
-    from llmtasks.local import moto_atomic, moto_redrive
+    from llmtasks.local import moto_atomic, moto_redrive, moto_state
 
     args = list(argv if argv is not None else sys.argv[1:])
-    state_file = None
-    if "--state" in args:
-        at = args.index("--state")
-        state_file = Path(args[at + 1])
-        del args[at : at + 2]
+    state_dir, report_file = _option(args, "--state-dir"), _option(args, "--report-file")
     moto_redrive.install()
     moto_atomic.install()
-    _picklable_locks()
-    if state_file is not None and state_file.exists():
-        load_state(state_file)
-    _install_endpoints(state_file)
+    moto_state.install()
+    # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
+    # a death of the endpoint (SIGXFSZ's default).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    state = None if state_dir is None else _open_state(state_dir, report_file)
+    _install_endpoints(state)
     moto_main(args)
+
+
+def _option(args: list[str], name: str) -> Path | None:
+    """Takes `name VALUE` out of `args` (moto's own parser knows neither)."""
+    if name not in args:
+        return None
+    at = args.index(name)
+    value = Path(args[at + 1])
+    del args[at : at + 2]
+    return value
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmtasks.local.errors import ServiceDownError, ToolError
+from llmtasks.local.errors import EXIT_FAILED, ServiceDownError, ToolError
 
 
 def wait_for_port(
@@ -68,22 +71,28 @@ def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.
 
 
 def spawn_moto_server(
-    port: int, *, quiet: bool = True, state_file: Path | None = None
+    port: int, *, quiet: bool = True, state_dir: Path | None = None, say: Callable[[str], None] = print
 ) -> subprocess.Popen[bytes]:
-    """The embedded AWS endpoint; with `state_file`, it starts from that snapshot (if there is
-    one) and saves to it when asked (moto_server.STATE_PATH)."""
-    state = ["--state", str(state_file)] if state_file is not None else []
-    return spawn_python(
-        "-m",
-        "llmtasks.local.moto_server",
-        "-H",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        *state,
-        ready_port=port,
-        quiet=quiet,
-    )
+    """The embedded AWS endpoint; with `state_dir`, it starts from the state kept there and
+    journals every change to it (moto_state). What its start found there is passed to `say`
+    (a crash recovered from, a torn record dropped); state it cannot read stops the start with
+    that file named."""
+    server = ["-m", "llmtasks.local.moto_server", "-H", "127.0.0.1", "-p", str(port)]
+    if state_dir is None:
+        return spawn_python(*server, ready_port=port, quiet=quiet)
+    with tempfile.TemporaryDirectory(prefix="llmtasks-moto-") as scratch:
+        report_file = Path(scratch) / "report.json"
+        state = ["--state-dir", str(state_dir), "--report-file", str(report_file)]
+        try:
+            child = spawn_python(*server, *state, ready_port=port, quiet=quiet)
+        except ServiceDownError:
+            if report_file.exists():
+                error = json.loads(report_file.read_text())["error"]
+                raise ToolError(**error, exit_code=EXIT_FAILED) from None
+            raise
+        for note in json.loads(report_file.read_text())["notes"]:
+            say(note)
+        return child
 
 
 def stop(child: subprocess.Popen[bytes], timeout_s: float = 10) -> None:

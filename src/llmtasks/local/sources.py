@@ -4,15 +4,18 @@ responses, maximum concurrency, filters, retries, on-failure destination)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moto.events.models import EventPattern, EventPatternParser
 
+from llmtasks.local.errors import EXIT_FAILED, ToolError
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.template import PSEUDO_PARAMETERS, SqsSource, StreamSource
 
@@ -204,6 +207,7 @@ class StreamPoller:
         stop: threading.Event,
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         checkpoints: dict[str, str] | None = None,
+        on_checkpoint: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self.source = source
         self._runtime = runtime
@@ -214,6 +218,7 @@ class StreamPoller:
         # The last record handled per shard, as Lambda's event source mapping keeps it: a
         # restarted stack with its state goes on from there (`checkpoints` given back).
         self.checkpoints: dict[str, str] = dict(checkpoints or {})
+        self._on_checkpoint = on_checkpoint  # told each new position, to keep it on disk
         self.threads = [threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)]
 
     def start(self) -> None:
@@ -257,6 +262,8 @@ class StreamPoller:
                         break  # stopped before the batch was handled: not checkpointed
                     if records:
                         self.checkpoints[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
+                        if self._on_checkpoint is not None:
+                            self._on_checkpoint(dict(self.checkpoints))
                 if not busy:
                     self._stop.wait(STREAM_IDLE_S)
             except Exception as exc:  # keep polling, as Lambda does
@@ -308,3 +315,38 @@ class StreamPoller:
                 return True
             self._stop.wait(min(30.0, 0.5 * 2**attempts))
         return not records
+
+
+class StreamPositions:
+    """Each stream event source's last handled record per shard, in a file rewritten whole at
+    every step: a stack that crashes goes on from there, and delivers again at most the batch it
+    was handling (at least once, as Lambda's event source mappings do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._positions: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError) as error:
+            raise ToolError(
+                f"the streams' positions cannot be read: {error}",
+                where=str(path),
+                fix="start empty with --reset, or move the file aside to keep it",
+                exit_code=EXIT_FAILED,
+            ) from error
+
+    def of(self, source: str) -> dict[str, str]:
+        return dict(self._positions.get(source, {}))
+
+    def keeper(self, source: str) -> Callable[[dict[str, str]], None]:
+        def keep(checkpoints: dict[str, str]) -> None:
+            with self._lock:
+                self._positions[source] = checkpoints
+                partial = self.path.with_suffix(".partial")
+                # A full disk keeps the older position: a crash then delivers a few records
+                # again, which at-least-once allows; the stack reports the disk (state watch).
+                with contextlib.suppress(OSError):
+                    partial.write_text(json.dumps(self._positions))
+                    partial.replace(self.path)
+
+        return keep

@@ -7,7 +7,6 @@ same handler code that runs in Lambda; the mock LLM answers unless LLM_BASE_URL 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
@@ -27,14 +27,17 @@ from llmtasks.deployment import Deployment
 from llmtasks.local.console import Console
 from llmtasks.local.errors import ToolError
 from llmtasks.local.gateway import HttpGateway
+from llmtasks.local.journal import state_files
+from llmtasks.local.moto_server import STATE_PATH
 from llmtasks.local.processes import check_answers, check_port_free, spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
-from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
+from llmtasks.local.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks.store import TaskStore
 
+STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits
 
 
@@ -65,7 +68,6 @@ def default_state_dir(template: Path) -> Path:
     return template.resolve().parent / ".llmtasks" / "state"
 
 
-MOTO_STATE = "moto.pickle"
 STREAM_CHECKPOINTS = "streams.json"
 DEV_KEY = "dev-key"
 
@@ -146,14 +148,19 @@ class LocalStack:
                 fix="give a writable folder with --state-dir, or keep nothing with --no-state",
             ) from error
         if self.options.reset:
-            for name in (MOTO_STATE, STREAM_CHECKPOINTS, DEV_KEY):
-                (state_dir / name).unlink(missing_ok=True)
+            for path in (*state_files(state_dir), state_dir / STREAM_CHECKPOINTS, state_dir / DEV_KEY):
+                path.unlink(missing_ok=True)
 
     def _start_endpoint(self) -> None:
         if self.endpoint_url is None:
             port = self.options.moto_port
             self._children.append(
-                spawn_moto_server(port, quiet=self.options.quiet_children, state_file=self._state(MOTO_STATE))
+                spawn_moto_server(
+                    port,
+                    quiet=self.options.quiet_children,
+                    state_dir=self.options.state_dir,
+                    say=lambda note: print(note, flush=True),
+                )
             )
             self.endpoint_url = f"http://127.0.0.1:{port}"
             # Never let the embedded stack pick up a real account's credentials.
@@ -218,10 +225,7 @@ class LocalStack:
         if self.options.auth:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
-        checkpoints_file = self._state(STREAM_CHECKPOINTS)
-        checkpoints = (
-            json.loads(checkpoints_file.read_text()) if checkpoints_file and checkpoints_file.exists() else {}
-        )
+        positions = self._stream_positions()
         authorizers = {route.authorizer for spec in self.functions.values() for route in spec.routes}
         for spec in self.functions.values():
             serves_http = bool(spec.routes) or spec.logical_id in authorizers
@@ -245,9 +249,11 @@ class LocalStack:
                         streams,
                         self._stop,
                         self._failure_sink(stream_source),
-                        checkpoints=checkpoints.get(name),
+                        checkpoints=positions.of(name) if positions else None,
+                        on_checkpoint=positions.keeper(name) if positions else None,
                     )
         self._start_ttl(resources)
+        self._watch_state()
         routes = [route for spec in self.functions.values() for route in spec.routes]
         gateway = HttpGateway(routes, self.runtimes, authorize=self.options.auth)
         self._serve_http(self._console().around(gateway.app()))
@@ -265,6 +271,33 @@ class LocalStack:
             return
         sweeper = TtlSweeper(boto3.client("dynamodb"), tables, interval_s=self.options.ttl_sweep_s)
         thread = threading.Thread(target=sweeper.run, args=(self._stop,), name="ttl", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _watch_state(self) -> None:
+        """Says when the state dir stops taking changes (a full or read-only disk: the endpoint
+        then refuses them, and submits answer 503) and when it takes them again."""
+        if self.options.state_dir is None or self.options.endpoint_url is not None:
+            return
+
+        def watch() -> None:
+            said: str | None = None
+            while not self._stop.wait(STATE_WATCH_S):
+                try:
+                    problem = httpx.get(f"{self.endpoint_url}{STATE_PATH}", timeout=5).json()["problem"]
+                except (httpx.HTTPError, ValueError, KeyError):
+                    continue
+                if problem and problem != said:
+                    print(
+                        f"Error: the state dir cannot be written: {problem}: changes are refused and"
+                        " submits answer 503 until it can (free some space, or make it writable)",
+                        flush=True,
+                    )
+                elif said and not problem:
+                    print(f"The state dir can be written again ({self.options.state_dir})", flush=True)
+                said = problem
+
+        thread = threading.Thread(target=watch, name="state-watch", daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -331,9 +364,15 @@ class LocalStack:
             stop(child)
         self._children.clear()
 
+    def _stream_positions(self) -> StreamPositions | None:
+        """Where the streams' positions are kept: with the embedded endpoint's state alone (an
+        endpoint of your own keeps its streams as it does)."""
+        path = self._state(STREAM_CHECKPOINTS)
+        return None if path is None or self.options.endpoint_url is not None else StreamPositions(path)
+
     def _keep_state(self) -> None:
-        """Messages of invocations the stop cut short become visible again; then the endpoint's
-        snapshot and the streams' positions are written to the state dir."""
+        """Messages of invocations the stop cut short become visible again; then the endpoint
+        writes a clean stop's snapshot (the streams' positions are on disk already)."""
         cut_short = 0
         for poller in self._sqs_pollers:
             try:
@@ -342,17 +381,10 @@ class LocalStack:
                 print(f"could not release in-flight messages: {exc!r}", flush=True)
         if cut_short:
             print(f"{cut_short} message(s) of unfinished invocations will be delivered again", flush=True)
-        state_file, checkpoints_file = self._state(MOTO_STATE), self._state(STREAM_CHECKPOINTS)
-        if state_file is None or checkpoints_file is None or self.options.endpoint_url is not None:
+        if self.options.state_dir is None or self.options.endpoint_url is not None:
             return
-        import httpx
-
-        from llmtasks.local.moto_server import STATE_PATH
-
         reply = httpx.post(f"{self.endpoint_url}{STATE_PATH}", timeout=60)
         reply.raise_for_status()
-        checkpoints = {name: poller.checkpoints for name, poller in self._stream_pollers.items()}
-        checkpoints_file.write_text(json.dumps(checkpoints))
         print(f"State kept in {self.options.state_dir} ({reply.json()['bytes']} bytes)", flush=True)
 
     def __enter__(self) -> LocalStack:
