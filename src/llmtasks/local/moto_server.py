@@ -127,7 +127,9 @@ def _open_state(directory: Path, report_file: Path | None) -> DurableState:
         loaded = state.open()
     except (StateError, OSError) as error:
         what, where = (
-            (error.what, str(error.path)) if isinstance(error, StateError) else (str(error), str(directory))
+            (error.what, str(error.path))
+            if isinstance(error, StateError)
+            else (f"the state dir cannot be used: {error.strerror}", str(error.filename or directory))
         )
         fix = "start empty with --reset, or move the file aside to keep it"
         report(error={"what": what, "where": where, "fix": fix})

@@ -94,10 +94,10 @@ _nested = threading.local()
 
 class _Recording:
     journal: Journal | None = None  # None: nothing is journaled (no state dir, or a replay)
+    grown = threading.Event()  # set when the journal has grown past COMPACT_AFTER_BYTES
 
 
 _recording = _Recording()
-_compact_wanted = threading.Event()
 
 
 class StateUnavailable(JsonRESTError):
@@ -136,7 +136,7 @@ def _append(record: tuple[Any, ...]) -> None:
     except JournalUnavailable as error:
         raise StateUnavailable(str(error)) from error
     if journal.bytes_since_rotation > COMPACT_AFTER_BYTES:
-        _compact_wanted.set()
+        _recording.grown.set()
 
 
 def _journaled_call(service: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -370,11 +370,14 @@ class DurableState:
         self.snapshot_path = directory / SNAPSHOT
         self.journal: Journal | None = None
         self._folding = threading.Lock()  # one fold at a time: each deletes the segments before it
+        self._grown = threading.Event()
+        self._closed = False
 
     def open(self) -> Loaded:
         """Loads the snapshot and replays the journal; after an unclean stop, messages in flight
         are made visible. Then folds both into a new snapshot and starts journaling."""
         loaded = Loaded()
+        self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshot_path.exists():
             loaded.seq, loaded.clean = _load_snapshot(self.snapshot_path)
         replay = journal_files.read(self.directory, after_seq=loaded.seq)
@@ -387,7 +390,7 @@ class DurableState:
             loaded.released = _release_in_flight()
         self.journal = Journal(self.directory, next_seq=last_seq + 1)
         self._fold(clean=False)
-        _recording.journal = self.journal
+        _recording.journal, _recording.grown = self.journal, self._grown
         threading.Thread(target=self._compact_when_grown, name="journal-compact", daemon=True).start()
         return loaded
 
@@ -407,13 +410,21 @@ class DurableState:
         return len(data)
 
     def _compact_when_grown(self) -> None:
-        while True:
-            _compact_wanted.wait()
-            _compact_wanted.clear()
+        while self._grown.wait() and not self._closed:
+            self._grown.clear()
             try:
                 self._fold(clean=False)
             except OSError as error:  # the journal goes on; the next growth tries again
                 print(f"the state dir's snapshot could not be written: {error}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stops journaling (the endpoint's process ends without it; tests end it so)."""
+        _recording.journal = None
+        self._closed = True
+        self._grown.set()
+        if self.journal is not None:
+            with self._folding:
+                self.journal.close()
 
     def status(self) -> dict[str, Any]:
         problem = self.journal.problem if self.journal is not None else None
