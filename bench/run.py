@@ -18,6 +18,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -54,7 +55,7 @@ PRICES = {
 }
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
 DYNAMODB_READS = {"GetItem", "Query"}
-SECTIONS = ("cold", "overhead", "scale", "long", "paced", "cost")
+SECTIONS = ("cold", "overhead", "scale", "long", "paced", "cost", "state")
 
 
 @dataclass
@@ -380,6 +381,69 @@ def moto_session() -> boto3.session.Session:
     )
 
 
+# --- durable local state -------------------------------------------------------------------------
+
+
+def burst(stack: LaunchedStack, tasks: int) -> tuple[float, float]:
+    """`tasks` submits as fast as the clients go: submits/s, and tasks completed/s over the burst."""
+    started = time.time()
+    submitted = open_loop(stack, tasks, lambda i: {"prompt": f"burst {i}"}, lambda _i: {})
+    submitting_s = max(at for at, _ in submitted) - started
+    done = outcomes(stack, submitted)
+    return tasks / submitting_s, tasks / (max(d.completed_at for d in done) - started)
+
+
+def durable_state(report: Report, tasks: int, stored: int) -> None:
+    """What the journal costs: the same burst without a state dir and with one (each change
+    journaled before its reply), side by side; and how long a start takes after a crash with
+    `stored` tasks in TasksTable and a `stored`-message queue, and after a clean stop."""
+    section = "state"
+    rates = {}
+    state_dir = Path(tempfile.mkdtemp(prefix="llmtasks-bench-state-")) / "state"
+    for label, extra in (("no state dir", ()), ("journal", ("--state-dir", str(state_dir)))):
+        with stack_running(*extra) as stack:
+            rates[label] = burst(stack, tasks)
+        report.add(section, f"burst of {tasks}, {label}: submits", f"{rates[label][0]:.1f}/s")
+        report.add(section, f"burst of {tasks}, {label}: completed", f"{rates[label][1]:.1f} tasks/s")
+    for at, figure in enumerate(("submits", "completed")):
+        ratio = rates["journal"][at] / rates["no state dir"][at]
+        report.add(
+            section,
+            f"journal / no state dir, {figure}",
+            f"{ratio:.2f}x",
+            f"target >= 0.9: {verdict(ratio >= 0.9)}",
+        )
+    stack = launch("--state-dir", str(state_dir), cwd=ROOT)
+    try:
+        store_completed_tasks(stack, stored)
+        sqs = moto_session().client("sqs", endpoint_url=stack.endpoint)
+        backlog = sqs.create_queue(QueueName="bench-backlog")["QueueUrl"]
+        for start in range(0, stored, 10):
+            entries = [{"Id": str(i), "MessageBody": f"waiting {start + i}"} for i in range(10)]
+            sqs.send_message_batch(QueueUrl=backlog, Entries=entries)
+        journal_mib = sum(p.stat().st_size for p in state_dir.glob("journal-*")) / 2**20
+        stack.crash()
+        began = time.monotonic()
+        stack = launch("--state-dir", str(state_dir), cwd=ROOT)
+        after_crash = time.monotonic() - began
+        count = sqs.get_queue_attributes(QueueUrl=backlog, AttributeNames=["ApproximateNumberOfMessages"])
+        kept = int(count["Attributes"]["ApproximateNumberOfMessages"])
+    finally:
+        stack.stop()
+    began = time.monotonic()
+    launch("--state-dir", str(state_dir), cwd=ROOT).stop()
+    after_clean_stop = time.monotonic() - began
+    what = f"{stored} stored tasks and a {stored}-message queue"
+    report.add(
+        section,
+        f"start after a crash, {what} ({journal_mib:.0f} MiB journal)",
+        f"{after_crash:.1f} s",
+        f"target <= 10 s: {verdict(after_crash <= 10)}",
+    )
+    report.add(section, "messages found after the crash", f"{kept} of {stored}")
+    report.add(section, f"start after a clean stop, {what} (and the clean stop)", f"{after_clean_stop:.1f} s")
+
+
 # --- AWS calls and cost per task ------------------------------------------------------------------
 
 
@@ -683,7 +747,17 @@ def main() -> None:
     args = parser.parse_args()
     chosen = set(args.only.split(","))
     sizes = (
-        {"single": 20, "small": 100, "large": 300, "floor": 100, "cost": 50, "long": 40, "paced": 100}
+        {
+            "single": 20,
+            "small": 100,
+            "large": 300,
+            "floor": 100,
+            "cost": 50,
+            "long": 40,
+            "paced": 100,
+            "burst": 100,
+            "stored": 1000,
+        }
         if args.quick
         else {
             "single": 200,
@@ -693,6 +767,8 @@ def main() -> None:
             "cost": 200,
             "long": 200,
             "paced": 600,
+            "burst": 1000,
+            "stored": 10000,
         }
     )
     report = Report()
@@ -733,6 +809,8 @@ def main() -> None:
         goodput(report, sizes["paced"] // 2, limit_rps=10)
     if "cost" in chosen:
         costs(report, sizes["cost"])
+    if "state" in chosen:
+        durable_state(report, sizes["burst"], sizes["stored"])
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(

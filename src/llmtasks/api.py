@@ -366,6 +366,8 @@ def _on_api_error(exc: ApiError) -> Response[Any]:
     reply = problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
     if isinstance(exc, Unauthorized):
         reply.headers["WWW-Authenticate"] = 'Bearer realm="llmtasks"'
+    if isinstance(exc, ServiceUnavailable):  # a backend's hiccup: the same request may succeed
+        reply.headers["Retry-After"] = "1"
     return reply
 
 
@@ -389,9 +391,7 @@ def _on_not_found(_: NotFoundError) -> Response[Any]:
 def _on_backend_error(exc: BackendError) -> Response[Any]:
     """DynamoDB, SQS or S3 failed under a request: the client may retry it."""
     logger.exception("backend failed", error_type=type(exc).__name__)
-    reply = _on_api_error(ServiceUnavailable("A storage or queue call failed. Retry the request."))
-    reply.headers["Retry-After"] = "1"
-    return reply
+    return _on_api_error(ServiceUnavailable("A storage or queue call failed. Retry the request."))
 
 
 def _on_unexpected(exc: Exception) -> Response[Any]:

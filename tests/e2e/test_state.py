@@ -4,6 +4,7 @@ restart the tasks left go on; `--reset` starts empty."""
 
 from __future__ import annotations
 
+import resource
 import signal
 import tempfile
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmtasks.llm.mock import MockConfig, MockLLM, reply_text
+from llmtasks.local.launcher import descendants
 from tests.e2e.conftest import derived_template, start_stack
 from tests.helpers import eventually, serve
 
@@ -119,3 +121,44 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
     # delivery took the task over from the one the stop cut short.
     assert [task["status"] for task in tasks] == ["completed", "completed"]
     assert [task["attempts"] for task in tasks] == [2, 2]
+
+
+@pytest.mark.timeout(300)
+def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_says_so() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+    stack = start_stack("--state-dir", str(directory / "state"))
+    try:
+        [endpoint] = [pid for pid in descendants(stack.process.pid) if b"moto_server" in _cmdline(pid)]
+        with stack.client() as client:
+            assert client.post("/tasks", json={"prompt": "before"}).status_code == 202
+            # No file of the endpoint may grow: write(2) fails, as on a full disk.
+            resource.prlimit(endpoint, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+            refused = client.post("/tasks", json={"prompt": "refused"})
+            listed = client.get("/tasks").json()["data"]
+            eventually(
+                stack.log.read_text,
+                lambda log: "Error: the state dir cannot be written" in log,
+                timeout_s=30,
+                what="the stack saying the state dir cannot be written",
+            )
+            resource.prlimit(
+                endpoint, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            )
+            after = client.post("/tasks", json={"prompt": "after"})
+            eventually(
+                stack.log.read_text,
+                lambda log: "The state dir can be written again" in log,
+                timeout_s=30,
+                what="the stack saying the state dir takes changes again",
+            )
+    finally:
+        stack.stop(timeout_s=60)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers.get("retry-after"), (refused.headers, refused.text)
+    assert len(listed) == 1  # "before" alone: nothing of the refused submit was stored
+    assert after.status_code == 202
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -292,8 +292,10 @@ def test_when_the_queue_refuses_nothing_is_stored_and_the_client_is_told_to_retr
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)
     broken_queue = Queue(settings.task_queue_url + "-gone", aws.sqs)
     api = Api(aws, handler, TaskService(settings, store, broken_queue, results=blobs(settings)))
-    problem = assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
+    reply = api.call("POST", "/tasks", {"prompt": "hi"})
+    problem = assert_problem(reply, 503)
     assert "Retry" in problem["detail"]
+    assert reply["headers"]["Retry-After"] == "1"
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
 
 

@@ -3,6 +3,7 @@ and the benchmark, which both need the whole stack and a handle on its parts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -32,6 +33,24 @@ def peak_rss_kib(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise LookupError(f"no VmHWM for process {pid}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc): the stack's moto server and mock LLM."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 @dataclass
@@ -96,6 +115,14 @@ class LaunchedStack:
         reply.raise_for_status()
         calls: dict[str, int] = reply.json()
         return calls
+
+    def crash(self) -> None:
+        """SIGKILL to the stack and every process it started, at once, as a crash or an
+        out-of-memory kill would: nothing gets to save."""
+        for pid in [*descendants(self.process.pid), self.process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait()
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 20) -> int:
         if self.process.poll() is None:

@@ -1,0 +1,194 @@
+"""The local stack killed with SIGKILL (itself and its moto server, as a crash or an out-of-memory
+kill would) at a random moment while 300 tasks and a 1,000-item batch run, then started again on
+the same state dir: every task it accepted ends, the batch's counts are exact, every webhook is
+delivered, and the LLM is called again only for the calls the crash cut short.
+
+The moment is random; its seed is printed (CRASH_SEED=N repeats a run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmtasks.llm.mock import MockConfig, MockLLM
+from tests.e2e.conftest import start_stack
+from tests.helpers import WebhookReceiver, eventually, serve
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+
+TASKS = 300
+ITEMS = 1000
+TERMINAL = ("completed", "failed", "cancelled")
+LATENCY_S = 1.0
+# A call the mock has answered is still in flight until the worker has written its result; this
+# long after its answer, a crash may still cut it short.
+WRITE_WINDOW_S = 2.0
+
+
+class CompletedCalls:
+    """The mock's count of answered calls, sampled, to tell how many it answered just before
+    the crash."""
+
+    def __init__(self, mock: MockLLM) -> None:
+        self.mock = mock
+        self.samples: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.1):
+            self.samples.append((time.monotonic(), self.mock.stats.completed))
+
+    def answered_since(self, moment: float) -> int:
+        before = [count for at, count in self.samples if at <= moment]
+        return self.mock.stats.completed - (before[-1] if before else 0)
+
+
+@pytest.fixture
+def llm() -> Iterator[tuple[MockLLM, str]]:
+    # Outside the stack, so that its counts span both runs.
+    mock = MockLLM(MockConfig(latency_s=LATENCY_S))
+    with serve(mock.app()) as url:
+        yield mock, url + "/v1"
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
+    hook = WebhookReceiver()
+    with serve(hook.app()) as url:
+        yield hook, url + "/hook"
+
+
+@pytest.mark.timeout(900)
+def test_a_crash_at_a_random_moment_loses_no_accepted_task(
+    llm: tuple[MockLLM, str], receiver: tuple[WebhookReceiver, str]
+) -> None:
+    mock, llm_url = llm
+    hook, hook_url = receiver
+    seed = int(os.environ.get("CRASH_SEED", random.randrange(1_000_000)))
+    kill_after_s = random.Random(seed).uniform(1, 20)
+    print(f"CRASH_SEED={seed}: the stack is killed {kill_after_s:.1f} s after the first submit")
+    state_dir = Path(tempfile.mkdtemp(prefix="llmtasks-crash-")) / "state"
+    args = ("--state-dir", str(state_dir))
+    env = {"LLM_BASE_URL": llm_url}
+    first = start_stack(*args, env=env)
+    accepted: dict[str, str] = {}  # task id: prompt
+    batch: dict[str, Any] = {}
+    hooked: set[str] = set()
+
+    def submit(i: int) -> None:
+        body: dict[str, Any] = {"prompt": f"crash task {i}"}
+        if i % 10 == 0:
+            body["webhook_url"] = hook_url
+        try:
+            reply = client.post("/tasks", json=body)
+        except httpx.HTTPError:
+            return  # never acknowledged: the crash came first
+        if reply.status_code == 202:
+            accepted[reply.json()["task_id"]] = body["prompt"]
+            if "webhook_url" in body:
+                hooked.add(reply.json()["task_id"])
+
+    def submit_batch() -> None:
+        items = [{"prompt": f"crash item {i}", "custom_id": f"item-{i}"} for i in range(ITEMS)]
+        try:
+            reply = client.post("/batches", json={"items": items})
+        except httpx.HTTPError:
+            return
+        if reply.status_code == 202:
+            batch.update(reply.json())
+
+    answered = CompletedCalls(mock)
+    with first.client(timeout=60) as client, ThreadPoolExecutor(8) as pool:
+        started = time.monotonic()
+        pool.submit(submit_batch)
+        pending = [pool.submit(submit, i) for i in range(TASKS)]
+        time.sleep(max(0.0, started + kill_after_s - time.monotonic()))
+        in_flight_at_kill = mock.stats.in_flight
+        killed_at = time.monotonic()
+        first.crash()
+        for future in pending:
+            future.result()
+    just_answered = answered.answered_since(killed_at - WRITE_WINDOW_S)
+    answered.stop.set()
+    calls_before = mock.stats.calls
+
+    second = start_stack(*args, env=env)
+    restarted = time.monotonic()
+    try:
+        with second.client() as client:
+            try:
+                eventually(
+                    lambda: _unfinished(client, accepted),
+                    lambda unfinished: not unfinished,
+                    timeout_s=300,
+                    every_s=1,
+                    what="every accepted task ended",
+                )
+            except AssertionError as stuck:
+                task_id = _unfinished(client, accepted)[0]["task_id"]
+                story = [
+                    line
+                    for run in (first, second)
+                    for line in run.log.read_text().splitlines()
+                    if task_id in line
+                ]
+                raise AssertionError(
+                    f"{stuck}\n{task_id} in the stack's logs:\n" + "\n".join(story)
+                ) from None
+            final = {task_id: client.get(f"/tasks/{task_id}").json()["status"] for task_id in accepted}
+            if batch:
+                ended = eventually(
+                    lambda: client.get(f"/batches/{batch['batch_id']}").json(),
+                    lambda view: view["status"] in ("completed", "completed_with_errors", "cancelled"),
+                    timeout_s=300,
+                    every_s=1,
+                    what="the batch ended",
+                )
+        took_s = time.monotonic() - restarted
+        delivered = eventually(
+            lambda: {json.loads(d.body)["data"]["task_id"] for d in hook.deliveries},
+            lambda seen: hooked <= seen,
+            timeout_s=60,
+            every_s=0.5,
+            what="every webhook task's delivery",
+        )
+    finally:
+        second.stop(timeout_s=60)
+
+    repeated = sum(max(0, len(outcomes) - 1) for outcomes in mock.stats.outcomes_by_prompt.values())
+    print(
+        f"accepted {len(accepted)} tasks and {'a' if batch else 'no'} batch; killed with {in_flight_at_kill}"
+        f" calls in flight and {just_answered} answered in the {WRITE_WINDOW_S:.0f} s before; all ended"
+        f" {took_s:.1f} s after the restart; {repeated} calls repeated; {calls_before} calls before the kill"
+    )
+    assert set(final.values()) == {"completed"}  # no LLM faults here: every one completes
+    if batch:
+        assert (ended["status"], ended["completed"], ended["failed"], ended["cancelled"]) == (
+            "completed",
+            ITEMS,
+            0,
+            0,
+        )
+        assert ended["total"] == ITEMS
+    assert hooked <= delivered
+    assert repeated <= in_flight_at_kill + just_answered
+    assert "The last run stopped without saving" in second.log.read_text()
+
+
+def _unfinished(client: httpx.Client, tasks: dict[str, str]) -> list[dict[str, Any]]:
+    views = (client.get(f"/tasks/{task_id}").json() for task_id in tasks)
+    return [view for view in views if view.get("status") not in TERMINAL]
