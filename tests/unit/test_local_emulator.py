@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,31 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
     late = runtime.invoke({"sleep": 1.5})
     assert late.timed_out
     assert not late.ok
+
+
+def test_cold_starts_take_turns_so_no_sandbox_sees_a_half_imported_module(tmp_path: Path) -> None:
+    # Each sandbox's cold start runs the module's top level; it notes when it is inside it.
+    inside = tmp_path / "inside"
+    spec = toy_function(
+        tmp_path,
+        f"""
+        import os, time
+        marker = {str(inside)!r}
+        if os.path.exists(marker):
+            raise ImportError("another cold start is halfway through its imports")
+        open(marker, "w").close()
+        time.sleep(0.2)  # a slow import, as Powertools' are
+        os.remove(marker)
+        def handler(event, context):
+            return "ok"
+    """,
+        timeout_s=30,
+    )
+    runtime = FunctionRuntime(spec, concurrency=4)
+    with ThreadPoolExecutor(4) as pool:
+        invocations = list(pool.map(lambda _: runtime.invoke({}), range(4)))
+
+    assert [invocation.payload for invocation in invocations] == ["ok"] * 4
 
 
 def test_each_invocation_can_report_like_lambda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,8 +59,22 @@ class Invocation:
         return self.error is None and not self.timed_out
 
 
+# The sandboxes are threads of one process and share sys.modules: two cold starts importing the
+# same packages at once can see each other's half-imported modules (Powertools' data_classes
+# raised "cannot import name 'SQSEvent' from partially initialized module" when a restart with a
+# backlog cold-started ten workers at once, and the failed invocations kept their messages for
+# the visibility timeout). In Lambda each sandbox is a process of its own; here cold starts take
+# turns.
+_cold_starts = threading.Lock()
+
+
 def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
     """A fresh copy of the handler module, as a new Lambda execution environment would import it."""
+    with _cold_starts:
+        return _import_handler(spec)
+
+
+def _import_handler(spec: FunctionSpec) -> Callable[..., Any]:
     path = spec.handler_file
     if not path.is_file():
         raise FileNotFoundError(f"{spec.logical_id}: no handler module at {path}")
