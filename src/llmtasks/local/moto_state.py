@@ -139,58 +139,46 @@ def _append(record: tuple[Any, ...]) -> None:
         _recording.grown.set()
 
 
-def _journaled_call(service: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+def _journaled(
+    method: Callable[..., Any], lock: Any, record_of: Callable[..., tuple[Any, ...] | None]
+) -> Callable[..., Any]:
+    """`method`, whose change is journaled (as `record_of` its arguments says it, or not at all
+    when that is None) before it is applied, under `lock` so that the journal's order is the
+    order in which changes were applied."""
+
     @functools.wraps(method)
     def journaled(self: Any, *args: Any, **kwargs: Any) -> Any:
         with _outermost() as outermost:
             if _recording.journal is None or not outermost:
                 return method(self, *args, **kwargs)
-            with _ordering_lock(service):
-                _append(("call", service, self.account_id, self.region_name, name, args, kwargs))
+            with lock:
+                record = record_of(self, *args, **kwargs)
+                if record is not None:
+                    _append(record)
                 return method(self, *args, **kwargs)
 
     journaled.__llmtasks_journaled__ = True  # type: ignore[attr-defined]
     return journaled
 
 
-def _journaled_put(add_message: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(add_message)
-    def journaled(self: Queue, message: Message) -> None:
-        with _outermost() as outermost:
-            if _recording.journal is not None and outermost:
-                with sqs_lock():
-                    _append(("put", self.account_id, self.region, self.name, message))
-                    return add_message(self, message)  # type: ignore[no-any-return]
-            return add_message(self, message)  # type: ignore[no-any-return]
+def _call_of(service: str, name: str) -> Callable[..., tuple[Any, ...]]:
+    def record(backend: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return ("call", service, backend.account_id, backend.region_name, name, args, kwargs)
 
-    journaled.__llmtasks_journaled__ = True  # type: ignore[attr-defined]
-    return journaled
+    return record
 
 
-def _journaled_delete(delete_message: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(delete_message)
-    def journaled(self: Queue, receipt_handle: str) -> None:
-        if _recording.journal is not None:
-            with sqs_lock():
-                ids = [m.id for m in self._messages if m.had_receipt_handle(receipt_handle)]
-                if ids:
-                    _append(("delete", ids))
-                return delete_message(self, receipt_handle)  # type: ignore[no-any-return]
-        return delete_message(self, receipt_handle)  # type: ignore[no-any-return]
-
-    journaled.__llmtasks_journaled__ = True  # type: ignore[attr-defined]
-    return journaled
+def _put_of(queue: Queue, message: Message) -> tuple[Any, ...]:
+    return ("put", queue.account_id, queue.region, queue.name, message)
 
 
-def _journaled_receive(mark_received: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(mark_received)
-    def journaled(self: Message, visibility_timeout: int | None = None) -> None:
-        if _recording.journal is not None:
-            _append(("received", self.id, int(unix_time_millis())))
-        return mark_received(self, visibility_timeout)  # type: ignore[no-any-return]
+def _delete_of(queue: Queue, receipt_handle: str) -> tuple[Any, ...] | None:
+    ids = [m.id for m in queue._messages if m.had_receipt_handle(receipt_handle)]
+    return ("delete", ids) if ids else None
 
-    journaled.__llmtasks_journaled__ = True  # type: ignore[attr-defined]
-    return journaled
+
+def _receive_of(message: Message, *_: Any, **__: Any) -> tuple[Any, ...]:
+    return ("received", message.id, int(unix_time_millis()))
 
 
 def remove_message(queue: Queue, message: Message) -> None:
@@ -208,15 +196,17 @@ def install() -> None:
         for name in names:
             method = getattr(backend_class, name)
             if not getattr(method, "__llmtasks_journaled__", False):
-                setattr(backend_class, name, _journaled_call(service, name, method))
-    for owner, name, wrap in (
-        (Queue, "add_message", _journaled_put),
-        (Queue, "delete_message", _journaled_delete),
-        (Message, "mark_received", _journaled_receive),
+                setattr(
+                    backend_class, name, _journaled(method, _ordering_lock(service), _call_of(service, name))
+                )
+    for owner, name, record_of in (
+        (Queue, "add_message", _put_of),
+        (Queue, "delete_message", _delete_of),
+        (Message, "mark_received", _receive_of),
     ):
         method = getattr(owner, name)
         if not getattr(method, "__llmtasks_journaled__", False):
-            setattr(owner, name, wrap(method))
+            setattr(owner, name, _journaled(method, sqs_lock(), record_of))
     _picklable_locks()
 
 
