@@ -25,7 +25,7 @@ from aws_lambda_powertools.event_handler.openapi.types import (
 )
 from pydantic import BaseModel
 
-from llmtasks import __version__
+from llmtasks import __version__, openai_api
 from llmtasks.apikeys import REFUSALS
 from llmtasks.batches import BatchService
 from llmtasks.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
@@ -388,29 +388,58 @@ def _on_not_found(_: NotFoundError) -> Response[Any]:
     return problem(404, "Not found", "No such route.", slug="not-found")
 
 
-def _on_backend_error(exc: BackendError) -> Response[Any]:
+def _backend_unavailable(exc: BackendError) -> ServiceUnavailable:
     """DynamoDB, SQS or S3 failed under a request: the client may retry it."""
     logger.exception("backend failed", error_type=type(exc).__name__)
-    return _on_api_error(ServiceUnavailable("A storage or queue call failed. Retry the request."))
+    return ServiceUnavailable("A storage or queue call failed. Retry the request.")
+
+
+def _on_backend_error(exc: BackendError) -> Response[Any]:
+    return _on_api_error(_backend_unavailable(exc))
+
+
+def _unexpected(exc: Exception, reply: Response[Any]) -> Response[Any]:
+    logger.exception("unhandled error", error_type=type(exc).__name__)
+    return reply
 
 
 def _on_unexpected(exc: Exception) -> Response[Any]:
-    logger.exception("unhandled error", error_type=type(exc).__name__)
-    return problem(500, "Internal error", "Something went wrong on our side.", slug="internal")
+    return _unexpected(
+        exc, problem(500, "Internal error", "Something went wrong on our side.", slug="internal")
+    )
 
 
 def build_app(*, commands: bool = False, queries: bool = False, docs: bool = False) -> APIGatewayHttpResolver:
-    """A resolver with the chosen routes; `docs` adds /docs and /openapi.json describing all of them."""
+    """A resolver with the chosen routes; `docs` adds /docs and /openapi.json describing all of them.
+    The /v1 routes (openai_api) answer errors in OpenAI's shape, the others in problem+json."""
     app = APIGatewayHttpResolver(enable_validation=True)
     if commands or docs:
         add_commands(app)
+        openai_api.add_commands(app, _service, tenant_of)
     if queries or docs:
         add_queries(app)
-    app.exception_handler(ApiError)(_on_api_error)
-    app.exception_handler(RequestValidationError)(_on_validation_error)
-    app.exception_handler(BackendError)(_on_backend_error)
-    app.not_found(_on_not_found)
-    app.exception_handler(Exception)(_on_unexpected)
+        openai_api.add_queries(app, _service, tenant_of)
+
+    def shaped(native: Callable[[Any], Response[Any]], openai: Callable[[Any], Response[Any]]) -> Any:
+        def answer(exc: Any) -> Response[Any]:
+            return openai(exc) if openai_api.is_openai_path(app.current_event.path) else native(exc)
+
+        return answer
+
+    app.exception_handler(ApiError)(shaped(_on_api_error, openai_api.from_api_error))
+    app.exception_handler(RequestValidationError)(
+        shaped(_on_validation_error, openai_api.from_validation_error)
+    )
+    app.exception_handler(BackendError)(
+        shaped(_on_backend_error, lambda exc: openai_api.from_api_error(_backend_unavailable(exc)))
+    )
+    app.not_found(shaped(_on_not_found, lambda _: openai_api.error(404, "No such route.", code="not_found")))
+    app.exception_handler(Exception)(
+        shaped(
+            _on_unexpected,
+            lambda exc: _unexpected(exc, openai_api.error(500, "Something went wrong on our side.")),
+        )
+    )
     if docs:
         description = "Long LLM calls, asynchronously: submit, then poll or receive a signed webhook."
         app.enable_swagger(
@@ -461,7 +490,12 @@ def handle(
             tenant = _caller(event, service)
         except Unauthorized as refused:
             # Before any route runs, so an unauthenticated caller learns nothing about its body.
-            return _lambda_reply(_on_api_error(refused))
+            path = event.get("rawPath") or ""
+            return _lambda_reply(
+                openai_api.from_api_error(refused)
+                if openai_api.is_openai_path(path)
+                else _on_api_error(refused)
+            )
     app.append_context(service=service, batches=batches, tenant=tenant)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
 

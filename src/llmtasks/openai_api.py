@@ -1,0 +1,266 @@
+"""The OpenAI-shaped surface: background responses (`/v1/responses`) served by llmtasks' tasks,
+so that code written with the official `openai` SDK runs unchanged against llmtasks.
+
+A response is a task seen through OpenAI's Response object: `resp_<task id>`. Its states map
+pending -> queued, processing -> in_progress, completed, failed and cancelled as they are. The
+request fields that map onto a task are served (model, input as text or messages, instructions,
+max_output_tokens, temperature, metadata); any other is refused with OpenAI's error shape
+naming it. Errors on /v1 routes are OpenAI's `{"error": {message, type, param, code}}`, so the
+SDK raises its own exception types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Header
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmtasks.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
+from llmtasks.models import ChatMessage, SubmitTaskRequest, Task, TaskStatus
+
+PREFIX = "/v1/"
+RESPONSE_ID_PREFIX = "resp_"
+_STATUSES = {
+    TaskStatus.PENDING: "queued",
+    TaskStatus.PROCESSING: "in_progress",
+    TaskStatus.COMPLETED: "completed",
+    TaskStatus.FAILED: "failed",
+    TaskStatus.CANCELLED: "cancelled",
+}
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+class _Closed(BaseModel):
+    # Every field OpenAI has that a task cannot serve is refused, by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputText(_Closed):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # on an earlier response's output_text: ignored
+
+
+class InputMessage(_Closed):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText] = Field(min_length=1)
+    id: str | None = None  # an earlier response's output message, sent back as history
+    status: str | None = None
+
+    def chat(self) -> ChatMessage:
+        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return ChatMessage(role=_ROLES[self.role], content=text)
+
+
+class CreateResponse(_Closed):
+    """`POST /v1/responses`: the fields of OpenAI's request that map onto a task."""
+
+    model: str | None = Field(default=None, max_length=200)
+    input: str | list[InputMessage] = Field(min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    background: bool | None = None
+    store: bool | None = None
+
+    def task_request(self) -> SubmitTaskRequest:
+        if not self.background:
+            raise InvalidInput(
+                "llmtasks serves background responses only: send background=true and poll"
+                " responses.retrieve, or call the native API (POST /tasks with ?wait= on GET /tasks/{id})",
+                field="background",
+            )
+        if self.store is False:
+            raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
+        asked: dict[str, Any] = (
+            {"prompt": self.input}
+            if isinstance(self.input, str)
+            else {"messages": [message.chat() for message in self.input]}
+        )
+        return SubmitTaskRequest(
+            **asked,
+            model=self.model,
+            system=self.instructions,
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            metadata=self.metadata,
+        )
+
+
+# --- the Response object --------------------------------------------------------------------------
+
+
+def response_id(task_id: str) -> str:
+    return RESPONSE_ID_PREFIX + task_id
+
+
+def task_id_of(response_id: str) -> str:
+    return response_id.removeprefix(RESPONSE_ID_PREFIX)
+
+
+def response_object(task: Task) -> dict[str, Any]:
+    """A task as OpenAI's Response object (background mode)."""
+    request = task.request
+    completed = task.status is TaskStatus.COMPLETED
+    output = (
+        [
+            {
+                "type": "message",
+                "id": f"msg_{task.task_id}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": task.result or "", "annotations": []}],
+            }
+        ]
+        if completed
+        else []
+    )
+    error = None
+    if task.status is TaskStatus.FAILED:
+        code = "rate_limit_exceeded" if task.error_code == RATE_LIMITED else "server_error"
+        error = {"code": code, "message": task.error or "The task failed."}
+    usage = None
+    if task.usage is not None:
+        usage = {
+            "input_tokens": task.usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": task.usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": task.usage.total_tokens,
+        }
+    return {
+        "id": response_id(task.task_id),
+        "object": "response",
+        "created_at": int(task.created_at),
+        "completed_at": int(task.completed_at) if completed and task.completed_at else None,
+        "status": _STATUSES[task.status],
+        "background": True,
+        "error": error,
+        "incomplete_details": None,
+        "instructions": request.system,
+        "max_output_tokens": request.max_tokens,
+        "metadata": task.metadata if isinstance(task.metadata, dict) else {},
+        "model": task.model or request.model or "",
+        "output": output,
+        "parallel_tool_calls": False,
+        "temperature": request.temperature,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
+
+
+def _reply(body: dict[str, Any], status: int = 200) -> Response[Any]:
+    return Response(status_code=status, content_type="application/json", body=body)
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+_IDEMPOTENCY_KEY = Header(alias="idempotency-key", min_length=1, max_length=255)
+
+
+@contextlib.contextmanager
+def _as_response(response_id: str) -> Iterator[None]:
+    """A task not found is a response not found, said with the id the caller gave."""
+    try:
+        yield
+    except TaskNotFound:
+        raise ResponseNotFound(f"No response found with id '{response_id[:80]}'.") from None
+
+
+class ResponseNotFound(ApiError):
+    status, title, slug = 404, "Response not found", "not-found"
+
+
+def add_commands(app: APIGatewayHttpResolver, service_of: Any, tenant_of: Any) -> None:
+    """The /v1 routes that change state (SubmitFunction)."""
+
+    @app.post("/v1/responses", summary="OpenAI: create a background response", tags=["OpenAI"])
+    def create_response(
+        body: CreateResponse, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
+    ) -> Response[Any]:
+        submission = service_of(app).submit(
+            tenant_of(app), body.task_request(), idempotency_key=idempotency_key
+        )
+        return _reply(response_object(submission.task))
+
+    @app.post(
+        "/v1/responses/<response_id>/cancel", summary="OpenAI: cancel a background response", tags=["OpenAI"]
+    )
+    def cancel_response(response_id: str) -> Response[Any]:
+        service, tenant = service_of(app), tenant_of(app)
+        with _as_response(response_id):
+            try:
+                task = service.cancel(tenant, task_id_of(response_id))
+            except ApiError as refused:
+                if refused.status != 409:
+                    raise
+                task = service.get(tenant, task_id_of(response_id))  # ended already: as it ended
+        return _reply(response_object(task))
+
+
+def add_queries(app: APIGatewayHttpResolver, service_of: Any, tenant_of: Any) -> None:
+    """The /v1 routes that only read (StatusFunction)."""
+
+    @app.get("/v1/responses/<response_id>", summary="OpenAI: retrieve a response", tags=["OpenAI"])
+    def retrieve_response(response_id: str) -> Response[Any]:
+        with _as_response(response_id):
+            task = service_of(app).get(tenant_of(app), task_id_of(response_id))
+        return _reply(response_object(task))
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def error(status: int, message: str, *, param: str | None = None, code: str | None = None) -> Response[Any]:
+    """OpenAI's error object; the SDK raises by status (BadRequestError, NotFoundError, ...)."""
+    kind = {401: "invalid_request_error", 429: "rate_limit_error"}.get(
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    reply = Response(status_code=status, content_type="application/json", body=body)
+    if status == 503:
+        reply.headers["Retry-After"] = "1"
+    return reply
+
+
+def from_api_error(exc: ApiError) -> Response[Any]:
+    field = getattr(exc, "field", None)
+    if isinstance(exc, Unauthorized):
+        return error(401, exc.detail, code="invalid_api_key")
+    # A field OpenAI would call invalid is a 400 there, whatever status the native API gives.
+    status = 400 if exc.status == 422 else exc.status
+    return error(status, exc.detail, param=field, code=exc.slug.replace("-", "_"))
+
+
+def from_validation_error(exc: RequestValidationError) -> Response[Any]:
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return error(400, "The request body is not valid JSON.", code="invalid_json")
+    param = ".".join(
+        str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")
+    )
+    if first.get("type") == "extra_forbidden":
+        return error(
+            400,
+            f"Unsupported parameter: '{param}' is not served by llmtasks.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    return error(
+        400, f"Invalid '{param}': {first.get('msg', 'invalid')}.", param=param or None, code="invalid_value"
+    )
