@@ -415,10 +415,10 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
     app = APIGatewayHttpResolver(enable_validation=True)
     if commands or docs:
         add_commands(app)
-        openai_api.add_commands(app, _service, tenant_of)
+        openai_api.add_commands(app, _service, _batches, tenant_of)
     if queries or docs:
         add_queries(app)
-        openai_api.add_queries(app, _service, tenant_of)
+        openai_api.add_queries(app, _service, _batches, tenant_of)
 
     def shaped(native: Callable[[Any], Response[Any]], openai: Callable[[Any], Response[Any]]) -> Any:
         def answer(exc: Any) -> Response[Any]:
@@ -479,8 +479,14 @@ def handle(
             event = {**event, "body": base64.b64decode(event["body"]).decode(), "isBase64Encoded": False}
         except (ValueError, UnicodeDecodeError):
             return _lambda_reply(_malformed_json())
-    if event.get("body") and "json" not in headers.get("content-type", ""):
-        # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type.
+    content_type = headers.get("content-type", "")
+    if (
+        event.get("body")
+        and "json" not in content_type
+        and not content_type.startswith("multipart/form-data")
+    ):
+        # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type
+        # (an upload's multipart body is the one that is not).
         event = {**event, "headers": {**headers, "content-type": "application/json"}}
     if service.idempotency is not None:
         service.idempotency.register_lambda_context(context)

@@ -120,6 +120,11 @@ class BatchService:
         self._results = results
         self._idempotency = idempotency
 
+    @property
+    def blobs(self) -> ResultBlobs:
+        """The results bucket's adapter (the OpenAI surface keeps its files there)."""
+        return self._results
+
     def submit(
         self,
         tenant_id: str,

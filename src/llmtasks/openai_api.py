@@ -186,8 +186,39 @@ class ResponseNotFound(ApiError):
     status, title, slug = 404, "Response not found", "not-found"
 
 
-def add_commands(app: APIGatewayHttpResolver, service_of: Any, tenant_of: Any) -> None:
+def _openai_batches(app: APIGatewayHttpResolver, batches_of: Any) -> Any:
+    from llmtasks.openai_batches import OpenAIBatches  # the batch routes' alone
+
+    batches = batches_of(app)
+    return OpenAIBatches(batches, batches.blobs)
+
+
+def _body_bytes(app: APIGatewayHttpResolver) -> bytes:
+    body = app.current_event.body or ""
+    return body.encode() if isinstance(body, str) else bytes(body)
+
+
+def add_commands(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any) -> None:
     """The /v1 routes that change state (SubmitFunction)."""
+
+    @app.post(
+        "/v1/files", summary="OpenAI: upload a batch's input file (multipart/form-data)", tags=["OpenAI"]
+    )
+    def upload_file() -> Response[Any]:
+        content_type = app.current_event.headers.get("content-type", "")
+        return _reply(_openai_batches(app, batches_of).upload(tenant_of(app), content_type, _body_bytes(app)))
+
+    @app.post("/v1/batches", summary="OpenAI: create a batch from an uploaded file", tags=["OpenAI"])
+    def create_batch(idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None) -> Response[Any]:
+        body = app.current_event.json_body
+        if not isinstance(body, dict):
+            raise InvalidInput("the body must be a JSON object")
+        batches = _openai_batches(app, batches_of)
+        return _reply(batches.create(tenant_of(app), body, idempotency_key=idempotency_key))
+
+    @app.post("/v1/batches/<batch_id>/cancel", summary="OpenAI: cancel a batch", tags=["OpenAI"])
+    def cancel_batch(batch_id: str) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).cancel(tenant_of(app), batch_id))
 
     @app.post("/v1/responses", summary="OpenAI: create a background response", tags=["OpenAI"])
     def create_response(
@@ -213,8 +244,22 @@ def add_commands(app: APIGatewayHttpResolver, service_of: Any, tenant_of: Any) -
         return _reply(response_object(task))
 
 
-def add_queries(app: APIGatewayHttpResolver, service_of: Any, tenant_of: Any) -> None:
-    """The /v1 routes that only read (StatusFunction)."""
+def add_queries(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any) -> None:
+    """The /v1 routes that only read (StatusFunction); a batch read may write its ended batch's
+    output and error files."""
+
+    @app.get("/v1/files/<file_id>", summary="OpenAI: a file's object", tags=["OpenAI"])
+    def retrieve_file(file_id: str) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).file(tenant_of(app), file_id))
+
+    @app.get("/v1/files/<file_id>/content", summary="OpenAI: a file's content", tags=["OpenAI"])
+    def file_content(file_id: str) -> Response[Any]:
+        data = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
+        return Response(status_code=200, content_type="application/octet-stream", body=data.decode())
+
+    @app.get("/v1/batches/<batch_id>", summary="OpenAI: a batch's status, counts and files", tags=["OpenAI"])
+    def retrieve_batch(batch_id: str) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).retrieve(tenant_of(app), batch_id))
 
     @app.get("/v1/responses/<response_id>", summary="OpenAI: retrieve a response", tags=["OpenAI"])
     def retrieve_response(response_id: str) -> Response[Any]:

@@ -1,11 +1,13 @@
 """ResultsBucket: results too large to sit in the task's DynamoDB item (400 KB per item, and the
 prompt may take half of that) are stored in S3; readers get the text either way. A batch's items
-wait here too (its manifest, one JSON line an item) until they are fanned out into tasks."""
+wait here too (its manifest, one JSON line an item) until they are fanned out into tasks, and so
+do the OpenAI surface's files (a batch's input, output and error files), under their tenant."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import boto3
@@ -25,6 +27,15 @@ def _s3(action: str) -> Iterator[None]:
         yield
     except (BotoCoreError, ClientError) as exc:
         raise BackendError(f"S3 {action} failed: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    file_id: str
+    filename: str
+    purpose: str
+    size: int
+    created_at: float
 
 
 class ResultBlobs:
@@ -74,3 +85,40 @@ class ResultBlobs:
         with _s3("get"):
             body = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
             return body["Body"].read().splitlines()
+
+    def _file_key(self, tenant_id: str, file_id: str) -> str:
+        return f"files/{tenant_id}/{file_id}"
+
+    def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
+        with _s3("put"):
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._file_key(tenant_id, file_id),
+                Body=data,
+                ContentType="application/jsonl",
+                Metadata={"filename": filename, "purpose": purpose},
+            )
+
+    def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
+        """The tenant's file, or None (another tenant's files are none of its own)."""
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise BackendError(f"S3 head failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"S3 head failed: {exc}") from exc
+        return StoredFile(
+            file_id=file_id,
+            filename=head["Metadata"].get("filename", file_id),
+            purpose=head["Metadata"].get("purpose", "batch"),
+            size=head["ContentLength"],
+            created_at=head["LastModified"].timestamp(),
+        )
+
+    def file_content(self, tenant_id: str, file_id: str) -> bytes:
+        with _s3("get"):
+            return self._client.get_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))[
+                "Body"
+            ].read()

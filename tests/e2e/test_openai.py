@@ -3,11 +3,13 @@ retrieved to completion and cancelled, and every refusal raised as the SDK's own
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
 import pytest
 from openai import OpenAI
+from openai.types import Batch
 from openai.types.responses import Response
 
 from llmtasks.llm.mock import reply_text
@@ -139,3 +141,158 @@ def test_a_bad_key_is_the_sdks_authentication_error(fresh_mock: RunningStack) ->
 
     assert refused.value.status_code == 401
     assert refused.value.code == "invalid_api_key"
+
+
+# --- the Batch API ---------------------------------------------------------------------------------
+
+
+def jsonl(lines: list[object]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def chat_line(custom_id: str, question: str) -> dict[str, object]:
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": question}], "max_tokens": 100}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def batch_ended(client: OpenAI, batch: Batch) -> Batch:
+    return eventually(
+        lambda: client.batches.retrieve(batch.id),
+        lambda seen: seen.status in ("completed", "failed", "cancelled", "expired"),
+        timeout_s=240,
+        every_s=1,
+        what=f"{batch.id} ended",
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_of_200_requests_runs_to_completed_with_every_custom_id_once_in_its_output(
+    client: OpenAI,
+) -> None:
+    lines = [chat_line(f"request-{i}", f"question {i}") for i in range(200)]
+    uploaded = client.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    assert (uploaded.purpose, uploaded.bytes) == ("batch", len(jsonl(lines)))
+
+    created = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"run": "7"},
+    )
+    assert created.status == "in_progress"
+    done = batch_ended(client, created)
+
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        200,
+        200,
+        0,
+    )
+    assert done.metadata == {"run": "7"}
+    assert done.output_file_id is not None
+    assert done.error_file_id is None
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in output) == sorted(f"request-{i}" for i in range(200))
+    by_id = {line["custom_id"]: line for line in output}
+    answer = by_id["request-42"]["response"]
+    assert answer["status_code"] == 200
+    assert answer["body"]["object"] == "chat.completion"
+    assert answer["body"]["choices"][0]["message"]["content"] == reply_text("question 42")
+    # A later read finds the same files.
+    assert client.batches.retrieve(created.id).output_file_id == done.output_file_id
+
+
+def test_lines_that_cannot_be_served_go_to_the_error_file_and_the_rest_runs(client: OpenAI) -> None:
+    lines: list[object] = [chat_line("good-1", "one"), chat_line("good-2", "two")]
+    lines.append(
+        {
+            **chat_line("uses-tools", "three"),
+            "body": {"messages": [{"role": "user", "content": "x"}], "tools": []},
+        }
+    )
+    lines.append({**chat_line("wrong-url", "four"), "url": "/v1/embeddings"})
+    data = jsonl(lines) + b"not json at all\n"
+    uploaded = client.files.create(file=("mixed.jsonl", data), purpose="batch")
+
+    done = batch_ended(
+        client,
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    )
+
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 2, 3)
+    assert done.output_file_id is not None
+    assert done.error_file_id is not None
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in output) == ["good-1", "good-2"]
+    errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in errors] == ["uses-tools", "wrong-url", None]
+    assert "tools" in errors[0]["error"]["message"]
+    assert "line 5" in errors[2]["error"]["message"]
+
+
+def test_a_responses_batch_answers_with_response_objects(client: OpenAI) -> None:
+    line = {
+        "custom_id": "r-1",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": "gpt-test", "input": "hi"},
+    }
+    uploaded = client.files.create(file=("r.jsonl", jsonl([line])), purpose="batch")
+
+    done = batch_ended(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h"),
+    )
+
+    assert done.output_file_id is not None
+    [output] = [json.loads(text) for text in client.files.content(done.output_file_id).text.splitlines()]
+    body = output["response"]["body"]
+    assert body["object"] == "response"
+    assert body["output"][0]["content"][0]["text"] == reply_text("hi")
+
+
+def test_a_cancelled_batch_ends_cancelled_with_its_unrun_requests_in_the_error_file(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    fresh_mock.configure_mock(latency_s=30)
+    uploaded = client.files.create(
+        file=("slow.jsonl", jsonl([chat_line(f"slow-{i}", "x") for i in range(20)])), purpose="batch"
+    )
+    created = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    client.batches.cancel(created.id)
+    done = batch_ended(client, created)
+
+    assert done.status == "cancelled"
+    assert done.error_file_id is not None
+    errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    assert len(errors) == 20 - (done.request_counts.completed if done.request_counts else 0)
+
+
+def test_batch_api_refusals_are_the_sdks_exceptions(client: OpenAI, fresh_mock: RunningStack) -> None:
+    with pytest.raises(openai.BadRequestError) as no_file:
+        client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert no_file.value.param == "input_file_id"
+    uploaded = client.files.create(file=("one.jsonl", jsonl([chat_line("a", "b")])), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as endpoint:
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
+    assert endpoint.value.param == "endpoint"
+    with pytest.raises(openai.BadRequestError) as purpose:
+        client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
+    assert purpose.value.param == "purpose"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_0123456789abcdef0123456789abcdef")
+    other_key = fresh_mock.cli("keys", "create", "--tenant", "file-snoop").strip()
+    other = OpenAI(base_url=fresh_mock.api + "/v1", api_key=other_key, max_retries=0)
+    with other, pytest.raises(openai.NotFoundError):
+        other.files.content(uploaded.id)
