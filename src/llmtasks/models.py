@@ -58,6 +58,9 @@ EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
 
 
 Priority = Literal["normal", "high"]
+# How a task's webhook speaks: llmtasks' own event (type task.*, the status object in `data`), or
+# OpenAI's (type response.*, `data.id` the response id), for tasks made through /v1/responses.
+WebhookFormat = Literal["llmtasks", "openai"]
 
 
 def _at(epoch: float) -> datetime:
@@ -177,11 +180,18 @@ class SubmitTaskRequest(TaskOptions):
         min_length=1,
         description="The events to send to webhook_url (default: every terminal event).",
     )
+    webhook_format: WebhookFormat | None = Field(
+        default=None,
+        description="'openai': OpenAI's webhook events (response.completed, ... with data.id the"
+        " response id) instead of llmtasks' own (the default).",
+    )
 
     @model_validator(mode="after")
     def _events_need_a_url(self) -> SubmitTaskRequest:
         if self.webhook_events is not None and self.webhook_url is None:
             raise ValueError("'webhook_events' needs a 'webhook_url'")
+        if self.webhook_format is not None and self.webhook_url is None:
+            raise ValueError("'webhook_format' needs a 'webhook_url'")
         return self
 
 
@@ -215,6 +225,7 @@ class Task(BaseModel):
     request: LLMRequest
     webhook_url: str | None = None
     webhook_events: list[EventType] | None = None  # None: all of them
+    webhook_format: WebhookFormat | None = None  # None: llmtasks' own
     max_retries: int = 3
     timeout_s: float | None = None
     priority: Priority = "normal"

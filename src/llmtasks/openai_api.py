@@ -12,6 +12,7 @@ SDK raises its own exception types.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -76,6 +77,8 @@ class CreateResponse(_Closed):
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     background: bool | None = None
     store: bool | None = None
+    # llmtasks' extension (the SDK's extra_body): where OpenAI's webhook events for this response go.
+    webhook_url: str | None = Field(default=None, max_length=2048)
 
     def task_request(self) -> SubmitTaskRequest:
         if not self.background:
@@ -98,6 +101,8 @@ class CreateResponse(_Closed):
             max_tokens=self.max_output_tokens,
             temperature=self.temperature,
             metadata=self.metadata,
+            webhook_url=self.webhook_url,
+            webhook_format="openai" if self.webhook_url else None,
         )
 
 
@@ -161,6 +166,18 @@ def response_object(task: Task) -> dict[str, Any]:
         "tool_choice": "auto",
         "tools": [],
         "usage": usage,
+    }
+
+
+def webhook_event(webhook_id: str, event_type: str, task_id: str) -> dict[str, Any]:
+    """OpenAI's webhook event for a response that ended (response.completed, .failed, .cancelled),
+    signed like llmtasks' own (Standard Webhooks), as OpenAI signs its."""
+    return {
+        "object": "event",
+        "id": "evt_" + webhook_id.removeprefix("msg_"),
+        "type": "response." + event_type.rsplit(".", 1)[1],
+        "created_at": int(time.time()),
+        "data": {"id": response_id(task_id)},
     }
 
 

@@ -115,6 +115,7 @@ class TaskService:
             request=body.llm_request(),
             webhook_url=body.webhook_url,
             webhook_events=sorted(set(body.webhook_events)) if body.webhook_events else None,
+            webhook_format=body.webhook_format,
             webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
             max_retries=body.max_retries,
             timeout_s=body.timeout_s,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import os
 import random
 import socket
@@ -205,15 +206,12 @@ class WebhookSender:
             "webhook-signature": " ".join(signatures),
         }
 
-    async def send(
-        self, url: str, *, message_id: str, event: WebhookEvent, secrets: list[str]
-    ) -> DeliveryResult:
+    async def send(self, url: str, *, message_id: str, body: str, secrets: list[str]) -> DeliveryResult:
         try:
             # Again at send time: DNS may have changed since the task was submitted.
             check_webhook_url(url, allowed_hosts=self._allowed_hosts, resolve=self._resolve)
         except UnsafeWebhookUrl as exc:
             return DeliveryResult(delivered=False, gone=True, error=exc.detail)
-        body = event.model_dump_json()
         headers = {
             "content-type": "application/json",
             "user-agent": "llmtasks-webhooks/1",
@@ -335,6 +333,7 @@ class WebhookDelivery:
             data=TaskView.of(self._results.hydrate(task)),
             record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
             log=task_keys(task),
+            openai=task.webhook_format == "openai",
         )
 
     async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
@@ -349,11 +348,10 @@ class WebhookDelivery:
             )
             return
         secrets = self._store.webhook_secrets(subject.tenant_id, new_secret=new_webhook_secret())
-        event = WebhookEvent(type=message.event_type, timestamp=datetime.now(tz=UTC), data=subject.data)
         result = await self._sender.send(
             subject.url,
             message_id=message.webhook_id,
-            event=event,
+            body=subject.body(message),
             secrets=secrets.signing(self._clock()),
         )
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
@@ -386,6 +384,16 @@ class _Subject:
     data: TaskView | BatchView
     record: Callable[[WebhookStatus], object]  # counts one attempt and its outcome on the item
     log: dict[str, Any]  # the keys of its log lines
+    openai: bool = False  # OpenAI's event shape (a task made through /v1/responses)
+
+    def body(self, message: WebhookMessage) -> str:
+        if self.openai and isinstance(self.data, TaskView):
+            from llmtasks.openai_api import webhook_event  # OpenAI-shaped deliveries' alone
+
+            return json.dumps(webhook_event(message.webhook_id, message.event_type, self.data.task_id))
+        return WebhookEvent(
+            type=message.event_type, timestamp=datetime.now(tz=UTC), data=self.data
+        ).model_dump_json()
 
 
 def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:

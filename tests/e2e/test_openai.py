@@ -1,5 +1,6 @@
 """The official `openai` SDK, unchanged, against the local stack: background responses created,
-retrieved to completion and cancelled, and every refusal raised as the SDK's own exception."""
+retrieved to completion and cancelled, their webhooks verified by the SDK, the Batch API from
+upload to output file, and every refusal raised as the SDK's own exception."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 from openai.types.responses import Response
+from openai.types.webhooks import ResponseCompletedWebhookEvent
 
 from llmtasks.llm.mock import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import eventually
+from tests.helpers import WebhookReceiver, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -296,3 +298,23 @@ def test_batch_api_refusals_are_the_sdks_exceptions(client: OpenAI, fresh_mock: 
     other = OpenAI(base_url=fresh_mock.api + "/v1", api_key=other_key, max_retries=0)
     with other, pytest.raises(openai.NotFoundError):
         other.files.content(uploaded.id)
+
+
+def test_a_response_with_a_webhook_url_gets_openais_event_which_the_sdk_verifies(
+    client: OpenAI, fresh_mock: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    with fresh_mock.client() as native:
+        secret = native.get("/webhooks/secret").json()["key"]
+
+    created = client.responses.create(
+        model="gpt-test", input="notify me", background=True, extra_body={"webhook_url": url}
+    )
+    [delivery] = hook.wait_for(1)
+
+    event = client.webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+    assert isinstance(event, ResponseCompletedWebhookEvent)
+    assert event.type == "response.completed"
+    assert event.data.id == created.id
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        client.webhooks.unwrap(delivery.body, delivery.headers, secret="whsec_" + "A" * 32)

@@ -266,7 +266,10 @@ def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> 
     event = WebhookEvent(type="task.completed", timestamp=view.created_at, data=view)
     result = asyncio.run(
         sender.send(
-            "https://rebound.example/h", message_id="msg_1", event=event, secrets=["whsec_" + "A" * 32]
+            "https://rebound.example/h",
+            message_id="msg_1",
+            body=event.model_dump_json(),
+            secrets=["whsec_" + "A" * 32],
         )
     )
     assert (result.delivered, result.gone) == (False, True)
