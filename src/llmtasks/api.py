@@ -56,6 +56,7 @@ MAX_WAIT_S = 25
 MAX_LIST_LIMIT = 100
 MAX_RESULTS_LIMIT = 1000
 JSONL = "application/jsonl"
+UPLOAD_PATH = "/v1/files"  # the one route whose body is not JSON (multipart/form-data)
 # Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
 PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
 
@@ -415,10 +416,10 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
     app = APIGatewayHttpResolver(enable_validation=True)
     if commands or docs:
         add_commands(app)
-        openai_api.add_commands(app, _service, _batches, tenant_of)
+        openai_api.add_commands(app, _service, _batches, tenant_of, SECURITY)
     if queries or docs:
         add_queries(app)
-        openai_api.add_queries(app, _service, _batches, tenant_of)
+        openai_api.add_queries(app, _service, _batches, tenant_of, SECURITY)
 
     def shaped(native: Callable[[Any], Response[Any]], openai: Callable[[Any], Response[Any]]) -> Any:
         def answer(exc: Any) -> Response[Any]:
@@ -473,17 +474,21 @@ def handle(
     """One HTTP invocation: the routes read `service` and `batches` (a provider, called by the
     batch routes alone) from the resolver's context."""
     headers = event.get("headers") or {}
+    openai_shaped = openai_api.is_openai_path(event.get("rawPath") or "")
     if event.get("body") and event.get("isBase64Encoded"):
         # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
         try:
             event = {**event, "body": base64.b64decode(event["body"]).decode(), "isBase64Encoded": False}
         except (ValueError, UnicodeDecodeError):
-            return _lambda_reply(_malformed_json())
-    content_type = headers.get("content-type", "")
+            return _lambda_reply(
+                openai_api.error(400, "The request body is not valid UTF-8.", code="invalid_json")
+                if openai_shaped
+                else _malformed_json()
+            )
     if (
         event.get("body")
-        and "json" not in content_type
-        and not content_type.startswith("multipart/form-data")
+        and "json" not in headers.get("content-type", "")
+        and event.get("rawPath") != UPLOAD_PATH
     ):
         # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type
         # (an upload's multipart body is the one that is not).
@@ -496,11 +501,8 @@ def handle(
             tenant = _caller(event, service)
         except Unauthorized as refused:
             # Before any route runs, so an unauthenticated caller learns nothing about its body.
-            path = event.get("rawPath") or ""
             return _lambda_reply(
-                openai_api.from_api_error(refused)
-                if openai_api.is_openai_path(path)
-                else _on_api_error(refused)
+                openai_api.from_api_error(refused) if openai_shaped else _on_api_error(refused)
             )
     app.append_context(service=service, batches=batches, tenant=tenant)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Header
-from pydantic import BaseModel, ConfigDict, Field
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmtasks.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
 from llmtasks.models import ChatMessage, SubmitTaskRequest, Task, TaskStatus
@@ -89,21 +90,40 @@ class CreateResponse(_Closed):
             )
         if self.store is False:
             raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
-        asked: dict[str, Any] = (
-            {"prompt": self.input}
-            if isinstance(self.input, str)
-            else {"messages": [message.chat() for message in self.input]}
-        )
-        return SubmitTaskRequest(
-            **asked,
-            model=self.model,
-            system=self.instructions,
-            max_tokens=self.max_output_tokens,
-            temperature=self.temperature,
-            metadata=self.metadata,
-            webhook_url=self.webhook_url,
-            webhook_format="openai" if self.webhook_url else None,
-        )
+        try:
+            asked: dict[str, Any] = (
+                {"prompt": self.input}
+                if isinstance(self.input, str)
+                else {"messages": [message.chat() for message in self.input]}
+            )
+            return SubmitTaskRequest(
+                **asked,
+                model=self.model,
+                system=self.instructions,
+                max_tokens=self.max_output_tokens,
+                temperature=self.temperature,
+                metadata=self.metadata,
+                webhook_url=self.webhook_url,
+                webhook_format="openai" if self.webhook_url else None,
+            )
+        except ValidationError as invalid:
+            # A value OpenAI's schema allows that a task's does not (an empty model, a lone
+            # surrogate): refused under OpenAI's name for the field.
+            first = invalid.errors()[0]
+            where = [str(part) for part in first.get("loc", ())]
+            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]]) if where else "input"
+            raise InvalidInput(f"Invalid '{field}': {first.get('msg', 'invalid')}.", field=field) from None
+
+
+# A task's field names, as OpenAI's request calls them.
+_OPENAI_NAMES = {
+    "prompt": "input",
+    "messages": "input",
+    "system": "instructions",
+    "max_tokens": "max_output_tokens",
+    "role": "input",
+    "content": "input",
+}
 
 
 # --- the Response object --------------------------------------------------------------------------
@@ -187,6 +207,39 @@ def _reply(body: dict[str, Any], status: int = 200) -> Response[Any]:
 
 # --- routes -------------------------------------------------------------------------------------
 
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error object, which the SDK turns into its exception types."""
+
+    error: OpenAIErrorDetail
+
+
+_OBJECT: OpenAPIResponse = {
+    "description": "The OpenAI object (Response, File or Batch)",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+DOCUMENTED: dict[int, OpenAPIResponse] = {
+    200: _OBJECT,
+    **{
+        status: {"description": description, "content": {"application/json": {"model": OpenAIError}}}
+        for status, description in (
+            (400, "An invalid or unsupported field (param names it), or a body that is not JSON"),
+            (401, "No API key, or an unknown or revoked one"),
+            (404, "Unknown, expired or another tenant's object"),
+            (409, "A request with this Idempotency-Key is still being processed"),
+            (413, "A prompt over the size limit"),
+            (503, "A storage or queue call failed; retry"),
+        )
+    },
+}
+
 _IDEMPOTENCY_KEY = Header(alias="idempotency-key", min_length=1, max_length=255)
 
 
@@ -215,17 +268,29 @@ def _body_bytes(app: APIGatewayHttpResolver) -> bytes:
     return body.encode() if isinstance(body, str) else bytes(body)
 
 
-def add_commands(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any) -> None:
+def add_commands(
+    app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any, security: Any
+) -> None:
     """The /v1 routes that change state (SubmitFunction)."""
 
     @app.post(
-        "/v1/files", summary="OpenAI: upload a batch's input file (multipart/form-data)", tags=["OpenAI"]
+        "/v1/files",
+        summary="OpenAI: upload a batch's input file (multipart/form-data)",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
     )
     def upload_file() -> Response[Any]:
         content_type = app.current_event.headers.get("content-type", "")
         return _reply(_openai_batches(app, batches_of).upload(tenant_of(app), content_type, _body_bytes(app)))
 
-    @app.post("/v1/batches", summary="OpenAI: create a batch from an uploaded file", tags=["OpenAI"])
+    @app.post(
+        "/v1/batches",
+        summary="OpenAI: create a batch from an uploaded file",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def create_batch(idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None) -> Response[Any]:
         body = app.current_event.json_body
         if not isinstance(body, dict):
@@ -233,11 +298,23 @@ def add_commands(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, 
         batches = _openai_batches(app, batches_of)
         return _reply(batches.create(tenant_of(app), body, idempotency_key=idempotency_key))
 
-    @app.post("/v1/batches/<batch_id>/cancel", summary="OpenAI: cancel a batch", tags=["OpenAI"])
+    @app.post(
+        "/v1/batches/<batch_id>/cancel",
+        summary="OpenAI: cancel a batch",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def cancel_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).cancel(tenant_of(app), batch_id))
 
-    @app.post("/v1/responses", summary="OpenAI: create a background response", tags=["OpenAI"])
+    @app.post(
+        "/v1/responses",
+        summary="OpenAI: create a background response",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def create_response(
         body: CreateResponse, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[Any]:
@@ -247,7 +324,11 @@ def add_commands(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, 
         return _reply(response_object(submission.task))
 
     @app.post(
-        "/v1/responses/<response_id>/cancel", summary="OpenAI: cancel a background response", tags=["OpenAI"]
+        "/v1/responses/<response_id>/cancel",
+        summary="OpenAI: cancel a background response",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
     )
     def cancel_response(response_id: str) -> Response[Any]:
         service, tenant = service_of(app), tenant_of(app)
@@ -261,24 +342,50 @@ def add_commands(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, 
         return _reply(response_object(task))
 
 
-def add_queries(app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any) -> None:
+def add_queries(
+    app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any, security: Any
+) -> None:
     """The /v1 routes that only read (StatusFunction); a batch read may write its ended batch's
     output and error files."""
 
-    @app.get("/v1/files/<file_id>", summary="OpenAI: a file's object", tags=["OpenAI"])
+    @app.get(
+        "/v1/files/<file_id>",
+        summary="OpenAI: a file's object",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def retrieve_file(file_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).file(tenant_of(app), file_id))
 
-    @app.get("/v1/files/<file_id>/content", summary="OpenAI: a file's content", tags=["OpenAI"])
+    @app.get(
+        "/v1/files/<file_id>/content",
+        summary="OpenAI: a file's content",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def file_content(file_id: str) -> Response[Any]:
         data = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
         return Response(status_code=200, content_type="application/octet-stream", body=data.decode())
 
-    @app.get("/v1/batches/<batch_id>", summary="OpenAI: a batch's status, counts and files", tags=["OpenAI"])
+    @app.get(
+        "/v1/batches/<batch_id>",
+        summary="OpenAI: a batch's status, counts and files",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def retrieve_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).retrieve(tenant_of(app), batch_id))
 
-    @app.get("/v1/responses/<response_id>", summary="OpenAI: retrieve a response", tags=["OpenAI"])
+    @app.get(
+        "/v1/responses/<response_id>",
+        summary="OpenAI: retrieve a response",
+        tags=["OpenAI"],
+        responses=DOCUMENTED,
+        security=security,
+    )
     def retrieve_response(response_id: str) -> Response[Any]:
         with _as_response(response_id):
             task = service_of(app).get(tenant_of(app), task_id_of(response_id))
