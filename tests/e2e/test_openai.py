@@ -318,3 +318,15 @@ def test_a_response_with_a_webhook_url_gets_openais_event_which_the_sdk_verifies
     assert event.data.id == created.id
     with pytest.raises(openai.InvalidWebhookSignatureError):
         client.webhooks.unwrap(delivery.body, delivery.headers, secret="whsec_" + "A" * 32)
+
+
+def test_the_same_idempotency_key_gives_the_same_response_not_a_second_call(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    key = {"Idempotency-Key": "report-2026-11-30"}
+    first = client.responses.create(model="gpt-test", input="once", background=True, extra_headers=key)
+    again = client.responses.create(model="gpt-test", input="once", background=True, extra_headers=key)
+
+    assert again.id == first.id
+    ended(client, first)
+    assert fresh_mock.mock_stats()["calls"] == 1
