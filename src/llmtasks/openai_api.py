@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
@@ -268,29 +268,36 @@ def _body_bytes(app: APIGatewayHttpResolver) -> bytes:
     return body.encode() if isinstance(body, str) else bytes(body)
 
 
+_Handler = Callable[..., Response[Any]]
+
+
+def _routes(
+    app: APIGatewayHttpResolver, method: str, security: Any
+) -> Callable[[str, str], Callable[[_Handler], _Handler]]:
+    """A route decorator of the /v1 surface: tagged, secured and documented alike."""
+    register = getattr(app, method)
+
+    def route(path: str, summary: str) -> Callable[[_Handler], _Handler]:
+        decorate: Callable[[_Handler], _Handler] = register(
+            path, summary=summary, tags=["OpenAI"], responses=DOCUMENTED, security=security
+        )
+        return decorate
+
+    return route
+
+
 def add_commands(
     app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any, security: Any
 ) -> None:
     """The /v1 routes that change state (SubmitFunction)."""
+    post = _routes(app, "post", security)
 
-    @app.post(
-        "/v1/files",
-        summary="OpenAI: upload a batch's input file (multipart/form-data)",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @post("/v1/files", "OpenAI: upload a batch's input file (multipart/form-data)")
     def upload_file() -> Response[Any]:
         content_type = app.current_event.headers.get("content-type", "")
         return _reply(_openai_batches(app, batches_of).upload(tenant_of(app), content_type, _body_bytes(app)))
 
-    @app.post(
-        "/v1/batches",
-        summary="OpenAI: create a batch from an uploaded file",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @post("/v1/batches", "OpenAI: create a batch from an uploaded file")
     def create_batch(idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None) -> Response[Any]:
         body = app.current_event.json_body
         if not isinstance(body, dict):
@@ -298,23 +305,11 @@ def add_commands(
         batches = _openai_batches(app, batches_of)
         return _reply(batches.create(tenant_of(app), body, idempotency_key=idempotency_key))
 
-    @app.post(
-        "/v1/batches/<batch_id>/cancel",
-        summary="OpenAI: cancel a batch",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @post("/v1/batches/<batch_id>/cancel", "OpenAI: cancel a batch")
     def cancel_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).cancel(tenant_of(app), batch_id))
 
-    @app.post(
-        "/v1/responses",
-        summary="OpenAI: create a background response",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @post("/v1/responses", "OpenAI: create a background response")
     def create_response(
         body: CreateResponse, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[Any]:
@@ -323,13 +318,7 @@ def add_commands(
         )
         return _reply(response_object(submission.task))
 
-    @app.post(
-        "/v1/responses/<response_id>/cancel",
-        summary="OpenAI: cancel a background response",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @post("/v1/responses/<response_id>/cancel", "OpenAI: cancel a background response")
     def cancel_response(response_id: str) -> Response[Any]:
         service, tenant = service_of(app), tenant_of(app)
         with _as_response(response_id):
@@ -347,45 +336,22 @@ def add_queries(
 ) -> None:
     """The /v1 routes that only read (StatusFunction); a batch read may write its ended batch's
     output and error files."""
+    get = _routes(app, "get", security)
 
-    @app.get(
-        "/v1/files/<file_id>",
-        summary="OpenAI: a file's object",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @get("/v1/files/<file_id>", "OpenAI: a file's object")
     def retrieve_file(file_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).file(tenant_of(app), file_id))
 
-    @app.get(
-        "/v1/files/<file_id>/content",
-        summary="OpenAI: a file's content",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @get("/v1/files/<file_id>/content", "OpenAI: a file's content")
     def file_content(file_id: str) -> Response[Any]:
         data = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
         return Response(status_code=200, content_type="application/octet-stream", body=data.decode())
 
-    @app.get(
-        "/v1/batches/<batch_id>",
-        summary="OpenAI: a batch's status, counts and files",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @get("/v1/batches/<batch_id>", "OpenAI: a batch's status, counts and files")
     def retrieve_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).retrieve(tenant_of(app), batch_id))
 
-    @app.get(
-        "/v1/responses/<response_id>",
-        summary="OpenAI: retrieve a response",
-        tags=["OpenAI"],
-        responses=DOCUMENTED,
-        security=security,
-    )
+    @get("/v1/responses/<response_id>", "OpenAI: retrieve a response")
     def retrieve_response(response_id: str) -> Response[Any]:
         with _as_response(response_id):
             task = service_of(app).get(tenant_of(app), task_id_of(response_id))
