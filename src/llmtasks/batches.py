@@ -179,6 +179,7 @@ class BatchService:
                 metadata=body.metadata,
                 webhook_url=body.webhook_url,
                 webhook_events=body.webhook_events,
+                webhook_format=body.webhook_format,
                 webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
                 created_at=now,
                 expires_at=int(now + self._settings.task_ttl_seconds),

@@ -454,6 +454,11 @@ class SubmitBatchRequest(_Strict):
         default=None, max_length=2048, description="https URL that receives `batch.completed`, signed."
     )
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
+    webhook_format: WebhookFormat | None = Field(
+        default=None,
+        description="'openai': OpenAI's webhook events (batch.completed, batch.cancelled, with data.id"
+        " the OpenAI batch id) instead of llmtasks' own (the default).",
+    )
     metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
 
     @field_validator("items")
@@ -471,6 +476,8 @@ class SubmitBatchRequest(_Strict):
     def _events_need_a_url(self) -> SubmitBatchRequest:
         if self.webhook_events is not None and self.webhook_url is None:
             raise ValueError("'webhook_events' needs a 'webhook_url'")
+        if self.webhook_format is not None and self.webhook_url is None:
+            raise ValueError("'webhook_format' needs a 'webhook_url'")
         return self
 
 
@@ -498,6 +505,7 @@ class Batch(BaseModel):
     metadata: dict[str, Any] | None = None
     webhook_url: str | None = None
     webhook_events: list[EventType] | None = None
+    webhook_format: WebhookFormat | None = None  # None: llmtasks' own
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
     created_at: float

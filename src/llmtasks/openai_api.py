@@ -23,10 +23,11 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmtasks.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
-from llmtasks.models import ChatMessage, SubmitTaskRequest, Task, TaskStatus
+from llmtasks.models import BatchStatus, BatchView, ChatMessage, SubmitTaskRequest, Task, TaskStatus, TaskView
 
 PREFIX = "/v1/"
 RESPONSE_ID_PREFIX = "resp_"
+BATCH_ID_PREFIX = "batch_"
 _STATUSES = {
     TaskStatus.PENDING: "queued",
     TaskStatus.PROCESSING: "in_progress",
@@ -189,15 +190,21 @@ def response_object(task: Task) -> dict[str, Any]:
     }
 
 
-def webhook_event(webhook_id: str, event_type: str, task_id: str) -> dict[str, Any]:
-    """OpenAI's webhook event for a response that ended (response.completed, .failed, .cancelled),
-    signed like llmtasks' own (Standard Webhooks), as OpenAI signs its."""
+def webhook_event(webhook_id: str, subject: TaskView | BatchView) -> dict[str, Any]:
+    """OpenAI's webhook event for a response or a batch that ended (response.completed, .failed,
+    .cancelled; batch.completed, .cancelled), signed like llmtasks' own (Standard Webhooks), as
+    OpenAI signs its."""
+    if isinstance(subject, TaskView):
+        kind, object_id = "response." + subject.status.value, response_id(subject.task_id)
+    else:
+        ended = "cancelled" if subject.status is BatchStatus.CANCELLED else "completed"
+        kind, object_id = "batch." + ended, BATCH_ID_PREFIX + subject.batch_id
     return {
         "object": "event",
         "id": "evt_" + webhook_id.removeprefix("msg_"),
-        "type": "response." + event_type.rsplit(".", 1)[1],
+        "type": kind,
         "created_at": int(time.time()),
-        "data": {"id": response_id(task_id)},
+        "data": {"id": object_id},
     }
 
 

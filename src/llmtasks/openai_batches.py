@@ -22,10 +22,9 @@ from pydantic import ValidationError
 from llmtasks.batches import BatchService
 from llmtasks.errors import ApiError, InvalidInput
 from llmtasks.models import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest, TaskStatus
-from llmtasks.openai_api import CreateResponse, InputMessage, response_id
+from llmtasks.openai_api import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
 from llmtasks.results import ResultBlobs, StoredFile
 
-BATCH_ID_PREFIX = "batch_"
 ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB
 RESULTS_PAGE = 1000
@@ -170,7 +169,8 @@ class OpenAIBatches:
     # --- batches ---
 
     def create(self, tenant_id: str, body: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
-        served = {"input_file_id", "endpoint", "completion_window", "metadata"}
+        # webhook_url is llmtasks' extension (the SDK's extra_body): OpenAI's batch events go there.
+        served = {"input_file_id", "endpoint", "completion_window", "metadata", "webhook_url"}
         for name in body:
             if name not in served:
                 raise InvalidInput(f"Unsupported parameter: '{name}' is not served by llmtasks.", field=name)
@@ -195,9 +195,17 @@ class OpenAIBatches:
                 "invalid": len(invalid),
             }
         }
-        submission = self._batches.submit(
-            tenant_id, SubmitBatchRequest(items=items, metadata=described), idempotency_key=idempotency_key
-        )
+        webhook_url = body.get("webhook_url")
+        try:
+            request = SubmitBatchRequest(
+                items=items,
+                metadata=described,
+                webhook_url=webhook_url,
+                webhook_format="openai" if webhook_url else None,
+            )
+        except ValidationError as refused:
+            raise InvalidInput(_first_error(refused), field=str(refused.errors()[0]["loc"][0])) from None
+        submission = self._batches.submit(tenant_id, request, idempotency_key=idempotency_key)
         batch = submission.batch
         if invalid and not submission.replayed:
             lines = b"".join(json.dumps(line).encode() + b"\n" for line in invalid)

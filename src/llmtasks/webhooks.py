@@ -322,6 +322,7 @@ class WebhookDelivery:
                 data=BatchView.of(batch),
                 record=lambda status: batches.record_webhook_attempt(batch_id, status=status),
                 log={"batch_id": batch_id},
+                openai=batch.webhook_format == "openai",
             )
         task = self._store.get(message.task_id or "", now=now)
         if task is None or not task.webhook_url:
@@ -387,10 +388,10 @@ class _Subject:
     openai: bool = False  # OpenAI's event shape (a task made through /v1/responses)
 
     def body(self, message: WebhookMessage) -> str:
-        if self.openai and isinstance(self.data, TaskView):
+        if self.openai:
             from llmtasks.openai_api import webhook_event  # OpenAI-shaped deliveries' alone
 
-            return json.dumps(webhook_event(message.webhook_id, message.event_type, self.data.task_id))
+            return json.dumps(webhook_event(message.webhook_id, self.data))
         return WebhookEvent(
             type=message.event_type, timestamp=datetime.now(tz=UTC), data=self.data
         ).model_dump_json()

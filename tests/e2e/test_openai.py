@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 from openai.types.responses import Response
-from openai.types.webhooks import ResponseCompletedWebhookEvent
+from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedWebhookEvent
 
 from llmtasks.llm.mock import reply_text
 from tests.e2e.conftest import RunningStack
@@ -330,3 +330,27 @@ def test_the_same_idempotency_key_gives_the_same_response_not_a_second_call(
     assert again.id == first.id
     ended(client, first)
     assert fresh_mock.mock_stats()["calls"] == 1
+
+
+def test_a_batch_with_a_webhook_url_gets_openais_batch_completed_which_the_sdk_verifies(
+    client: OpenAI, fresh_mock: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    with fresh_mock.client() as native:
+        secret = native.get("/webhooks/secret").json()["key"]
+    uploaded = client.files.create(
+        file=("two.jsonl", jsonl([chat_line("a", "1"), chat_line("b", "2")])), purpose="batch"
+    )
+
+    created = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook_url": url},
+    )
+    [delivery] = hook.wait_for(1, timeout_s=60)
+
+    event = client.webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+    assert isinstance(event, BatchCompletedWebhookEvent)
+    assert event.data.id == created.id
+    assert client.batches.retrieve(created.id).status == "completed"

@@ -7,7 +7,16 @@ import pytest
 from openai.types.responses import Response
 
 from llmtasks.errors import RATE_LIMITED, InvalidInput
-from llmtasks.models import ChatMessage, LLMRequest, TaskStatus, Usage
+from llmtasks.models import (
+    Batch,
+    BatchStatus,
+    BatchView,
+    ChatMessage,
+    LLMRequest,
+    TaskStatus,
+    TaskView,
+    Usage,
+)
 from llmtasks.openai_api import CreateResponse, response_object, webhook_event
 from tests.helpers import pending_task
 
@@ -135,12 +144,52 @@ def test_what_a_task_cannot_serve_is_refused_naming_openais_field(
     assert refused.value.field == field
 
 
-def test_the_webhook_event_is_openais_for_the_terminal_state() -> None:
-    event = webhook_event("msg_0123", "task.failed", "d" * 32)
+@pytest.mark.parametrize(
+    ("status", "event_type"),
+    [
+        (TaskStatus.COMPLETED, "response.completed"),
+        (TaskStatus.FAILED, "response.failed"),
+        (TaskStatus.CANCELLED, "response.cancelled"),
+    ],
+)
+def test_a_responses_webhook_event_is_openais_for_its_terminal_state(
+    status: TaskStatus, event_type: str
+) -> None:
+    view = TaskView.of(pending_task("d" * 32, now=NOW).model_copy(update={"status": status}))
+
+    event = webhook_event("msg_0123", view)
 
     assert {k: event[k] for k in ("object", "id", "type", "data")} == {
         "object": "event",
         "id": "evt_0123",
-        "type": "response.failed",
+        "type": event_type,
         "data": {"id": "resp_" + "d" * 32},
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "event_type"),
+    [
+        (BatchStatus.COMPLETED, "batch.completed"),
+        (BatchStatus.COMPLETED_WITH_ERRORS, "batch.completed"),
+        (BatchStatus.CANCELLED, "batch.cancelled"),
+    ],
+)
+def test_a_batchs_webhook_event_is_openais_for_its_terminal_state(
+    status: BatchStatus, event_type: str
+) -> None:
+    batch = Batch(
+        batch_id="e" * 32,
+        tenant_id="t",
+        status=status,
+        total=1,
+        manifest_ref="batches/e.jsonl",
+        chunk_size=1,
+        chunk_offsets=[0, 10],
+        created_at=NOW,
+        expires_at=int(NOW + 60),
+    )
+
+    event = webhook_event("msg_4567", BatchView.of(batch))
+
+    assert (event["type"], event["data"]) == (event_type, {"id": "batch_" + "e" * 32})
