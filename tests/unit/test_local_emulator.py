@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from llmtasks.local.gateway import http_event, http_response
@@ -272,3 +273,30 @@ def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
     }
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
+
+
+def test_a_send_does_not_scan_the_queue_yet_its_counts_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import mock_aws
+    from moto.sqs.models import Message
+
+    looks = []
+    visible = Message.visible
+    monkeypatch.setattr(Message, "visible", property(lambda m: looks.append(m.id) or visible.fget(m)))  # type: ignore[attr-defined]
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="backlog")["QueueUrl"]
+        for _ in range(5):
+            sqs.send_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": "m"} for i in range(10)]
+            )
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=3, VisibilityTimeout=600)
+        looks.clear()
+
+        sqs.send_message(QueueUrl=url, MessageBody="one more")
+
+        assert looks == []  # moto's send counted every message of the queue before
+        counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (counts["ApproximateNumberOfMessages"], counts["ApproximateNumberOfMessagesNotVisible"]) == (
+            "48",
+            "3",
+        )

@@ -22,6 +22,12 @@ Every SQS operation on messages runs behind one lock here too, released while a 
 One more gap of moto's SQS is closed here: SendMessageBatch drops each entry's
 MessageSystemAttributes, so a batch-sent message lost its AWSTraceHeader (the X-Ray trace the
 function it triggers continues).
+
+And one cost: moto's SendMessage reads the queue's whole attribute set to learn whether it
+deduplicates by content, and that set counts the queue's visible, delayed and in-flight messages
+by scanning all of them, so each send cost O(messages in the queue): a 10,000-message backlog
+took minutes to fill and a send into it about a third of a second. A send never needs the
+counts, so they are not counted while a send runs.
 """
 
 from __future__ import annotations
@@ -56,6 +62,12 @@ _SQS_MESSAGE_OPERATIONS = (
 )
 _sqs_lock = threading.RLock()
 _holds_sqs_lock = threading.local()
+_sending = threading.local()
+_COUNTS = (
+    "approximate_number_of_messages",
+    "approximate_number_of_messages_delayed",
+    "approximate_number_of_messages_not_visible",
+)
 
 
 def write_lock() -> threading.RLock:
@@ -198,6 +210,30 @@ def _send_message_batch_keeping_system_attributes(
     return messages, failed
 
 
+def _uncounted_send(send_message: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(send_message)
+    def send(*args: Any, **kwargs: Any) -> Any:
+        _sending.active = True
+        try:
+            return send_message(*args, **kwargs)
+        finally:
+            _sending.active = False
+
+    send.__llmtasks_uncounted__ = True  # type: ignore[attr-defined]
+    return send
+
+
+def _count_unless_sending(count: property) -> property:
+    def counted(queue: Queue) -> int:
+        if getattr(_sending, "active", False):
+            return 0  # read by a send only for its other attributes
+        value: int = count.fget(queue)  # type: ignore[misc]
+        return value
+
+    counted.__llmtasks_uncounted__ = True  # type: ignore[attr-defined]
+    return property(counted)
+
+
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
     if DynamoDBBackend.transact_write_items is not transact_write_items:
@@ -213,6 +249,12 @@ def install() -> None:
         if not getattr(operation, "__llmtasks_atomic__", False):
             setattr(SQSBackend, name, _sqs_atomic(operation))
     Queue.wait_for_messages = _wait_unlocked  # type: ignore[method-assign]
+    if not getattr(SQSBackend.send_message, "__llmtasks_uncounted__", False):
+        SQSBackend.send_message = _uncounted_send(SQSBackend.send_message)  # type: ignore[method-assign]
+    for name in _COUNTS:
+        count = Queue.__dict__[name]
+        if not getattr(count.fget, "__llmtasks_uncounted__", False):
+            setattr(Queue, name, _count_unless_sending(count))
 
 
 def sqs_lock() -> threading.RLock:
