@@ -419,8 +419,10 @@ def durable_state(report: Report, tasks: int, stored: int) -> None:
         sqs = moto_session().client("sqs", endpoint_url=stack.endpoint)
         backlog = sqs.create_queue(QueueName="bench-backlog")["QueueUrl"]
         for start in range(0, stored, 10):
-            entries = [{"Id": str(i), "MessageBody": f"waiting {start + i}"} for i in range(10)]
-            sqs.send_message_batch(QueueUrl=backlog, Entries=entries)
+            sqs.send_message_batch(
+                QueueUrl=backlog,
+                Entries=[{"Id": str(i), "MessageBody": f"waiting {start + i}"} for i in range(10)],
+            )
         journal_mib = sum(p.stat().st_size for p in state_dir.glob("journal-*")) / 2**20
         stack.crash()
         began = time.monotonic()
