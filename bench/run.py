@@ -428,6 +428,8 @@ def durable_state(report: Report, tasks: int, stored: int) -> None:
         began = time.monotonic()
         stack = launch("--state-dir", str(state_dir), cwd=ROOT)
         after_crash = time.monotonic() - began
+        sqs = moto_session().client("sqs", endpoint_url=stack.endpoint)  # its ports are new ones
+        backlog = sqs.get_queue_url(QueueName="bench-backlog")["QueueUrl"]
         count = sqs.get_queue_attributes(QueueUrl=backlog, AttributeNames=["ApproximateNumberOfMessages"])
         kept = int(count["Attributes"]["ApproximateNumberOfMessages"])
     finally:

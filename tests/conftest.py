@@ -150,9 +150,11 @@ def handler(aws: Aws) -> Any:
 # instead of meeting on one at the end.
 SLOWEST_FIRST = (
     "tests/e2e/test_faults.py",
+    "tests/e2e/test_crash.py",
     "tests/e2e/test_batches.py",
     "tests/e2e/test_readme.py",
     "tests/e2e/test_contract.py",
+    "tests/e2e/test_openai.py",
     "tests/e2e/test_state.py",
     "tests/integration/test_invoke.py",
     "tests/e2e/test_client.py",
