@@ -1,6 +1,6 @@
 """The embedded endpoint's state, kept in a state dir so that nothing it acknowledged is lost.
 
-Two files kinds: a snapshot of moto's backends (pickle) and the journal (journal.py) of every
+Two kinds of file: a snapshot of moto's backends (pickle) and the journal (journal.py) of every
 change made since. Each change is journaled before it is applied and before the request that
 made it is answered. A start loads the snapshot, replays the journal after it, and folds both
 into a new snapshot; so does a clean stop, and a journal that has grown past
