@@ -92,11 +92,10 @@ def _line_item(line: dict[str, Any], endpoint: str) -> BatchItem:
         raise ValueError("body must be a JSON object")
     try:
         if endpoint == "/v1/responses":
+            if "webhook_url" in body:  # a batch has one webhook, not one a line
+                raise ValueError("unsupported parameter 'webhook_url'")
             asked = CreateResponse.model_validate({**body, "background": True}).task_request()
-            return BatchItem(
-                custom_id=custom_id,
-                **asked.model_dump(exclude_none=True, exclude={"webhook_url", "webhook_events"}),
-            )
+            return BatchItem(custom_id=custom_id, **asked.model_dump(exclude_none=True))
         return _chat_item(custom_id, body)
     except (ValidationError, InvalidInput) as invalid:
         raise ValueError(
