@@ -144,9 +144,13 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     if os.environ.get("LLMTASKS_SCREENSHOT"):
         browser.save_screenshot(str(ROOT / "docs" / "console.png"))
 
-    shown(
-        browser, lambda d: d.find_element(By.CSS_SELECTOR, "button[data-redrive=tasks]:not([disabled])")
-    ).click()
+    def redrive(driver: webdriver.Chrome) -> bool:
+        # Found and clicked in one attempt: the page redraws every two seconds, and a button found
+        # before a redraw is gone by the click (a stale element).
+        driver.find_element(By.CSS_SELECTOR, "button[data-redrive=tasks]:not([disabled])").click()
+        return True
+
+    shown(browser, redrive)
     assert shown(browser, lambda d: status_in_recent(poison)(d) == "completed" and "completed", timeout_s=60)
     with stack.client() as client:
         assert client.get(f"/tasks/{poison}").json()["status"] == "completed"
