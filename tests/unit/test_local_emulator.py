@@ -127,7 +127,7 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
     assert not late.ok
 
 
-def test_cold_starts_take_turns_so_no_sandbox_sees_a_half_imported_module(tmp_path: Path) -> None:
+def test_first_cold_starts_take_turns_so_no_sandbox_sees_a_half_imported_module(tmp_path: Path) -> None:
     # Each sandbox's cold start runs the module's top level; it notes when it is inside it.
     inside = tmp_path / "inside"
     spec = toy_function(

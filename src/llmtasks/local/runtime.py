@@ -59,19 +59,26 @@ class Invocation:
         return self.error is None and not self.timed_out
 
 
-# The sandboxes are threads of one process and share sys.modules: two cold starts importing the
-# same packages at once can see each other's half-imported modules (Powertools' data_classes
-# raised "cannot import name 'SQSEvent' from partially initialized module" when a restart with a
-# backlog cold-started ten workers at once, and the failed invocations kept their messages for
-# the visibility timeout). In Lambda each sandbox is a process of its own; here cold starts take
-# turns.
-_cold_starts = threading.Lock()
+# The sandboxes are threads of one process and share sys.modules: two first imports of the same
+# packages at once can see each other's half-imported modules (Powertools' data_classes raised
+# "cannot import name 'SQSEvent' from partially initialized module" when a restart with a backlog
+# cold-started ten workers at once, and the failed invocations kept their messages for the
+# visibility timeout). In Lambda each sandbox is a process of its own. Here a function's first
+# cold starts take turns; once one has loaded, its packages are whole in sys.modules and later
+# cold starts (a sandbox replaced after a timeout) do not wait, since a cold start's wait counts
+# against its invocation's Timeout.
+_first_cold_starts = threading.Lock()
+_loaded_once: set[str] = set()
 
 
 def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
     """A fresh copy of the handler module, as a new Lambda execution environment would import it."""
-    with _cold_starts:
+    if spec.logical_id in _loaded_once:
         return _import_handler(spec)
+    with _first_cold_starts:
+        handler = _import_handler(spec)
+        _loaded_once.add(spec.logical_id)
+        return handler
 
 
 def _import_handler(spec: FunctionSpec) -> Callable[..., Any]:
