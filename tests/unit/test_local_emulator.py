@@ -128,18 +128,20 @@ def test_a_handler_past_its_timeout_is_a_timed_out_invocation(tmp_path: Path) ->
 
 
 def test_first_cold_starts_take_turns_so_no_sandbox_sees_a_half_imported_module(tmp_path: Path) -> None:
-    # Each sandbox's cold start runs the module's top level; it notes when it is inside it.
-    inside = tmp_path / "inside"
+    # Until one cold start of the function has loaded it, a cold start notes when it is inside
+    # the module's top level; another one inside at the same time would see it half imported.
+    inside, loaded = tmp_path / "inside", tmp_path / "loaded"
     spec = toy_function(
         tmp_path,
         f"""
         import os, time
-        marker = {str(inside)!r}
-        if os.path.exists(marker):
-            raise ImportError("another cold start is halfway through its imports")
-        open(marker, "w").close()
-        time.sleep(0.2)  # a slow import, as Powertools' are
-        os.remove(marker)
+        if not os.path.exists({str(loaded)!r}):
+            if os.path.exists({str(inside)!r}):
+                raise ImportError("another cold start is halfway through its imports")
+            open({str(inside)!r}, "w").close()
+            time.sleep(0.2)  # a slow first import, as Powertools' are
+            os.remove({str(inside)!r})
+            open({str(loaded)!r}, "w").close()
         def handler(event, context):
             return "ok"
     """,
