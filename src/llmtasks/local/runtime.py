@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -68,16 +69,16 @@ class Invocation:
 # cold starts (a sandbox replaced after a timeout) do not wait, since a cold start's wait counts
 # against its invocation's Timeout.
 _first_cold_starts = threading.Lock()
-_loaded_once: set[str] = set()
+_loaded_once: set[Path] = set()  # the handler files loaded once in this process
 
 
 def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
     """A fresh copy of the handler module, as a new Lambda execution environment would import it."""
-    if spec.logical_id in _loaded_once:
+    if spec.handler_file in _loaded_once:
         return _import_handler(spec)
     with _first_cold_starts:
         handler = _import_handler(spec)
-        _loaded_once.add(spec.logical_id)
+        _loaded_once.add(spec.handler_file)
         return handler
 
 
