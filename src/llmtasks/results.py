@@ -101,14 +101,13 @@ class ResultBlobs:
 
     def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
         """The tenant's file, or None (another tenant's files are none of its own)."""
-        try:
-            head = self._client.head_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise BackendError(f"S3 head failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"S3 head failed: {exc}") from exc
+        with _s3("head"):
+            try:
+                head = self._client.head_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise
         return StoredFile(
             file_id=file_id,
             filename=head["Metadata"].get("filename", file_id),

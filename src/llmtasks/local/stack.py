@@ -112,6 +112,11 @@ class LocalStack:
     def _mock_url(self) -> str:
         return f"http://127.0.0.1:{self.options.mock_port}/v1"
 
+    @property
+    def _keeps_endpoint_state(self) -> bool:
+        """A state dir with the embedded endpoint (an endpoint of your own keeps its own state)."""
+        return self.options.state_dir is not None and self.options.endpoint_url is None
+
     def _state(self, name: str) -> Path | None:
         return None if self.options.state_dir is None else self.options.state_dir / name
 
@@ -277,7 +282,7 @@ class LocalStack:
     def _watch_state(self) -> None:
         """Says when the state dir stops taking changes (a full or read-only disk: the endpoint
         then refuses them, and submits answer 503) and when it takes them again."""
-        if self.options.state_dir is None or self.options.endpoint_url is not None:
+        if not self._keeps_endpoint_state:
             return
 
         def watch() -> None:
@@ -368,7 +373,7 @@ class LocalStack:
         """Where the streams' positions are kept: with the embedded endpoint's state alone (an
         endpoint of your own keeps its streams as it does)."""
         path = self._state(STREAM_CHECKPOINTS)
-        return None if path is None or self.options.endpoint_url is not None else StreamPositions(path)
+        return StreamPositions(path) if path is not None and self._keeps_endpoint_state else None
 
     def _keep_state(self) -> None:
         """Messages of invocations the stop cut short become visible again; then the endpoint
@@ -381,7 +386,7 @@ class LocalStack:
                 print(f"could not release in-flight messages: {exc!r}", flush=True)
         if cut_short:
             print(f"{cut_short} message(s) of unfinished invocations will be delivered again", flush=True)
-        if self.options.state_dir is None or self.options.endpoint_url is not None:
+        if not self._keeps_endpoint_state:
             return
         reply = httpx.post(f"{self.endpoint_url}{STATE_PATH}", timeout=60)
         reply.raise_for_status()
