@@ -2,7 +2,8 @@
 
 SQS records of one batch run concurrently on one event loop: ten 60 s LLM calls take about
 60 s. A record that raises is reported in `batchItemFailures`, so only it returns to the queue;
-`RetryLater` first pushes that message's visibility out to the wanted delay.
+`RetryLater` first pushes that message's visibility out to the wanted delay. A message that
+comes twice in one batch runs once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks.errors import RetryLater
+from llmtasks.observability import logger
 from llmtasks.queues import Queue
 
 
@@ -43,11 +45,30 @@ def process_sqs_concurrently(
             queue.retry_later(record.receipt_handle, later.delay_s)
             raise
 
+    event = _each_message_once(event)
     # A processor per invocation: it holds the batch's state, and the local stack may run several
     # invocations of one function at once. A batch whose records all failed is still a partial
     # response, not an exception, so the delays set above stand.
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
     return async_process_partial_response(event, record_handler, processor, context)
+
+
+def _each_message_once(event: dict[str, Any]) -> dict[str, Any]:
+    """The event with each message's first record only. At-least-once delivery may put one
+    message in a batch twice, each copy with its own receive count; both would run it, and the
+    later copy, seeing a lease of its own message, would take the task over and call again. A
+    failure reported for the message covers every copy (Lambda reports by message id)."""
+    records = event.get("Records") or []
+    seen: set[str] = set()
+    unique = []
+    for record in records:
+        message_id = record.get("messageId")
+        if message_id in seen:
+            logger.info("message repeated in its batch; it runs once", message_id=message_id)
+            continue
+        seen.add(message_id)
+        unique.append(record)
+    return event if len(unique) == len(records) else {**event, "Records": unique}
 
 
 def process_stream(

@@ -249,6 +249,19 @@ def test_a_duplicate_delivery_while_the_lease_lives_does_not_call_the_llm_again(
     assert worker.task(task_id).status is TaskStatus.COMPLETED
 
 
+def test_one_message_twice_in_a_batch_calls_the_llm_once(worker: Worker, mock_llm: RunningMock) -> None:
+    # A fault-suite run saw a redriven message come four times in one batch (receive counts 1 to
+    # 4): each later copy took its own message's lease over and called the provider again
+    mock_llm.configure(latency_s=0.3)
+    task_id = worker.submit("once per batch")
+    [message] = worker.queued()
+    reply = worker.run([redelivered(message, 1), redelivered(message, 2), redelivered(message, 3)])
+    assert reply == {"batchItemFailures": []}
+    assert mock_llm.stats.calls == 1
+    task = worker.task(task_id)
+    assert (task.status, task.attempts) == (TaskStatus.COMPLETED, 1)
+
+
 def test_a_task_past_its_deadline_fails_without_calling_the_llm(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
