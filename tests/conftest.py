@@ -119,8 +119,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
         webhook_queue_url=aws.queue_url("WebhookQueue"),
         webhook_dlq_url=aws.queue_url("WebhookDLQ"),
         idempotency_table_name=aws.resources.table_names["IdempotencyTable"],
-        # Handlers are called without the Api's authorizer here; test_auth turns it on.
-        auth_required=False,
+        limits_table_name=aws.resources.table_names["LimitsTable"],
         webhook_resolve_names=False,
         results_bucket=aws.resources.bucket_names["ResultsBucket"],
         llm_base_url=mock_llm.url,

@@ -1,8 +1,9 @@
 """AuthorizerFunction: the HTTP API's Lambda authorizer (payload 2.0, simple responses).
 
-It lets every request through with its verdict in the context: the tenant of a valid key, or
-why there is none. The function behind the route turns a refusal into a 401 problem+json,
-which an HTTP API cannot do for an authorizer's own refusal (that is a bare 403).
+API Gateway calls it only for a request that carries the identity source (`Authorization`;
+without it API Gateway answers 401 itself) and keeps its answer per Authorization value for
+ReauthorizeEvery (template.yaml: AuthCacheSeconds). A valid key is allowed, with its tenant, key
+id and limits in the context the functions read; anything else is denied (API Gateway's 403).
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event i
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.apikeys import CachedAuthenticator, presented_key
+from llmtasks.apikeys import ApiKeys, presented_key
+from llmtasks.limits import caller_context
 from llmtasks.observability import logger
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
 def lambda_handler(
-    event: dict[str, Any], context: LambdaContext, authenticator: CachedAuthenticator | None = None
+    event: dict[str, Any], context: LambdaContext, keys: ApiKeys | None = None
 ) -> dict[str, Any]:
     request = APIGatewayAuthorizerEventV2(event)
-    decision = (authenticator or wiring.authenticator()).authenticate(presented_key(request.headers or {}))
-    verdict = {"tenant_id": decision.tenant_id} if decision.tenant_id else {"refusal": decision.refusal}
-    logger.info("authorized" if decision.tenant_id else "refused", route=request.route_arn, **verdict)
-    return APIGatewayAuthorizerResponseV2(authorize=True, context=verdict).asdict()
+    decision = (keys or wiring.api_keys()).authenticate(presented_key(request.headers or {}))
+    if decision.key is None:
+        logger.info("refused", route=request.route_arn, refusal=decision.refusal)
+        return APIGatewayAuthorizerResponseV2(authorize=False).asdict()
+    key = decision.key
+    logger.info("authorized", route=request.route_arn, tenant_id=key.tenant_id, key_id=key.key_id)
+    return APIGatewayAuthorizerResponseV2(authorize=True, context=caller_context(key)).asdict()

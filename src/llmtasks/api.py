@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, HTTPBearer, SecurityScheme
+from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer, SecurityScheme
 from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import (
     OpenAPIResponse,
@@ -26,9 +26,10 @@ from aws_lambda_powertools.event_handler.openapi.types import (
 from pydantic import BaseModel
 
 from llmtasks import __version__, openai_api
-from llmtasks.apikeys import REFUSALS
 from llmtasks.batches import BatchService
 from llmtasks.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
+from llmtasks.limits import Caller
+from llmtasks.limits import caller_of as caller_of_event
 from llmtasks.models import (
     Batch,
     BatchAccepted,
@@ -69,13 +70,30 @@ def _problem(description: str) -> OpenAPIResponse:
     return {"description": description, "content": _PROBLEM_CONTENT}
 
 
-# Either header carries an API key (template.yaml: the Api's authorizer).
+# The API key comes in Authorization (template.yaml: the identity source of the Api's authorizer).
 SECURITY_SCHEMES: dict[str, SecurityScheme] = {
     "bearer": HTTPBearer(bearerFormat="lt_<key id>_<secret>", description="Authorization: Bearer <API key>"),
-    "apiKey": APIKey(**{"in": APIKeyIn.header}, name="x-api-key", description="x-api-key: <API key>"),
 }
-SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
-_AUTH: dict[int, OpenAPIResponse] = {401: _problem("No API key, or an unknown or revoked one")}
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+class GatewayRefusal(BaseModel):
+    """API Gateway's own answer, before any function runs: plain JSON, not a problem."""
+
+    message: str
+
+
+def _gateway(description: str) -> OpenAPIResponse:
+    return {"description": description, "content": {"application/json": {"model": GatewayRefusal}}}
+
+
+_AUTH: dict[int, OpenAPIResponse] = {
+    401: _gateway('API Gateway: no Authorization header ({"message": "Unauthorized"})'),
+    403: _gateway(
+        'API Gateway: the authorizer denied the key: unknown, malformed or revoked ({"message": "Forbidden"})'
+    ),
+    429: _problem("This key's requests a second, or its tasks in flight, are at its limit (see Retry-After)"),
+}
 
 _SECRET: dict[int, OpenAPIResponse] = {
     **_AUTH,
@@ -108,22 +126,25 @@ def _batches(app: APIGatewayHttpResolver) -> BatchService:
     return batches
 
 
+def caller_of(app: APIGatewayHttpResolver) -> Caller:
+    caller: Caller = app.context["caller"]
+    return caller
+
+
 def tenant_of(app: APIGatewayHttpResolver) -> str:
-    tenant: str = app.context["tenant"]
-    return tenant
+    return caller_of(app).tenant_id
 
 
-def _caller(event: dict[str, Any], service: TaskService) -> str:
-    """The tenant of the caller's key, as the Api's authorizer decided (its context); without
-    auth, the default tenant. HTTP APIs cannot shape an authorizer's refusal, so the authorizer
-    passes its verdict along and this turns a refusal into a 401 problem."""
-    verdict = ((event.get("requestContext") or {}).get("authorizer") or {}).get("lambda") or {}
-    if verdict.get("tenant_id"):
-        return str(verdict["tenant_id"])
-    if not service.auth_required:
-        return service.default_tenant
-    refusal = verdict.get("refusal")
-    raise Unauthorized(REFUSALS[refusal] if refusal in REFUSALS else REFUSALS["missing"])
+def _admitted(event: dict[str, Any], service: TaskService) -> Caller:
+    """The caller the Api's authorizer let through (API Gateway itself refused the others),
+    counted against its key's requests a second."""
+    caller = caller_of_event(event)
+    if caller is None:
+        # Only a route deployed without the authorizer gets here: refuse rather than guess.
+        raise Unauthorized("This request did not pass the API's authorizer.")
+    if service.limits is not None:
+        service.limits.count_request(caller)
+    return caller
 
 
 def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) -> Response[Any]:
@@ -184,8 +205,9 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         body: SubmitTaskRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[TaskAccepted]:
         trace = trace_header(app.current_event.headers)
+        caller = caller_of(app)
         submission = _service(app).submit(
-            tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
+            caller.tenant_id, body, idempotency_key=idempotency_key, trace_header=trace, caller=caller
         )
         task = submission.task
         return _accepted(TaskAccepted.of(task), f"/tasks/{task.task_id}", replayed=submission.replayed)
@@ -218,8 +240,9 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         body: SubmitBatchRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[BatchAccepted]:
         trace = trace_header(app.current_event.headers)
+        caller = caller_of(app)
         submission = _batches(app).submit(
-            tenant_of(app), body, idempotency_key=idempotency_key, trace_header=trace
+            caller.tenant_id, body, idempotency_key=idempotency_key, trace_header=trace, caller=caller
         )
         batch = submission.batch
         return _accepted(BatchAccepted.of(batch), f"/batches/{batch.batch_id}", replayed=submission.replayed)
@@ -367,8 +390,8 @@ def _on_api_error(exc: ApiError) -> Response[Any]:
     reply = problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
     if isinstance(exc, Unauthorized):
         reply.headers["WWW-Authenticate"] = 'Bearer realm="llmtasks"'
-    if isinstance(exc, ServiceUnavailable):  # a backend's hiccup: the same request may succeed
-        reply.headers["Retry-After"] = "1"
+    if exc.retry_after_s is not None:
+        reply.headers["Retry-After"] = str(exc.retry_after_s)
     return reply
 
 
@@ -416,7 +439,7 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
     app = APIGatewayHttpResolver(enable_validation=True)
     if commands or docs:
         add_commands(app)
-        openai_api.add_commands(app, _service, _batches, tenant_of, SECURITY)
+        openai_api.add_commands(app, _service, _batches, caller_of, SECURITY)
     if queries or docs:
         add_queries(app)
         openai_api.add_queries(app, _service, _batches, tenant_of, SECURITY)
@@ -486,25 +509,27 @@ def handle(
                 else _malformed_json()
             )
     if (
-        event.get("body")
+        (event.get("body") or headers.get("content-type"))
         and "json" not in headers.get("content-type", "")
         and event.get("rawPath") != UPLOAD_PATH
     ):
         # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type
-        # (an upload's multipart body is the one that is not).
+        # (an upload's multipart body is the one that is not). An empty body labelled otherwise
+        # is a JSON body missing, not an unsupported content type.
         event = {**event, "headers": {**headers, "content-type": "application/json"}}
     if service.idempotency is not None:
         service.idempotency.register_lambda_context(context)
-    tenant = service.default_tenant
+    caller = Caller(tenant_id="")  # the public routes read no tenant
     if event.get("routeKey") not in PUBLIC_ROUTES:
         try:
-            tenant = _caller(event, service)
-        except Unauthorized as refused:
-            # Before any route runs, so an unauthenticated caller learns nothing about its body.
+            caller = _admitted(event, service)
+        except (ApiError, BackendError) as exc:
+            # Before any route runs, so a refused caller learns nothing about its body.
+            refused = _backend_unavailable(exc) if isinstance(exc, BackendError) else exc
             return _lambda_reply(
                 openai_api.from_api_error(refused) if openai_shaped else _on_api_error(refused)
             )
-    app.append_context(service=service, batches=batches, tenant=tenant)  # type: ignore[no-untyped-call]
+    app.append_context(service=service, batches=batches, caller=caller)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
 
 

@@ -1,7 +1,8 @@
 """API keys: each maps to a tenant, and only its SHA-256 is stored (ApiKeysTable).
 
-A key reads `lt_<key id>_<secret>`. The key id is the item's key and is safe to show (`llmtasks
-keys list`, logs); the secret never leaves the response that created it. Keys are 256-bit
+A key reads `lt_<key id>_<secret>` and comes in `Authorization: Bearer`. The key id is the
+item's key and is safe to show (`llmtasks keys list`, logs); the secret never leaves the
+response that created it. Keys are 256-bit
 random, so a plain SHA-256 is enough to store them (as GitHub and Stripe do); a slow password
 hash would only slow every request down.
 """
@@ -11,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import boto3
 from botocore.exceptions import ClientError
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from llmtasks.store import deserialize, is_condition_failure, serialize
 
@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 PREFIX = "lt_"
+# A key's in-flight cap is kept as the set of what it holds in one item: this bounds its size.
+MAX_IN_FLIGHT = 5000
 Refusal = Literal["missing", "malformed", "unknown", "revoked"]
 REFUSALS: dict[Refusal, str] = {
-    "missing": "Send an API key: 'Authorization: Bearer lt_...' or 'x-api-key: lt_...'.",
+    "missing": "Send an API key: 'Authorization: Bearer lt_...'.",
     "malformed": "That is not an llmtasks API key (they start with 'lt_').",
     "unknown": "This API key is not valid.",
     "revoked": "This API key was revoked.",
@@ -41,10 +43,14 @@ class ApiKey(BaseModel):
     name: str = ""
     created_at: float
     revoked_at: float | None = None
+    # The key's limits (None: none): requests a second, and tasks submitted with it that have not
+    # ended (a batch's items count until the batch ends).
+    rps: float | None = Field(default=None, gt=0)
+    max_in_flight: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
 
 
 class Authentication(BaseModel):
-    tenant_id: str | None = None
+    key: ApiKey | None = None  # the valid key presented, else why there is none
     refusal: Refusal | None = None
 
 
@@ -53,12 +59,13 @@ def _digest(key: str) -> str:
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
-    """The key a request carries: `Authorization: Bearer <key>`, else `x-api-key: <key>`."""
+    """The key a request carries: `Authorization: Bearer <key>` (the API's identity source; the
+    OpenAI SDK sends its key so too)."""
     lowered = {name.lower(): value for name, value in headers.items()}
     scheme, _, credentials = lowered.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
         return credentials.strip()
-    return lowered.get("x-api-key", "").strip() or None
+    return None
 
 
 class ApiKeys:
@@ -66,10 +73,23 @@ class ApiKeys:
         self.table_name = table_name
         self._client: DynamoDBClient = client or boto3.client("dynamodb")
 
-    def create(self, tenant_id: str, *, name: str = "", now: float | None = None) -> tuple[str, ApiKey]:
+    def create(
+        self,
+        tenant_id: str,
+        *,
+        name: str = "",
+        rps: float | None = None,
+        max_in_flight: int | None = None,
+        now: float | None = None,
+    ) -> tuple[str, ApiKey]:
         """A new key for `tenant_id`: the key itself (shown once) and what is stored of it."""
         record = ApiKey(
-            key_id=secrets.token_hex(6), tenant_id=tenant_id, name=name, created_at=now or time.time()
+            key_id=secrets.token_hex(6),
+            tenant_id=tenant_id,
+            name=name,
+            created_at=now or time.time(),
+            rps=rps,
+            max_in_flight=max_in_flight,
         )
         key = f"{PREFIX}{record.key_id}_{secrets.token_urlsafe(32)}"
         self._client.put_item(
@@ -118,32 +138,4 @@ class ApiKeys:
         record = ApiKey.model_validate(deserialize(item))
         if record.revoked_at is not None:
             return Authentication(refusal="revoked")
-        return Authentication(tenant_id=record.tenant_id)
-
-
-class CachedAuthenticator:
-    """Decisions kept `ttl_s` per key digest in a warm sandbox: API Gateway cannot cache them
-    (that needs one fixed identity header, and keys may come in either of two), so the
-    authorizer does. A revocation takes effect within `ttl_s`."""
-
-    def __init__(self, keys: ApiKeys, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._keys = keys
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._decisions: dict[str, tuple[float, Authentication]] = {}
-        self._lock = threading.Lock()
-
-    def authenticate(self, key: str | None) -> Authentication:
-        if not key or self._ttl_s <= 0:
-            return self._keys.authenticate(key)
-        digest, now = _digest(key), self._clock()
-        with self._lock:
-            cached = self._decisions.get(digest)
-        if cached and cached[0] > now:
-            return cached[1]
-        decision = self._keys.authenticate(key)
-        with self._lock:
-            if len(self._decisions) > 10_000:
-                self._decisions.clear()
-            self._decisions[digest] = (now + self._ttl_s, decision)
-        return decision
+        return Authentication(key=record)

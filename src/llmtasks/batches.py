@@ -32,6 +32,7 @@ from llmtasks.errors import (
     TaskNotFound,
 )
 from llmtasks.idempotency import IdempotencyKeys, at_most_once
+from llmtasks.limits import Caller, KeyLimits
 from llmtasks.models import (
     Batch,
     BatchItem,
@@ -110,6 +111,7 @@ class BatchService:
         resolve: Resolver | None = None,
         results: ResultBlobs,
         idempotency: IdempotencyKeys | None = None,
+        limits: KeyLimits | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -119,6 +121,7 @@ class BatchService:
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
         self._idempotency = idempotency
+        self._limits = limits
 
     @property
     def blobs(self) -> ResultBlobs:
@@ -132,14 +135,16 @@ class BatchService:
         *,
         idempotency_key: str | None = None,
         trace_header: str | None = None,
+        caller: Caller | None = None,
     ) -> BatchSubmission:
+        """A new batch (its items count against the caller key's max_in_flight until it ends)."""
         self._check(body)
         batch_id = new_batch_id(tenant_id, idempotency_key)
         if idempotency_key is None:
-            return BatchSubmission(self._create(tenant_id, batch_id, body, trace_header))
+            return BatchSubmission(self._create(tenant_id, batch_id, body, trace_header, caller))
         stored, replayed = at_most_once(
             self._idempotency,
-            lambda: self._create(tenant_id, batch_id, body, trace_header).model_dump(mode="json"),
+            lambda: self._create(tenant_id, batch_id, body, trace_header, caller).model_dump(mode="json"),
             tenant=tenant_id,
             key=f"batch\n{idempotency_key}",  # a batch's keys never meet a task's
             body=body.model_dump(mode="json", exclude_unset=True),
@@ -157,8 +162,15 @@ class BatchService:
             )
 
     def _create(
-        self, tenant_id: str, batch_id: str, body: SubmitBatchRequest, trace_header: str | None
+        self,
+        tenant_id: str,
+        batch_id: str,
+        body: SubmitBatchRequest,
+        trace_header: str | None,
+        caller: Caller | None,
     ) -> Batch:
+        if caller is not None and self._limits is not None:
+            self._limits.hold(caller, "b", batch_id, weight=len(body.items))
         now = self._clock()
         chunk_size = self._settings.batch_chunk_size
         lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items]

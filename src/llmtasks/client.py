@@ -39,14 +39,25 @@ BATCH_POLL_S = 2.0  # a batch's progress is read this often while waiting
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
+# API Gateway's own refusals come as {"message": ...}, not as problems: what each means here.
+_GATEWAY_REFUSALS = {
+    401: "no API key was sent (Authorization: Bearer lt_...)",
+    403: "the API key is not valid, or was revoked",
+}
+
+
 class ProblemError(Exception):
-    """The API answered with a problem (RFC 9457); its fields are here."""
+    """The API answered with a problem (RFC 9457), or API Gateway refused the request itself
+    (401: no key; 403: a key the authorizer denied); its fields are here."""
 
     def __init__(self, status: int, problem: Mapping[str, Any]) -> None:
         self.status = status
         self.type = str(problem.get("type", "about:blank"))
         self.title = str(problem.get("title", ""))
         self.detail = str(problem.get("detail", ""))
+        if not self.title and "message" in problem:
+            self.title = str(problem["message"])
+            self.detail = _GATEWAY_REFUSALS.get(status, self.detail)
         self.errors = problem.get("errors")
         super().__init__(f"{status} {self.title}: {self.detail}")
 

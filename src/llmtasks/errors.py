@@ -11,6 +11,7 @@ class ApiError(Exception):
     status: int = 500
     title: str = "Internal error"
     slug: str = "internal"
+    retry_after_s: int | None = None  # the reply's Retry-After: the same request may then succeed
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -51,8 +52,19 @@ class InvalidInput(ApiError):
         self.field = field
 
 
+class TooManyRequests(ApiError):
+    """A key's limit: its requests a second, or its tasks in flight. `retry_after_s` says when."""
+
+    status, title, slug = 429, "Too many requests", "too-many-requests"
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+
 class ServiceUnavailable(ApiError):
     status, title, slug = 503, "Service unavailable", "unavailable"
+    retry_after_s = 1  # a backend's hiccup
 
 
 class BackendError(Exception):

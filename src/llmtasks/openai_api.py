@@ -232,14 +232,33 @@ _OBJECT: OpenAPIResponse = {
     "description": "The OpenAI object (Response, File or Batch)",
     "content": {"application/json": {"schema": {"type": "object"}}},
 }
+
+
+class GatewayRefusal(BaseModel):
+    """API Gateway's own answer, before any function runs: plain JSON on every route."""
+
+    message: str
+
+
+GATEWAY_REFUSALS: dict[int, OpenAPIResponse] = {
+    status: {"description": description, "content": {"application/json": {"model": GatewayRefusal}}}
+    for status, description in (
+        (401, 'API Gateway: no Authorization header: {"message": "Unauthorized"}'),
+        (
+            403,
+            'API Gateway: the authorizer denied the key (unknown, revoked): {"message": "Forbidden"}',
+        ),
+    )
+}
 DOCUMENTED: dict[int, OpenAPIResponse] = {
     200: _OBJECT,
+    **GATEWAY_REFUSALS,
     **{
         status: {"description": description, "content": {"application/json": {"model": OpenAIError}}}
         for status, description in (
             (400, "An invalid or unsupported field (param names it), or a body that is not JSON"),
-            (401, "No API key, or an unknown or revoked one"),
             (404, "Unknown, expired or another tenant's object"),
+            (429, "This key's requests a second, or its tasks in flight, are at its limit (Retry-After)"),
             (409, "A request with this Idempotency-Key is still being processed"),
             (413, "A prompt over the size limit"),
             (503, "A storage or queue call failed; retry"),
@@ -294,10 +313,13 @@ def _routes(
 
 
 def add_commands(
-    app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, tenant_of: Any, security: Any
+    app: APIGatewayHttpResolver, service_of: Any, batches_of: Any, caller_of: Any, security: Any
 ) -> None:
     """The /v1 routes that change state (SubmitFunction)."""
     post = _routes(app, "post", security)
+
+    def tenant_of(app: APIGatewayHttpResolver) -> str:
+        return str(caller_of(app).tenant_id)
 
     @post("/v1/files", "OpenAI: upload a batch's input file (multipart/form-data)")
     def upload_file() -> Response[Any]:
@@ -310,7 +332,7 @@ def add_commands(
         if not isinstance(body, dict):
             raise InvalidInput("the body must be a JSON object")
         batches = _openai_batches(app, batches_of)
-        return _reply(batches.create(tenant_of(app), body, idempotency_key=idempotency_key))
+        return _reply(batches.create(caller_of(app), body, idempotency_key=idempotency_key))
 
     @post("/v1/batches/<batch_id>/cancel", "OpenAI: cancel a batch")
     def cancel_batch(batch_id: str) -> Response[Any]:
@@ -320,8 +342,9 @@ def add_commands(
     def create_response(
         body: CreateResponse, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
     ) -> Response[Any]:
+        caller = caller_of(app)
         submission = service_of(app).submit(
-            tenant_of(app), body.task_request(), idempotency_key=idempotency_key
+            caller.tenant_id, body.task_request(), idempotency_key=idempotency_key, caller=caller
         )
         return _reply(response_object(submission.task))
 
@@ -386,7 +409,10 @@ def from_api_error(exc: ApiError) -> Response[Any]:
         return error(401, exc.detail, code="invalid_api_key")
     # A field OpenAI would call invalid is a 400 there, whatever status the native API gives.
     status = 400 if exc.status == 422 else exc.status
-    return error(status, exc.detail, param=field, code=exc.slug.replace("-", "_"))
+    reply = error(status, exc.detail, param=field, code=exc.slug.replace("-", "_"))
+    if exc.retry_after_s is not None:
+        reply.headers["Retry-After"] = str(exc.retry_after_s)
+    return reply
 
 
 def from_validation_error(exc: RequestValidationError) -> Response[Any]:

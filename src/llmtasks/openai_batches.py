@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from llmtasks.batches import BatchService
 from llmtasks.errors import ApiError, InvalidInput
+from llmtasks.limits import Caller
 from llmtasks.models import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest, TaskStatus
 from llmtasks.openai_api import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
 from llmtasks.results import ResultBlobs, StoredFile
@@ -167,7 +168,8 @@ class OpenAIBatches:
 
     # --- batches ---
 
-    def create(self, tenant_id: str, body: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    def create(self, caller: Caller, body: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+        tenant_id = caller.tenant_id
         # webhook_url is llmtasks' extension (the SDK's extra_body): OpenAI's batch events go there.
         served = {"input_file_id", "endpoint", "completion_window", "metadata", "webhook_url"}
         for name in body:
@@ -204,7 +206,7 @@ class OpenAIBatches:
             )
         except ValidationError as refused:
             raise InvalidInput(_first_error(refused), field=str(refused.errors()[0]["loc"][0])) from None
-        submission = self._batches.submit(tenant_id, request, idempotency_key=idempotency_key)
+        submission = self._batches.submit(tenant_id, request, idempotency_key=idempotency_key, caller=caller)
         batch = submission.batch
         if invalid and not submission.replayed:
             lines = b"".join(json.dumps(line).encode() + b"\n" for line in invalid)

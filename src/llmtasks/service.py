@@ -18,6 +18,7 @@ from llmtasks.errors import (
     TaskNotFound,
 )
 from llmtasks.idempotency import IdempotencyKeys, at_most_once
+from llmtasks.limits import Caller, KeyLimits
 from llmtasks.models import (
     SubmitTaskRequest,
     Task,
@@ -63,6 +64,7 @@ class TaskService:
         resolve: Resolver | None = None,
         results: ResultBlobs,
         idempotency: IdempotencyKeys | None = None,
+        limits: KeyLimits | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -71,14 +73,7 @@ class TaskService:
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
         self.idempotency = idempotency
-
-    @property
-    def default_tenant(self) -> str:
-        return self._settings.default_tenant
-
-    @property
-    def auth_required(self) -> bool:
-        return self._settings.auth_required
+        self.limits = limits
 
     def submit(
         self,
@@ -87,8 +82,10 @@ class TaskService:
         *,
         idempotency_key: str | None = None,
         trace_header: str | None = None,
+        caller: Caller | None = None,
     ) -> Submission:
-        """A new task; with an Idempotency-Key, the task this key already made (a replay)."""
+        """A new task; with an Idempotency-Key, the task this key already made (a replay). A
+        caller's key with a max_in_flight holds the task (none: no limit)."""
         # Before the key is recorded: a refused body leaves no trace.
         check_limits(body, self._settings)
         if body.webhook_url is not None:
@@ -96,17 +93,19 @@ class TaskService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
         if idempotency_key is None:
-            return Submission(self._create(tenant_id, body, trace_header))
+            return Submission(self._create(tenant_id, body, trace_header, caller))
         stored, replayed = at_most_once(
             self.idempotency,
-            lambda: self._create(tenant_id, body, trace_header).model_dump(mode="json"),
+            lambda: self._create(tenant_id, body, trace_header, caller).model_dump(mode="json"),
             tenant=tenant_id,
             key=idempotency_key,
             body=body.model_dump(mode="json", exclude_unset=True),
         )
         return Submission(Task.model_validate(stored), replayed=replayed)
 
-    def _create(self, tenant_id: str, body: SubmitTaskRequest, trace_header: str | None) -> Task:
+    def _create(
+        self, tenant_id: str, body: SubmitTaskRequest, trace_header: str | None, caller: Caller | None
+    ) -> Task:
         now = self._clock()
         task = Task(
             task_id=new_task_id(),
@@ -125,6 +124,8 @@ class TaskService:
             expires_at=int(now + self._settings.task_ttl_seconds),
             trace_header=trace_header,
         )
+        if caller is not None and self.limits is not None:
+            self.limits.hold(caller, "t", task.task_id)
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.
         try:

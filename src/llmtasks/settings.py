@@ -29,10 +29,9 @@ class Settings(BaseSettings):
     webhook_dlq_url: str = Field(min_length=1)
     results_bucket: str = Field(min_length=1)
 
-    # API keys (template.yaml: the Api's authorizer). Off only in `llmtasks up --no-auth`.
-    auth_required: bool = True
+    # API keys (template.yaml: the Api's authorizer) and their limits.
     api_keys_table_name: str | None = None  # AuthorizerFunction only
-    auth_cache_s: float = Field(default=60.0, ge=0)
+    limits_table_name: str | None = None  # SubmitFunction and StatusFunction
 
     # Idempotency-Key records (SubmitFunction only: other functions never read it).
     idempotency_table_name: str | None = None
@@ -44,7 +43,6 @@ class Settings(BaseSettings):
     max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
     # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.
     max_inline_result_bytes: int = Field(default=100 * KIB, ge=0)
-    default_tenant: str = "default"
     # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
     retry_base_delay_s: float = Field(default=2.0, ge=0)
     # Both at most 900 s: a retry is an SQS message delay, and SQS delays go up to 15 minutes.

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.config import Config
 
-from llmtasks.apikeys import ApiKeys, CachedAuthenticator
+from llmtasks.apikeys import ApiKeys
 from llmtasks.batch_store import BatchCancellations, BatchStore
 from llmtasks.batches import BatchFanout, BatchProgress, BatchService
 from llmtasks.idempotency import IdempotencyKeys
+from llmtasks.limits import KeyLimits, work_ended
 from llmtasks.llm import provider_from_settings
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue, queue_name
@@ -96,6 +97,15 @@ def result_blobs() -> ResultBlobs:
 
 
 @lru_cache(maxsize=1)
+def key_limits() -> KeyLimits | None:
+    """The per-key limits' counters; None where LimitsTable is not configured (no limits)."""
+    table = get_settings().limits_table_name
+    if table is None:
+        return None
+    return KeyLimits(table, dynamodb(), ended=work_ended(task_store(), batch_store()))
+
+
+@lru_cache(maxsize=1)
 def task_service() -> TaskService:
     settings = get_settings()
     return TaskService(
@@ -104,6 +114,7 @@ def task_service() -> TaskService:
         task_queue(),
         results=result_blobs(),
         idempotency=idempotency_keys(),
+        limits=key_limits(),
     )
 
 
@@ -117,6 +128,7 @@ def batch_service() -> BatchService:
         batch_fanout_queue(),
         results=result_blobs(),
         idempotency=idempotency_keys(),
+        limits=key_limits(),
     )
 
 
@@ -188,8 +200,8 @@ def webhook_delivery() -> WebhookDelivery:
 
 
 @lru_cache(maxsize=1)
-def authenticator() -> CachedAuthenticator:
+def api_keys() -> ApiKeys:
     settings = get_settings()
     if settings.api_keys_table_name is None:
         raise RuntimeError("API_KEYS_TABLE_NAME is not set: only AuthorizerFunction checks keys")
-    return CachedAuthenticator(ApiKeys(settings.api_keys_table_name, dynamodb()), ttl_s=settings.auth_cache_s)
+    return ApiKeys(settings.api_keys_table_name, dynamodb())

@@ -15,10 +15,14 @@ RunningStack = LaunchedStack
 
 
 def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
-    # Revoked keys stop working within a second here (60 s by default), and no webhook host is
-    # ever looked up in DNS: fuzzed URLs must not reach past 127.0.0.1.
-    given = {"AUTH_CACHE_S": "1", "WEBHOOK_RESOLVE_NAMES": "false", **(env or {})}
-    return launch(*extra, env=given, cwd=ROOT)
+    # Revoked keys stop working within a second here (the authorizer cache's TTL: 60 s by
+    # default), and no webhook host is ever looked up in DNS: fuzzed URLs must not reach past
+    # 127.0.0.1.
+    given = {"WEBHOOK_RESOLVE_NAMES": "false", **(env or {})}
+    return launch("--parameter-overrides", f"AuthCacheSeconds={AUTH_CACHE_S}", *extra, env=given, cwd=ROOT)
+
+
+AUTH_CACHE_S = 1
 
 
 def derived_template(directory: Path, replacements: dict[str, str]) -> Path:

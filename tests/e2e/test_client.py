@@ -119,7 +119,7 @@ def test_verify_webhook_accepts_a_delivery_and_refuses_a_tampered_one(fresh_mock
     hook = WebhookReceiver()
     with serve(hook.app()) as receiver, llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
         secret = httpx.get(
-            f"{fresh_mock.api}/webhooks/secret", headers={"x-api-key": str(fresh_mock.api_key)}
+            f"{fresh_mock.api}/webhooks/secret", headers={"Authorization": f"Bearer {fresh_mock.api_key}"}
         ).json()["key"]
         task = client.submit("hook me", webhook_url=receiver + "/hook")
         [delivery] = hook.wait_for(1)

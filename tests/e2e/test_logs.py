@@ -36,7 +36,7 @@ def test_logs_carry_ids_but_never_prompts_results_keys_or_secrets(stack: Running
         task = wait_terminal(client, task_id)
         hook.wait_for(1)
         with stack.client(wrong) as stranger:
-            assert stranger.get(f"/tasks/{task_id}").status_code == 401
+            assert stranger.get(f"/tasks/{task_id}").status_code == 403  # the authorizer's deny
     assert marker in task["result"]  # the mock echoes the prompt: the result carries it too
     log = stack.log.read_text()
     assert task_id in log  # the logs do say what happened

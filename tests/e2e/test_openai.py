@@ -136,13 +136,14 @@ def test_unknown_and_other_tenants_responses_are_not_found(client: OpenAI, fresh
             other.responses.cancel(mine.id)
 
 
-def test_a_bad_key_is_the_sdks_authentication_error(fresh_mock: RunningStack) -> None:
+def test_a_bad_key_is_the_sdks_permission_error_from_the_gateway(fresh_mock: RunningStack) -> None:
+    # API Gateway answers an authorizer's deny itself (403 {"message": "Forbidden"}); an HTTP
+    # API cannot give it OpenAI's 401 shape, so the SDK raises its 403 error.
     sdk = OpenAI(base_url=fresh_mock.api + "/v1", api_key="lt_nope_nope", max_retries=0)
-    with sdk, pytest.raises(openai.AuthenticationError) as refused:
+    with sdk, pytest.raises(openai.PermissionDeniedError) as refused:
         sdk.responses.retrieve("resp_0123456789abcdef0123456789abcdef")
-
-    assert refused.value.status_code == 401
-    assert refused.value.code == "invalid_api_key"
+    assert refused.value.status_code == 403
+    assert refused.value.body == {"message": "Forbidden"}
 
 
 # --- the Batch API ---------------------------------------------------------------------------------

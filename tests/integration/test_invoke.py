@@ -147,11 +147,9 @@ def test_every_sample_event_runs_through_llmtasks_invoke(
     reply = invoke("SubmitFunction", "cancel_batch.json")
     assert (reply["statusCode"], body_of(reply)["status"]) == (200, "cancelling")
 
-    # The authorizer passes its refusal of the sample's placeholder key on (the API answers
-    # 401 with a problem); the open routes answer without a key
-    verdict = invoke("AuthorizerFunction", "authorizer_request.json")
-    assert verdict["isAuthorized"] is True
-    assert verdict["context"] == {"refusal": "unknown"}
+    # The authorizer denies the sample's placeholder key (API Gateway answers 403); the open
+    # routes answer without a key
+    assert invoke("AuthorizerFunction", "authorizer_request.json") == {"isAuthorized": False}
     assert invoke("StatusFunction", "openapi.json")["statusCode"] == 200
     assert invoke("StatusFunction", "docs.json")["statusCode"] == 200
     assert invoke("StatusFunction", "unknown_route.json")["statusCode"] == 404

@@ -26,7 +26,7 @@ def queue_names(endpoint_url: str) -> set[str]:
 
 
 def test_a_task_runs_with_sqs_on_its_own_endpoint_and_the_rest_on_moto(sqs_endpoint: str) -> None:
-    env = {"AUTH_CACHE_S": "1", "WEBHOOK_RESOLVE_NAMES": "false"}
+    env = {"WEBHOOK_RESOLVE_NAMES": "false"}
     stack: LaunchedStack = launch("--endpoint-url", f"sqs={sqs_endpoint}", env=env, cwd=ROOT)
     try:
         with stack.client() as client:

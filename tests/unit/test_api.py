@@ -60,7 +60,8 @@ class Api:
         event.update(rawPath=path, routeKey=route_key, rawQueryString=query)
         event["requestContext"].update(routeKey=route_key)
         event["requestContext"]["http"].update(method=method, path=path)
-        event["requestContext"].pop("authorizer", None)  # auth is off here: the default tenant
+        # What the Api's authorizer puts in the context for a key of tenant `default`
+        event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": "default", "key_id": "unit"}}
         event.pop("pathParameters", None)
         event.pop("queryStringParameters", None)
         if params:
@@ -213,8 +214,9 @@ def test_health_and_openapi_describe_the_routes(api: Api) -> None:
     )
     schema = document["components"]["schemas"]["SubmitTaskRequest"]
     assert schema["additionalProperties"] is False
-    # Auth as the API does it: either header, on every route but the public ones
-    assert set(document["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    # Auth as the API does it: Authorization: Bearer, on every route but the public ones; the
+    # refusals API Gateway gives itself in its plain JSON, a key's limits as a problem
+    assert set(document["components"]["securitySchemes"]) == {"bearer"}
     for path, route in [
         ("/tasks", "post"),
         ("/tasks", "get"),
@@ -222,8 +224,12 @@ def test_health_and_openapi_describe_the_routes(api: Api) -> None:
         ("/webhooks/secret", "get"),
     ]:
         operation = document["paths"][path][route]
-        assert operation["security"] == [{"bearer": []}, {"apiKey": []}]
-        assert "401" in operation["responses"]
+        assert operation["security"] == [{"bearer": []}]
+        responses = operation["responses"]
+        for status in ("401", "403"):
+            assert set(responses[status]["content"]) == {"application/json"}, status
+            assert "API Gateway" in responses[status]["description"]
+        assert set(responses["429"]["content"]) == {"application/problem+json"}
     assert "security" not in document["paths"]["/health"]["get"]
     assert set(document["paths"]["/tasks"]["post"]["responses"]) >= {
         "202",
@@ -571,3 +577,11 @@ def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, se
     first.join()
     assert sorted(type(o).__name__ for o in outcomes) == ["Submission", "TaskConflict"]
     assert len(aws.messages("TaskQueue")) == 1
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/octet-stream"])
+def test_a_post_without_a_body_labelled_otherwise_is_a_422_not_a_500(api: Api, content_type: str) -> None:
+    # A fuzzed request found this: Powertools refuses a non-JSON content type with an exception
+    reply = api.call("POST", "/tasks", headers={"content-type": content_type})
+    assert_problem(reply, 422)
+    assert api.aws.messages("TaskQueue") == []

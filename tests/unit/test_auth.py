@@ -1,4 +1,5 @@
-"""API keys: stored as hashes, checked by the authorizer, turned into 401 problems by the API."""
+"""API keys: stored as hashes, checked by the authorizer (allow with the key's tenant and limits,
+or deny); per-key limits counted by the functions, refused with 429 problems."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 
 import pytest
 
-from llmtasks.apikeys import ApiKeys, CachedAuthenticator
+from llmtasks.apikeys import ApiKeys
+from llmtasks.errors import InvalidInput, TooManyRequests
+from llmtasks.limits import Caller, Held, KeyLimits, caller_of
+from llmtasks.models import SubmitTaskRequest, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -34,8 +38,10 @@ def test_only_a_hash_of_the_key_is_stored(aws: Aws, api_keys: ApiKeys) -> None:
 
 
 def test_keys_authenticate_to_their_tenant_until_revoked(api_keys: ApiKeys) -> None:
-    key, record = api_keys.create("acme")
-    assert api_keys.authenticate(key).tenant_id == "acme"
+    key, record = api_keys.create("acme", rps=5, max_in_flight=20)
+    found = api_keys.authenticate(key).key
+    assert found is not None
+    assert (found.tenant_id, found.key_id, found.rps, found.max_in_flight) == ("acme", record.key_id, 5, 20)
     assert api_keys.authenticate(key[:-1] + ("A" if key[-1] != "A" else "B")).refusal == "unknown"
     assert api_keys.authenticate(None).refusal == "missing"
     assert api_keys.authenticate("sk-proj-123").refusal == "malformed"
@@ -46,32 +52,38 @@ def test_keys_authenticate_to_their_tenant_until_revoked(api_keys: ApiKeys) -> N
     assert [k.revoked_at is not None for k in api_keys.all()] == [True]
 
 
-def test_the_authorizer_caches_decisions_for_its_ttl(api_keys: ApiKeys) -> None:
-    now = [0.0]
-    cached = CachedAuthenticator(api_keys, ttl_s=60, clock=lambda: now[0])
-    key, record = api_keys.create("acme")
-    assert cached.authenticate(key).tenant_id == "acme"
-    api_keys.revoke(record.key_id)
-    assert cached.authenticate(key).tenant_id == "acme"  # within the TTL: the cached decision
-    now[0] = 61
-    assert cached.authenticate(key).refusal == "revoked"
-
-
-def test_the_authorizer_function_passes_its_verdict_in_the_context(handler: Any, api_keys: ApiKeys) -> None:
+def test_the_authorizer_allows_a_valid_key_with_its_tenant_and_limits_and_denies_the_rest(
+    handler: Any, api_keys: ApiKeys
+) -> None:
     authorize, context = handler("AuthorizerFunction")
-    key, _ = api_keys.create("acme")
+    key, record = api_keys.create("acme", rps=3, max_in_flight=7)
+    plain, plain_record = api_keys.create("beta")
+    revoked, revoked_record = api_keys.create("gone")
+    api_keys.revoke(revoked_record.key_id)
     event = load_event("authorizer_request.json")
-    authenticator = CachedAuthenticator(api_keys, ttl_s=0)
-    refused = authorize(event, context, authenticator=authenticator)
-    assert refused == {"isAuthorized": True, "context": {"refusal": "unknown"}}
+    for refused in ("lt_0123456789ab_notthesecret", "hello", revoked):
+        event["headers"]["authorization"] = f"Bearer {refused}"
+        assert authorize(event, context, keys=api_keys) == {"isAuthorized": False}
+    event["headers"]["authorization"] = "Basic dXNlcjpwYXNz"
+    assert authorize(event, context, keys=api_keys) == {"isAuthorized": False}
     event["headers"]["authorization"] = f"Bearer {key}"
-    assert authorize(event, context, authenticator=authenticator) == {
+    allowed = authorize(event, context, keys=api_keys)
+    assert allowed == {
         "isAuthorized": True,
-        "context": {"tenant_id": "acme"},
+        "context": {"tenant_id": "acme", "key_id": record.key_id, "rps": 3, "max_in_flight": 7},
     }
+    event["headers"]["authorization"] = f"bearer {plain}"
+    assert authorize(event, context, keys=api_keys)["context"] == {
+        "tenant_id": "beta",
+        "key_id": plain_record.key_id,
+    }
+    # What a function reads back from that context
+    event = {"requestContext": {"authorizer": {"lambda": allowed["context"]}}}
+    assert caller_of(event) == Caller("acme", record.key_id, rps=3, max_in_flight=7)
+    assert caller_of({"requestContext": {}}) is None
 
 
-def submit_as(handler: Any, service: TaskService, verdict: dict[str, str] | None) -> dict[str, Any]:
+def submit_as(handler: Any, service: TaskService, verdict: dict[str, Any] | None) -> dict[str, Any]:
     submit, context = handler("SubmitFunction")
     event = load_event("submit_task.json")
     if verdict is not None:
@@ -81,20 +93,114 @@ def submit_as(handler: Any, service: TaskService, verdict: dict[str, str] | None
     return submit(event, context, service=service)  # type: ignore[no-any-return]
 
 
-def test_the_api_answers_a_refusal_with_a_401_problem_and_a_verdict_with_the_tenant(
+def limits(aws: Aws, settings: Settings, clock: list[float], ended: Any = None) -> KeyLimits:
+    assert settings.limits_table_name is not None
+    return KeyLimits(
+        settings.limits_table_name,
+        aws.dynamodb,
+        ended=ended or (lambda held, now: []),
+        clock=lambda: clock[0],
+    )
+
+
+def test_a_request_without_the_authorizer_s_tenant_is_a_401_problem_and_changes_nothing(
     aws: Aws, settings: Settings, handler: Any
 ) -> None:
-    strict = settings.model_copy(update={"auth_required": True})
-    store = TaskStore(strict.tasks_table_name, aws.dynamodb)
-    service = TaskService(strict, store, Queue(strict.task_queue_url, aws.sqs), results=blobs(strict))
-    for verdict, detail in [(None, "Send an API key"), ({"refusal": "revoked"}, "revoked")]:
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    service = TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings))
+    for verdict in (None, {}, {"refusal": "revoked"}):
         reply = submit_as(handler, service, verdict)
         assert reply["statusCode"] == 401
         assert reply["headers"]["WWW-Authenticate"] == 'Bearer realm="llmtasks"'
-        assert detail in json.loads(reply["body"])["detail"]
+        assert "authorizer" in json.loads(reply["body"])["detail"]
     assert aws.messages("TaskQueue") == []
-    accepted = submit_as(handler, service, {"tenant_id": "acme"})
+    accepted = submit_as(handler, service, {"tenant_id": "acme", "key_id": "k1"})
     assert accepted["statusCode"] == 202
     task = store.get(json.loads(accepted["body"])["task_id"], now=0)
     assert task is not None
     assert task.tenant_id == "acme"
+
+
+def test_a_key_s_requests_a_second_are_counted_per_second_and_refused_with_retry_after(
+    aws: Aws, settings: Settings, handler: Any
+) -> None:
+    clock = [1000.2]
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    service = TaskService(
+        settings,
+        store,
+        Queue(settings.task_queue_url, aws.sqs),
+        results=blobs(settings),
+        limits=limits(aws, settings, clock),
+        clock=lambda: clock[0],
+    )
+    fast = {"tenant_id": "acme", "key_id": "fast", "rps": 2}
+    other = {"tenant_id": "acme", "key_id": "other", "rps": 2}
+    assert [submit_as(handler, service, fast)["statusCode"] for _ in range(2)] == [202, 202]
+    refused = submit_as(handler, service, fast)
+    assert refused["statusCode"] == 429
+    assert refused["headers"]["Retry-After"] == "1"
+    assert refused["headers"]["Content-Type"] == "application/problem+json"
+    assert "2 request(s) a second" in json.loads(refused["body"])["detail"]
+    assert len(aws.messages("TaskQueue")) == 2  # the refused one sent nothing
+    assert submit_as(handler, service, other)["statusCode"] == 202  # another key: its own count
+    assert submit_as(handler, service, {"tenant_id": "acme", "key_id": "free"})["statusCode"] == 202
+    clock[0] = 1001.0  # the next second
+    assert submit_as(handler, service, fast)["statusCode"] == 202
+
+
+def test_a_key_s_tasks_in_flight_are_capped_until_some_end(aws: Aws, settings: Settings) -> None:
+    clock = [1000.0]
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    ended_asks: list[list[str]] = []
+
+    def ended(held: list[Held], now: float) -> list[Held]:
+        ended_asks.append(sorted(h.work_id for h in held))
+        tasks = store.get_many([h.work_id for h in held])
+        return [h for h in held if h.work_id in tasks and tasks[h.work_id].status.is_terminal]
+
+    service = TaskService(
+        settings,
+        store,
+        Queue(settings.task_queue_url, aws.sqs),
+        results=blobs(settings),
+        limits=limits(aws, settings, clock, ended),
+        clock=lambda: clock[0],
+    )
+    capped = Caller("acme", "capped", max_in_flight=2)
+    first, second = (
+        service.submit("acme", SubmitTaskRequest(prompt=f"p{i}"), caller=capped).task for i in range(2)
+    )
+    with pytest.raises(TooManyRequests) as full:
+        service.submit("acme", SubmitTaskRequest(prompt="p2"), caller=capped)
+    assert full.value.retry_after_s > 0
+    assert ended_asks == [sorted([first.task_id, second.task_id])]  # it looked, and nothing had ended
+    assert len(aws.messages("TaskQueue")) == 2
+    # Another key of the same tenant has its own cap; no cap means none
+    service.submit("acme", SubmitTaskRequest(prompt="other"), caller=Caller("acme", "other", max_in_flight=1))
+    service.submit("acme", SubmitTaskRequest(prompt="free"), caller=Caller("acme", "free"))
+    # A task that ends makes room
+    service.cancel("acme", first.task_id)
+    third = service.submit("acme", SubmitTaskRequest(prompt="p3"), caller=capped).task
+    assert third.status is TaskStatus.PENDING
+    held = {h.work_id for h in limits(aws, settings, clock).held("capped")}
+    assert held == {second.task_id, third.task_id}
+
+
+def test_a_batch_weighs_its_items_and_one_larger_than_the_cap_is_refused(
+    aws: Aws, settings: Settings
+) -> None:
+    clock = [1000.0]
+    counters = limits(aws, settings, clock)
+    capped = Caller("acme", "capped", max_in_flight=10)
+    counters.hold(capped, "b", "batch-1", weight=8)
+    counters.hold(capped, "b", "batch-1", weight=8)  # the same batch again (an Idempotency-Key replay)
+    with pytest.raises(TooManyRequests):
+        counters.hold(capped, "t", "task-1", weight=3)
+    counters.hold(capped, "t", "task-2")
+    with pytest.raises(InvalidInput):
+        counters.hold(capped, "b", "batch-2", weight=11)
+    assert sorted((h.kind, h.work_id, h.weight) for h in counters.held("capped")) == [
+        ("b", "batch-1", 8),
+        ("t", "task-2", 1),
+    ]

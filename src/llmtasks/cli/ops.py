@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmtasks.apikeys import MAX_IN_FLIGHT
 from llmtasks.cli.options import target_of, targeted
 from llmtasks.deadletters import QUEUE_NAMES
 from llmtasks.deployment import QueueName
@@ -121,10 +122,31 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="The tenant whose tasks the key reaches.")
 @click.option("--name", default="", help="A note to recognise the key by (who or what uses it).")
+@click.option(
+    "--rps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests a second the key may make [default: no limit].",
+)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1, max=MAX_IN_FLIGHT),
+    default=None,
+    help="Its tasks that may be unfinished at once (a batch counts its items) [default: no limit].",
+)
 @targeted
-def keys_create(tenant: str, name: str, stack_name: str | None, endpoint_url: str | None) -> None:
+def keys_create(
+    tenant: str,
+    name: str,
+    rps: int | None,
+    max_in_flight: int | None,
+    stack_name: str | None,
+    endpoint_url: str | None,
+) -> None:
     """Create a key; it is printed once and cannot be shown again."""
-    key, record = _api_keys(stack_name, endpoint_url).create(tenant, name=name)
+    key, record = _api_keys(stack_name, endpoint_url).create(
+        tenant, name=name, rps=rps, max_in_flight=max_in_flight
+    )
     click.echo(key)
     click.echo(f"(key id {record.key_id}, tenant {tenant}; keep the key: only its hash is stored)", err=True)
 
@@ -157,7 +179,14 @@ def keys_list(stack_name: str | None, endpoint_url: str | None) -> None:
     for record in _api_keys(stack_name, endpoint_url).all():
         created = datetime.fromtimestamp(record.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M")
         revoked = "revoked" if record.revoked_at is not None else "active"
-        click.echo(f"{record.key_id}  {record.tenant_id:20} {revoked:8} {created}  {record.name}")
+        limits = ", ".join(
+            f"{name} {value}"
+            for name, value in (("rps", record.rps), ("max in flight", record.max_in_flight))
+            if value is not None
+        )
+        click.echo(
+            f"{record.key_id}  {record.tenant_id:20} {revoked:8} {created}  {record.name}  {limits}".rstrip()
+        )
 
 
 @keys.command("revoke")
@@ -167,7 +196,10 @@ def keys_revoke(key_id: str, stack_name: str | None, endpoint_url: str | None) -
     """Revoke a key by its id (the part after lt_ and before the next _)."""
     if _api_keys(stack_name, endpoint_url).revoke(key_id) is None:
         raise click.ClickException(f"no key with id {key_id}")
-    click.echo(f"revoked {key_id}; requests with it are refused within the authorizer's cache time")
+    click.echo(
+        f"revoked {key_id}; requests with it are refused within the authorizer's cache time"
+        " (the template's AuthCacheSeconds)"
+    )
 
 
 COMMANDS = [dlq, stats, keys]

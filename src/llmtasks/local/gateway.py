@@ -6,9 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks.local.runtime import FunctionRuntime
-from llmtasks.local.template import PSEUDO_PARAMETERS, HttpRoute
+from llmtasks.local.template import PSEUDO_PARAMETERS, HttpRoute, LambdaAuthorizer
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-www-form-urlencoded")
 
@@ -128,7 +129,7 @@ def http_response(payload: Any) -> Response:
     return response
 
 
-def authorizer_event(event: Mapping[str, Any]) -> dict[str, Any]:
+def authorizer_event(event: Mapping[str, Any], identity: Sequence[str] = ()) -> dict[str, Any]:
     """The event an HTTP API sends a Lambda authorizer (payload format 2.0, REQUEST)."""
     context = event["requestContext"]
     route_arn = (
@@ -148,34 +149,92 @@ def authorizer_event(event: Mapping[str, Any]) -> dict[str, Any]:
         **{key: event[key] for key in copied if key in event},
         "type": "REQUEST",
         "routeArn": route_arn,
-        "identitySource": [],
+        "identitySource": list(identity),
         "requestContext": context,
         "pathParameters": event.get("pathParameters") or {},
         "stageVariables": {},
     }
 
 
+# API Gateway's own refusals (plain JSON, not the functions' problem+json).
+UNAUTHORIZED = {"message": "Unauthorized"}  # an identity source is missing: nothing runs
+FORBIDDEN = {"message": "Forbidden"}  # the authorizer said no
+
+
+class AuthorizerCache:
+    """API Gateway's authorizer result cache: a decision (allow with its context, or deny) kept
+    per authorizer and identity-source values for the authorizer's ReauthorizeEvery."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._decisions: dict[tuple[str, tuple[str, ...]], tuple[float, dict[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, authorizer: LambdaAuthorizer, identity: tuple[str, ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(found, context): a cached allow gives its context, a cached deny None."""
+        with self._lock:
+            kept = self._decisions.get((authorizer.function_id, identity))
+        if kept is None or kept[0] <= self._clock():
+            return False, None
+        return True, kept[1]
+
+    def put(
+        self, authorizer: LambdaAuthorizer, identity: tuple[str, ...], context: dict[str, Any] | None
+    ) -> None:
+        if authorizer.ttl_s <= 0 or not authorizer.identity_headers:
+            return  # without an identity source API Gateway caches nothing
+        with self._lock:
+            if len(self._decisions) > 10_000:
+                self._decisions.clear()
+            self._decisions[(authorizer.function_id, identity)] = (self._clock() + authorizer.ttl_s, context)
+
+
 class HttpGateway:
     def __init__(
-        self, routes: Sequence[HttpRoute], runtimes: Mapping[str, FunctionRuntime], *, authorize: bool = True
+        self,
+        routes: Sequence[HttpRoute],
+        runtimes: Mapping[str, FunctionRuntime],
+        *,
+        fixed_tenant: str | None = None,
+        cache: AuthorizerCache | None = None,
     ) -> None:
         # Like API Gateway: the most specific route wins (fewer path variables, then longer).
         self._routes = sorted(routes, key=lambda r: (r.path.count("{"), -len(r.path), r.method == "ANY"))
         self._runtimes = runtimes
-        self._authorize = authorize
+        # `llmtasks up --no-auth`: the authorizers do not run and every request is this tenant,
+        # as if the authorizer had said so. The deployed functions have no such switch.
+        self._fixed_tenant = fixed_tenant
+        self._cache = cache or AuthorizerCache()
 
     async def _authorized(self, route: HttpRoute, event: dict[str, Any]) -> Response | None:
-        """Runs the route's authorizer: None to go on (its context now in the event), else the
-        reply API Gateway gives instead."""
-        if route.authorizer is None or not self._authorize:
+        """Runs the route's authorizer as API Gateway does: None to go on (its context now in the
+        event), else the reply API Gateway gives instead."""
+        authorizer = route.authorizer
+        if authorizer is None:
             return None
-        result = await run_in_threadpool(self._runtimes[route.authorizer].invoke, authorizer_event(event))
-        if not result.ok or not isinstance(result.payload, dict):
-            print(f"[{route.authorizer}] {result.error or 'not a simple response'}", flush=True)
-            return JSONResponse({"message": "Internal Server Error"}, 500)
-        if result.payload.get("isAuthorized") is not True:
-            return JSONResponse({"message": "Forbidden"}, 403)
-        event["requestContext"]["authorizer"] = {"lambda": result.payload.get("context") or {}}
+        if self._fixed_tenant is not None:
+            event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": self._fixed_tenant}}
+            return None
+        headers = event["headers"]
+        identity = tuple(headers.get(name.lower(), "") for name in authorizer.identity_headers)
+        if not all(identity):
+            return JSONResponse(UNAUTHORIZED, 401)
+        found, context = self._cache.get(authorizer, identity)
+        if not found:
+            result = await run_in_threadpool(
+                self._runtimes[authorizer.function_id].invoke, authorizer_event(event, identity)
+            )
+            if not result.ok or not isinstance(result.payload, dict):
+                print(f"[{authorizer.function_id}] {result.error or 'not a simple response'}", flush=True)
+                return JSONResponse({"message": "Internal Server Error"}, 500)
+            allowed = result.payload.get("isAuthorized") is True
+            context = dict(result.payload.get("context") or {}) if allowed else None
+            self._cache.put(authorizer, identity, context)
+        if context is None:
+            return JSONResponse(FORBIDDEN, 403)
+        event["requestContext"]["authorizer"] = {"lambda": context}
         return None
 
     async def handle(self, request: Request) -> Response:

@@ -39,6 +39,7 @@ from llmtasks.store import TaskStore
 
 STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits
+NO_AUTH_TENANT = "default"  # every request's tenant under `--no-auth`
 
 
 @dataclass
@@ -53,7 +54,7 @@ class StackOptions:
     mock_latency_s: float = 0.0
     parameter_overrides: dict[str, str] = field(default_factory=dict)
     quiet_children: bool = True
-    auth: bool = True  # False: `--no-auth`, every request is the default tenant
+    auth: bool = True  # False: `--no-auth`, the gateway makes every request NO_AUTH_TENANT's
     report_invocations: bool = False  # `--report`: Lambda's START, END and REPORT lines
     # Where tables, queues, objects and stream positions are kept across restarts (None: nowhere).
     state_dir: Path | None = None
@@ -220,7 +221,6 @@ class LocalStack:
         )
         self.functions = template.functions(resources.refs, resources.attributes)
         os.environ.update(merged_environment(self.functions))
-        os.environ["AUTH_REQUIRED"] = str(self.options.auth).lower()
         # X-Ray has no daemon here; the Tracer would only warn.
         os.environ["POWERTOOLS_TRACE_DISABLED"] = "true"
         # Lambda sets it, and libraries read it to tell Lambda apart: Powertools' async batch
@@ -231,7 +231,12 @@ class LocalStack:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
         positions = self._stream_positions()
-        authorizers = {route.authorizer for spec in self.functions.values() for route in spec.routes}
+        authorizers = {
+            route.authorizer.function_id
+            for spec in self.functions.values()
+            for route in spec.routes
+            if route.authorizer is not None
+        }
         for spec in self.functions.values():
             serves_http = bool(spec.routes) or spec.logical_id in authorizers
             concurrency = (HTTP_CONCURRENCY if serves_http else 0) + len(spec.stream_sources)
@@ -260,7 +265,9 @@ class LocalStack:
         self._start_ttl(resources)
         self._watch_state()
         routes = [route for spec in self.functions.values() for route in spec.routes]
-        gateway = HttpGateway(routes, self.runtimes, authorize=self.options.auth)
+        gateway = HttpGateway(
+            routes, self.runtimes, fixed_tenant=None if self.options.auth else NO_AUTH_TENANT
+        )
         self._serve_http(self._console().around(gateway.app()))
         pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
         for poller in pollers:

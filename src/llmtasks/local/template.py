@@ -147,11 +147,21 @@ def _check_parameter(name: str, value: str, spec: Mapping[str, Any], path: Path)
 
 
 @dataclass(frozen=True)
+class LambdaAuthorizer:
+    """An HttpApi's Lambda authorizer as API Gateway runs it: a request without every identity
+    header is refused before the function runs, and its decision is kept per identity."""
+
+    function_id: str  # logical id
+    identity_headers: tuple[str, ...] = ()  # Identity.Headers; none: the function always runs
+    ttl_s: int = 0  # Identity.ReauthorizeEvery; 0 caches nothing
+
+
+@dataclass(frozen=True)
 class HttpRoute:
     function_id: str
     method: str  # upper case, or ANY
     path: str  # /tasks/{task_id}; {proxy+} is greedy
-    authorizer: str | None = None  # the Lambda authorizer's function (logical id), if any
+    authorizer: LambdaAuthorizer | None = None
 
     @property
     def route_key(self) -> str:
@@ -379,7 +389,9 @@ class Template:
                         logical_id,
                         str(e["Properties"].get("Method", "ANY")).upper(),
                         e["Properties"]["Path"],
-                        self._authorizer_of(e["Properties"].get("ApiId"), e["Properties"].get("Auth")),
+                        self._authorizer_of(
+                            e["Properties"].get("ApiId"), e["Properties"].get("Auth"), refs, attributes
+                        ),
                     )
                     for e in events.values()
                     if e.get("Type") == "HttpApi"
@@ -422,23 +434,36 @@ class Template:
             )
         return (self.root / str(props.get("ContentUri", "."))).resolve()
 
-    def _authorizer_of(self, api_id: Any, route_auth: Mapping[str, Any] | None) -> str | None:
-        """The function that authorizes a route: its own Auth.Authorizer, else its Api's
-        DefaultAuthorizer; NONE means none. Lambda authorizers only (what this template uses)."""
+    def _authorizer_of(
+        self,
+        api_id: Any,
+        route_auth: Mapping[str, Any] | None,
+        refs: Mapping[str, str],
+        attributes: Mapping[tuple[str, str], str],
+    ) -> LambdaAuthorizer | None:
+        """The authorizer of a route: its own Auth.Authorizer, else its Api's DefaultAuthorizer;
+        NONE means none. Lambda authorizers only (what this template uses)."""
         api = (self.body.get("Resources") or {}).get(str(api_id), {}) if api_id else {}
         auth = (api.get("Properties") or {}).get("Auth") or {}
         name = (route_auth or {}).get("Authorizer", auth.get("DefaultAuthorizer"))
         if not name or name == "NONE":
             return None
-        arn = ((auth.get("Authorizers") or {}).get(name) or {}).get("FunctionArn")
-        if (
+        config = (auth.get("Authorizers") or {}).get(name) or {}
+        arn = config.get("FunctionArn")
+        if not (
             isinstance(arn, dict)
             and isinstance(arn.get("Fn::GetAtt"), list)
             and arn["Fn::GetAtt"][1] == "Arn"
         ):
-            return str(arn["Fn::GetAtt"][0])
-        raise TemplateError(
-            f"authorizer {name}: the emulator runs Lambda authorizers given as !GetAtt Fn.Arn"
+            raise TemplateError(
+                f"authorizer {name}: the emulator runs Lambda authorizers given as !GetAtt Fn.Arn"
+            )
+        identity = self.resolve(config.get("Identity") or {}, refs, attributes)
+        return LambdaAuthorizer(
+            function_id=str(arn["Fn::GetAtt"][0]),
+            identity_headers=tuple(str(h) for h in identity.get("Headers") or ()),
+            # SAM's default when an Identity is given: 300 s
+            ttl_s=int(identity.get("ReauthorizeEvery", 300)) if identity else 0,
         )
 
 

@@ -1,0 +1,242 @@
+"""Per-key limits: requests a second, and tasks in flight (LimitsTable).
+
+The authorizer passes the caller's key, tenant and limits in its context (`caller_context`);
+API Gateway caches that answer, so the limits are counted here, by the functions, on every
+request. Each counter is one item of LimitsTable (no stream, so counting costs no stream reads):
+
+- `rate#<key id>#<second>`: the requests of one key in one second (a fixed window), refused
+  past the key's `rps`; the item expires a minute later.
+- `flight#<key id>`: what the key holds, one attribute per task (`t_<id>`) or batch (`b_<id>`,
+  weighing its item count) and their total `n`. A submit adds its entry only while the total
+  leaves room. Nothing removes an entry when its work ends: the worker, the cancel and the
+  batch counters stay as they are. Instead, when a submit finds no room, the entries whose work
+  has ended (or never got stored, or reads as dead-lettered) are removed first, and the submit
+  tries once more. The cost of a full key is then one batch read of what it holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtasks.errors import BackendError, InvalidInput, TooManyRequests
+from llmtasks.store import deserialize, is_condition_failure, serialize
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+    from llmtasks.apikeys import ApiKey
+    from llmtasks.batch_store import BatchStore
+    from llmtasks.store import TaskStore
+
+RATE_WINDOW_TTL_S = 60
+# When a full key may try again: tasks take from seconds to minutes.
+IN_FLIGHT_RETRY_AFTER_S = 10
+# An entry whose task or batch is not stored yet may be a submit still under way.
+UNSTORED_GRACE_S = 120
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as the authorizer decided: the key's tenant, id and limits."""
+
+    tenant_id: str
+    key_id: str | None = None  # None: the local gateway's --no-auth
+    rps: int | None = None
+    max_in_flight: int | None = None
+
+
+def caller_context(key: ApiKey) -> dict[str, Any]:
+    """The authorizer's context for a valid key (strings and numbers only, as API Gateway wants)."""
+    context: dict[str, Any] = {"tenant_id": key.tenant_id, "key_id": key.key_id}
+    if key.rps is not None:
+        context["rps"] = key.rps
+    if key.max_in_flight is not None:
+        context["max_in_flight"] = key.max_in_flight
+    return context
+
+
+def caller_of(event: Mapping[str, Any]) -> Caller | None:
+    """The caller the route's authorizer let through, None when no authorizer ran."""
+    context = ((event.get("requestContext") or {}).get("authorizer") or {}).get("lambda") or {}
+    if not context.get("tenant_id"):
+        return None
+
+    def number(name: str) -> int | None:
+        value = context.get(name)
+        return None if value in (None, "") else int(value)
+
+    return Caller(
+        tenant_id=str(context["tenant_id"]),
+        key_id=str(context["key_id"]) if context.get("key_id") else None,
+        rps=number("rps"),
+        max_in_flight=number("max_in_flight"),
+    )
+
+
+@dataclass(frozen=True)
+class Held:
+    """One entry of a key's in-flight item."""
+
+    kind: str  # "t" a task, "b" a batch
+    work_id: str
+    weight: int
+    since: float
+
+
+# Which of the held entries have ended (or were never stored past the grace).
+Ended = Callable[[list[Held], float], list[Held]]
+
+
+class KeyLimits:
+    def __init__(
+        self, table_name: str, client: DynamoDBClient, *, ended: Ended, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.table_name = table_name
+        self._client = client
+        self._ended = ended
+        self._clock = clock
+
+    def count_request(self, caller: Caller) -> None:
+        """One more request of the caller's key this second; TooManyRequests past its rps."""
+        if caller.rps is None or caller.key_id is None:
+            return
+        now = self._clock()
+        try:
+            self._update(
+                f"rate#{caller.key_id}#{int(now)}",
+                "SET #n = if_not_exists(#n, :zero) + :one, expires_at = :expires",
+                "attribute_not_exists(#n) OR #n < :rps",
+                {":zero": 0, ":one": 1, ":rps": caller.rps, ":expires": int(now) + RATE_WINDOW_TTL_S},
+            )
+        except _Refused:
+            raise TooManyRequests(
+                f"This API key allows {caller.rps} request(s) a second.", retry_after_s=1
+            ) from None
+
+    def hold(self, caller: Caller, kind: str, work_id: str, *, weight: int = 1) -> None:
+        """Counts a task (`kind` "t") or a batch of `weight` items ("b") as in flight for the
+        caller's key; TooManyRequests when the key's max_in_flight has no room for it."""
+        cap, key_id = caller.max_in_flight, caller.key_id
+        if cap is None or key_id is None:
+            return
+        if weight > cap:
+            raise InvalidInput(
+                f"{weight} items are more than this API key may have in flight ({cap}).", field="items"
+            )
+        for attempt in range(2):
+            try:
+                self._update(
+                    f"flight#{key_id}",
+                    "SET #entry = :entry, #n = if_not_exists(#n, :zero) + :weight",
+                    "attribute_not_exists(#entry) AND (attribute_not_exists(#n) OR #n <= :room)",
+                    {":entry": [weight, self._clock()], ":zero": 0, ":weight": weight, ":room": cap - weight},
+                    names={"#entry": f"{kind}_{work_id}"},
+                )
+                return
+            except _Refused:
+                held = self.held(key_id)
+                if any((h.kind, h.work_id) == (kind, work_id) for h in held):
+                    return  # held already: the same batch submitted again under its Idempotency-Key
+                if attempt == 0 and self._release_ended(key_id, held):
+                    continue
+                break
+        raise TooManyRequests(
+            f"This API key has {cap} task(s) in flight, its limit: submit again when some have ended.",
+            retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+        )
+
+    def held(self, key_id: str) -> list[Held]:
+        item = self._call(
+            lambda: self._client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": f"flight#{key_id}"}}, ConsistentRead=True
+            )
+        ).get("Item")
+        entries = deserialize(item) if item else {}
+        return [
+            Held(kind=name[0], work_id=name[2:], weight=int(value[0]), since=float(value[1]))
+            for name, value in entries.items()
+            if name[:2] in ("t_", "b_")
+        ]
+
+    def _release_ended(self, key_id: str, held: list[Held]) -> int:
+        """Removes the entries whose work has ended; how many it removed."""
+        released = 0
+        for entry in self._ended(held, self._clock()):
+            try:
+                self._update(
+                    f"flight#{key_id}",
+                    "REMOVE #entry SET #n = #n - :weight",
+                    "attribute_exists(#entry)",
+                    {":weight": entry.weight},
+                    names={"#entry": f"{entry.kind}_{entry.work_id}"},
+                )
+                released += 1
+            except _Refused:
+                pass  # another submit removed it first
+        return released
+
+    def _update(
+        self,
+        pk: str,
+        update: str,
+        condition: str,
+        values: dict[str, Any],
+        *,
+        names: dict[str, str] | None = None,
+    ) -> None:
+        request: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": {"pk": {"S": pk}},
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": serialize(values),
+            # `n` in the expressions is the count (spelled out, so no reserved word can bite)
+            "ExpressionAttributeNames": {"#n": "n", **(names or {})},
+        }
+        try:
+            self._call(lambda: self._client.update_item(**request))
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                raise _Refused from None
+            raise BackendError(f"LimitsTable: {exc}") from exc
+
+    @staticmethod
+    def _call(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                raise
+            raise BackendError(f"LimitsTable: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"LimitsTable: {exc}") from exc
+
+
+def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:
+    """Which held entries have ended: a task that reads as ended (dead-lettered ones too), a
+    batch that has ended, or either gone (expired, or never stored past the grace)."""
+
+    def ended(held: list[Held], now: float) -> list[Held]:
+        found = tasks.get_many([h.work_id for h in held if h.kind == "t"])
+        gone = []
+        for entry in held:
+            if entry.kind == "t":
+                task = found.get(entry.work_id)
+                over = task.is_expired(now) or task.as_read(now).status.is_terminal if task else None
+            else:
+                batch = batches.get(entry.work_id, now=now)
+                over = batch.status.is_terminal if batch else None
+            if over or (over is None and now - entry.since > UNSTORED_GRACE_S):
+                gone.append(entry)
+        return gone
+
+    return ended
+
+
+class _Refused(Exception):
+    """A counter's condition said no."""
