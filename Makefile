@@ -55,8 +55,9 @@ lint: $(STAMP)
 	@$(BIN)/mypy bench/run.py || { echo "Error: mypy found the type errors above in bench/run.py" >&2; exit 1; }
 	@$(BIN)/cfn-lint template.yaml || { echo "Error: cfn-lint found the problems above in template.yaml" >&2; exit 1; }
 
-## The template as AWS's tools see it: sam validate --lint and sam build (SAM CLI in .venv-sam).
-template:
+## The template as AWS's tools see it: sam validate --lint, checkov, sam build and its artifact
+## (SAM CLI in .venv-sam, checkov in .venv-checkov).
+template: $(STAMP)
 	PYTHON=$(PYTHON) scripts/check-template
 
 ## Mutation testing of the core (not in make test: it takes long): the modules in pyproject's
