@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
@@ -123,7 +124,19 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
         )
     faults_file.write_text("{}")  # the worker is fixed: a redrive will now complete it
 
+    # Without its token the console shows no data, and its page says how to open it
     browser.get(stack.api + "/console")
+    told = shown(browser, lambda d: d.find_element(By.ID, "updated").text)
+    assert "open the console URL `llmtasks up` printed" in told
+    assert not browser.find_elements(By.CSS_SELECTOR, "#recent tr[data-task-id]")
+    for path in ("/console/api/overview", "/console/api/dlq"):
+        assert httpx.get(stack.api + path).status_code == 401
+        assert httpx.get(stack.api + path, headers={"Authorization": "Bearer not-it"}).status_code == 401
+    assert httpx.post(stack.api + "/console/api/dlq/tasks/redrive").status_code == 401
+    assert stack.cli("dlq", "list", "--queue", "tasks").count(poison) == 1  # the refusal redrove nothing
+    # With it (the URL `llmtasks up` printed), the page keeps it in a cookie and shows the data
+    browser.get(stack.console)
+    assert "token" not in browser.current_url  # out of the address bar once kept
     assert shown(browser, status_in_recent(completed)) == "completed"
     assert shown(browser, status_in_recent(failed)) == "failed"
     assert shown(browser, status_in_recent(poison)) == "dead_lettered"

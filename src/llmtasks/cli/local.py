@@ -163,7 +163,7 @@ def up(
     # The block a user needs, last, so that it stays in view above the logs.
     click.echo("")
     click.echo(f"  API      {stack.api_url}   (docs: {stack.api_url}/docs)")
-    click.echo(f"  console  {stack.api_url}/console")
+    click.echo(f"  console  {stack.console_url}")
     if stack.dev_key:
         kept = (
             f"kept in {options.state_dir / DEV_KEY}: .venv/bin/llmtasks keys dev prints it"

@@ -3,10 +3,15 @@ deployed API). One page (console.html, no assets from the internet) that polls t
 views: the deployment's overview (`stats.overview`, what `llmtasks stats` prints) and its
 dead letters, with a button per queue that redrives it (`DeadLetters.redrive`, what
 `llmtasks dlq redrive` does). Both read the tables and queues the functions use.
+
+It shows every tenant's tasks, so its data needs the token `llmtasks up` prints in the console's
+URL, as Jupyter does: opening /console?token=... keeps it in a cookie for the page (HttpOnly,
+SameSite=Strict, so another site's page cannot use it); a script may send it as a Bearer token.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -27,6 +32,10 @@ if TYPE_CHECKING:
     from llmtasks.deployment import Deployment
 
 PREFIX = "/console"
+COOKIE = "llmtasks_console"
+NEEDS_TOKEN = {
+    "message": "The console needs its token: open the console URL `llmtasks up` printed (/console?token=...)."
+}
 
 
 class Console:
@@ -36,8 +45,11 @@ class Console:
         sqs: SQSClient,
         deployment: Deployment,
         dead_letters: DeadLetters,
+        *,
+        token: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._token = token
         self._dynamodb = dynamodb
         self._sqs = sqs
         self._deployment = deployment
@@ -54,10 +66,24 @@ class Console:
             for queue in QUEUE_NAMES
         }
 
+    def _is_token(self, given: str | None) -> bool:
+        return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())
+
+    def _allowed(self, request: Request) -> bool:
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        bearer = credentials.strip() if scheme.lower() == "bearer" else None
+        return self._is_token(request.cookies.get(COOKIE)) or self._is_token(bearer)
+
     async def handle(self, request: Request) -> Response:
         path = request.url.path.removeprefix(PREFIX).rstrip("/")
         if request.method == "GET" and path == "":
-            return HTMLResponse(self._page)
+            # The page itself says how to open it when its data is refused (console.html).
+            page = HTMLResponse(self._page)
+            if self._is_token(request.query_params.get("token")):
+                page.set_cookie(COOKIE, self._token, path=PREFIX, httponly=True, samesite="strict")
+            return page
+        if not self._allowed(request):
+            return JSONResponse(NEEDS_TOKEN, 401)
         if request.method == "GET" and path == "/api/overview":
             return JSONResponse(await run_in_threadpool(self.overview))
         if request.method == "GET" and path == "/api/dlq":

@@ -62,6 +62,7 @@ class LaunchedStack:
     log: Path
     api_key: str | None  # the dev key `llmtasks up` printed; None with --no-auth
     cwd: Path
+    console: str  # the console's URL `llmtasks up` printed, its token included
 
     @property
     def endpoint(self) -> str:
@@ -181,7 +182,11 @@ def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = No
         process.wait(timeout=30)
         raise
     mock = None if "LLM_BASE_URL" in given else f"http://127.0.0.1:{mock_port}"
-    key = re.search(r"API key\s+(lt_\S+)", log.read_text())
+    printed = log.read_text()
+    key = re.search(r"API key\s+(lt_\S+)", printed)
+    console = re.search(r"console\s+(http\S+)", printed)
+    if console is None:
+        raise RuntimeError(f"llmtasks up printed no console URL:\n{printed}")
     return LaunchedStack(
         process,
         f"http://127.0.0.1:{api_port}",
@@ -190,4 +195,5 @@ def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = No
         log,
         key and key.group(1),
         cwd or Path.cwd(),
+        console.group(1),
     )

@@ -8,6 +8,7 @@ same handler code that runs in Lambda; the mock LLM answers unless LLM_BASE_URL 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -101,6 +102,8 @@ class LocalStack:
         self.endpoint_url = options.endpoint_url
         self.llm_base_url = options.llm_base_url
         self.dev_key: str | None = None
+        # The console's data shows every tenant: it needs this token, printed in its URL.
+        self.console_token = secrets.token_urlsafe(24)
         self._sqs_pollers: list[SqsPoller] = []
         self._stream_pollers: dict[str, StreamPoller] = {}
         self.hurry = threading.Event()  # a second Ctrl-C: stop without waiting for calls in flight
@@ -108,6 +111,10 @@ class LocalStack:
     @property
     def api_url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
+
+    @property
+    def console_url(self) -> str:
+        return f"{self.api_url}/console?token={self.console_token}"
 
     @property
     def _mock_url(self) -> str:
@@ -336,7 +343,7 @@ class LocalStack:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
         deployment = Deployment.local(sqs)
         dead_letters = DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
-        return Console(dynamodb, sqs, deployment, dead_letters)
+        return Console(dynamodb, sqs, deployment, dead_letters, token=self.console_token)
 
     def _serve_http(self, app: ASGIApp) -> None:
         config = uvicorn.Config(
