@@ -1,4 +1,5 @@
-"""No prompt, result, API key or webhook secret in any log line of the local stack."""
+"""No prompt, result, API key, webhook secret or LLM key in any log line of the local stack;
+no key or secret in a task, an error, the console or the stats either."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import time
 import uuid
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import RunningStack, start_stack
@@ -49,6 +51,64 @@ def test_logs_carry_ids_but_never_prompts_results_keys_or_secrets(stack: Running
         secret.removeprefix("whsec_"),
     ):
         assert secret_text not in log, f"a log line carries {secret_text[:12]}..."
+
+
+def test_no_key_or_secret_reaches_a_log_a_task_an_error_or_the_console() -> None:
+    # A stack of its own with an LLM key set; the mock, when told to, quotes it back in its errors
+    llm_key = f"sk-test-{uuid.uuid4().hex}{uuid.uuid4().hex}"
+    stack = start_stack(env={"LLM_API_KEY": llm_key})
+    try:
+        key = stack.cli("keys", "create", "--tenant", "secrets").strip()
+        wrong = f"lt_{uuid.uuid4().hex[:12]}_{uuid.uuid4().hex}"
+        hook = WebhookReceiver(answers=[500])  # the first delivery fails, its retry lands
+        with serve(hook.app()) as receiver, stack.client(key) as client:
+            secret = client.get("/webhooks/secret").json()["key"]
+            done = client.post("/tasks", json={"prompt": "fine", "webhook_url": receiver + "/hook"})
+            done_id = done.json()["task_id"]
+            assert wait_terminal(client, done_id)["status"] == "completed"
+            stack.configure_mock(reset=False, rate_500=1.0, echo_key=True)
+            failed_id = client.post("/tasks", json={"prompt": "doomed", "max_retries": 0}).json()["task_id"]
+            failed = wait_terminal(client, failed_id)
+            stack.configure_mock(reset=False, rate_500=0.0, echo_key=False)
+            assert "[its API key]" in failed["error"]  # the provider did quote it
+            hook.wait_for(2, timeout_s=30)  # the 500, then the retry
+            with stack.client(wrong) as stranger:
+                assert stranger.get(f"/tasks/{done_id}").status_code == 403
+            reads = [client.get(f"/tasks/{task_id}").text for task_id in (done_id, failed_id)]
+            reads.append(client.get("/tasks").text)
+        token = {"Authorization": f"Bearer {stack.console.split('token=')[1]}"}
+        console = [
+            httpx.get(stack.api + path, headers=token).text
+            for path in ("/console/api/overview", "/console/api/dlq")
+        ]
+        stats = stack.cli("stats", "--json")
+        assert stack.mock_stats()["calls_with_key"] >= 2  # the key was in use
+    finally:
+        stack.stop()
+    log = stack.log.read_text()
+    function_lines = "\n".join(line for line in log.splitlines() if line.startswith("{"))
+    # The logs do tell the story
+    assert done_id in function_lines
+    assert failed_id in function_lines
+    places = {
+        "the log": log,
+        "a task read": "\n".join(reads),
+        "the console": "\n".join(console),
+        "stats": stats,
+    }
+    secrets = {
+        "the API key": key,
+        "its secret part": key.split("_", 2)[2],
+        "a refused key's secret": wrong.split("_", 2)[2],
+        "the webhook secret": secret.removeprefix("whsec_"),
+        "the LLM key": llm_key,
+        "the LLM key's body": llm_key.removeprefix("sk-test-"),
+    }
+    for place, text in places.items():
+        for what, value in secrets.items():
+            assert value not in text, f"{place} carries {what}"
+    assert stack.api_key is not None
+    assert stack.api_key not in function_lines  # the dev key: printed once by `up`, never logged
 
 
 def test_one_task_s_life_carries_its_task_id_on_every_line_and_the_request_id_as_correlation_id() -> None:

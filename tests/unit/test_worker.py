@@ -192,6 +192,21 @@ def test_retries_stop_at_max_retries_with_the_providers_error(worker: Worker, mo
     assert mock_llm.stats.calls == 3
 
 
+def test_a_provider_quoting_the_api_key_back_never_puts_it_in_the_task(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    key = "sk-test-" + "k" * 40
+    task_id = worker.submit("to a careless provider", max_retries=0)
+    mock_llm.configure(rate_500=1.0, echo_key=True)
+    llm = OpenAIChat(base_url=mock_llm.url, api_key=key, default_model="mock-model")
+    worker.run(worker.queued(), llm=llm)
+    task = worker.task(task_id)
+    assert mock_llm.stats.calls_with_key == 1  # the call did carry the key
+    assert task.error_code == "llm_http_500"
+    assert "you sent Bearer [its API key]" in task.error  # the provider's words, without the key
+    assert key not in task.model_dump_json()
+
+
 def test_a_permanent_error_fails_at_once(worker: Worker, mock_llm: RunningMock) -> None:
     task_id = worker.submit("to a wrong path")
     worker.run_queued(llm_base_url=mock_llm.url + "/missing")

@@ -44,6 +44,9 @@ class MockConfig(BaseSettings):
     rate_break: float = Field(
         default=0.0, ge=0, le=1, description="Share of streamed answers cut off halfway (no [DONE])."
     )
+    echo_key: bool = Field(
+        default=False, description="Error messages quote the caller's Authorization (a careless provider)."
+    )
     seed: int | None = None
 
     @model_validator(mode="after")
@@ -68,6 +71,7 @@ class MockStats(BaseModel):
     # What each call with a given prompt got, in order: give each task a unique prompt to see
     # its spend and whether its first call succeeded.
     outcomes_by_prompt: dict[str, list[Outcome]] = Field(default_factory=dict)
+    calls_with_key: int = 0  # calls that sent `Authorization: Bearer ...`
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))
@@ -145,6 +149,9 @@ class MockLLM:
         if body.get("stream") and self.config.refuse_stream:
             return JSONResponse({"error": {"message": "stream is not supported (mock)"}}, 400)
         outcome, wait = self._decide(prompt)
+        if request.headers.get("authorization", "").startswith("Bearer "):
+            with self._lock:
+                self.stats.calls_with_key += 1
         if outcome == "ok" and body.get("stream"):
             return StreamingResponse(self._stream(body, messages, prompt), media_type="text/event-stream")
         if outcome == "hang":
@@ -170,11 +177,10 @@ class MockLLM:
         if self.config.latency_s and not await _stay_connected(request, self.config.latency_s):
             return Response(status_code=499)  # nobody is listening any more
         if outcome in ("429", "500"):
-            return _error(
-                int(outcome),
-                f"{'rate limited' if outcome == '429' else 'internal error'} (mock)",
-                retry_after=wait,
-            )
+            said = f"{'rate limited' if outcome == '429' else 'internal error'} (mock)"
+            if self.config.echo_key:
+                said += f"; you sent {request.headers.get('authorization', 'no key')}"
+            return _error(int(outcome), said, retry_after=wait)
         with self._lock:
             self.stats.completed += 1
         return JSONResponse(self._completion(body, messages, prompt))

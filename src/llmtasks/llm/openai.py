@@ -31,12 +31,18 @@ class _ChatReply(BaseModel):
 
 
 def _error_message(response: httpx.Response) -> str:
+    """The provider's own words (kept in the task's error), without the key the call sent:
+    some providers quote it back."""
     try:
         body: Any = response.json()
         message = body.get("error", {}).get("message") if isinstance(body, dict) else None
     except ValueError:
         message = None
-    return str(message or response.reason_phrase or "error")[:500]
+    text = str(message or response.reason_phrase or "error")
+    key = response.request.headers.get("authorization", "").partition(" ")[2].strip()
+    if key:
+        text = text.replace(key, "[its API key]")
+    return text[:500]
 
 
 class OpenAIChat:
