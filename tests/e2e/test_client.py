@@ -92,6 +92,19 @@ def test_a_failed_task_raises_with_its_error_code(fresh_mock: RunningStack) -> N
     assert (problem.value.status, problem.value.title) == (404, "Task not found")
 
 
+def test_api_gateway_s_own_refusals_are_the_same_clear_sdk_error(fresh_mock: RunningStack) -> None:
+    refusals = {}
+    for key in (None, "lt_0123456789ab_notthesecret"):
+        with llmtasks.Client(fresh_mock.api, key) as client, pytest.raises(llmtasks.ProblemError) as refused:
+            client.submit("refused at the edge")
+        refusals[key] = refused.value
+    missing, denied = refusals[None], refusals["lt_0123456789ab_notthesecret"]
+    assert (missing.status, missing.title) == (401, "Unauthorized")
+    assert "no API key was sent" in missing.detail
+    assert (denied.status, denied.title) == (403, "Forbidden")
+    assert "not valid, or was revoked" in denied.detail
+
+
 def test_wait_survives_two_503s_on_reads(fresh_mock: RunningStack, proxy: tuple[FlakyProxy, str]) -> None:
     flaky, url = proxy
     with llmtasks.Client(url, fresh_mock.api_key) as client:

@@ -196,19 +196,16 @@ def test_invoke_with_a_missing_or_non_json_event_or_an_unknown_function(tmp_path
 
 @pytest.fixture
 def api() -> Iterator[tuple[str, list[str]]]:
-    """A fake API: 401 problems without the key `lt_good`; records what reached it."""
+    """A fake API refusing as API Gateway does (no Authorization: 401; a key other than `lt_good`:
+    the authorizer's 403), in its plain JSON; records what reached it."""
     seen: list[str] = []
 
     async def anything(request: Request) -> JSONResponse:
         seen.append(f"{request.method} {request.url.path}")
-        if request.headers.get("authorization") != "Bearer lt_good":
-            problem = {
-                "type": "about:blank",
-                "title": "Unauthorized",
-                "status": 401,
-                "detail": "Send an API key.",
-            }
-            return JSONResponse(problem, status_code=401, media_type="application/problem+json")
+        if "authorization" not in request.headers:
+            return JSONResponse({"message": "Unauthorized"}, status_code=401)
+        if request.headers["authorization"] != "Bearer lt_good":
+            return JSONResponse({"message": "Forbidden"}, status_code=403)
         return JSONResponse({"batch_id": "b", "total": 1, "status": "pending"}, status_code=202)
 
     app = Starlette(routes=[Route("/{path:path}", anything, methods=["GET", "POST"])])
@@ -235,11 +232,16 @@ def test_a_missing_or_wrong_key_or_api_url_is_named(api: tuple[str, list[str]]) 
     said(
         llmtasks("status", "abc", "--api-url", url),
         USAGE,
-        "no API key was given",
+        "401 Unauthorized: no API key was sent",
         "LLMTASKS_API_KEY",
         "keys dev",
     )
-    said(llmtasks("status", "abc", "--api-url", url, "--api-key", "lt_bad"), USAGE, "the API key was refused")
+    said(
+        llmtasks("status", "abc", "--api-url", url, "--api-key", "lt_bad"),
+        USAGE,
+        "403 Forbidden: the API key is not valid, or was revoked",
+        "the API key was refused",
+    )
     closed = f"http://127.0.0.1:{free_port()}"
     said(llmtasks("status", "abc", "--api-url", closed), FAILED, closed, "did not answer", "make up")
     said(llmtasks("status", "abc", "--api-url", "127.0.0.1:3000"), USAGE, "not an http(s) URL")
