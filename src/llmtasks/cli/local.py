@@ -60,6 +60,13 @@ def _split_endpoints(values: tuple[str, ...]) -> str | None:
     help="Print Lambda's START, END and REPORT lines (duration, memory) for each invocation.",
 )
 @click.option(
+    "--record-aws-calls",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Append each function's AWS calls to this file, one JSON line each (function, IAM action,"
+    " resource): what its policy must allow.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -103,6 +110,7 @@ def up(
     no_auth: bool,
     verbose: bool,
     report: bool,
+    record_aws_calls: Path | None,
     state_dir: Path | None,
     reset: bool,
     no_state: bool,
@@ -130,6 +138,7 @@ def up(
         quiet_children=not verbose,
         auth=not no_auth,
         report_invocations=report,
+        record_aws_calls=record_aws_calls,
         state_dir=None if no_state else state_dir,
         reset=reset,
         grace_s=grace,

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from llmtasks.local.aws_calls import current_function
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec
 
 _module_counter = itertools.count(1)
@@ -111,6 +112,7 @@ class _Sandbox:
         self._thread.start()
 
     def _serve(self) -> None:
+        current_function.set(self.spec.logical_id)  # whose AWS calls these are (aws_calls.py)
         while (job := self._jobs.get()) is not None:
             event, context, future = job
             try:

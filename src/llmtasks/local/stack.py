@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 from llmtasks.apikeys import ApiKeys
 from llmtasks.deadletters import DeadLetters
 from llmtasks.deployment import Deployment
+from llmtasks.local import aws_calls
 from llmtasks.local.console import Console
 from llmtasks.local.errors import ToolError
 from llmtasks.local.gateway import HttpGateway
@@ -57,6 +58,8 @@ class StackOptions:
     quiet_children: bool = True
     auth: bool = True  # False: `--no-auth`, the gateway makes every request NO_AUTH_TENANT's
     report_invocations: bool = False  # `--report`: Lambda's START, END and REPORT lines
+    # `--record-aws-calls`: each AWS call of each function, as IAM authorizes it (aws_calls.py)
+    record_aws_calls: Path | None = None
     # Where tables, queues, objects and stream positions are kept across restarts (None: nowhere).
     state_dir: Path | None = None
     reset: bool = False  # start empty, whatever state_dir holds
@@ -211,6 +214,8 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
+        if self.options.record_aws_calls is not None:
+            aws_calls.install(self.options.record_aws_calls)
         overrides = {
             "LlmBaseUrl": self.llm_base_url or self._mock_url,
             # The local receivers live on this machine; the SSRF guard lets them through here only.
