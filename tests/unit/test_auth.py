@@ -204,3 +204,33 @@ def test_a_batch_weighs_its_items_and_one_larger_than_the_cap_is_refused(
         ("b", "batch-1", 8),
         ("t", "task-2", 1),
     ]
+
+
+def test_the_rest_of_a_flood_is_refused_without_a_write_until_the_next_second(
+    aws: Aws, settings: Settings
+) -> None:
+    writes: list[str] = []
+
+    class Counting:
+        """The table's client, counting the writes a refusal costs."""
+
+        def update_item(self, **request: Any) -> Any:
+            writes.append(request["Key"]["pk"]["S"])
+            return aws.dynamodb.update_item(**request)
+
+    clock = [1000.5]
+    assert settings.limits_table_name is not None
+    counters = KeyLimits(
+        settings.limits_table_name, Counting(), ended=lambda held, now: [], clock=lambda: clock[0]
+    )  # type: ignore[arg-type]
+    flood = Caller("acme", "flood", rps=2)
+    counters.count_request(flood)
+    counters.count_request(flood)
+    for _ in range(50):
+        with pytest.raises(TooManyRequests):
+            counters.count_request(flood)
+    assert len(writes) == 3  # two counted, one refused by the table; the other 49 from memory
+    counters.count_request(Caller("acme", "other", rps=2))  # another key is counted as ever
+    clock[0] = 1001.0
+    counters.count_request(flood)  # a new second: counted again
+    assert writes[-1] == "rate#flood#1001"
