@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
-from llmtasks.errors import BackendError, InvalidInput, TooManyRequests
-from llmtasks.store import deserialize, is_condition_failure, serialize
+from llmtasks.errors import InvalidInput, TooManyRequests
+from llmtasks.store import deserialize, dynamodb_errors, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -161,11 +161,10 @@ class KeyLimits:
         )
 
     def held(self, key_id: str) -> list[Held]:
-        item = self._call(
-            lambda: self._client.get_item(
+        with dynamodb_errors("LimitsTable read"):
+            item = self._client.get_item(
                 TableName=self.table_name, Key={"pk": {"S": f"flight#{key_id}"}}, ConsistentRead=True
-            )
-        ).get("Item")
+            ).get("Item")
         entries = deserialize(item) if item else {}
         return [
             Held(kind=name[0], work_id=name[2:], weight=int(value[0]), since=float(value[1]))
@@ -208,23 +207,13 @@ class KeyLimits:
             # `n` in the expressions is the count (spelled out, so no reserved word can bite)
             "ExpressionAttributeNames": {"#n": "n", **(names or {})},
         }
-        try:
-            self._call(lambda: self._client.update_item(**request))
-        except ClientError as exc:
-            if is_condition_failure(exc):
-                raise _Refused from None
-            raise BackendError(f"LimitsTable: {exc}") from exc
-
-    @staticmethod
-    def _call(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except ClientError as exc:
-            if is_condition_failure(exc):
+        with dynamodb_errors("LimitsTable update"):
+            try:
+                self._client.update_item(**request)
+            except ClientError as exc:
+                if is_condition_failure(exc):
+                    raise _Refused from None
                 raise
-            raise BackendError(f"LimitsTable: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"LimitsTable: {exc}") from exc
 
 
 def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:

@@ -52,7 +52,7 @@ _REVISE = "revision = if_not_exists(revision, :zero) + :one"
 
 
 @contextmanager
-def _dynamodb(action: str) -> Iterator[None]:
+def dynamodb_errors(action: str) -> Iterator[None]:
     """DynamoDB's failures as the domain's BackendError: nothing above this adapter sees botocore."""
     try:
         yield
@@ -154,7 +154,7 @@ class TaskStore:
         found: dict[str, Task] = {}
         for start in range(0, len(task_ids), BATCH_GET_KEYS):
             keys = [task_key(task_id) for task_id in task_ids[start : start + BATCH_GET_KEYS]]
-            with _dynamodb("read"):
+            with dynamodb_errors("read"):
                 items = self._batch_get(keys)
             for item in items.values():
                 task = task_from_item(item)
@@ -163,7 +163,7 @@ class TaskStore:
 
     def get(self, task_id: str, *, now: float) -> Task | None:
         """The task, or None when it does not exist or its TTL has passed (DynamoDB deletes late)."""
-        with _dynamodb("read"):
+        with dynamodb_errors("read"):
             reply = self._client.get_item(
                 TableName=self.table_name, Key=task_key(task_id), ConsistentRead=True
             )
@@ -197,7 +197,7 @@ class TaskStore:
         callers filter.
         """
         extra: dict[str, Any] = {"ExclusiveStartKey": serialize(start)} if start else {}
-        with _dynamodb("query"):
+        with dynamodb_errors("query"):
             reply = self._client.query(
                 TableName=self.table_name,
                 IndexName=TENANT_INDEX,
@@ -530,7 +530,7 @@ class TaskStore:
     def webhook_secrets(self, tenant_id: str, *, new_secret: str) -> WebhookSecrets:
         """The tenant's signing secrets; `new_secret` is stored if the tenant has none yet."""
         key = _tenant_key(tenant_id)
-        with _dynamodb("read"):
+        with dynamodb_errors("read"):
             item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
         if item:
             return WebhookSecrets.model_validate(deserialize(item))
@@ -556,7 +556,7 @@ class TaskStore:
         current = self.webhook_secrets(tenant_id, new_secret=new_secret)
         if current.webhook_secret == new_secret:
             return current  # the tenant had none: this is its first, with nothing to overlap
-        with _dynamodb("update"):
+        with dynamodb_errors("update"):
             reply = self._client.update_item(
                 TableName=self.table_name,
                 Key=_tenant_key(tenant_id),

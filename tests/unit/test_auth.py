@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
 from llmtasks.apikeys import ApiKeys
 from llmtasks.errors import InvalidInput, TooManyRequests
@@ -234,3 +235,23 @@ def test_the_rest_of_a_flood_is_refused_without_a_write_until_the_next_second(
     clock[0] = 1001.0
     counters.count_request(flood)  # a new second: counted again
     assert writes[-1] == "rate#flood#1001"
+
+
+def test_a_limits_table_that_fails_is_a_503_with_retry_after_and_nothing_runs(
+    aws: Aws, settings: Settings, handler: Any
+) -> None:
+    class Down:
+        def update_item(self, **_: Any) -> Any:
+            raise EndpointConnectionError(endpoint_url="http://dynamodb")
+
+    assert settings.limits_table_name is not None
+    service = TaskService(
+        settings,
+        TaskStore(settings.tasks_table_name, aws.dynamodb),
+        Queue(settings.task_queue_url, aws.sqs),
+        results=blobs(settings),
+        limits=KeyLimits(settings.limits_table_name, Down(), ended=lambda held, now: []),  # type: ignore[arg-type]
+    )
+    reply = submit_as(handler, service, {"tenant_id": "acme", "key_id": "k", "rps": 5})
+    assert (reply["statusCode"], reply["headers"]["Retry-After"]) == (503, "1")
+    assert aws.messages("TaskQueue") == []
