@@ -44,6 +44,7 @@ localstack: $(STAMP)
 ## The benchmark: overhead, scale, long calls, goodput under a rate limit, AWS calls and cost per
 ## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 8 minutes).
 bench: $(STAMP)
+	@scripts/system-packages
 	$(BIN)/python bench/run.py $(ARGS)
 
 ## Format, lint and types (ruff, mypy on the package, the handlers and the bench), cfn-lint.

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import boto3
 import httpx
+from baseline import running_baseline  # bench/ is on sys.path: this file runs as a script
 
 from llmtasks.local.launcher import LaunchedStack, launch, peak_rss_kib
 from llmtasks.local.template import Template
@@ -55,7 +56,7 @@ PRICES = {
 }
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
 DYNAMODB_READS = {"GetItem", "Query"}
-SECTIONS = ("cold", "overhead", "scale", "long", "paced", "cost", "state", "limits")
+SECTIONS = ("cold", "overhead", "scale", "long", "paced", "cost", "state", "limits", "celery")
 
 
 @dataclass
@@ -169,8 +170,14 @@ class Done:
         return datetime.fromisoformat(stamp).timestamp() if stamp else time.time()
 
 
+class Target(Protocol):
+    """What the bench's clients drive: the local stack, or the Celery baseline (bench/baseline.py)."""
+
+    def client(self, api_key: str | None = None, **options: Any) -> httpx.Client: ...
+
+
 def run_clients(
-    count: int, work: Callable[[int, httpx.Client], None], stack: LaunchedStack, clients: int = CLIENTS
+    count: int, work: Callable[[int, httpx.Client], None], stack: Target, clients: int = CLIENTS
 ) -> None:
     """`work(i, client)` for i in range(count), spread over `clients` threads with a client each."""
     next_index = iter(range(count))
@@ -228,7 +235,7 @@ def closed_loop(stack: LaunchedStack, tasks: int, clients: int = CLIENTS) -> lis
 
 
 def open_loop(
-    stack: LaunchedStack,
+    stack: Target,
     tasks: int,
     body: Callable[[int], dict[str, Any]],
     headers: Callable[[int], dict[str, str]],
@@ -245,7 +252,7 @@ def open_loop(
     return submitted
 
 
-def outcomes(stack: LaunchedStack, submitted: list[tuple[float, str]]) -> list[Done]:
+def outcomes(stack: Target, submitted: list[tuple[float, str]]) -> list[Done]:
     ids = iter(submitted)
     lock = threading.Lock()
     done: list[Done] = []
@@ -774,6 +781,76 @@ def key_limits(report: Report, submits: int) -> None:
     )
 
 
+def timed_burst(target: Target, tasks: int) -> dict[str, float]:
+    """`tasks` submits from 16 clients as fast as they go (open loop, the LLM answering at once):
+    submits a second, a submit's p95, and tasks completed a second from the first submit."""
+    seconds: list[float] = []
+    submitted: list[tuple[float, str]] = []
+    started = time.time()
+
+    def one(i: int, client: httpx.Client) -> None:
+        at = time.time()
+        task_id = submit(client, {"prompt": f"burst {i} {uuid.uuid4().hex}"})
+        seconds.append(time.time() - at)
+        submitted.append((at, task_id))
+
+    run_clients(tasks, one, target)
+    submitting_s = max(at for at, _ in submitted) - started + seconds[-1]
+    done = outcomes(target, submitted)
+    return {
+        "submits_s": tasks / submitting_s,
+        "submit_p95": percentile(seconds, 0.95),
+        "completed_s": tasks / (max(d.completed_at for d in done) - started),
+        "not_completed": sum(d.task["status"] != "completed" for d in done),
+    }
+
+
+def slot_efficiency(target: Target, tasks: int, latency_s: float, slots: int) -> float:
+    """`tasks` calls of `latency_s` submitted at once: (tasks x latency / slots) / wall time."""
+    started = time.time()
+    submitted = open_loop(target, tasks, lambda i: {"prompt": f"long {i} {uuid.uuid4().hex}"}, lambda _i: {})
+    done = outcomes(target, submitted)
+    return tasks * latency_s / slots / (max(d.completed_at for d in done) - started)
+
+
+def versus_celery(report: Report, burst_tasks: int, long_tasks: int, latency_s: float = 2.0) -> None:
+    """The seed's design (Flask + Celery threads + Redis, bench/baseline.py) and the local stack,
+    in the same run, against the same mock LLM, driven by the same client code."""
+    section = "vs Celery"
+    concurrency, batch = worker_slots()
+    slots = concurrency * batch
+    with stack_running() as stack:
+        assert stack.mock is not None
+        figures = {"llmtasks": timed_burst(stack, burst_tasks)}
+        stack.configure_mock(latency_s=latency_s)
+        efficiency = {"llmtasks": slot_efficiency(stack, long_tasks, latency_s, slots)}
+        stack.configure_mock(latency_s=0)
+        with running_baseline(stack.mock + "/v1", threads=slots) as celery:
+            figures["celery"] = timed_burst(celery, burst_tasks)
+            stack.configure_mock(latency_s=latency_s)
+            efficiency["celery"] = slot_efficiency(celery, long_tasks, latency_s, slots)
+    ours, theirs = figures["llmtasks"], figures["celery"]
+    for key, label, unit in (
+        ("submits_s", f"{burst_tasks} tasks, 0 s LLM, 16 clients: submits a second", "/s"),
+        ("submit_p95", "a submit's p95 during that burst", " s"),
+        ("completed_s", "tasks completed a second over the burst", "/s"),
+    ):
+        value = f"{ours[key]:.1f}{unit}" if unit == "/s" else ms(ours[key])
+        other = f"{theirs[key]:.1f}{unit}" if unit == "/s" else ms(theirs[key])
+        report.add(section, label, value, f"Celery {other}, ratio {ours[key] / theirs[key]:.2f}")
+    report.add(
+        section,
+        f"{long_tasks} x {latency_s:.0f} s, {slots} call slots each: efficiency",
+        f"{efficiency['llmtasks']:.2f}",
+        f"Celery {efficiency['celery']:.2f}, ratio {efficiency['llmtasks'] / efficiency['celery']:.2f}",
+    )
+    report.add(
+        section,
+        "tasks not completed (llmtasks / Celery)",
+        f"{int(ours['not_completed'])} / {int(theirs['not_completed'])}",
+    )
+
+
 def import_ms(code: str, runs: int = 3) -> float:
     """Median over fresh interpreters of the time `python -X importtime` gives `code`'s imports."""
     totals = []
@@ -836,6 +913,7 @@ def main() -> None:
             "burst": 100,
             "stored": 1000,
             "limits": 20,
+            "versus_long": 100,
         }
         if args.quick
         else {
@@ -849,6 +927,7 @@ def main() -> None:
             "burst": 1000,
             "stored": 10000,
             "limits": 60,
+            "versus_long": 500,
         }
     )
     report = Report()
@@ -893,6 +972,8 @@ def main() -> None:
         durable_state(report, sizes["burst"], sizes["stored"])
     if "limits" in chosen:
         key_limits(report, sizes["limits"])
+    if "celery" in chosen:
+        versus_celery(report, sizes["burst"], sizes["versus_long"])
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(
