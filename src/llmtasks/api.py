@@ -77,21 +77,8 @@ SECURITY_SCHEMES: dict[str, SecurityScheme] = {
 SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
-class GatewayRefusal(BaseModel):
-    """API Gateway's own answer, before any function runs: plain JSON, not a problem."""
-
-    message: str
-
-
-def _gateway(description: str) -> OpenAPIResponse:
-    return {"description": description, "content": {"application/json": {"model": GatewayRefusal}}}
-
-
 _AUTH: dict[int, OpenAPIResponse] = {
-    401: _gateway('API Gateway: no Authorization header ({"message": "Unauthorized"})'),
-    403: _gateway(
-        'API Gateway: the authorizer denied the key: unknown, malformed or revoked ({"message": "Forbidden"})'
-    ),
+    **openai_api.GATEWAY_REFUSALS,
     429: _problem("This key's requests a second, or its tasks in flight, are at its limit (see Retry-After)"),
 }
 

@@ -26,15 +26,11 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 PREFIX = "lt_"
-# A key's in-flight cap is kept as the set of what it holds in one item: this bounds its size.
+# What a key holds in flight is kept in one LimitsTable item (limits.py), about 55 bytes an entry:
+# this keeps it well under DynamoDB's 400 KB.
 MAX_IN_FLIGHT = 5000
+# Why a key is refused (the authorizer logs it; API Gateway answers 403 whatever it is).
 Refusal = Literal["missing", "malformed", "unknown", "revoked"]
-REFUSALS: dict[Refusal, str] = {
-    "missing": "Send an API key: 'Authorization: Bearer lt_...'.",
-    "malformed": "That is not an llmtasks API key (they start with 'lt_').",
-    "unknown": "This API key is not valid.",
-    "revoked": "This API key was revoked.",
-}
 
 
 class ApiKey(BaseModel):
