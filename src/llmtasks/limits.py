@@ -68,7 +68,7 @@ def caller_of(event: Mapping[str, Any]) -> Caller | None:
 
     def number(name: str) -> int | None:
         value = context.get(name)
-        return None if value in (None, "") else int(value)
+        return None if value is None else int(value)
 
     return Caller(
         tenant_id=str(context["tenant_id"]),
@@ -172,22 +172,23 @@ class KeyLimits:
             if name[:2] in ("t_", "b_")
         ]
 
-    def _release_ended(self, key_id: str, held: list[Held]) -> int:
-        """Removes the entries whose work has ended; how many it removed."""
-        released = 0
-        for entry in self._ended(held, self._clock()):
-            try:
-                self._update(
-                    f"flight#{key_id}",
-                    "REMOVE #entry SET #n = #n - :weight",
-                    "attribute_exists(#entry)",
-                    {":weight": entry.weight},
-                    names={"#entry": f"{entry.kind}_{entry.work_id}"},
-                )
-                released += 1
-            except _Refused:
-                pass  # another submit removed it first
-        return released
+    def _release_ended(self, key_id: str, held: list[Held]) -> bool:
+        """Removes the entries whose work has ended; whether it removed any."""
+        released = [entry for entry in self._ended(held, self._clock()) if self._release(key_id, entry)]
+        return bool(released)
+
+    def _release(self, key_id: str, entry: Held) -> bool:
+        try:
+            self._update(
+                f"flight#{key_id}",
+                "REMOVE #entry SET #n = #n - :weight",
+                "attribute_exists(#entry)",
+                {":weight": entry.weight},
+                names={"#entry": f"{entry.kind}_{entry.work_id}"},
+            )
+        except _Refused:
+            return False  # another submit removed it first
+        return True
 
     def _update(
         self,

@@ -6,6 +6,7 @@ The OpenAPI document is generated from these, so a field added here shows up in 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -214,6 +215,19 @@ class AttemptRecord(BaseModel):
 def is_dead_lettered(status: TaskStatus, dead_letter_at: float | None, now: float) -> bool:
     """See `Task.is_dead_lettered` (also for readers that load a few fields of a task)."""
     return status is TaskStatus.PROCESSING and dead_letter_at is not None and dead_letter_at < now
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim's hold on a task: this id holds it until `until`, through this delivery (message
+    and receive count) of its message; if that delivery dies, the task reads as dead-lettered
+    from `dead_letter_at` on (its message's last delivery is then due)."""
+
+    lease_id: str
+    until: float
+    message_id: str
+    receive_count: int
+    dead_letter_at: float
 
 
 class Task(BaseModel):

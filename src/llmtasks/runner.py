@@ -30,6 +30,7 @@ from llmtasks.llm import LLMProvider
 from llmtasks.models import (
     AttemptRecord,
     Completion,
+    Lease,
     Task,
     TaskMessage,
     TaskStatus,
@@ -274,20 +275,18 @@ class TaskRunner:
         it lapses. A first delivery that finds no item looks again for a moment: submit writes
         the item milliseconds after the message, and a message returned to the queue would wait
         seconds."""
+        lease = Lease(
+            lease_id=lease_id,
+            until=lease_until,
+            message_id=delivery.message_id,
+            receive_count=delivery.receive_count,
+            dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
+        )
         for recheck_in_s in (*ITEM_RECHECKS_S, None):
             try:
                 # In a thread, like the other writes of a run: the batch's other records keep
                 # their calls moving (and a paced call leaves on time) while this one waits.
-                return await asyncio.to_thread(
-                    self._store.claim,
-                    task_id,
-                    lease_id=lease_id,
-                    lease_until=lease_until,
-                    now=now,
-                    message_id=delivery.message_id,
-                    receive_count=delivery.receive_count,
-                    dead_letter_at=self._dead_letter_at(lease_until, delivery.receive_count),
-                )
+                return await asyncio.to_thread(self._store.claim, task_id, lease, now=now)
             except ClaimRefused as refused:
                 if not refused.missing or recheck_in_s is None or delivery.receive_count > 1:
                     raise

@@ -22,6 +22,7 @@ from llmtasks.models import (
     DEAD_LETTERED,
     AttemptRecord,
     Completion,
+    Lease,
     Task,
     TaskStatus,
     WebhookSecrets,
@@ -235,17 +236,7 @@ class TaskStore:
             raise BackendError(f"DynamoDB left {len(pending)} of a page's tasks unread")
         return found
 
-    def claim(
-        self,
-        task_id: str,
-        *,
-        lease_id: str,
-        lease_until: float,
-        now: float,
-        message_id: str,
-        receive_count: int,
-        dead_letter_at: float,
-    ) -> Task:
+    def claim(self, task_id: str, lease: Lease, *, now: float) -> Task:
         """pending (and due, when a retry is scheduled) -> processing under a new lease; also
         processing -> processing when the lease is dead, or when it is held by an earlier
         delivery of this same message (that delivery crashed or timed out: SQS redelivers a
@@ -270,11 +261,11 @@ class TaskStore:
                 values={
                     ":processing": TaskStatus.PROCESSING.value,
                     ":pending": TaskStatus.PENDING.value,
-                    ":lease": lease_id,
-                    ":until": lease_until,
-                    ":message": message_id,
-                    ":receives": receive_count,
-                    ":dead": dead_letter_at,
+                    ":lease": lease.lease_id,
+                    ":until": lease.until,
+                    ":message": lease.message_id,
+                    ":receives": lease.receive_count,
+                    ":dead": lease.dead_letter_at,
                     ":now": now,
                     # SQS delays are whole seconds, so a retry's message may come a little early.
                     ":due": now + RETRY_EARLY_S,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmtasks.models import TaskMessage, TaskStatus
+from llmtasks.models import Lease, TaskMessage, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.store import ClaimRefused, TaskStore
 from tests.helpers import NEVER, pending_task
@@ -22,22 +22,14 @@ def test_the_task_lifecycle_over_http(remote: dict[str, Any]) -> None:
     store.create(pending_task("t", tenant="a", now=now))
     store.claim(
         "t",
-        lease_id="L",
-        lease_until=now + 30,
+        Lease("L", until=now + 30, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=now,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     with pytest.raises(ClaimRefused):
         store.claim(
             "t",
-            lease_id="M",
-            lease_until=now + 30,
+            Lease("M", until=now + 30, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=now,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
     assert store.cancel("t", tenant_id="a", now=now).status is TaskStatus.CANCELLED
 

@@ -17,7 +17,7 @@ from llmtasks.batches import BatchService
 from llmtasks.cursors import encode_cursor
 from llmtasks.errors import TaskConflict
 from llmtasks.idempotency import IdempotencyKeys
-from llmtasks.models import SubmitTaskRequest
+from llmtasks.models import Lease, SubmitTaskRequest
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -459,15 +459,14 @@ def test_a_dead_lettered_task_is_listed_as_failed_not_as_processing(api: Api, se
     # Given a task whose lease, taken on its message's last delivery, has lapsed
     task_id = submit_n(api, 1)[0]
     now = time.time()
-    TaskStore(settings.tasks_table_name, api.aws.dynamodb).claim(
-        task_id,
-        lease_id="L",
-        lease_until=now - 5,
-        now=now - 65,
+    last = Lease(
+        "L",
+        until=now - 5,
         message_id="m1",
         receive_count=settings.task_max_receive_count,
         dead_letter_at=now - 1,
     )
+    TaskStore(settings.tasks_table_name, api.aws.dynamodb).claim(task_id, last, now=now - 65)
     # Then the listing reads it as failed with error_code dead_lettered, and filters it so
     failed = api.call("GET", "/tasks", query="status=failed")["json"]["data"]
     assert [(t["task_id"], t["status"], t["error_code"]) for t in failed] == [

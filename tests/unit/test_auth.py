@@ -10,15 +10,16 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from llmtasks.apikeys import ApiKeys
+from llmtasks.batch_store import BatchStore
 from llmtasks.errors import InvalidInput, TooManyRequests
-from llmtasks.limits import Caller, Held, KeyLimits, caller_of
-from llmtasks.models import SubmitTaskRequest, TaskStatus
+from llmtasks.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
+from llmtasks.models import Batch, BatchStatus, SubmitTaskRequest, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
-from tests.helpers import blobs, load_event
+from tests.helpers import blobs, load_event, pending_task
 
 pytestmark = pytest.mark.unit
 
@@ -148,6 +149,9 @@ def test_a_key_s_requests_a_second_are_counted_per_second_and_refused_with_retry
     assert submit_as(handler, service, {"tenant_id": "acme", "key_id": "free"})["statusCode"] == 202
     clock[0] = 1001.0  # the next second
     assert submit_as(handler, service, fast)["statusCode"] == 202
+    # Each second's count is an item that expires a minute later
+    window = aws.dynamodb.get_item(TableName=settings.limits_table_name, Key={"pk": {"S": "rate#fast#1000"}})
+    assert (window["Item"]["n"]["N"], window["Item"]["expires_at"]["N"]) == ("2", "1060")
 
 
 def test_a_key_s_tasks_in_flight_are_capped_until_some_end(aws: Aws, settings: Settings) -> None:
@@ -199,11 +203,24 @@ def test_a_batch_weighs_its_items_and_one_larger_than_the_cap_is_refused(
     with pytest.raises(TooManyRequests):
         counters.hold(capped, "t", "task-1", weight=3)
     counters.hold(capped, "t", "task-2")
-    with pytest.raises(InvalidInput):
+    counters.hold(capped, "t", "task-3")  # 10 of 10
+    with pytest.raises(TooManyRequests) as full:
+        counters.hold(capped, "t", "task-4")
+    assert (full.value.retry_after_s, full.value.detail) == (
+        10,
+        "This API key has 10 task(s) in flight, its limit: submit again when some have ended.",
+    )
+    with pytest.raises(InvalidInput) as too_big:
         counters.hold(capped, "b", "batch-2", weight=11)
-    assert sorted((h.kind, h.work_id, h.weight) for h in counters.held("capped")) == [
-        ("b", "batch-1", 8),
-        ("t", "task-2", 1),
+    assert (too_big.value.field, too_big.value.detail) == (
+        "items",
+        "11 items are more than this API key may have in flight (10).",
+    )
+    assert counters.held("nobody") == []
+    assert sorted((h.kind, h.work_id, h.weight, h.since) for h in counters.held("capped")) == [
+        ("b", "batch-1", 8, 1000.0),
+        ("t", "task-2", 1, 1000.0),
+        ("t", "task-3", 1, 1000.0),
     ]
 
 
@@ -255,3 +272,42 @@ def test_a_limits_table_that_fails_is_a_503_with_retry_after_and_nothing_runs(
     reply = submit_as(handler, service, {"tenant_id": "acme", "key_id": "k", "rps": 5})
     assert (reply["statusCode"], reply["headers"]["Retry-After"]) == (503, "1")
     assert aws.messages("TaskQueue") == []
+
+
+def test_what_a_key_holds_has_ended_when_its_task_or_batch_has_or_was_never_stored(
+    aws: Aws, settings: Settings
+) -> None:
+    now = 10_000.0
+    tasks = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    batches = BatchStore(settings.tasks_table_name, aws.dynamodb)
+    for task_id in ("running", "done", "gone-past"):
+        tasks.create(pending_task(task_id, now=now, ttl_s=3600))
+    tasks.cancel("done", tenant_id="default", now=now)
+    for batch_id, status in (("b-running", BatchStatus.PENDING), ("b-done", BatchStatus.COMPLETED)):
+        batches.create(
+            Batch(
+                batch_id=batch_id,
+                tenant_id="default",
+                status=status,
+                total=3,
+                manifest_ref="m",
+                chunk_size=100,
+                chunk_offsets=[0, 1],
+                created_at=now,
+                expires_at=int(now + 3600),
+            )
+        )
+    held = [
+        Held("t", "running", 1, since=now),
+        Held("t", "done", 1, since=now),
+        Held("t", "never-stored-old", 1, since=now - UNSTORED_GRACE_S - 1),
+        Held("t", "never-stored-new", 1, since=now - UNSTORED_GRACE_S + 5),
+        Held("b", "b-running", 3, since=now),
+        Held("b", "b-done", 3, since=now),
+        Held("b", "b-never-stored-old", 3, since=now - UNSTORED_GRACE_S - 1),
+        Held("b", "b-never-stored-new", 3, since=now - 1),
+    ]
+    ended = work_ended(tasks, batches)(held, now + 1)
+    assert sorted(h.work_id for h in ended) == ["b-done", "b-never-stored-old", "done", "never-stored-old"]
+    # A task expired (its TTL passed, not yet deleted) has ended too
+    assert [h.work_id for h in work_ended(tasks, batches)(held[:1], now + 3601)] == ["running"]

@@ -10,7 +10,7 @@ from botocore.stub import Stubber
 
 from llmtasks.deadletters import DeadLetters
 from llmtasks.deployment import QUEUES, Deployment, QueueName
-from llmtasks.models import FanoutMessage, TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
+from llmtasks.models import FanoutMessage, Lease, TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
 from tests.helpers import pending_task
@@ -45,16 +45,15 @@ def dead_lettered_task(aws: Aws, store: TaskStore, task_id: str, queue: str = "T
     for receive in range(1, MAX_RECEIVES + 1):
         [message] = aws.sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
         # each delivery claims the task, then dies holding a lease that lapses at once
-        store.claim(
-            task_id,
-            lease_id=f"L{receive}",
-            lease_until=now - 1,
-            now=now,
+        lease = Lease(
+            f"L{receive}",
+            until=now - 1,
             message_id=message["MessageId"],
             receive_count=receive,
             # each delivery dies, and the last one's lease lapses at once
             dead_letter_at=now - 1 if receive == MAX_RECEIVES else now + 3600,
         )
+        store.claim(task_id, lease, now=now)
     assert aws.sqs.receive_message(QueueUrl=url).get("Messages") is None  # this receive moved it
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import Completion, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
+from llmtasks.models import Completion, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from llmtasks.store import ClaimRefused, TaskStore
 from tests.conftest import Aws
 from tests.helpers import NEVER, pending_task
@@ -56,12 +56,8 @@ def test_claim_moves_pending_to_processing_under_a_lease(store: TaskStore) -> No
     new_task(store)
     task = store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     assert (task.status, task.lease_id, task.attempts, task.started_at) == (
         TaskStatus.PROCESSING,
@@ -75,22 +71,14 @@ def test_a_second_claim_while_the_lease_lives_is_refused_and_says_who_holds_it(s
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     with pytest.raises(ClaimRefused) as refused:
         store.claim(
             "t1",
-            lease_id="L2",
-            lease_until=NOW + 70,
+            Lease("L2", until=NOW + 70, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=NOW + 10,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
     assert refused.value.current is not None
     assert refused.value.current.lease_id == "L1"
@@ -100,21 +88,13 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(s
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     task = store.claim(
         "t1",
-        lease_id="L2",
-        lease_until=NOW + 200,
+        Lease("L2", until=NOW + 200, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW + 61,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     assert (task.lease_id, task.attempts, task.started_at) == ("L2", 2, NOW)
     completion = Completion(text="late", model="m", usage=Usage())
@@ -126,12 +106,8 @@ def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) 
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
     task = store.complete(
@@ -151,23 +127,15 @@ def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     store.fail("t1", lease_id="L1", error="boom", error_code="llm_http_400", now=NOW + 1)
     with pytest.raises(ClaimRefused) as refused:
         store.claim(
             "t1",
-            lease_id="L2",
-            lease_until=NOW + 999,
+            Lease("L2", until=NOW + 999, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=NOW + 500,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
     assert refused.value.current is not None
     assert refused.value.current.status is TaskStatus.FAILED
@@ -177,24 +145,16 @@ def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskS
     with pytest.raises(ClaimRefused) as missing:
         store.claim(
             "nope",
-            lease_id="L",
-            lease_until=NOW + 1,
+            Lease("L", until=NOW + 1, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=NOW,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
     assert missing.value.current is None
     new_task(store, ttl=5)
     with pytest.raises(ClaimRefused) as expired:
         store.claim(
             "t1",
-            lease_id="L",
-            lease_until=NOW + 60,
+            Lease("L", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=NOW + 6,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
     assert expired.value.current is None
 
@@ -203,12 +163,8 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     task = store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
     assert (task.status, task.next_attempt_at, task.last_error_code, task.attempts) == (
@@ -220,12 +176,8 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
     assert (
         store.claim(
             "t1",
-            lease_id="L2",
-            lease_until=NOW + 90,
+            Lease("L2", until=NOW + 90, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=NOW + 9,
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         ).next_attempt_at
         is None
     )
@@ -235,12 +187,8 @@ def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
     new_task(store)
     store.claim(
         "t1",
-        lease_id="L1",
-        lease_until=NOW + 60,
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
-        message_id="m1",
-        receive_count=1,
-        dead_letter_at=NEVER,
     )
     assert store.cancel("t1", tenant_id="acme", now=NOW + 1).status is TaskStatus.CANCELLED
     with pytest.raises(StaleWrite):

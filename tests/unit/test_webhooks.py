@@ -23,6 +23,7 @@ from llmtasks.models import (
     Batch,
     BatchStatus,
     Completion,
+    Lease,
     SubmitTaskRequest,
     TaskStatus,
     Usage,
@@ -322,12 +323,8 @@ class Hooks:
         task = self.service.submit("default", request, trace_header=trace_header).task
         self.store.claim(
             task.task_id,
-            lease_id="L",
-            lease_until=time.time() + 60,
+            Lease("L", until=time.time() + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
             now=time.time(),
-            message_id="m1",
-            receive_count=1,
-            dead_letter_at=NEVER,
         )
         completion = Completion(text=reply_text(prompt), model="m", usage=Usage(total_tokens=3))
         self.store.complete(
