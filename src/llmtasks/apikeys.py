@@ -20,7 +20,7 @@ import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
-from llmtasks.store import deserialize, is_condition_failure, serialize
+from llmtasks.dynamo import deserialize, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtasks.dynamo import deserialize, is_condition_failure, serialize
 from llmtasks.errors import BackendError
 from llmtasks.models import Batch, BatchStatus, TaskStatus, WebhookStatus
-from llmtasks.store import deserialize, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
+from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
 from llmtasks.errors import InvalidInput, TooManyRequests
-from llmtasks.store import deserialize, dynamodb_errors, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -194,12 +194,12 @@ class TaskService:
         return task
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:
-        secrets = self._store.webhook_secrets(tenant_id, new_secret=new_webhook_secret())
+        secrets = self._store.tenants.secrets(tenant_id, new_secret=new_webhook_secret())
         return WebhookSecret.of(secrets, self._clock())
 
     def rotate_webhook_secret(self, tenant_id: str) -> WebhookSecret:
         now = self._clock()
-        secrets = self._store.rotate_webhook_secret(
+        secrets = self._store.tenants.rotate(
             tenant_id,
             new_secret=new_webhook_secret(),
             previous_until=now + self._settings.webhook_secret_overlap_s,

@@ -14,8 +14,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from llmtasks.batch_store import batch_from_item
+from llmtasks.dynamo import deserialize
 from llmtasks.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
-from llmtasks.store import deserialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

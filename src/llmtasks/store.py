@@ -2,21 +2,20 @@
 
 Every state change is a conditional write, so no transition happens twice or backwards;
 `ClientError`s become domain errors here and nowhere else. Items are keyed by `pk`:
-`task#<id>` for tasks, `tenant#<id>` for a tenant's settings (its webhook secret).
+`task#<id>` for tasks; the same table's `batch#<id>` and `tenant#<id>` items have their own
+adapters (batch_store.py, tenant_secrets.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from decimal import Decimal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import boto3
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import (
     DEAD_LETTERED,
@@ -25,19 +24,15 @@ from llmtasks.models import (
     Lease,
     Task,
     TaskStatus,
-    WebhookSecrets,
     WebhookStatus,
 )
 from llmtasks.rules import is_task_id
+from llmtasks.tenant_secrets import TenantSecrets
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
-
-_CONDITION_FAILED = "ConditionalCheckFailedException"
 # What a run leaves on the task while it lasts: its lease, and the text streamed so far.
 _LEASE_FIELDS = (
     "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at,"
@@ -52,46 +47,8 @@ _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 _REVISE = "revision = if_not_exists(revision, :zero) + :one"
 
 
-@contextmanager
-def dynamodb_errors(action: str) -> Iterator[None]:
-    """DynamoDB's failures as the domain's BackendError: nothing above this adapter sees botocore."""
-    try:
-        yield
-    except (BotoCoreError, ClientError) as exc:
-        raise BackendError(f"DynamoDB {action} failed: {exc}") from exc
-
-
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"task#{task_id}"}}
-
-
-def _to_dynamo(value: Any) -> Any:
-    """DynamoDB numbers are Decimals; floats are refused by boto3's serializer."""
-    if isinstance(value, float):
-        return Decimal(repr(value))
-    if isinstance(value, dict):
-        return {k: _to_dynamo(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_dynamo(v) for v in value]
-    return value
-
-
-def _from_dynamo(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, dict):
-        return {k: _from_dynamo(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_dynamo(v) for v in value]
-    return value
-
-
-def serialize(values: Mapping[str, Any]) -> dict[str, AttributeValueTypeDef]:
-    return {k: _serializer.serialize(_to_dynamo(v)) for k, v in values.items() if v is not None}
-
-
-def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _from_dynamo(_deserializer.deserialize(v)) for k, v in item.items()}
 
 
 def task_from_item(item: Mapping[str, Any]) -> Task:
@@ -103,11 +60,6 @@ def _failed_item(exc: ClientError) -> Task | None:
     """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
     item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
     return task_from_item(item) if item else None
-
-
-def is_condition_failure(exc: ClientError) -> bool:
-    """A conditional write refused because its condition did not hold (not an outage)."""
-    return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
 
 
 class _ConditionFailed(Exception):
@@ -516,50 +468,7 @@ class TaskStore:
             raise BackendError(f"DynamoDB update failed: {exc}") from exc
         return task_from_item(reply["Attributes"])
 
-    # --- tenants ---------------------------------------------------------------------------
-
-    def webhook_secrets(self, tenant_id: str, *, new_secret: str) -> WebhookSecrets:
-        """The tenant's signing secrets; `new_secret` is stored if the tenant has none yet."""
-        key = _tenant_key(tenant_id)
-        with dynamodb_errors("read"):
-            item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
-        if item:
-            return WebhookSecrets.model_validate(deserialize(item))
-        try:
-            self._client.put_item(
-                TableName=self.table_name,
-                Item={**key, "webhook_secret": {"S": new_secret}},
-                ConditionExpression="attribute_not_exists(pk)",
-            )
-        except ClientError as exc:
-            if not is_condition_failure(exc):
-                raise BackendError(f"DynamoDB put failed: {exc}") from exc
-            # Another request created it first: theirs is the secret.
-            return self.webhook_secrets(tenant_id, new_secret=new_secret)
-        except BotoCoreError as exc:
-            raise BackendError(f"DynamoDB put failed: {exc}") from exc
-        return WebhookSecrets(webhook_secret=new_secret)
-
-    def rotate_webhook_secret(
-        self, tenant_id: str, *, new_secret: str, previous_until: float
-    ) -> WebhookSecrets:
-        """`new_secret` becomes the secret; the one it replaces keeps signing until `previous_until`."""
-        current = self.webhook_secrets(tenant_id, new_secret=new_secret)
-        if current.webhook_secret == new_secret:
-            return current  # the tenant had none: this is its first, with nothing to overlap
-        with dynamodb_errors("update"):
-            reply = self._client.update_item(
-                TableName=self.table_name,
-                Key=_tenant_key(tenant_id),
-                UpdateExpression=(
-                    "SET previous_webhook_secret = webhook_secret, previous_secret_until = :until,"
-                    " webhook_secret = :new"
-                ),
-                ExpressionAttributeValues=serialize({":new": new_secret, ":until": previous_until}),
-                ReturnValues="ALL_NEW",
-            )
-        return WebhookSecrets.model_validate(deserialize(reply["Attributes"]))
-
-
-def _tenant_key(tenant_id: str) -> dict[str, AttributeValueTypeDef]:
-    return {"pk": {"S": f"tenant#{tenant_id}"}}
+    @property
+    def tenants(self) -> TenantSecrets:
+        """The same table's tenant items: each tenant's webhook signing secrets."""
+        return TenantSecrets(self.table_name, self._client)

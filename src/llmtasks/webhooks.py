@@ -348,7 +348,7 @@ class WebhookDelivery:
                 batch_id=message.batch_id,
             )
             return
-        secrets = self._store.webhook_secrets(subject.tenant_id, new_secret=new_webhook_secret())
+        secrets = self._store.tenants.secrets(subject.tenant_id, new_secret=new_webhook_secret())
         result = await self._sender.send(
             subject.url,
             message_id=message.webhook_id,

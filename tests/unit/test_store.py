@@ -229,9 +229,9 @@ def test_every_webhook_attempt_is_counted_and_the_latest_outcome_kept(store: Tas
 
 
 def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:
-    first = store.webhook_secrets("acme", new_secret="whsec_first").webhook_secret
-    again = store.webhook_secrets("acme", new_secret="whsec_second").webhook_secret
-    other = store.webhook_secrets("globex", new_secret="whsec_third").webhook_secret
+    first = store.tenants.secrets("acme", new_secret="whsec_first").webhook_secret
+    again = store.tenants.secrets("acme", new_secret="whsec_second").webhook_secret
+    other = store.tenants.secrets("globex", new_secret="whsec_third").webhook_secret
     assert (first, again, other) == ("whsec_first", "whsec_first", "whsec_third")
 
 

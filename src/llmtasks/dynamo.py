@@ -1,0 +1,65 @@
+"""What every DynamoDB adapter shares: items to and from Python values (numbers as Decimals
+in DynamoDB, ints and floats here), and botocore's failures as the domain's BackendError, with a
+condition that did not hold told apart from an outage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtasks.errors import BackendError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+@contextmanager
+def dynamodb_errors(action: str) -> Iterator[None]:
+    """DynamoDB's failures as the domain's BackendError: nothing above this adapter sees botocore."""
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise BackendError(f"DynamoDB {action} failed: {exc}") from exc
+
+
+def _to_dynamo(value: Any) -> Any:
+    """DynamoDB numbers are Decimals; floats are refused by boto3's serializer."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _to_dynamo(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_dynamo(v) for v in value]
+    return value
+
+
+def _from_dynamo(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_dynamo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_dynamo(v) for v in value]
+    return value
+
+
+def serialize(values: Mapping[str, Any]) -> dict[str, AttributeValueTypeDef]:
+    return {k: _serializer.serialize(_to_dynamo(v)) for k, v in values.items() if v is not None}
+
+
+def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _from_dynamo(_deserializer.deserialize(v)) for k, v in item.items()}
+
+
+def is_condition_failure(exc: ClientError) -> bool:
+    """A conditional write refused because its condition did not hold (not an outage)."""
+    return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
