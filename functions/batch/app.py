@@ -23,7 +23,7 @@ from llmtasks.models import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.queues import Queue
 from llmtasks.records import is_stream_event, process_sqs_concurrently
-from llmtasks.webhooks import tasks_of_stream_record
+from llmtasks.store import task_change
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -36,7 +36,7 @@ def lambda_handler(
     queue: Queue | None = None,
 ) -> PartialItemFailureResponse | None:
     if is_stream_event(event):
-        (progress or wiring.batch_progress()).apply([tasks_of_stream_record(r) for r in event["Records"]])
+        (progress or wiring.batch_progress()).apply([task_change(r) for r in event["Records"]])
         return None
 
     fanout = fanout or wiring.batch_fanout()

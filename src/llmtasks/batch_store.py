@@ -20,7 +20,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.dynamo import deserialize, is_condition_failure, serialize
 from llmtasks.errors import BackendError
-from llmtasks.models import Batch, BatchStatus, TaskStatus, WebhookStatus
+from llmtasks.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
+from llmtasks.store import task_change
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -44,6 +45,16 @@ def batch_from_item(item: Mapping[str, Any]) -> Batch:
     fields = deserialize(item)
     fields["tenant_id"] = fields.pop(_TENANT)
     return Batch.model_validate(fields)
+
+
+def change_of(record: Mapping[str, Any]) -> tuple[Task | None, Task] | tuple[Batch | None, Batch]:
+    """What one TasksTable stream record (NEW_AND_OLD_IMAGES) changed, before and after: a batch
+    (its item's key says so) or a task."""
+    images = record["dynamodb"]
+    if str(images["NewImage"].get("pk", {}).get("S", "")).startswith("batch#"):
+        old = images.get("OldImage")
+        return (batch_from_item(old) if old else None), batch_from_item(images["NewImage"])
+    return task_change(record)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,13 @@ def task_from_item(item: Mapping[str, Any]) -> Task:
     return Task.model_validate(deserialize(item))
 
 
+def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
+    """The task before and after one TasksTable stream record (NEW_AND_OLD_IMAGES)."""
+    images = record["dynamodb"]
+    old = images.get("OldImage")
+    return (task_from_item(old) if old else None), task_from_item(images["NewImage"])
+
+
 def _failed_item(exc: ClientError) -> Task | None:
     """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
     item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from standardwebhooks import Webhook
 
-from llmtasks.batch_store import BatchStore, batch_from_item
+from llmtasks.batch_store import BatchStore, change_of
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.models import (
     BATCH_COMPLETED,
@@ -41,7 +41,6 @@ from llmtasks.models import (
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.results import ResultBlobs
 from llmtasks.retry_after import parse_retry_after
-from llmtasks.store import task_from_item
 
 if TYPE_CHECKING:
     import httpx
@@ -246,11 +245,10 @@ class WebhookRelay:
 
     def relay_record(self, raw: dict[str, Any]) -> bool:
         """One stream record (view type NEW_AND_OLD_IMAGES) of a task or of a batch."""
-        images = raw.get("dynamodb", {})
-        new, old = images["NewImage"], images.get("OldImage")
-        if str(new.get("pk", {}).get("S", "")).startswith("batch#"):
-            return self.relay_batch(batch_from_item(old) if old else None, batch_from_item(new))
-        return self.relay(task_from_item(old) if old else None, task_from_item(new))
+        old, new = change_of(raw)
+        if isinstance(new, Batch):
+            return self.relay_batch(old if isinstance(old, Batch) else None, new)
+        return self.relay(old if isinstance(old, Task) else None, new)
 
     def relay(self, old: Task | None, new: Task) -> bool:
         if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
@@ -395,10 +393,3 @@ class _Subject:
         return WebhookEvent(
             type=message.event_type, timestamp=datetime.now(tz=UTC), data=self.data
         ).model_dump_json()
-
-
-def tasks_of_stream_record(raw: dict[str, Any]) -> tuple[Task | None, Task]:
-    """The task before and after one stream record (view type NEW_AND_OLD_IMAGES)."""
-    images = raw["dynamodb"]
-    old = images.get("OldImage")
-    return (task_from_item(old) if old else None), task_from_item(images["NewImage"])
