@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import deserialize, is_condition_failure, serialize
+from llmtasks.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize
 from llmtasks.errors import BackendError
 from llmtasks.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
 from llmtasks.store import task_change
@@ -42,9 +42,17 @@ _TENANT = "owner_tenant"
 
 
 def batch_from_item(item: Mapping[str, Any]) -> Batch:
-    fields = deserialize(item)
+    return _batch_of(deserialize(item))
+
+
+def _batch_of(fields: dict[str, Any]) -> Batch:
     fields["tenant_id"] = fields.pop(_TENANT)
     return Batch.model_validate(fields)
+
+
+def scan_batches(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[Batch]:
+    """Up to `limit` batches, with the given fields only (the overview)."""
+    return [_batch_of(fields) for fields in scan_by_prefix(client, table, "batch#", fields, limit=limit)]
 
 
 def change_of(record: Mapping[str, Any]) -> tuple[Task | None, Task] | tuple[Batch | None, Batch]:

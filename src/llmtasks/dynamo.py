@@ -15,6 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from llmtasks.errors import BackendError
 
 if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
 _serializer = TypeSerializer()
@@ -63,3 +64,27 @@ def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
 def is_condition_failure(exc: ClientError) -> bool:
     """A conditional write refused because its condition did not hold (not an outage)."""
     return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
+
+
+def scan_by_prefix(
+    client: DynamoDBClient, table: str, prefix: str, fields: list[str], *, limit: int
+) -> list[dict[str, Any]]:
+    """Up to `limit` items whose key starts with `prefix`, with the given fields only, decoded.
+    Every name goes through a placeholder: several (status, total) are reserved words."""
+    names = sorted({name for path in fields for name in path.split(".")})
+    placeholder = {name: f"#n{i}" for i, name in enumerate(names)}
+    projection = ", ".join(".".join(placeholder[name] for name in path.split(".")) for path in fields)
+    items: list[dict[str, Any]] = []
+    pages = client.get_paginator("scan").paginate(
+        TableName=table,
+        FilterExpression="begins_with(pk, :prefix)",
+        ExpressionAttributeValues={":prefix": {"S": prefix}},
+        ProjectionExpression=projection,
+        ExpressionAttributeNames={alias: name for name, alias in placeholder.items()},
+    )
+    with dynamodb_errors("scan"):
+        for page in pages:
+            items += page.get("Items", [])
+            if len(items) >= limit:
+                break
+    return [deserialize(item) for item in items[:limit]]

@@ -13,9 +13,9 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from llmtasks.batch_store import batch_from_item
-from llmtasks.dynamo import deserialize
+from llmtasks.batch_store import scan_batches
 from llmtasks.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
+from llmtasks.store import scan_tasks
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -96,27 +96,6 @@ def queue_depths(sqs: SQSClient, deployment: Deployment) -> dict[str, int]:
     return depths
 
 
-def _scan(dynamodb: DynamoDBClient, table: str, prefix: str, fields: list[str]) -> list[dict[str, Any]]:
-    """The items whose key starts with `prefix`, with the given fields only (raw DynamoDB JSON).
-    Every name goes through a placeholder: several (status, total) are reserved words."""
-    names = sorted({name for path in fields for name in path.split(".")})
-    placeholder = {name: f"#n{i}" for i, name in enumerate(names)}
-    projection = ", ".join(".".join(placeholder[name] for name in path.split(".")) for path in fields)
-    items: list[dict[str, Any]] = []
-    pages = dynamodb.get_paginator("scan").paginate(
-        TableName=table,
-        FilterExpression="begins_with(pk, :prefix)",
-        ExpressionAttributeValues={":prefix": {"S": prefix}},
-        ProjectionExpression=projection,
-        ExpressionAttributeNames={alias: name for name, alias in placeholder.items()},
-    )
-    for page in pages:
-        items += page.get("Items", [])
-        if len(items) >= MAX_ITEMS:
-            break
-    return items[:MAX_ITEMS]
-
-
 def _status(task: dict[str, Any], now: float) -> str:
     """As a client reads it, with a dead-lettered task told apart from the other failures."""
     status = TaskStatus(task["status"])
@@ -156,8 +135,8 @@ def overview(
     """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
     over the last hour, as percentiles and per five minutes; the newest
     tasks with their timelines; queue and DLQ depths; the newest batches with their counts."""
-    scanned = _scan(dynamodb, deployment.tasks_table, "task#", _TASK_FIELDS)
-    tasks = [task for task in map(deserialize, scanned) if task["expires_at"] > now]
+    scanned = scan_tasks(dynamodb, deployment.tasks_table, _TASK_FIELDS, limit=MAX_ITEMS)
+    tasks = [task for task in scanned if task["expires_at"] > now]
     statuses = [_status(task, now) for task in tasks]
     by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus} | {DEAD_LETTERED: 0})
     by_status.update(statuses)
@@ -184,9 +163,7 @@ def overview(
         for i in range(buckets)
     ]
     newest = sorted(zip(tasks, statuses, strict=True), key=lambda pair: -pair[0]["created_at"])[:RECENT]
-    stored = [
-        batch_from_item(item) for item in _scan(dynamodb, deployment.tasks_table, "batch#", _BATCH_FIELDS)
-    ]
+    stored = scan_batches(dynamodb, deployment.tasks_table, _BATCH_FIELDS, limit=MAX_ITEMS)
     newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
     views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
     batches = [{**view.model_dump(mode="json"), "finished": view.finished} for view in views]

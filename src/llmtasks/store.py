@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
+from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, scan_by_prefix, serialize
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import (
     DEAD_LETTERED,
@@ -54,6 +54,11 @@ def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
 def task_from_item(item: Mapping[str, Any]) -> Task:
     """A task from a DynamoDB item (GetItem, UpdateItem or a stream image)."""
     return Task.model_validate(deserialize(item))
+
+
+def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` task items, with the given fields only (the overview: no prompt, no result)."""
+    return scan_by_prefix(client, table, "task#", fields, limit=limit)
 
 
 def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
