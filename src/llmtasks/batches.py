@@ -31,7 +31,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys, at_most_once
+from llmtasks.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.limits import Caller, KeyLimits
 from llmtasks.models import (
     Batch,
@@ -140,16 +140,15 @@ class BatchService:
         """A new batch (its items count against the caller key's max_in_flight until it ends)."""
         self._check(body)
         batch_id = new_batch_id(tenant_id, idempotency_key)
-        if idempotency_key is None:
-            return BatchSubmission(self._create(tenant_id, batch_id, body, trace_header, caller))
-        stored, replayed = at_most_once(
+        batch, replayed = once_per_key(
             self._idempotency,
-            lambda: self._create(tenant_id, batch_id, body, trace_header, caller).model_dump(mode="json"),
+            lambda: self._create(tenant_id, batch_id, body, trace_header, caller),
+            Batch,
             tenant=tenant_id,
-            key=f"batch\n{idempotency_key}",  # a batch's keys never meet a task's
-            body=body.model_dump(mode="json", exclude_unset=True),
+            key=None if idempotency_key is None else f"batch\n{idempotency_key}",  # never a task's
+            body=body,
         )
-        return BatchSubmission(Batch.model_validate(stored), replayed=replayed)
+        return BatchSubmission(batch, replayed=replayed)
 
     def _check(self, body: SubmitBatchRequest) -> None:
         for index, item in enumerate(body.items):

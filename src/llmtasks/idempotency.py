@@ -9,7 +9,7 @@ still running is refused as a conflict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
@@ -19,8 +19,11 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.idempotency.persistence.base import BasePersistenceLayer
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
+from pydantic import BaseModel
 
 from llmtasks.errors import InvalidInput, ServiceUnavailable, TaskConflict
+
+M = TypeVar("M", bound=BaseModel)
 
 _REPLAYED = "__replayed__"
 
@@ -76,16 +79,26 @@ class IdempotencyKeys:
         return result, replayed
 
 
-def at_most_once(
+def once_per_key(
     keys: IdempotencyKeys | None,
-    action: Callable[[], dict[str, Any]],
+    create: Callable[[], M],
+    model: type[M],
     *,
     tenant: str,
-    key: str,
-    body: dict[str, Any],
-) -> tuple[dict[str, Any], bool]:
-    """`action`'s result, computed once per (tenant, key), and whether it is a replay; a 503
-    where this deployment keeps no Idempotency-Key records."""
+    key: str | None,
+    body: BaseModel,
+) -> tuple[M, bool]:
+    """What `create` makes, made once per (tenant, Idempotency-Key), and whether this is a replay
+    of it; without a key, made now. A 503 where this deployment keeps no Idempotency-Key records.
+    The one submit path's run-once step, for tasks and batches alike."""
+    if key is None:
+        return create(), False
     if keys is None:
         raise ServiceUnavailable("Idempotency-Key is not configured on this deployment.")
-    return keys.once(action, tenant=tenant, key=key, body=body)
+    stored, replayed = keys.once(
+        lambda: create().model_dump(mode="json"),
+        tenant=tenant,
+        key=key,
+        body=body.model_dump(mode="json", exclude_unset=True),
+    )
+    return model.model_validate(stored), replayed

@@ -17,7 +17,7 @@ from llmtasks.errors import (
     ServiceUnavailable,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys, at_most_once
+from llmtasks.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.limits import Caller, KeyLimits
 from llmtasks.models import (
     SubmitTaskRequest,
@@ -92,16 +92,15 @@ class TaskService:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
-        if idempotency_key is None:
-            return Submission(self._create(tenant_id, body, trace_header, caller))
-        stored, replayed = at_most_once(
+        task, replayed = once_per_key(
             self.idempotency,
-            lambda: self._create(tenant_id, body, trace_header, caller).model_dump(mode="json"),
+            lambda: self._create(tenant_id, body, trace_header, caller),
+            Task,
             tenant=tenant_id,
             key=idempotency_key,
-            body=body.model_dump(mode="json", exclude_unset=True),
+            body=body,
         )
-        return Submission(Task.model_validate(stored), replayed=replayed)
+        return Submission(task, replayed=replayed)
 
     def _create(
         self, tenant_id: str, body: SubmitTaskRequest, trace_header: str | None, caller: Caller | None
