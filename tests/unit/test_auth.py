@@ -13,7 +13,7 @@ from llmtasks.apikeys import ApiKeys
 from llmtasks.batch_store import BatchStore
 from llmtasks.errors import InvalidInput, TooManyRequests
 from llmtasks.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
-from llmtasks.models import Batch, BatchStatus, SubmitTaskRequest, TaskStatus
+from llmtasks.models import Batch, BatchStatus, Lease, SubmitTaskRequest, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -160,6 +160,7 @@ def test_a_key_s_tasks_in_flight_are_capped_until_some_end(aws: Aws, settings: S
     ended_asks: list[list[str]] = []
 
     def ended(held: list[Held], now: float) -> list[Held]:
+        assert now == clock[0]  # asked as of the limits' clock
         ended_asks.append(sorted(h.work_id for h in held))
         tasks = store.get_many([h.work_id for h in held])
         return [h for h in held if h.work_id in tasks and tasks[h.work_id].status.is_terminal]
@@ -280,9 +281,12 @@ def test_what_a_key_holds_has_ended_when_its_task_or_batch_has_or_was_never_stor
     now = 10_000.0
     tasks = TaskStore(settings.tasks_table_name, aws.dynamodb)
     batches = BatchStore(settings.tasks_table_name, aws.dynamodb)
-    for task_id in ("running", "done", "gone-past"):
+    for task_id in ("running", "done", "dead"):
         tasks.create(pending_task(task_id, now=now, ttl_s=3600))
     tasks.cancel("done", tenant_id="default", now=now)
+    # A task whose last delivery died: it reads as dead-lettered (failed) once that is due
+    last = Lease("L", until=now - 5, message_id="m", receive_count=5, dead_letter_at=now - 1)
+    tasks.claim("dead", last, now=now - 60)
     for batch_id, status in (("b-running", BatchStatus.PENDING), ("b-done", BatchStatus.COMPLETED)):
         batches.create(
             Batch(
@@ -302,12 +306,20 @@ def test_what_a_key_holds_has_ended_when_its_task_or_batch_has_or_was_never_stor
         Held("t", "done", 1, since=now),
         Held("t", "never-stored-old", 1, since=now - UNSTORED_GRACE_S - 1),
         Held("t", "never-stored-new", 1, since=now - UNSTORED_GRACE_S + 5),
+        Held("t", "never-stored-at-the-grace", 1, since=now + 1 - UNSTORED_GRACE_S),
+        Held("t", "dead", 1, since=now),
         Held("b", "b-running", 3, since=now),
         Held("b", "b-done", 3, since=now),
         Held("b", "b-never-stored-old", 3, since=now - UNSTORED_GRACE_S - 1),
         Held("b", "b-never-stored-new", 3, since=now - 1),
     ]
     ended = work_ended(tasks, batches)(held, now + 1)
-    assert sorted(h.work_id for h in ended) == ["b-done", "b-never-stored-old", "done", "never-stored-old"]
+    assert sorted(h.work_id for h in ended) == [
+        "b-done",
+        "b-never-stored-old",
+        "dead",
+        "done",
+        "never-stored-old",
+    ]
     # A task expired (its TTL passed, not yet deleted) has ended too
     assert [h.work_id for h in work_ended(tasks, batches)(held[:1], now + 3601)] == ["running"]
