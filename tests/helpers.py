@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from llmtasks.local.launcher import free_port
 from llmtasks.local.template import FunctionSpec
-from llmtasks.models import LLMRequest, Task, TaskStatus
+from llmtasks.models import Batch, BatchStatus, LLMRequest, Task, TaskStatus
 from llmtasks.results import ResultBlobs
 from llmtasks.settings import Settings
 
@@ -121,6 +121,23 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(server)
+
+
+def stored_batch(
+    batch_id: str, *, now: float, status: BatchStatus = BatchStatus.PENDING, **fields: Any
+) -> Batch:
+    """A batch item as submit stores it (its manifest's place only named), for tests that
+    write batches directly."""
+    defaults: dict[str, Any] = {
+        "tenant_id": "default",
+        "total": 1,
+        "manifest_ref": f"batches/{batch_id}.jsonl",
+        "chunk_size": 100,
+        "chunk_offsets": [0, 1],
+        "created_at": now,
+        "expires_at": int(now + 3600),
+    }
+    return Batch(batch_id=batch_id, status=status, **(defaults | fields))
 
 
 def pending_task(

@@ -13,13 +13,13 @@ from llmtasks.apikeys import ApiKeys
 from llmtasks.batch_store import BatchStore
 from llmtasks.errors import InvalidInput, TooManyRequests
 from llmtasks.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
-from llmtasks.models import Batch, BatchStatus, Lease, SubmitTaskRequest, TaskStatus
+from llmtasks.models import BatchStatus, Lease, SubmitTaskRequest, TaskStatus
 from llmtasks.queues import Queue
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore
 from tests.conftest import Aws
-from tests.helpers import blobs, load_event, pending_task
+from tests.helpers import blobs, load_event, pending_task, stored_batch
 
 pytestmark = pytest.mark.unit
 
@@ -288,19 +288,7 @@ def test_what_a_key_holds_has_ended_when_its_task_or_batch_has_or_was_never_stor
     last = Lease("L", until=now - 5, message_id="m", receive_count=5, dead_letter_at=now - 1)
     tasks.claim("dead", last, now=now - 60)
     for batch_id, status in (("b-running", BatchStatus.PENDING), ("b-done", BatchStatus.COMPLETED)):
-        batches.create(
-            Batch(
-                batch_id=batch_id,
-                tenant_id="default",
-                status=status,
-                total=3,
-                manifest_ref="m",
-                chunk_size=100,
-                chunk_offsets=[0, 1],
-                created_at=now,
-                expires_at=int(now + 3600),
-            )
-        )
+        batches.create(stored_batch(batch_id, now=now, status=status, total=3))
     held = [
         Held("t", "running", 1, since=now),
         Held("t", "done", 1, since=now),

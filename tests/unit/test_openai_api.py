@@ -8,7 +8,6 @@ from openai.types.responses import Response
 
 from llmtasks.errors import RATE_LIMITED, InvalidInput
 from llmtasks.models import (
-    Batch,
     BatchStatus,
     BatchView,
     ChatMessage,
@@ -18,7 +17,7 @@ from llmtasks.models import (
     Usage,
 )
 from llmtasks.openai_api import CreateResponse, response_object, webhook_event
-from tests.helpers import pending_task
+from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit
 NOW = 1_790_000_000.0
@@ -178,17 +177,7 @@ def test_a_responses_webhook_event_is_openais_for_its_terminal_state(
 def test_a_batchs_webhook_event_is_openais_for_its_terminal_state(
     status: BatchStatus, event_type: str
 ) -> None:
-    batch = Batch(
-        batch_id="e" * 32,
-        tenant_id="t",
-        status=status,
-        total=1,
-        manifest_ref="batches/e.jsonl",
-        chunk_size=1,
-        chunk_offsets=[0, 10],
-        created_at=NOW,
-        expires_at=int(NOW + 60),
-    )
+    batch = stored_batch("e" * 32, now=NOW, status=status, tenant_id="t")
 
     event = webhook_event("msg_4567", BatchView.of(batch))
 
