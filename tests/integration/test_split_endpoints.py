@@ -1,6 +1,7 @@
 """`llmtasks up --endpoint-url sqs=URL`: SQS on one endpoint (a LocalStack when
 AWS_ENDPOINT_URL_SQS names one, as scripts/localstack-tests sets it; otherwise a second moto
-server), every other service on the embedded moto; a task goes through the split stack."""
+server), every other service on the embedded moto; a task goes through the split stack. The
+same with `sqs=localstack`, the endpoint found by LocalStack's conventions (LOCALSTACK_HOST)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,14 @@ def queue_names(endpoint_url: str) -> set[str]:
     return {url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])}
 
 
-def test_a_task_runs_with_sqs_on_its_own_endpoint_and_the_rest_on_moto(sqs_endpoint: str) -> None:
+@pytest.mark.parametrize("named", ["by URL", "by LOCALSTACK_HOST"])
+def test_a_task_runs_with_sqs_on_its_own_endpoint_and_the_rest_on_moto(sqs_endpoint: str, named: str) -> None:
     env = {"WEBHOOK_RESOLVE_NAMES": "false"}
-    stack: LaunchedStack = launch("--endpoint-url", f"sqs={sqs_endpoint}", env=env, cwd=ROOT)
+    given = f"sqs={sqs_endpoint}"
+    if named == "by LOCALSTACK_HOST":
+        env["LOCALSTACK_HOST"] = sqs_endpoint.removeprefix("http://")
+        given = "sqs=localstack"
+    stack: LaunchedStack = launch("--endpoint-url", given, env=env, cwd=ROOT)
     try:
         with stack.client() as client:
             task_id = client.post("/tasks", json={"prompt": "split"}).json()["task_id"]

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from llmtasks.cli.options import parameter_overrides_option, parse_overrides, template_option
+from llmtasks.local.endpoints import resolved
 
 
 def _split_endpoints(values: tuple[str, ...]) -> str | None:
@@ -23,9 +24,9 @@ def _split_endpoints(values: tuple[str, ...]) -> str | None:
     for value in values:
         service, sep, url = value.partition("=")
         if sep and "://" not in service:
-            os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = url
+            os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = resolved(url, service)
         else:
-            everything = value
+            everything = resolved(value, "dynamodb")
     return everything
 
 
@@ -38,7 +39,9 @@ def _split_endpoints(values: tuple[str, ...]) -> str | None:
     multiple=True,
     help="Use this AWS endpoint (e.g. a LocalStack) instead of the embedded moto server; as"
     " SERVICE=URL (e.g. sqs=http://127.0.0.1:4599), for that service alone, the rest staying on"
-    " moto. Repeatable. AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVICE> say the same.",
+    " moto. `localstack` for a URL: the LocalStack that LOCALSTACK_HOST (and USE_SSL) name, as"
+    " localstack-client resolves it. Repeatable. AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVICE>"
+    " say the same.",
 )
 @click.option("--moto-port", default=4566, show_default=True, help="Port of the embedded moto server.")
 @click.option(
@@ -218,8 +221,8 @@ def up(
     "--endpoint-url",
     envvar="AWS_ENDPOINT_URL",
     default=None,
-    help="The AWS endpoint with the resources (a running `llmtasks up`: http://127.0.0.1:4566);"
-    " without it, an empty moto in this process.",
+    help="The AWS endpoint with the resources (a running `llmtasks up`: http://127.0.0.1:4566, or"
+    " `localstack`: the one LOCALSTACK_HOST names); without it, an empty moto in this process.",
 )
 def invoke(
     function_id: str,
@@ -244,7 +247,7 @@ def invoke(
         payload,
         env_vars=read_env_vars(env_vars) if env_vars else None,
         parameter_overrides=parse_overrides(parameter_overrides),
-        endpoint_url=endpoint_url,
+        endpoint_url=resolved(endpoint_url, "dynamodb") if endpoint_url else None,
     )
     click.echo(json.dumps(result.reply()))
     if not result.invocation.ok:

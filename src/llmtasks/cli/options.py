@@ -14,6 +14,7 @@ import click
 
 from llmtasks.client import DEFAULT_URL
 from llmtasks.deployment import Deployment
+from llmtasks.local.endpoints import localstack_endpoint, resolved
 from llmtasks.local.errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from llmtasks.client import Client
 
-# Where `llmtasks up` serves its embedded AWS endpoint.
+# Where `llmtasks up` serves its embedded AWS endpoint: also a LocalStack's, by default.
 LOCAL_ENDPOINT = "http://127.0.0.1:4566"
 
 
@@ -75,6 +76,14 @@ class Target:
     dynamodb: DynamoDBClient
 
 
+def endpoint_for(service: str, endpoint_url: str | None) -> str:
+    """Where an operator command finds `service` on this machine. As boto3 itself would: a
+    per-service endpoint (SQS on a LocalStack) wins, then --endpoint-url; without any,
+    LocalStack's conventions (LOCALSTACK_HOST), whose default is `llmtasks up`'s moto."""
+    named = os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}") or endpoint_url
+    return resolved(named, service) if named else localstack_endpoint(service)
+
+
 def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     import boto3
 
@@ -89,10 +98,8 @@ def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
         aws_secret_access_key="testing",  # noqa: S106 - moto's
         region_name=PSEUDO_PARAMETERS["AWS::Region"],
     )
-    url = endpoint_url or LOCAL_ENDPOINT
-    # As boto3 itself would: a per-service endpoint (SQS on a LocalStack) wins.
-    sqs = session.client("sqs", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_SQS") or url)
-    dynamodb = session.client("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or url)
+    sqs = session.client("sqs", endpoint_url=endpoint_for("sqs", endpoint_url))
+    dynamodb = session.client("dynamodb", endpoint_url=endpoint_for("dynamodb", endpoint_url))
     return Target(Deployment.local(sqs), sqs, dynamodb)  # `targeted` says a silent endpoint
 
 
@@ -116,7 +123,7 @@ def targeted(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def run(*args: Any, stack_name: str | None, endpoint_url: str | None, **kwargs: Any) -> None:
-        with aws_errors(endpoint_url or LOCAL_ENDPOINT):
+        with aws_errors(endpoint_for("sqs", endpoint_url)):
             command(*args, stack_name=stack_name, endpoint_url=endpoint_url, **kwargs)
 
     return _stacked(
@@ -128,7 +135,8 @@ def targeted(command: Callable[..., None]) -> Callable[..., None]:
                 "--endpoint-url",
                 envvar="AWS_ENDPOINT_URL",
                 default=None,
-                help=f"The local stack's AWS endpoint [default: {LOCAL_ENDPOINT}].",
+                help="The local stack's AWS endpoint, or `localstack` [default: LOCALSTACK_HOST's, as"
+                f" localstack-client resolves it: {LOCAL_ENDPOINT} unless it is set].",
             ),
         ]
     )(run)
