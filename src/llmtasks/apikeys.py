@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
-import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
@@ -65,9 +64,9 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 class ApiKeys:
-    def __init__(self, table_name: str, client: DynamoDBClient | None = None) -> None:
+    def __init__(self, table_name: str, client: DynamoDBClient) -> None:
         self.table_name = table_name
-        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._client = client
 
     def create(
         self,

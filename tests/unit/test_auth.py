@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from llmtasks.apikeys import ApiKeys
+from llmtasks.apikeys import ApiKeys, presented_key
 from llmtasks.batch_store import BatchStore
 from llmtasks.errors import InvalidInput, TooManyRequests
 from llmtasks.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
@@ -52,6 +52,52 @@ def test_keys_authenticate_to_their_tenant_until_revoked(api_keys: ApiKeys) -> N
     assert api_keys.authenticate(key).refusal == "revoked"
     assert api_keys.revoke("nosuchkey") is None
     assert [k.revoked_at is not None for k in api_keys.all()] == [True]
+
+
+@pytest.mark.parametrize(
+    ("headers", "presented"),
+    [
+        ({"Authorization": "Bearer lt_a_b"}, "lt_a_b"),
+        ({"authorization": "bearer   lt_a_b  "}, "lt_a_b"),
+        ({"AUTHORIZATION": "Bearer lt_a b"}, "lt_a b"),  # the scheme is the first word
+        ({"Authorization": "Basic lt_a_b"}, None),
+        ({"Authorization": "Bearer "}, None),
+        ({"Authorization": "lt_a_b"}, None),
+        ({"x-api-key": "lt_a_b"}, None),  # not the identity source any more
+        ({}, None),
+    ],
+)
+def test_the_key_is_read_from_authorization_bearer_only(
+    headers: dict[str, str], presented: str | None
+) -> None:
+    assert presented_key(headers) == presented
+
+
+@pytest.mark.parametrize(
+    ("key", "refusal"),
+    [
+        ("xlt_abc_def", "malformed"),  # something before the prefix
+        ("lt__secret", "malformed"),  # no key id
+        ("lt_abc_", "malformed"),  # no secret
+        ("lt_abc", "malformed"),
+        ("lt_abc_" + "s" * 194, "malformed"),  # 201 characters
+        ("lt_abc_" + "s" * 193, "unknown"),  # 200: read and looked up
+        ("lt_abc_lt_def", "unknown"),  # the prefix is the first one
+    ],
+)
+def test_a_key_s_shape_is_checked_before_it_is_looked_up(api_keys: ApiKeys, key: str, refusal: str) -> None:
+    assert api_keys.authenticate(key).refusal == refusal
+
+
+def test_keys_are_random_of_a_fixed_shape_and_listed_newest_first(api_keys: ApiKeys) -> None:
+    made = [api_keys.create("acme", now=at) for at in (3.0, 1.0, 2.0)]
+    key, record = made[0]
+    assert len(record.key_id) == 12  # 48 random bits, shown in listings
+    assert len(key.split("_", 2)[2]) == 43  # 256 random bits
+    assert record.name == ""
+    named = api_keys.create("acme", name="ci", now=4.0)[1]
+    assert [k.created_at for k in api_keys.all()] == [4.0, 3.0, 2.0, 1.0]
+    assert api_keys.all()[0].name == named.name == "ci"
 
 
 def test_the_authorizer_allows_a_valid_key_with_its_tenant_and_limits_and_denies_the_rest(
