@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize
+from llmtasks.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
 from llmtasks.errors import BackendError
 from llmtasks.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
 from llmtasks.store import task_change
@@ -52,16 +52,14 @@ def _batch_of(fields: dict[str, Any]) -> Batch:
 
 def scan_batches(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[Batch]:
     """Up to `limit` batches, with the given fields only (the overview)."""
-    return [_batch_of(fields) for fields in scan_by_prefix(client, table, "batch#", fields, limit=limit)]
+    return [_batch_of(item) for item in scan_by_prefix(client, table, "batch#", fields, limit=limit)]
 
 
 def change_of(record: Mapping[str, Any]) -> tuple[Task | None, Task] | tuple[Batch | None, Batch]:
     """What one TasksTable stream record (NEW_AND_OLD_IMAGES) changed, before and after: a batch
     (its item's key says so) or a task."""
-    images = record["dynamodb"]
-    if str(images["NewImage"].get("pk", {}).get("S", "")).startswith("batch#"):
-        old = images.get("OldImage")
-        return (batch_from_item(old) if old else None), batch_from_item(images["NewImage"])
+    if str(record["dynamodb"]["NewImage"].get("pk", {}).get("S", "")).startswith("batch#"):
+        return stream_change(record, batch_from_item)
     return task_change(record)
 
 

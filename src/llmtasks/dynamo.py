@@ -4,10 +4,10 @@ condition that did not hold told apart from an outage."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+T = TypeVar("T")
 
 
 @contextmanager
@@ -88,3 +89,10 @@ def scan_by_prefix(
             if len(items) >= limit:
                 break
     return [deserialize(item) for item in items[:limit]]
+
+
+def stream_change(record: Mapping[str, Any], decode: Callable[[Mapping[str, Any]], T]) -> tuple[T | None, T]:
+    """An item before and after one stream record (NEW_AND_OLD_IMAGES), each image decoded."""
+    images = record["dynamodb"]
+    old = images.get("OldImage")
+    return (decode(old) if old else None), decode(images["NewImage"])

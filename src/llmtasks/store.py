@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, scan_by_prefix, serialize
+from llmtasks.dynamo import (
+    deserialize,
+    dynamodb_errors,
+    is_condition_failure,
+    scan_by_prefix,
+    serialize,
+    stream_change,
+)
 from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.models import (
     DEAD_LETTERED,
@@ -63,9 +70,7 @@ def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: 
 
 def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
     """The task before and after one TasksTable stream record (NEW_AND_OLD_IMAGES)."""
-    images = record["dynamodb"]
-    old = images.get("OldImage")
-    return (task_from_item(old) if old else None), task_from_item(images["NewImage"])
+    return stream_change(record, task_from_item)
 
 
 def _failed_item(exc: ClientError) -> Task | None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
-from llmtasks.errors import BackendError
 from llmtasks.models import WebhookSecrets
 
 if TYPE_CHECKING:
@@ -28,20 +27,24 @@ class TenantSecrets:
             item = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
         if item:
             return WebhookSecrets.model_validate(deserialize(item))
-        try:
-            self._client.put_item(
-                TableName=self.table_name,
-                Item={**key, "webhook_secret": {"S": new_secret}},
-                ConditionExpression="attribute_not_exists(pk)",
-            )
-        except ClientError as exc:
-            if not is_condition_failure(exc):
-                raise BackendError(f"DynamoDB put failed: {exc}") from exc
-            # Another request created it first: theirs is the secret.
-            return self.secrets(tenant_id, new_secret=new_secret)
-        except BotoCoreError as exc:
-            raise BackendError(f"DynamoDB put failed: {exc}") from exc
-        return WebhookSecrets(webhook_secret=new_secret)
+        with dynamodb_errors("put"):
+            try:
+                self._client.put_item(
+                    TableName=self.table_name,
+                    Item={**key, "webhook_secret": {"S": new_secret}},
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+            except ClientError as exc:
+                if not is_condition_failure(exc):
+                    raise
+                created = False  # another request created it first: theirs is the secret
+            else:
+                created = True
+        return (
+            WebhookSecrets(webhook_secret=new_secret)
+            if created
+            else self.secrets(tenant_id, new_secret=new_secret)
+        )
 
     def rotate(self, tenant_id: str, *, new_secret: str, previous_until: float) -> WebhookSecrets:
         """`new_secret` becomes the secret; the one it replaces keeps signing until `previous_until`."""

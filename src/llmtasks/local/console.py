@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llmtasks.apikeys import presented_key
 from llmtasks.deadletters import QUEUE_NAMES, DeadLetters
 from llmtasks.stats import overview
 
@@ -70,9 +71,7 @@ class Console:
         return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())
 
     def _allowed(self, request: Request) -> bool:
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        bearer = credentials.strip() if scheme.lower() == "bearer" else None
-        return self._is_token(request.cookies.get(COOKIE)) or self._is_token(bearer)
+        return self._is_token(request.cookies.get(COOKIE)) or self._is_token(presented_key(request.headers))
 
     async def handle(self, request: Request) -> Response:
         path = request.url.path.removeprefix(PREFIX).rstrip("/")

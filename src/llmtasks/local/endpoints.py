@@ -16,8 +16,10 @@ LOCALSTACK = "localstack"  # the keyword that --endpoint-url resolves
 
 def localstack_endpoint(service: str) -> str:
     """The endpoint of `service` on the LocalStack the environment names."""
-    endpoint = str(get_service_endpoint(service) or get_service_endpoint("sqs"))
-    return endpoint.replace("://localhost:", "://127.0.0.1:").replace("://localhost/", "://127.0.0.1/")
+    endpoint = get_service_endpoint(service)
+    if endpoint is None:
+        raise ValueError(f"localstack-client knows no endpoint for {service!r}")
+    return str(endpoint).replace("://localhost:", "://127.0.0.1:")
 
 
 def resolved(endpoint: str, service: str) -> str:
