@@ -391,15 +391,6 @@ def moto_session() -> boto3.session.Session:
 # --- durable local state -------------------------------------------------------------------------
 
 
-def burst(stack: LaunchedStack, tasks: int) -> tuple[float, float]:
-    """`tasks` submits as fast as the clients go: submits/s, and tasks completed/s over the burst."""
-    started = time.time()
-    submitted = open_loop(stack, tasks, lambda i: {"prompt": f"burst {i}"}, lambda _i: {})
-    submitting_s = max(at for at, _ in submitted) - started
-    done = outcomes(stack, submitted)
-    return tasks / submitting_s, tasks / (max(d.completed_at for d in done) - started)
-
-
 def durable_state(report: Report, tasks: int, stored: int) -> None:
     """What the journal costs: the same burst without a state dir and with one (each change
     journaled before its reply), side by side; and how long a start takes after a crash with
@@ -410,10 +401,12 @@ def durable_state(report: Report, tasks: int, stored: int) -> None:
     for label, extra in (("no state dir", ()), ("journal", ("--state-dir", str(state_dir)))):
         with stack_running(*extra) as stack:
             rates[label] = burst(stack, tasks)
-        report.add(section, f"burst of {tasks}, {label}: submits", f"{rates[label][0]:.1f}/s")
-        report.add(section, f"burst of {tasks}, {label}: completed", f"{rates[label][1]:.1f} tasks/s")
-    for at, figure in enumerate(("submits", "completed")):
-        ratio = rates["journal"][at] / rates["no state dir"][at]
+        report.add(section, f"burst of {tasks}, {label}: submits", f"{rates[label]['submits_s']:.1f}/s")
+        report.add(
+            section, f"burst of {tasks}, {label}: completed", f"{rates[label]['completed_s']:.1f} tasks/s"
+        )
+    for key, figure in (("submits_s", "submits"), ("completed_s", "completed")):
+        ratio = rates["journal"][key] / rates["no state dir"][key]
         report.add(
             section,
             f"journal / no state dir, {figure}",
@@ -781,21 +774,22 @@ def key_limits(report: Report, submits: int) -> None:
     )
 
 
-def timed_burst(target: Target, tasks: int) -> dict[str, float]:
+def burst(target: Target, tasks: int) -> dict[str, float]:
     """`tasks` submits from 16 clients as fast as they go (open loop, the LLM answering at once):
-    submits a second, a submit's p95, and tasks completed a second from the first submit."""
-    seconds: list[float] = []
-    submitted: list[tuple[float, str]] = []
+    submits a second (until the last submit's reply), a submit's p95, and tasks completed a
+    second from the first submit."""
+    timed: list[tuple[float, float, str]] = []  # (sent at, took, task id), one append a submit
     started = time.time()
 
     def one(i: int, client: httpx.Client) -> None:
         at = time.time()
         task_id = submit(client, {"prompt": f"burst {i} {uuid.uuid4().hex}"})
-        seconds.append(time.time() - at)
-        submitted.append((at, task_id))
+        timed.append((at, time.time() - at, task_id))
 
     run_clients(tasks, one, target)
-    submitting_s = max(at for at, _ in submitted) - started + seconds[-1]
+    submitting_s = max(at + took for at, took, _ in timed) - started
+    seconds = [took for _, took, _ in timed]
+    submitted = [(at, task_id) for at, _, task_id in timed]
     done = outcomes(target, submitted)
     return {
         "submits_s": tasks / submitting_s,
@@ -821,12 +815,12 @@ def versus_celery(report: Report, burst_tasks: int, long_tasks: int, latency_s: 
     slots = concurrency * batch
     with stack_running() as stack:
         assert stack.mock is not None
-        figures = {"llmtasks": timed_burst(stack, burst_tasks)}
+        figures = {"llmtasks": burst(stack, burst_tasks)}
         stack.configure_mock(latency_s=latency_s)
         efficiency = {"llmtasks": slot_efficiency(stack, long_tasks, latency_s, slots)}
         stack.configure_mock(latency_s=0)
         with running_baseline(stack.mock + "/v1", threads=slots) as celery:
-            figures["celery"] = timed_burst(celery, burst_tasks)
+            figures["celery"] = burst(celery, burst_tasks)
             stack.configure_mock(latency_s=latency_s)
             efficiency["celery"] = slot_efficiency(celery, long_tasks, latency_s, slots)
     ours, theirs = figures["llmtasks"], figures["celery"]
