@@ -7,6 +7,7 @@ rather than as failed until the worker picks them up.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,10 @@ class DeadLetters:
         self._store = store
         self._sqs: SQSClient = sqs or boto3.client("sqs")
         self._clock = clock
+        # A listing hides the messages it reads until it ends; a redrive meanwhile would find the
+        # queue empty and move nothing (the console lists every two seconds beside its Redrive
+        # button). So listings and redrives of one DeadLetters take turns.
+        self._turns = threading.Lock()
 
     def depth(self, queue: QueueName) -> int:
         attributes = self._sqs.get_queue_attributes(
@@ -71,6 +76,10 @@ class DeadLetters:
 
     def letters(self, queue: QueueName, *, limit: int = 100) -> list[DeadLetter]:
         """Up to `limit` messages, left in the queue and visible."""
+        with self._turns:
+            return self._letters(queue, limit=limit)
+
+    def _letters(self, queue: QueueName, *, limit: int) -> list[DeadLetter]:
         url = self._deployment.dlq_urls[queue]
         seen: dict[str, DeadLetter] = {}
         handles: list[str] = []
@@ -141,8 +150,12 @@ class DeadLetters:
 
     def redrive(self, queue: QueueName) -> Redrive:
         """Moves every message back to its source queue (SQS StartMessageMoveTask)."""
+        with self._turns:
+            return self._redrive(queue)
+
+    def _redrive(self, queue: QueueName) -> Redrive:
         url = self._deployment.dlq_urls[queue]
-        letters = self.letters(queue, limit=10_000)
+        letters = self._letters(queue, limit=10_000)
         if not letters:
             return Redrive(queue=queue, task_handle=None, messages=0, requeued_tasks=[])
         arn = self._arn(url)

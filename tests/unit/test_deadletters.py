@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -102,6 +104,46 @@ def test_redrive_moves_messages_back_and_puts_their_tasks_back_to_pending(
     # SQS reports the move as done
     [move] = dead_letters.moves(name)
     assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
+
+
+def test_a_redrive_during_a_listing_waits_for_it_and_moves_every_message(aws: Aws, store: TaskStore) -> None:
+    # A console test failed in CI: its page's listing (every two seconds) held the DLQ's messages
+    # hidden when its Redrive button's request came, and the redrive found nothing to move
+    dead_lettered_task(aws, store, "t1")
+    listing_holds_them = threading.Event()
+    release = threading.Event()
+
+    class SlowToShowAgain:
+        """The SQS client, pausing a listing between hiding the messages and showing them again."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(aws.sqs, name)
+
+        def change_message_visibility_batch(self, **request: Any) -> Any:
+            listing_holds_them.set()
+            assert release.wait(10)
+            return aws.sqs.change_message_visibility_batch(**request)
+
+    deployment = Deployment(
+        tasks_table=store.table_name,
+        api_keys_table=aws.resources.table_names["ApiKeysTable"],
+        queue_urls={name: aws.queue_url(queue) for name, (queue, _) in QUEUES.items()},
+        dlq_urls={name: aws.queue_url(dlq) for name, (_, dlq) in QUEUES.items()},
+    )
+    dead_letters = DeadLetters(deployment, store=store, sqs=SlowToShowAgain())  # type: ignore[arg-type]
+    listing = threading.Thread(target=dead_letters.letters, args=("tasks",))
+    listing.start()
+    assert listing_holds_them.wait(10)
+    redrives: list[Any] = []
+    redriving = threading.Thread(target=lambda: redrives.append(dead_letters.redrive("tasks")))
+    redriving.start()
+    redriving.join(0.5)
+    assert redriving.is_alive()  # it waits for the listing to show the messages again
+    release.set()
+    listing.join(10)
+    redriving.join(10)
+    [redrive] = redrives
+    assert (redrive.messages, redrive.requeued_tasks) == (1, ["t1"])
 
 
 def test_redriving_the_webhook_dlq_returns_events_to_the_webhook_queue(
