@@ -1,5 +1,5 @@
 """WorkerFunction: TaskQueue and BatchTaskQueue batches -> one LLM call per task, all records of
-an event at once."""
+an event at once, and more from the queue as calls end (call_slots.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
+from llmtasks.call_slots import CallSlots, keep_slots_full
 from llmtasks.models import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.queues import Queue
@@ -24,8 +25,11 @@ def lambda_handler(
     context: LambdaContext,
     runner: TaskRunner | None = None,
     queue: Queue | None = None,
+    call_slots: int | None = None,
 ) -> PartialItemFailureResponse:
     runner = runner or wiring.task_runner()
+    queue = queue or wiring.worker_queue(event)
+    slots = wiring.worker_call_slots() if call_slots is None else call_slots
 
     async def run_one(record: SQSRecord) -> None:
         message = TaskMessage.model_validate_json(record.body)
@@ -36,4 +40,6 @@ def lambda_handler(
         )
         await runner.run(message.task_id, delivery, remaining_s=context.get_remaining_time_in_millis() / 1000)
 
-    return process_sqs_concurrently(event, context, run_one, queue or wiring.worker_queue(event))
+    if slots == 0:
+        return process_sqs_concurrently(event, context, run_one, queue)
+    return keep_slots_full(event, context, run_one, CallSlots(queue, slots, runner.whole_call_s))

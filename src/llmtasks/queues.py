@@ -10,14 +10,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
 from llmtasks.errors import BackendError
+from llmtasks.observability import logger
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
 
 # SQS limits: DelaySeconds <= 15 min, a message's visibility timeout <= 12 h.
 MAX_DELAY_S = 900
 MAX_VISIBILITY_S = 12 * 3600
-SEND_BATCH = 10  # SendMessageBatch's limit
+SEND_BATCH = 10  # SendMessageBatch's and DeleteMessageBatch's limit
+RECEIVE_BATCH = 10  # ReceiveMessage's limit
 SEND_ATTEMPTS = 3
 
 
@@ -81,6 +84,37 @@ class Queue:
                     break
             else:
                 raise BackendError(f"SQS did not take {len(entries)} messages")
+
+    def receive(self, limit: int, *, wait_s: int = 0) -> list[MessageTypeDef]:
+        """Up to `limit` messages (at most ten, SQS's cap), with the system attributes Lambda's
+        event source passes on (the receive count, the send time); waits up to `wait_s` for the
+        first. Each is in flight for the queue's visibility timeout."""
+        try:
+            reply = self._client.receive_message(
+                QueueUrl=self.url,
+                MaxNumberOfMessages=max(1, min(RECEIVE_BATCH, limit)),
+                WaitTimeSeconds=max(0, min(20, wait_s)),
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BackendError(f"SQS receive failed: {exc}") from exc
+        return list(reply.get("Messages") or [])
+
+    def delete_many(self, receipt_handles: Sequence[str]) -> None:
+        """Deletes received messages, ten to a DeleteMessageBatch call. A receipt that no longer
+        deletes (its message received again since) is left: that delivery deals with it."""
+        for start in range(0, len(receipt_handles), SEND_BATCH):
+            chunk = receipt_handles[start : start + SEND_BATCH]
+            try:
+                reply = self._client.delete_message_batch(
+                    QueueUrl=self.url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": handle} for i, handle in enumerate(chunk)],
+                )
+            except (BotoCoreError, ClientError) as exc:
+                raise BackendError(f"SQS delete failed: {exc}") from exc
+            for failed in reply.get("Failed", []):
+                logger.info("a handled message was not deleted", code=failed.get("Code"))
 
     def retry_later(self, receipt_handle: str, delay_s: float) -> None:
         """The message comes back after `delay_s` instead of the queue's visibility timeout.

@@ -32,6 +32,27 @@ def receive_count(record: SQSRecord) -> int:
     return int(record.attributes.approximate_receive_count or 1)
 
 
+def sqs_record(message: Any, queue_arn: str) -> dict[str, Any]:
+    """A ReceiveMessage message as Lambda's SQS event source hands it to a function."""
+
+    def lower_first(attribute: dict[str, Any]) -> dict[str, Any]:
+        return {key[0].lower() + key[1:]: value for key, value in attribute.items()}
+
+    return {
+        "messageId": message["MessageId"],
+        "receiptHandle": message["ReceiptHandle"],
+        "body": message["Body"],
+        "attributes": dict(message.get("Attributes") or {}),
+        "messageAttributes": {
+            name: lower_first(dict(value)) for name, value in (message.get("MessageAttributes") or {}).items()
+        },
+        "md5OfBody": message.get("MD5OfBody", ""),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": queue_arn.split(":")[3] if queue_arn.startswith("arn:") else "",
+    }
+
+
 def process_sqs_concurrently(
     event: dict[str, Any],
     context: LambdaContext,
@@ -45,7 +66,7 @@ def process_sqs_concurrently(
             queue.retry_later(record.receipt_handle, later.delay_s)
             raise
 
-    event = _each_message_once(event)
+    event = each_message_once(event)
     # A processor per invocation: it holds the batch's state, and the local stack may run several
     # invocations of one function at once. A batch whose records all failed is still a partial
     # response, not an exception, so the delays set above stand.
@@ -53,7 +74,7 @@ def process_sqs_concurrently(
     return async_process_partial_response(event, record_handler, processor, context)
 
 
-def _each_message_once(event: dict[str, Any]) -> dict[str, Any]:
+def each_message_once(event: dict[str, Any]) -> dict[str, Any]:
     """The event with each message's first record only. At-least-once delivery may put one
     message in a batch twice, each copy with its own receive count; both would run it, and the
     later copy, seeing a lease of its own message, would take the task over and call again. A

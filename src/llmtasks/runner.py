@@ -51,6 +51,8 @@ MIN_CALL_TIME_S = 60.0
 PACE_LATE_TRIES = 3
 # How soon a message's first delivery looks again at a task whose lease another delivery holds.
 HELD_LEASE_RECHECK_S = 3.0
+# A call ends this long before the function's timeout, to leave time to write its outcome.
+OUTCOME_TIME_S = 10.0
 
 
 class PaceFull(Exception):
@@ -136,6 +138,11 @@ class TaskRunner:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results
 
+    @property
+    def whole_call_s(self) -> float:
+        """The time an invocation must have left to give a call its whole timeout."""
+        return self._settings.llm_timeout_s + OUTCOME_TIME_S
+
     async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
         """Raises RetryLater when this delivery must come back later: another delivery holds a
         live lease on the task, or the message arrived before its task's item was written."""
@@ -174,7 +181,7 @@ class TaskRunner:
             self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
             return
         # Leave time to write the outcome before the function's own timeout.
-        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - 10))
+        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - OUTCOME_TIME_S))
         if deadline is not None:
             timeout = min(timeout, deadline - now)
         if self._pacer is not None:

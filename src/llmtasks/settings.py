@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # A shared pace for LLM calls across all worker sandboxes (template: LlmRequestsPerSecond);
     # 0 is no pace, the provider's 429s and their Retry-After alone hold the calls back.
     llm_requests_per_second: float = Field(default=0.0, ge=0)
+    # Calls one worker invocation keeps in flight: as its calls end it takes more messages from
+    # its queue itself while its time left can hold a whole call (template: WorkerCallSlots);
+    # 0 runs only the records the event source hands it.
+    worker_call_slots: int = Field(default=10, ge=0, le=100)
     # While a call streams, its text so far is written to the task at most this often (and
     # readers see `partial_result`); 0 turns streaming off (one write fewer per interval).
     progress_interval_s: float = Field(default=2.0, ge=0)

@@ -83,6 +83,10 @@ def worker_queue(event: dict[str, Any]) -> Queue:
     )
 
 
+def worker_call_slots() -> int:
+    return get_settings().worker_call_slots
+
+
 def batch_fanout_queue() -> Queue:
     return Queue(get_settings().batch_fanout_queue_url, sqs())
 

@@ -18,9 +18,10 @@ from llmtasks.errors import BatchNotFound, RetryLater
 from llmtasks.idempotency import IdempotencyKeys
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
+from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
 from llmtasks.queues import Queue
+from llmtasks.records import sqs_record
 from llmtasks.runner import TaskRunner
 from llmtasks.settings import Settings
 from llmtasks.stats import overview
@@ -113,7 +114,10 @@ class Rig:
         messages = self.aws.messages("BatchTaskQueue")
         for start in range(0, len(messages), 10):
             event = self._sqs_event("BatchTaskQueue", messages[start : start + 10])
-            reply = self.worker_fn(event, self.worker_ctx, runner=self.runner, queue=self.item_queue)
+            # The event's records only (the worker's refill has its own tests: test_call_slots.py).
+            reply = self.worker_fn(
+                event, self.worker_ctx, runner=self.runner, queue=self.item_queue, call_slots=0
+            )
             assert allow_retries or reply == {"batchItemFailures": []}
         return len(messages)
 

@@ -17,7 +17,7 @@ from llmtasks.batch_store import BatchStore
 from llmtasks.client import WebhookVerificationError, verify_webhook
 from llmtasks.errors import InvalidInput, RetryLater
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.sources import pattern_matcher, sqs_record, stream_record
+from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.models import (
     BATCH_COMPLETED,
     Batch,
@@ -32,6 +32,7 @@ from llmtasks.models import (
 )
 from llmtasks.observability import trace_id
 from llmtasks.queues import Queue
+from llmtasks.records import sqs_record
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
 from llmtasks.store import TaskStore

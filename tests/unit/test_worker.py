@@ -16,10 +16,10 @@ from llmtasks.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.local.sources import sqs_record
 from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.pacing import CallPacer
 from llmtasks.queues import Queue
+from llmtasks.records import sqs_record
 from llmtasks.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
 from llmtasks.service import TaskService
 from llmtasks.settings import Settings
@@ -69,7 +69,8 @@ class Worker:
         arn = self.aws.resources.attributes[("TaskQueue", "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
         runner = self.runner(llm, pacer, **overrides)
-        return self.fn(event, self.context, runner=runner, queue=self.queue)  # type: ignore[no-any-return]
+        slots = self.settings.model_copy(update=overrides).worker_call_slots
+        return self.fn(event, self.context, runner=runner, queue=self.queue, call_slots=slots)  # type: ignore[no-any-return]
 
     def run_queued(self, **overrides: Any) -> dict[str, Any]:
         return self.run(self.queued(), **overrides)
@@ -88,7 +89,10 @@ class Worker:
 
 @pytest.fixture
 def worker(aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> Worker:
-    return Worker(aws, handler, settings.model_copy(update={"retry_base_delay_s": 0.0}), mock_llm)
+    # One delivery per run, the event's records only: these tests follow each message through the
+    # queue by hand. An invocation taking more from the queue is test_call_slots.py's.
+    overrides = {"retry_base_delay_s": 0.0, "worker_call_slots": 0}
+    return Worker(aws, handler, settings.model_copy(update=overrides), mock_llm)
 
 
 def test_ten_records_of_one_batch_call_the_llm_at_the_same_time(
@@ -298,7 +302,11 @@ def test_the_sample_event_runs(worker: Worker) -> None:
     from tests.helpers import load_event
 
     reply = worker.fn(
-        load_event("worker_sqs.json"), worker.context, runner=worker.runner(), queue=worker.queue
+        load_event("worker_sqs.json"),
+        worker.context,
+        runner=worker.runner(),
+        queue=worker.queue,
+        call_slots=10,  # the template's default: then the invocation looks at the queue, empty here
     )
     assert reply == {"batchItemFailures": []}  # its task does not exist here: nothing to run
 

@@ -18,6 +18,7 @@ from moto.events.models import EventPattern, EventPatternParser
 from llmtasks.local.errors import EXIT_FAILED, ToolError
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.template import PSEUDO_PARAMETERS, SqsSource, StreamSource
+from llmtasks.records import sqs_record
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodbstreams import DynamoDBStreamsClient
@@ -45,25 +46,6 @@ def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[s
     if any(not i or i not in all_ids for i in ids) or len(ids) != len(failures):
         return set(all_ids)
     return ids
-
-
-def sqs_record(message: MessageTypeDef, queue_arn: str) -> dict[str, Any]:
-    def lower_first(attribute: dict[str, Any]) -> dict[str, Any]:
-        return {key[0].lower() + key[1:]: value for key, value in attribute.items()}
-
-    return {
-        "messageId": message["MessageId"],
-        "receiptHandle": message["ReceiptHandle"],
-        "body": message["Body"],
-        "attributes": dict(message.get("Attributes") or {}),
-        "messageAttributes": {
-            name: lower_first(dict(value)) for name, value in (message.get("MessageAttributes") or {}).items()
-        },
-        "md5OfBody": message.get("MD5OfBody", ""),
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": PSEUDO_PARAMETERS["AWS::Region"],
-    }
 
 
 class SqsPoller:

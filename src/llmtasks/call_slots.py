@@ -1,0 +1,191 @@
+"""An invocation's call slots, kept full from its own queue.
+
+The SQS event source hands an invocation at most BatchSize records and gives that invocation's
+slot no more until all of them are done. With long LLM calls that wastes most slots: an
+invocation of ten runs its last, slowest call alone while nine slots idle, and while tasks trickle
+in, every invocation holds two or three calls for a whole call time while the rest of the work
+waits in the queue. So the worker does what a Celery thread does: as each call ends it takes the
+next message from the queue itself (receiving at most its free slots), as long as the invocation's
+remaining time can hold a whole call, and returns when its calls are done and the queue has
+nothing more for it. One invocation waiting on ten calls bills once; ten invocations would bill
+ten times.
+
+Messages it received itself keep the event source's rules, applied here: deleted once handled,
+made visible after RetryLater's delay, and left in flight when their handler fails, so that they
+come back after the visibility timeout and count toward maxReceiveCount (then TaskDLQ). The
+event's own records are reported in `batchItemFailures`, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from llmtasks.errors import RetryLater
+from llmtasks.observability import logger
+from llmtasks.queues import Queue
+from llmtasks.records import each_message_once, sqs_record
+
+# While calls run and slots are free, a receive waits this long for a message (a long poll): a
+# message that arrives meanwhile starts at once. The last such wait is billed as the invocation's
+# tail, so it stays short.
+RECEIVE_WAIT_S = 2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallSlots:
+    """How an invocation refills: from `queue`, up to `slots` records at once, while at least
+    `min_remaining_s` of its time is left (a whole call and the writing of its outcome)."""
+
+    queue: Queue
+    slots: int
+    min_remaining_s: float
+
+
+@dataclass
+class _Running:
+    record: SQSRecord
+    from_event: bool  # else received by this invocation, which must delete it itself
+
+
+@dataclass
+class _Invocation:
+    handle: Callable[[SQSRecord], Awaitable[None]]
+    slots: CallSlots
+    remaining_s: Callable[[], float]
+    queue_arn: str
+    running: dict[asyncio.Task[None], _Running] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)  # the event's records to report
+    handled: list[str] = field(default_factory=list)  # receipts of own records to delete
+    taking: bool = True  # False once the queue could not be read: nothing more is taken
+
+    def start(self, record: SQSRecord, *, from_event: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self.run(record))
+        self.running[task] = _Running(record, from_event)
+
+    async def run(self, record: SQSRecord) -> None:
+        try:
+            await self.handle(record)
+        except RetryLater as later:
+            await asyncio.to_thread(self.slots.queue.retry_later, record.receipt_handle, later.delay_s)
+            raise
+
+    def ended(self, task: asyncio.Task[None]) -> None:
+        running = self.running.pop(task)
+        error = task.exception()
+        if error is not None and not isinstance(error, RetryLater):
+            logger.warning("record failed", message_id=running.record.message_id, exc_info=error)
+        if running.from_event:
+            if error is not None:
+                self.failures.append(running.record.message_id)
+        elif error is None:
+            self.handled.append(running.record.receipt_handle)
+
+    def free(self) -> int:
+        """Slots a receive may fill now: none once the time left cannot hold a whole call."""
+        if not self.taking or self.remaining_s() < self.slots.min_remaining_s:
+            return 0
+        return self.slots.slots - len(self.running)
+
+    def receive(self, limit: int, wait_s: int) -> list[SQSRecord]:
+        """Deletes what this invocation has handled, then receives up to `limit` messages; a
+        message already running here (an at-least-once copy) is left to come back later."""
+        if self.handled:
+            self.slots.queue.delete_many(self.handled)
+            self.handled = []
+        messages = self.slots.queue.receive(limit, wait_s=wait_s)
+        running = {r.record.message_id for r in self.running.values()}
+        records = []
+        for message in messages:
+            if message["MessageId"] in running:
+                logger.info(
+                    "a copy of a message running here; it comes back later", message_id=message["MessageId"]
+                )
+                continue
+            records.append(SQSRecord(sqs_record(message, self.queue_arn)))
+        return records
+
+    async def until_done(self) -> None:
+        receiving: asyncio.Task[list[SQSRecord]] | None = None
+        while True:
+            if receiving is None and (limit := self.free()) > 0:
+                # With nothing running, an empty queue ends the invocation at once.
+                wait_s = RECEIVE_WAIT_S if self.running else 0
+                receiving = asyncio.get_running_loop().create_task(
+                    asyncio.to_thread(self.receive, limit, wait_s)
+                )
+            waiting: set[asyncio.Task[Any]] = set(self.running)
+            if receiving is not None:
+                waiting.add(receiving)
+            if not waiting:
+                break
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is receiving:
+                    receiving = None
+                    records = self._received(task)
+                    if not records and not self.running:
+                        return await self._delete_handled()
+                    for record in records:
+                        self.start(record, from_event=False)
+                else:
+                    self.ended(task)
+        await self._delete_handled()
+
+    def _received(self, task: asyncio.Task[list[SQSRecord]]) -> list[SQSRecord]:
+        error = task.exception()
+        if error is None:
+            return task.result()
+        # The queue cannot be read now: the event's records still finish; nothing more is taken.
+        logger.warning("receive failed; this invocation takes no more messages", exc_info=error)
+        self.taking = False
+        return []
+
+    async def _delete_handled(self) -> None:
+        if self.handled:
+            handled, self.handled = self.handled, []
+            await asyncio.to_thread(self.slots.queue.delete_many, handled)
+
+
+def keep_slots_full(
+    event: dict[str, Any],
+    context: LambdaContext,
+    handle: Callable[[SQSRecord], Awaitable[None]],
+    slots: CallSlots,
+) -> PartialItemFailureResponse:
+    """Runs the event's records and what the queue holds, up to `slots.slots` at once; the
+    event's records that failed are in the reply's batchItemFailures."""
+    records = each_message_once(event).get("Records") or []
+    queue_arn = str(records[0].get("eventSourceARN", "")) if records else ""
+    invocation = _Invocation(handle, slots, lambda: context.get_remaining_time_in_millis() / 1000, queue_arn)
+
+    async def run_all() -> None:
+        for record in records:
+            invocation.start(SQSRecord(record), from_event=True)
+        await invocation.until_done()
+
+    run_in_lambda_loop(run_all())
+    return {"batchItemFailures": [{"itemIdentifier": i} for i in invocation.failures]}
+
+
+def run_in_lambda_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Runs `coroutine` on the sandbox's event loop, kept from one invocation to the next as
+    Powertools' batch processor does (a loop closed by asyncio.run would break clients bound to it
+    after a thaw); outside Lambda, on a fresh loop."""
+    if not os.getenv("LAMBDA_TASK_ROOT"):
+        return asyncio.run(coroutine)
+    try:
+        loop = asyncio.get_event_loop()
+    except RuntimeError:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coroutine)

@@ -1,0 +1,204 @@
+"""An invocation keeps its call slots full from its own queue (call_slots.py): against moto's SQS,
+with recorded handlers, then through the worker with the mock LLM over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
+from llmtasks.call_slots import CallSlots, keep_slots_full
+from llmtasks.errors import RetryLater
+from llmtasks.models import TaskStatus
+from llmtasks.queues import Queue
+from llmtasks.records import sqs_record
+from tests.conftest import Aws, RunningMock
+from tests.unit.test_worker import Worker
+
+pytestmark = pytest.mark.unit
+
+
+class Context:
+    """Lambda's context with a fixed time left."""
+
+    def __init__(self, remaining_s: float) -> None:
+        self.remaining_s = remaining_s
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(self.remaining_s * 1000)
+
+
+class Recorder:
+    """A record handler: counts what it runs and how many at once; `behave` picks an outcome."""
+
+    def __init__(self, pause_s: float = 0.05, behave: Any = None) -> None:
+        self.pause_s = pause_s
+        self.behave = behave or (lambda _body: None)
+        self.ran: Counter[str] = Counter()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def __call__(self, record: SQSRecord) -> None:
+        self.ran[record.body] += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.pause_s)  # a call's time: the others must overlap it
+            self.behave(record.body)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+def queue(aws: Aws) -> Queue:
+    return Queue(aws.queue_url("TaskQueue"), aws.sqs)
+
+
+def send(queue: Queue, *bodies: str) -> None:
+    for body in bodies:
+        queue._client.send_message(QueueUrl=queue.url, MessageBody=body)
+
+
+def event_of(aws: Aws, count: int) -> dict[str, Any]:
+    """The event the event source would hand over: `count` messages received from TaskQueue."""
+    arn = aws.resources.attributes[("TaskQueue", "Arn")]
+    messages = aws.sqs.receive_message(
+        QueueUrl=aws.queue_url("TaskQueue"), MaxNumberOfMessages=count, MessageSystemAttributeNames=["All"]
+    )["Messages"]
+    assert len(messages) == count
+    return {"Records": [sqs_record(m, arn) for m in messages]}
+
+
+def in_queue(aws: Aws) -> dict[str, str]:
+    attributes = aws.sqs.get_queue_attributes(
+        QueueUrl=aws.queue_url("TaskQueue"),
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return {
+        "visible": attributes["ApproximateNumberOfMessages"],
+        "in flight": attributes["ApproximateNumberOfMessagesNotVisible"],
+    }
+
+
+def test_an_invocation_runs_what_waits_in_the_queue_at_most_its_slots_at_once(aws: Aws, queue: Queue) -> None:
+    send(queue, *(f"m{i}" for i in range(22)))
+    event = event_of(aws, 2)
+    recorder = Recorder()
+    reply = keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=5, min_remaining_s=610))
+    assert reply == {"batchItemFailures": []}
+    assert recorder.ran == Counter({f"m{i}": 1 for i in range(22)})  # each once, the event's two too
+    assert recorder.most_in_flight == 5
+    # What it received, it deleted; the event's two are the event source's to delete.
+    assert in_queue(aws) == {"visible": "0", "in flight": "2"}
+
+
+def test_an_invocation_whose_time_left_cannot_hold_a_whole_call_takes_nothing_more(
+    aws: Aws, queue: Queue
+) -> None:
+    send(queue, *(f"m{i}" for i in range(5)))
+    event = event_of(aws, 2)
+    recorder = Recorder()
+    reply = keep_slots_full(event, Context(609), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert reply == {"batchItemFailures": []}
+    assert sum(recorder.ran.values()) == 2  # the event's records only
+    # The event's two are the event source's to delete; the rest wait for another invocation.
+    assert in_queue(aws) == {"visible": "3", "in flight": "2"}
+
+
+def test_a_message_that_arrives_while_calls_run_starts_in_the_same_invocation(aws: Aws, queue: Queue) -> None:
+    send(queue, "first")
+    event = event_of(aws, 1)
+
+    def behave(body: str) -> None:
+        if body == "first":
+            send(queue, "late")  # sent while this invocation still runs a call
+
+    recorder = Recorder(pause_s=0.3, behave=behave)
+    keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert recorder.ran == Counter({"first": 1, "late": 1})
+    assert in_queue(aws) == {"visible": "0", "in flight": "1"}  # the event's, for the event source
+
+
+def test_own_messages_follow_the_event_source_s_rules_when_they_fail(aws: Aws, queue: Queue) -> None:
+    """An event record that fails is reported; a message the invocation took itself is not
+    (Lambda would not know it), it is left in flight to come back after the visibility timeout,
+    or after RetryLater's delay."""
+    send(queue, "event-fails")
+    event = event_of(aws, 1)
+    send(queue, "crashes", "later", "fine")
+
+    def behave(body: str) -> None:
+        if body in ("event-fails", "crashes"):
+            raise RuntimeError("injected")
+        if body == "later":
+            raise RetryLater(1, "not yet")
+
+    recorder = Recorder(behave=behave)
+    reply = keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert reply == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+    # "later" may come back within this invocation once its second passes: at least once, then again.
+    assert recorder.ran["crashes"] == recorder.ran["fine"] == 1
+    left = {m["Body"]: m for m in aws.messages("TaskQueue", wait_s=2)}
+    assert "later" in left  # visible again after its delay, not after the queue's hours
+    assert "fine" not in left
+    assert "crashes" not in left
+    in_flight = in_queue(aws)["in flight"]
+    assert int(in_flight) == 3  # event-fails (the event source's), crashes, and later received just now
+
+
+def test_a_copy_of_a_message_running_here_is_not_run_twice(aws: Aws, queue: Queue) -> None:
+    send(queue, "once")
+    event = event_of(aws, 1)
+    receipt = event["Records"][0]["receiptHandle"]
+    # At-least-once delivery: the same message visible again while this invocation runs it.
+    aws.sqs.change_message_visibility(QueueUrl=queue.url, ReceiptHandle=receipt, VisibilityTimeout=0)
+    recorder = Recorder(pause_s=0.3)
+    keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert recorder.ran == Counter({"once": 1})
+
+
+def test_a_queue_that_cannot_be_read_still_lets_the_event_s_records_finish(aws: Aws) -> None:
+    gone = Queue(aws.queue_url("TaskQueue") + "-gone", aws.sqs)
+    send(Queue(aws.queue_url("TaskQueue"), aws.sqs), "a", "b")
+    event = event_of(aws, 2)
+    recorder = Recorder()
+    reply = keep_slots_full(event, Context(900), recorder, CallSlots(gone, slots=10, min_remaining_s=610))
+    assert reply == {"batchItemFailures": []}
+    assert recorder.ran == Counter({"a": 1, "b": 1})
+
+
+def test_the_worker_keeps_ten_calls_at_the_provider_while_tasks_wait(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    """Through the worker with the template's ten slots: one record in the event, 25 tasks in
+    the queue; the invocation runs them all, ten at once, each task once."""
+    mock_llm.configure(latency_s=0.3)
+    ids = [worker.submit(f"slot {i}") for i in range(25)]
+    [first, *_] = worker.aws.sqs.receive_message(
+        QueueUrl=worker.queue.url, MaxNumberOfMessages=1, MessageSystemAttributeNames=["All"]
+    )["Messages"]
+    reply = worker.run([first], worker_call_slots=10)
+    assert reply == {"batchItemFailures": []}
+    assert mock_llm.stats.max_in_flight == 10
+    assert sorted(len(v) for v in mock_llm.stats.outcomes_by_prompt.values()) == [1] * 25
+    assert {worker.task(t).status for t in ids} == {TaskStatus.COMPLETED}
+    assert worker.queued() == []
+
+
+def test_a_retry_the_worker_scheduled_runs_in_the_same_invocation_once_due(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    """A transient error sends the task's retry message with its delay (0 s here): an invocation
+    still holding calls takes it and the task completes, the first message done with."""
+    mock_llm.configure(latency_s=0.3, rate_500=0.5, seed=7)
+    ids = [worker.submit(f"flaky {i}") for i in range(10)]
+    reply = worker.run(worker.queued(), worker_call_slots=10)
+    assert reply == {"batchItemFailures": []}
+    statuses = {worker.task(t).status for t in ids}
+    assert statuses <= {TaskStatus.COMPLETED, TaskStatus.FAILED}  # nothing left pending
+    retried = [p for p, outcomes in mock_llm.stats.outcomes_by_prompt.items() if outcomes[0] == "500"]
+    assert retried  # the seed gives some first calls a 500
+    assert worker.queued() == []  # every message handled and deleted
