@@ -184,6 +184,46 @@ def test_sqs_maximum_concurrency_caps_invocations_each_with_its_own_batch(
     assert all(starts[i + 3] - starts[i] >= 0.55 for i in range(len(starts) - 3))
 
 
+def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_scale_back(
+    remote: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lambda's scaling of a standard queue: five concurrent batches when messages are available,
+    up to 300 more a minute while messages remain (capped by MaximumConcurrency), back to five
+    when the queue is drained."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, *[f"m{i}" for i in range(60)])
+    monkeypatch.setenv("HOLD_S", "1.0")
+    stop = threading.Event()
+    source = SqsSource("F", "S", arn, batch_size=1, maximum_concurrency=12)
+    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER, timeout_s=5), concurrency=20)
+    poller = SqsPoller(source, runtime, remote["sqs"], url, stop)
+    assert poller.active == 5
+    seen: set[int] = set()
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            seen.add(poller.active)
+            watching.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        poller.start()
+        eventually(lambda: sum(c["n"] for c in calls_of(tmp_path)) == 60, bool, timeout_s=30, what="60 calls")
+        eventually(lambda: poller.active, lambda active: active == 5, timeout_s=20, what="a scale back to 5")
+    finally:
+        watching.set()
+        watcher.join()
+        stop.set()
+        for thread in poller.threads:
+            thread.join(timeout=5)
+    assert max(seen) == 12  # grown to MaximumConcurrency, never past it
+    starts = sorted(c["at"] for c in calls_of(tmp_path))
+    # The first step up comes a second after work began (a lower bound: a slow machine only delays it)
+    assert sum(at < starts[0] + 0.9 for at in starts) == 5
+
+
 def test_sqs_partial_batch_response_returns_only_the_reported_records(
     remote: dict[str, Any], tmp_path: Path
 ) -> None:

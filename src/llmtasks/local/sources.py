@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 # Without ScalingConfig, Lambda scales SQS pollers far beyond what one machine should run.
 DEFAULT_SQS_CONCURRENCY = 5
+# Lambda's scaling of a standard queue's pollers (its documented rules): five concurrent batches
+# when messages are available, then up to 300 more a minute while messages remain (five a
+# second here), back to five when traffic is low.
+INITIAL_SQS_POLLERS = 5
+SQS_POLLERS_ADDED_PER_S = 5
 # Long-poll slices: short enough that a stop is quick, long enough not to spin.
 POLL_WAIT_S = 1
 # While a batching window is open, how long the poller waits between receives that fill it.
@@ -49,7 +54,8 @@ def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[s
 
 
 class SqsPoller:
-    """One SQS event source: `maximum_concurrency` pollers, each invoking with its own batch."""
+    """One SQS event source: up to `maximum_concurrency` pollers, each invoking with its own
+    batch, scaled as Lambda scales them (`active` of them poll)."""
 
     def __init__(
         self,
@@ -65,10 +71,14 @@ class SqsPoller:
         self._queue_url = queue_url
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
+        self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
+        self.active = self.initial
+        self._scaled = threading.Condition()
+        self._grown_at = 0.0
         # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
         self._in_flight: dict[int, list[str]] = {}
         self.threads = [
-            threading.Thread(target=self._poll, name=f"sqs-{source.function_id}-{i}", daemon=True)
+            threading.Thread(target=self._poll, args=(i,), name=f"sqs-{source.function_id}-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
 
@@ -104,10 +114,15 @@ class SqsPoller:
             batch += self._receive(self.source.batch_size - len(batch), 0)
         return batch
 
-    def _poll(self) -> None:
+    def _poll(self, index: int) -> None:
         while not self._stop.is_set():
+            with self._scaled:
+                if index >= self.active:
+                    self._scaled.wait(POLL_WAIT_S)
+                    continue
             try:
                 batch = self.next_batch()
+                self._scale(found_messages=bool(batch))
                 if batch:
                     self.deliver(batch)
             except Exception as exc:  # a poller outlives a failed call, as Lambda's does
@@ -115,6 +130,23 @@ class SqsPoller:
                     return  # the endpoint is going away with the stack
                 print(f"[{self.source.function_id}:{self.source.name}] poll failed: {exc!r}", flush=True)
                 self._stop.wait(1)
+
+    def _scale(self, *, found_messages: bool) -> None:
+        """More pollers while messages remain and every active poller is busy with a batch (at
+        most SQS_POLLERS_ADDED_PER_S more a second); one fewer, down to the initial five, for
+        each receive that comes back empty."""
+        with self._scaled:
+            if not found_messages:
+                self.active = max(self.initial, self.active - 1)
+                return
+            now = time.monotonic()
+            if not self._in_flight and self.active == self.initial:
+                self._grown_at = now  # work starts from idle: the first step up is a second away
+            every_poller_busy = len(self._in_flight) + 1 >= self.active
+            if every_poller_busy and self.active < self.concurrency and now - self._grown_at >= 1:
+                self.active = min(self.concurrency, self.active + SQS_POLLERS_ADDED_PER_S)
+                self._grown_at = now
+                self._scaled.notify_all()
 
     def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
         records = [sqs_record(m, self.source.queue_arn) for m in batch]
