@@ -86,7 +86,7 @@ class RunningMock:
     url: str  # the OpenAI-style base URL, .../v1
 
     def configure(self, **knobs: Any) -> None:
-        self.server.config = MockConfig(**knobs)
+        self.server.configure(MockConfig(**knobs), reseed="seed" in knobs)
 
     @property
     def stats(self) -> MockStats:

@@ -135,6 +135,8 @@ class _Invocation:
                     records = self._received(task)
                     if not records and not self.running:
                         return await self._delete_handled()
+                    if records:
+                        logger.info("took messages from the queue", count=len(records))
                     for record in records:
                         self.start(record, from_event=False)
                 else:

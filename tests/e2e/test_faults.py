@@ -45,6 +45,9 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
         "LEASE_MARGIN_S": "2",
         "RETRY_BASE_DELAY_S": "0.5",
         "RETRY_MAX_DELAY_S": "4",
+        # A call's whole time: with WorkerTimeoutSeconds=20 an invocation takes more messages
+        # from its queue for its first 5 s, so the faults also meet that path (call_slots.py).
+        "LLM_TIMEOUT_S": "5",
     }
     stack = start_stack(
         "-t",
@@ -114,6 +117,7 @@ def test_every_task_is_accounted_for_after_faults(
         )
         final = read_all(client, task_ids)
     stats = stack.mock_stats()
+    taken = stack.log.read_text().count("took messages from the queue")
     worker_faults = Counter(faults_file.with_suffix(".log").read_text().splitlines())
     outcomes: dict[str, list[str]] = stats["outcomes_by_prompt"]  # type: ignore[assignment]
 
@@ -138,6 +142,7 @@ def test_every_task_is_accounted_for_after_faults(
         ("LLM calls at the mock", stats["calls"]),
         ("  500s / 429s / hangs", f"{stats['errors_500']} / {stats['errors_429']} / {stats['hangs']}"),
         ("worker invocations", worker_faults["invocation"]),
+        ("  receives that took more messages in an invocation", taken),
         *((f"  injected: {kind}", n) for kind, n in sorted(worker_faults.items()) if kind != "invocation"),
         ("settled under faults in", f"{settled_s:.0f} s"),
     ]
@@ -157,3 +162,4 @@ def test_every_task_is_accounted_for_after_faults(
     for where in ("start", "after_claim", "after_reply"):
         assert worker_faults[f"worker crash {where}"] > 0, where
     assert worker_faults["duplicate delivery"] > 0
+    assert taken > 0  # the faults met invocations that refill their slots too

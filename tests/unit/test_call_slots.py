@@ -200,5 +200,5 @@ def test_a_retry_the_worker_scheduled_runs_in_the_same_invocation_once_due(
     statuses = {worker.task(t).status for t in ids}
     assert statuses <= {TaskStatus.COMPLETED, TaskStatus.FAILED}  # nothing left pending
     retried = [p for p, outcomes in mock_llm.stats.outcomes_by_prompt.items() if outcomes[0] == "500"]
-    assert retried  # the seed gives some first calls a 500
+    assert retried  # the seed gives some first calls a 500, and their retries ran here
     assert worker.queued() == []  # every message handled and deleted

@@ -564,6 +564,26 @@ def test_the_provider_keeps_one_http_client_per_live_event_loop(mock_llm: Runnin
     assert mock_llm.stats.calls == 7
 
 
+def test_the_mock_draws_each_call_s_time_from_a_bounded_log_normal(mock_llm: RunningMock) -> None:
+    """The bench's spread of call times: each call's own draw, within its bounds, summed in the stats."""
+    import httpx
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "how long"}]}
+    mock_llm.configure(latency_s=0.02)
+    for _ in range(3):
+        httpx.post(f"{mock_llm.url}/chat/completions", json=body).raise_for_status()
+    assert mock_llm.stats.latency_total_s == pytest.approx(0.06)  # fixed without a sigma
+    mock_llm.server.reset_stats()
+    mock_llm.configure(latency_s=0.02, latency_sigma=1.5, latency_min_s=0.01, latency_max_s=0.04, seed=3)
+    started = time.monotonic()
+    for _ in range(20):
+        httpx.post(f"{mock_llm.url}/chat/completions", json=body).raise_for_status()
+    total = mock_llm.stats.latency_total_s
+    assert 20 * 0.01 <= total <= 20 * 0.04
+    assert total != pytest.approx(20 * 0.02)  # drawn, not the median each time
+    assert time.monotonic() - started >= total  # each call took its draw (a lower bound)
+
+
 def test_the_mock_s_requests_per_second_limit_is_a_429_with_retry_after(mock_llm: RunningMock) -> None:
     mock_llm.configure(max_rps=2)
     llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import threading
 import time
@@ -28,7 +29,12 @@ from starlette.routing import Route
 class MockConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MOCK_LLM_", extra="forbid")
 
-    latency_s: float = Field(default=0.0, ge=0)
+    latency_s: float = Field(default=0.0, ge=0, description="Each call's time (the median with latency_sigma).")
+    latency_sigma: float = Field(
+        default=0.0, ge=0, description="Draw each call's time from a log-normal of this sigma around latency_s."
+    )
+    latency_min_s: float = Field(default=0.0, ge=0, description="The drawn times' lower bound.")
+    latency_max_s: float | None = Field(default=None, ge=0, description="The drawn times' upper bound.")
     rate_429: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 429.")
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with each 429.")
     rate_500: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 500.")
@@ -72,6 +78,7 @@ class MockStats(BaseModel):
     # its spend and whether its first call succeeded.
     outcomes_by_prompt: dict[str, list[Outcome]] = Field(default_factory=dict)
     calls_with_key: int = 0  # calls that sent `Authorization: Bearer ...`
+    latency_total_s: float = 0.0  # the call times drawn, summed (what the calls asked of the slots)
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))
@@ -108,11 +115,16 @@ class MockLLM:
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
         self._rate_limit = _RateLimit()
 
-    def _decide(self, prompt: str) -> tuple[Outcome, float | None]:
-        """This call's fate, drawn and counted under the lock."""
+    def _decide(self, prompt: str) -> tuple[Outcome, float | None, float]:
+        """This call's fate and its time, drawn and counted under the lock."""
         config = self.config
         with self._lock:
             self.stats.calls += 1
+            latency = config.latency_s
+            if config.latency_sigma and latency:
+                latency = self._random.lognormvariate(math.log(latency), config.latency_sigma)
+                latency = min(max(latency, config.latency_min_s), config.latency_max_s or math.inf)
+
             wait = self._rate_limit.retry_after(config.max_rps, time.monotonic())
             draw = self._random.random()
             outcome: Outcome
@@ -131,9 +143,11 @@ class MockLLM:
             else:
                 outcome = "ok"
             self.stats.outcomes_by_prompt.setdefault(prompt, []).append(outcome)
+            if outcome not in ("rps", "hang"):  # the calls that take their drawn time
+                self.stats.latency_total_s += latency
             self.stats.in_flight += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
-        return outcome, wait
+        return outcome, wait, latency
 
     def _leave(self) -> None:
         with self._lock:
@@ -148,18 +162,20 @@ class MockLLM:
             return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
         if body.get("stream") and self.config.refuse_stream:
             return JSONResponse({"error": {"message": "stream is not supported (mock)"}}, 400)
-        outcome, wait = self._decide(prompt)
+        outcome, wait, latency = self._decide(prompt)
         if request.headers.get("authorization", "").startswith("Bearer "):
             with self._lock:
                 self.stats.calls_with_key += 1
         if outcome == "ok" and body.get("stream"):
-            return StreamingResponse(self._stream(body, messages, prompt), media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(body, messages, prompt, latency), media_type="text/event-stream"
+            )
         if outcome == "hang":
             # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
             # the whole call ends it.
             return StreamingResponse(self._trickle(body, messages, prompt), media_type="application/json")
         try:
-            return await self._answer(request, outcome, wait, body, messages, prompt)
+            return await self._answer(request, outcome, wait, latency, body, messages, prompt)
         finally:
             self._leave()
 
@@ -168,13 +184,14 @@ class MockLLM:
         request: Request,
         outcome: Outcome,
         wait: float | None,
+        latency: float,
         body: dict[str, Any],
         messages: list[Any],
         prompt: str,
     ) -> Response:
         if outcome == "rps":
             return _error(429, "requests per second limit (mock)", retry_after=wait)
-        if self.config.latency_s and not await _stay_connected(request, self.config.latency_s):
+        if latency and not await _stay_connected(request, latency):
             return Response(status_code=499)  # nobody is listening any more
         if outcome in ("429", "500"):
             said = f"{'rate limited' if outcome == '429' else 'internal error'} (mock)"
@@ -185,14 +202,16 @@ class MockLLM:
             self.stats.completed += 1
         return JSONResponse(self._completion(body, messages, prompt))
 
-    async def _stream(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, body: dict[str, Any], messages: list[Any], prompt: str, latency: float
+    ) -> AsyncIterator[bytes]:
         """The answer as server-sent events, a word a chunk, the call's latency spread over them;
         with `rate_break`, cut off halfway (the connection closes without [DONE])."""
         try:
             whole = self._completion(body, messages, prompt)
             words = whole["choices"][0]["message"]["content"].split(" ")
             broken = self._random.random() < self.config.rate_break
-            pause = self.config.latency_s / max(1, len(words))
+            pause = latency / max(1, len(words))
             for index, word in enumerate(words):
                 if broken and index >= len(words) // 2:
                     raise ConnectionAbortedError("the mock cuts this stream off")
@@ -240,14 +259,19 @@ class MockLLM:
     async def get_stats(self, _: Request) -> JSONResponse:
         return JSONResponse(self.stats.model_dump())
 
+    def configure(self, config: MockConfig, *, reseed: bool) -> None:
+        """New knobs; `reseed` restarts the draws from the config's seed (a repeatable run)."""
+        self.config = config
+        if reseed:
+            self._random.seed(config.seed)
+
     async def put_config(self, request: Request) -> JSONResponse:
         try:
             changes = await request.json()
-            self.config = MockConfig.model_validate({**self.config.model_dump(), **changes})
+            config = MockConfig.model_validate({**self.config.model_dump(), **changes})
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc)}}, 422)
-        if "seed" in changes:
-            self._random.seed(self.config.seed)
+        self.configure(config, reseed="seed" in changes)
         return JSONResponse(self.config.model_dump())
 
     def reset_stats(self) -> None:

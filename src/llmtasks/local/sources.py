@@ -119,6 +119,7 @@ class SqsPoller:
             with self._scaled:
                 if index >= self.active:
                     self._scaled.wait(POLL_WAIT_S)
+                    self._grow(about_to_invoke=0)
                     continue
             try:
                 batch = self.next_batch()
@@ -132,21 +133,26 @@ class SqsPoller:
                 self._stop.wait(1)
 
     def _scale(self, *, found_messages: bool) -> None:
-        """More pollers while messages remain and every active poller is busy with a batch (at
-        most SQS_POLLERS_ADDED_PER_S more a second); one fewer, down to the initial five, for
-        each receive that comes back empty."""
+        """One poller fewer, down to the initial five, for each receive that comes back empty;
+        a receive that finds messages while the others are busy grows the pollers."""
         with self._scaled:
             if not found_messages:
                 self.active = max(self.initial, self.active - 1)
                 return
-            now = time.monotonic()
             if not self._in_flight and self.active == self.initial:
-                self._grown_at = now  # work starts from idle: the first step up is a second away
-            every_poller_busy = len(self._in_flight) + 1 >= self.active
-            if every_poller_busy and self.active < self.concurrency and now - self._grown_at >= 1:
-                self.active = min(self.concurrency, self.active + SQS_POLLERS_ADDED_PER_S)
-                self._grown_at = now
-                self._scaled.notify_all()
+                self._grown_at = time.monotonic()  # work starts from idle: a step up is a second away
+            self._grow(about_to_invoke=1)
+
+    def _grow(self, *, about_to_invoke: int) -> None:
+        """While every active poller is busy with a batch, SQS_POLLERS_ADDED_PER_S more pollers
+        a second (the caller holds `_scaled`). Each new one's receive is the probe of whether
+        messages remain: an empty one takes it back."""
+        now = time.monotonic()
+        every_poller_busy = len(self._in_flight) + about_to_invoke >= self.active
+        if every_poller_busy and self.active < self.concurrency and now - self._grown_at >= 1:
+            self.active = min(self.concurrency, self.active + SQS_POLLERS_ADDED_PER_S)
+            self._grown_at = now
+            self._scaled.notify_all()
 
     def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
         records = [sqs_record(m, self.source.queue_arn) for m in batch]
