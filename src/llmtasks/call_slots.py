@@ -96,32 +96,19 @@ class _Invocation:
             return 0
         return self.slots.slots - len(self.running)
 
-    def receive(self, limit: int, wait_s: int) -> list[SQSRecord]:
-        """Deletes what this invocation has handled, then receives up to `limit` messages; a
-        message already running here (an at-least-once copy) is left to come back later."""
-        if self.handled:
-            self.slots.queue.delete_many(self.handled)
-            self.handled = []
-        messages = self.slots.queue.receive(limit, wait_s=wait_s)
-        running = {r.record.message_id for r in self.running.values()}
-        records = []
-        for message in messages:
-            if message["MessageId"] in running:
-                logger.info(
-                    "a copy of a message running here; it comes back later", message_id=message["MessageId"]
-                )
-                continue
-            records.append(SQSRecord(sqs_record(message, self.queue_arn)))
-        return records
-
     async def until_done(self) -> None:
-        receiving: asyncio.Task[list[SQSRecord]] | None = None
+        receiving: asyncio.Task[list[Any]] | None = None
+        deleting: list[str] = []  # the receipts the pending receive deletes first
+        drained = False  # the last receive found nothing
         while True:
-            if receiving is None and (limit := self.free()) > 0:
-                # With nothing running, an empty queue ends the invocation at once.
+            limit = self.free()
+            # Once the queue is drained and no call runs, the invocation is done; while calls
+            # run, a long poll waits for what arrives meanwhile.
+            if receiving is None and limit > 0 and not (drained and not self.running):
                 wait_s = RECEIVE_WAIT_S if self.running else 0
+                deleting, self.handled = self.handled, []
                 receiving = asyncio.get_running_loop().create_task(
-                    asyncio.to_thread(self.receive, limit, wait_s)
+                    asyncio.to_thread(self._delete_and_receive, deleting, limit, wait_s)
                 )
             waiting: set[asyncio.Task[Any]] = set(self.running)
             if receiving is not None:
@@ -132,30 +119,42 @@ class _Invocation:
             for task in done:
                 if task is receiving:
                     receiving = None
-                    records = self._received(task)
-                    if not records and not self.running:
-                        return await self._delete_handled()
-                    if records:
-                        logger.info("took messages from the queue", count=len(records))
+                    records = self._received(task, deleting)
+                    drained = not records
                     for record in records:
                         self.start(record, from_event=False)
                 else:
                     self.ended(task)
-        await self._delete_handled()
-
-    def _received(self, task: asyncio.Task[list[SQSRecord]]) -> list[SQSRecord]:
-        error = task.exception()
-        if error is None:
-            return task.result()
-        # The queue cannot be read now: the event's records still finish; nothing more is taken.
-        logger.warning("receive failed; this invocation takes no more messages", exc_info=error)
-        self.taking = False
-        return []
-
-    async def _delete_handled(self) -> None:
         if self.handled:
-            handled, self.handled = self.handled, []
-            await asyncio.to_thread(self.slots.queue.delete_many, handled)
+            await asyncio.to_thread(self.slots.queue.delete_many, self.handled)
+
+    def _delete_and_receive(self, handled: list[str], limit: int, wait_s: int) -> list[Any]:
+        """In a thread: deletes what this invocation has handled, then receives up to `limit`."""
+        if handled:
+            self.slots.queue.delete_many(handled)
+        return self.slots.queue.receive(limit, wait_s=wait_s)
+
+    def _received(self, task: asyncio.Task[list[Any]], deleting: list[str]) -> list[SQSRecord]:
+        """The messages a receive took, but not a copy of one running here (at-least-once
+        delivery): the copy is left to come back later and find its task done."""
+        error = task.exception()
+        if error is not None:
+            # The queue cannot be used now: the calls running finish, nothing more is taken,
+            # and the deletes are tried once more at the end.
+            logger.warning("receive failed; this invocation takes no more messages", exc_info=error)
+            self.taking = False
+            self.handled = deleting + self.handled
+            return []
+        running = {r.record.message_id for r in self.running.values()}
+        records = []
+        for message in task.result():
+            if message["MessageId"] in running:
+                logger.info("a copy of a message running here is left", message_id=message["MessageId"])
+                continue
+            records.append(SQSRecord(sqs_record(message, self.queue_arn)))
+        if records:
+            logger.info("took messages from the queue", count=len(records))
+        return records
 
 
 def keep_slots_full(

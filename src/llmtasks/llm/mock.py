@@ -29,9 +29,13 @@ from starlette.routing import Route
 class MockConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MOCK_LLM_", extra="forbid")
 
-    latency_s: float = Field(default=0.0, ge=0, description="Each call's time (the median with latency_sigma).")
+    latency_s: float = Field(
+        default=0.0, ge=0, description="Each call's time (the median with latency_sigma)."
+    )
     latency_sigma: float = Field(
-        default=0.0, ge=0, description="Draw each call's time from a log-normal of this sigma around latency_s."
+        default=0.0,
+        ge=0,
+        description="Draw each call's time from a log-normal of this sigma around latency_s.",
     )
     latency_min_s: float = Field(default=0.0, ge=0, description="The drawn times' lower bound.")
     latency_max_s: float | None = Field(default=None, ge=0, description="The drawn times' upper bound.")
