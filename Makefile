@@ -63,7 +63,7 @@ template: $(STAMP)
 
 ## Mutation testing of the core (not in make test: it takes long): the modules in pyproject's
 ## [tool.mutmut], the unit suite against each mutant; then the survivors. MUTANTS narrows it,
-## e.g. make mutation MUTANTS="llmtasks.webhooks*".
+## e.g. make mutation MUTANTS="llmtasks.services.webhooks*".
 mutation: $(STAMP)
 	$(BIN)/mutmut run $(MUTANTS)
 	$(BIN)/mutmut results

@@ -35,10 +35,10 @@ import boto3
 import httpx
 from baseline import running_baseline  # bench/ is on sys.path: this file runs as a script
 
-from llmtasks.dynamo import serialize
+from llmtasks.aws.dynamo import serialize
+from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.local.launcher import LaunchedStack, launch, peak_rss_kib
 from llmtasks.local.template import Template
-from llmtasks.models import LLMRequest, Task, TaskStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.domain.models import Batch, BatchStatus, LLMRequest, Task, TaskStatus
 from llmtasks.local.launcher import free_port
 from llmtasks.local.template import FunctionSpec
-from llmtasks.models import Batch, BatchStatus, LLMRequest, Task, TaskStatus
-from llmtasks.results import ResultBlobs
 from llmtasks.settings import Settings
 
 T = TypeVar("T")

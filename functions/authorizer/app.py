@@ -18,8 +18,8 @@ from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event i
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.apikeys import ApiKeys, presented_key
-from llmtasks.limits import caller_context
+from llmtasks.aws.apikeys import ApiKeys, presented_key
+from llmtasks.aws.limits import caller_context
 from llmtasks.observability import logger
 
 

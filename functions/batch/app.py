@@ -18,12 +18,12 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.batches import BatchFanout, BatchProgress
-from llmtasks.models import FanoutMessage
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import task_change
+from llmtasks.domain.models import FanoutMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.queues import Queue
 from llmtasks.records import is_stream_event, process_sqs_concurrently
-from llmtasks.store import task_change
+from llmtasks.services.batches import BatchFanout, BatchProgress
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -8,10 +8,10 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.api import build_app, handle
-from llmtasks.batches import BatchService
+from llmtasks.api.routes import build_app, handle
 from llmtasks.observability import logger, tracer
-from llmtasks.service import TaskService
+from llmtasks.services.batches import BatchService
+from llmtasks.services.tasks import TaskService
 
 app = build_app(commands=True)
 

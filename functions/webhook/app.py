@@ -17,11 +17,11 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.models import WebhookMessage
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.models import WebhookMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.queues import Queue
 from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay
+from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
 
 
 @logger.inject_lambda_context(clear_state=True)

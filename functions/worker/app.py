@@ -10,12 +10,12 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.call_slots import CallSlots, keep_slots_full
-from llmtasks.models import TaskMessage
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.models import TaskMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.queues import Queue
 from llmtasks.records import process_sqs_concurrently, receive_count
-from llmtasks.runner import Delivery, TaskRunner
+from llmtasks.worker.call_slots import CallSlots, keep_slots_full
+from llmtasks.worker.runner import Delivery, TaskRunner
 
 
 @logger.inject_lambda_context(clear_state=True)

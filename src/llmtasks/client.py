@@ -19,8 +19,16 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from llmtasks.models import BatchResult, BatchResults, BatchView, TaskList, TaskStatus, TaskView, WebhookEvent
-from llmtasks.retry_after import parse_retry_after
+from llmtasks.domain.models import (
+    BatchResult,
+    BatchResults,
+    BatchView,
+    TaskList,
+    TaskStatus,
+    TaskView,
+    WebhookEvent,
+)
+from llmtasks.domain.retry_after import parse_retry_after
 
 __all__ = [
     "AsyncClient",

@@ -28,7 +28,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
 if TYPE_CHECKING:
-    from llmtasks.models import Task
+    from llmtasks.domain.models import Task
 
 SERVICE = "llmtasks"
 NAMESPACE = "llmtasks"

@@ -23,9 +23,9 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks.errors import RetryLater
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
-from llmtasks.queues import Queue
 
 
 def receive_count(record: SQSRecord) -> int:

@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.config import Config
 
-from llmtasks.apikeys import ApiKeys
-from llmtasks.batch_store import BatchCancellations, BatchStore
-from llmtasks.batches import BatchFanout, BatchProgress, BatchService
-from llmtasks.idempotency import IdempotencyKeys
-from llmtasks.limits import KeyLimits, work_ended
+from llmtasks.aws.apikeys import ApiKeys
+from llmtasks.aws.batch_store import BatchCancellations, BatchStore
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.limits import KeyLimits, work_ended
+from llmtasks.aws.pacing import CallPacer
+from llmtasks.aws.queues import Queue, queue_name
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import TaskStore
 from llmtasks.llm import provider_from_settings
-from llmtasks.pacing import CallPacer
-from llmtasks.queues import Queue, queue_name
-from llmtasks.results import ResultBlobs
-from llmtasks.runner import TaskRunner
-from llmtasks.service import TaskService
+from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService
+from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings
 from llmtasks.settings import get_settings
-from llmtasks.store import TaskStore
-from llmtasks.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings
+from llmtasks.worker.runner import TaskRunner
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -19,13 +19,13 @@ from typing import Any
 import boto3
 import pytest
 
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.models import TaskMessage
 from llmtasks.local.provision import LocalResources
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
 from llmtasks.local.template import SqsSource, StreamSource, Template
 from llmtasks.local.ttl import TtlSweeper, TtlTable
-from llmtasks.models import TaskMessage
-from llmtasks.queues import Queue
 from tests.helpers import TEMPLATE, eventually, toy_function
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from llmtasks.models import Lease, TaskMessage, TaskStatus
-from llmtasks.queues import Queue
-from llmtasks.store import ClaimRefused, TaskStore
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.models import Lease, TaskMessage, TaskStatus
 from tests.helpers import NEVER, pending_task
 
 pytestmark = pytest.mark.integration

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
+from llmtasks.aws.store import TaskStore
 from llmtasks.client import verify_webhook
+from llmtasks.domain.models import LLMRequest
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables
 from llmtasks.local.provision import local_name
 from llmtasks.local.runtime import Invocation
 from llmtasks.local.template import Template
-from llmtasks.models import LLMRequest
-from llmtasks.store import TaskStore
 from tests.conftest import RunningMock
 from tests.helpers import EVENTS, ROOT, TEMPLATE, WebhookReceiver, local_client, pending_task, serve
 

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
-from llmtasks.batches import BatchService
-from llmtasks.cursors import encode_cursor
-from llmtasks.errors import TaskConflict
-from llmtasks.idempotency import IdempotencyKeys
-from llmtasks.models import Lease, SubmitTaskRequest
-from llmtasks.queues import Queue
-from llmtasks.service import TaskService
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.cursors import encode_cursor
+from llmtasks.domain.errors import TaskConflict
+from llmtasks.domain.models import Lease, SubmitTaskRequest
+from llmtasks.services.batches import BatchService
+from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
-from llmtasks.store import TaskStore
 from tests.conftest import Aws
 from tests.helpers import blobs, load_event
 

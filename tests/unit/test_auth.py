@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from llmtasks.apikeys import ApiKeys, presented_key
-from llmtasks.batch_store import BatchStore
-from llmtasks.errors import InvalidInput, TooManyRequests
-from llmtasks.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
-from llmtasks.models import BatchStatus, Lease, SubmitTaskRequest, TaskStatus
-from llmtasks.queues import Queue
-from llmtasks.service import TaskService
+from llmtasks.aws.apikeys import ApiKeys, presented_key
+from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.errors import InvalidInput, TooManyRequests
+from llmtasks.domain.models import BatchStatus, Lease, SubmitTaskRequest, TaskStatus
+from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
-from llmtasks.store import TaskStore
 from tests.conftest import Aws
 from tests.helpers import blobs, load_event, pending_task, stored_batch
 

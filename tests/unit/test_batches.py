@@ -11,22 +11,22 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
-from llmtasks.batch_store import BatchCancellations, BatchStore
-from llmtasks.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
-from llmtasks.deployment import Deployment
-from llmtasks.errors import BatchNotFound, RetryLater
-from llmtasks.idempotency import IdempotencyKeys
+from llmtasks.aws.batch_store import BatchCancellations, BatchStore
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.errors import BatchNotFound, RetryLater
+from llmtasks.domain.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import pattern_matcher, stream_record
-from llmtasks.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
-from llmtasks.queues import Queue
+from llmtasks.ops.deployment import Deployment
+from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
-from llmtasks.runner import TaskRunner
+from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
+from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
-from llmtasks.stats import overview
-from llmtasks.store import TaskStore
-from llmtasks.webhooks import WebhookRelay
+from llmtasks.worker.runner import TaskRunner
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, emf_records, eventually, load_event
 from tests.unit.test_api import Api, assert_problem, task_service

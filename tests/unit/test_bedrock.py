@@ -11,10 +11,10 @@ import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
 
-from llmtasks.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.models import ChatMessage, LLMRequest, TaskStatus
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.bedrock import BedrockConverse
-from llmtasks.models import ChatMessage, LLMRequest, TaskStatus
 from llmtasks.settings import Settings
 from tests.helpers import eventually
 from tests.unit.test_worker import Worker

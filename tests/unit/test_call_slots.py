@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
-from llmtasks.call_slots import CallSlots, keep_slots_full
-from llmtasks.errors import RetryLater
-from llmtasks.models import TaskStatus
-from llmtasks.queues import Queue
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.errors import RetryLater
+from llmtasks.domain.models import TaskStatus
 from llmtasks.records import sqs_record
+from llmtasks.worker.call_slots import CallSlots, keep_slots_full
 from tests.conftest import Aws, RunningMock
 from tests.unit.test_worker import Worker
 

@@ -10,10 +10,17 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from llmtasks.deadletters import DeadLetters
-from llmtasks.deployment import QUEUES, Deployment, QueueName
-from llmtasks.models import FanoutMessage, Lease, TaskMessage, TaskStatus, WebhookMessage, WebhookStatus
-from llmtasks.store import TaskStore
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.models import (
+    FanoutMessage,
+    Lease,
+    TaskMessage,
+    TaskStatus,
+    WebhookMessage,
+    WebhookStatus,
+)
+from llmtasks.ops.deadletters import DeadLetters
+from llmtasks.ops.deployment import QUEUES, Deployment, QueueName
 from tests.conftest import Aws
 from tests.helpers import pending_task
 

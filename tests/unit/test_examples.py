@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.models import TaskView, WebhookEvent
-from llmtasks.webhooks import WebhookSender, new_webhook_secret
+from llmtasks.domain.models import TaskView, WebhookEvent
+from llmtasks.services.webhooks import WebhookSender, new_webhook_secret
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from llmtasks.domain.models import TaskStatus
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.keys import KeyPool, LlmEndpoint, endpoints_from_settings, parse_keys
 from llmtasks.llm.mock import MockConfig, MockLLM
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.models import TaskStatus
 from llmtasks.settings import Settings
 from tests.conftest import Aws
 from tests.helpers import eventually, serve

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from openai.types.responses import Response
 
-from llmtasks.errors import RATE_LIMITED, InvalidInput
-from llmtasks.models import (
+from llmtasks.api.openai import CreateResponse, response_object, webhook_event
+from llmtasks.domain.errors import RATE_LIMITED, InvalidInput
+from llmtasks.domain.models import (
     BatchStatus,
     BatchView,
     ChatMessage,
@@ -16,7 +17,6 @@ from llmtasks.models import (
     TaskView,
     Usage,
 )
-from llmtasks.openai_api import CreateResponse, response_object, webhook_event
 from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit

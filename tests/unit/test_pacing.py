@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmtasks.pacing import CallPacer
+from llmtasks.aws.pacing import CallPacer
 from tests.conftest import Aws
 
 pytestmark = pytest.mark.unit

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from llmtasks.errors import StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import Completion, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
-from llmtasks.store import ClaimRefused, TaskStore
+from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.errors import StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.domain.models import Completion, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from tests.conftest import Aws
 from tests.helpers import NEVER, pending_task
 

@@ -13,12 +13,12 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from llmtasks.batch_store import BatchStore
+from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
 from llmtasks.client import WebhookVerificationError, verify_webhook
-from llmtasks.errors import InvalidInput, RetryLater
-from llmtasks.llm.mock import reply_text
-from llmtasks.local.sources import pattern_matcher, stream_record
-from llmtasks.models import (
+from llmtasks.domain.errors import InvalidInput, RetryLater
+from llmtasks.domain.models import (
     BATCH_COMPLETED,
     Batch,
     BatchStatus,
@@ -30,13 +30,12 @@ from llmtasks.models import (
     WebhookMessage,
     WebhookStatus,
 )
+from llmtasks.llm.mock import reply_text
+from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.observability import trace_id
-from llmtasks.queues import Queue
 from llmtasks.records import sqs_record
-from llmtasks.service import TaskService
-from llmtasks.settings import Settings
-from llmtasks.store import TaskStore
-from llmtasks.webhooks import (
+from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhooks import (
     WebhookDelivery,
     WebhookRelay,
     WebhookSender,
@@ -47,6 +46,7 @@ from llmtasks.webhooks import (
     system_resolver,
     webhook_id,
 )
+from llmtasks.settings import Settings
 from tests.conftest import Aws
 from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event
 
@@ -254,7 +254,7 @@ def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores
 def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> None:
     import asyncio
 
-    from llmtasks.models import TaskView, WebhookEvent
+    from llmtasks.domain.models import TaskView, WebhookEvent
 
     # A recording fake transport: even a broken check could not send a packet anywhere
     sent: list[httpx.Request] = []
@@ -684,7 +684,7 @@ def test_cancelled_tasks_get_a_task_cancelled_event(
 def test_a_result_kept_in_s3_is_sent_whole_in_the_webhook(
     hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
 ) -> None:
-    from llmtasks.results import ResultBlobs
+    from llmtasks.aws.results import ResultBlobs
 
     blobs = ResultBlobs(hooks.settings.results_bucket)
     big = "y" * 200_000

@@ -11,20 +11,20 @@ from typing import Any
 
 import pytest
 
-from llmtasks.deployment import Deployment
-from llmtasks.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
+from llmtasks.aws.pacing import CallPacer
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
+from llmtasks.domain.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
-from llmtasks.pacing import CallPacer
-from llmtasks.queues import Queue
+from llmtasks.ops.deployment import Deployment
+from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
-from llmtasks.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
-from llmtasks.service import TaskService
+from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
-from llmtasks.stats import overview
-from llmtasks.store import TaskStore
+from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import blobs, emf_records, free_port, pending_task
 
@@ -354,7 +354,7 @@ def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a message whose task item is not written yet (submit sends first, then writes)
-    from llmtasks.models import TaskMessage
+    from llmtasks.domain.models import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="early"))
     [message] = worker.queued()
@@ -371,7 +371,7 @@ def test_a_first_delivery_a_moment_ahead_of_its_item_runs_without_going_back_to_
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a message whose item is written a few milliseconds after the worker receives it
-    from llmtasks.models import TaskMessage
+    from llmtasks.domain.models import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="racing"))
     [message] = worker.queued()
@@ -387,7 +387,7 @@ def test_a_first_delivery_a_moment_ahead_of_its_item_runs_without_going_back_to_
 def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
-    from llmtasks.models import TaskMessage
+    from llmtasks.domain.models import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="abandoned"))
     worker.clock = lambda: time.time() + worker.settings.unwritten_task_grace_s + 1

@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llmtasks.apikeys import MAX_IN_FLIGHT
+from llmtasks.aws.apikeys import MAX_IN_FLIGHT
 from llmtasks.cli.options import target_of, targeted
-from llmtasks.deadletters import QUEUE_NAMES
-from llmtasks.deployment import QueueName
 from llmtasks.local.errors import ToolError
+from llmtasks.ops.deadletters import QUEUE_NAMES
+from llmtasks.ops.deployment import QueueName
 
 if TYPE_CHECKING:
-    from llmtasks.apikeys import ApiKeys
-    from llmtasks.deadletters import DeadLetters
+    from llmtasks.aws.apikeys import ApiKeys
+    from llmtasks.ops.deadletters import DeadLetters
 
 
 def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLetters:
-    from llmtasks.deadletters import DeadLetters
-    from llmtasks.store import TaskStore
+    from llmtasks.aws.store import TaskStore
+    from llmtasks.ops.deadletters import DeadLetters
 
     target = target_of(stack_name, endpoint_url)
     store = TaskStore(target.deployment.tasks_table, target.dynamodb)
@@ -31,7 +31,7 @@ def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLette
 
 
 def _api_keys(stack_name: str | None, endpoint_url: str | None) -> ApiKeys:
-    from llmtasks.apikeys import ApiKeys
+    from llmtasks.aws.apikeys import ApiKeys
 
     target = target_of(stack_name, endpoint_url)
     return ApiKeys(target.deployment.api_keys_table, target.dynamodb)
@@ -92,7 +92,7 @@ def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | No
 def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> None:
     """Tasks by status, queue and DLQ depths, latency p50/p95/p99 over the last hour, batches:
     the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
-    from llmtasks.stats import overview
+    from llmtasks.ops.stats import overview
 
     target = target_of(stack_name, endpoint_url)
     summary = overview(target.dynamodb, target.sqs, target.deployment, now=time.time())

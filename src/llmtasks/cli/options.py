@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmtasks.client import DEFAULT_URL
-from llmtasks.deployment import Deployment
 from llmtasks.local.endpoints import localstack_endpoint, resolved
 from llmtasks.local.errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
+from llmtasks.ops.deployment import Deployment
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

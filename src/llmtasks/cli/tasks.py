@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmtasks.cli.options import client_of, with_api
+from llmtasks.domain.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
 from llmtasks.local.errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
-from llmtasks.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
 
 if TYPE_CHECKING:
     from llmtasks.client import Client

@@ -6,7 +6,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from llmtasks.models import Completion, LLMRequest
+    from llmtasks.domain.models import Completion, LLMRequest
     from llmtasks.settings import Settings
 
 # Called as the reply streams in: the text so far, and how many chunks (about tokens) it took.
@@ -33,7 +33,7 @@ def is_transient_status(status: int) -> bool:
 
 
 def http_error_code(status: int) -> str:
-    from llmtasks.errors import RATE_LIMITED
+    from llmtasks.domain.errors import RATE_LIMITED
 
     return RATE_LIMITED if status == 429 else f"llm_http_{status}"
 

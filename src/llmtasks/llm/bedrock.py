@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 
-from llmtasks.errors import LLMError
+from llmtasks.domain.errors import LLMError
+from llmtasks.domain.models import Completion, LLMRequest, Usage
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
-from llmtasks.models import Completion, LLMRequest, Usage
 
 if TYPE_CHECKING:
     from mypy_boto3_bedrock_runtime import BedrockRuntimeClient

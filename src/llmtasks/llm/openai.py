@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.models import Completion, LLMRequest, Usage
+from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
-from llmtasks.models import Completion, LLMRequest, Usage
-from llmtasks.retry_after import parse_retry_after
 
 
 class _Message(BaseModel):

@@ -22,15 +22,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmtasks.apikeys import presented_key
-from llmtasks.deadletters import QUEUE_NAMES, DeadLetters
-from llmtasks.stats import overview
+from llmtasks.aws.apikeys import presented_key
+from llmtasks.ops.deadletters import QUEUE_NAMES, DeadLetters
+from llmtasks.ops.stats import overview
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-    from llmtasks.deployment import Deployment
+    from llmtasks.ops.deployment import Deployment
 
 PREFIX = "/console"
 COOKIE = "llmtasks_console"

@@ -22,9 +22,8 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from llmtasks.apikeys import ApiKeys
-from llmtasks.deadletters import DeadLetters
-from llmtasks.deployment import Deployment
+from llmtasks.aws.apikeys import ApiKeys
+from llmtasks.aws.store import TaskStore
 from llmtasks.local import aws_calls
 from llmtasks.local.console import Console
 from llmtasks.local.errors import ToolError
@@ -37,7 +36,8 @@ from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
-from llmtasks.store import TaskStore
+from llmtasks.ops.deadletters import DeadLetters
+from llmtasks.ops.deployment import Deployment
 
 STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.dynamo import is_condition_failure
+from llmtasks.aws.dynamo import is_condition_failure
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from llmtasks import wiring
+from llmtasks.domain.models import Completion, LLMRequest, TaskMessage
 from llmtasks.llm import OnProgress, provider_from_settings
-from llmtasks.models import Completion, LLMRequest, TaskMessage
-from llmtasks.runner import TaskRunner
 from llmtasks.settings import get_settings
+from llmtasks.worker.runner import TaskRunner
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.deployment import Deployment, QueueName
-from llmtasks.models import FanoutMessage, TaskMessage, WebhookMessage
-from llmtasks.store import TaskStore
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.models import FanoutMessage, TaskMessage, WebhookMessage
+from llmtasks.ops.deployment import Deployment, QueueName
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient

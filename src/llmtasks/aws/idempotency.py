@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.idempotency.persistence.base import BasePer
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 from pydantic import BaseModel
 
-from llmtasks.errors import InvalidInput, ServiceUnavailable, TaskConflict
+from llmtasks.domain.errors import InvalidInput, ServiceUnavailable, TaskConflict
 
 M = TypeVar("M", bound=BaseModel)
 

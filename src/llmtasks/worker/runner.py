@@ -17,8 +17,12 @@ from typing import Literal
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from llmtasks.batch_store import BatchCancellations
-from llmtasks.errors import (
+from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.pacing import CallPacer
+from llmtasks.aws.queues import MAX_DELAY_S, Queue
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.errors import (
     RATE_LIMITED,
     LLMError,
     RetryLater,
@@ -26,8 +30,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.llm import LLMProvider
-from llmtasks.models import (
+from llmtasks.domain.models import (
     AttemptRecord,
     Completion,
     Lease,
@@ -35,13 +38,10 @@ from llmtasks.models import (
     TaskMessage,
     TaskStatus,
 )
+from llmtasks.domain.rules import Clock, dimensions_of
+from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
-from llmtasks.pacing import CallPacer
-from llmtasks.queues import MAX_DELAY_S, Queue
-from llmtasks.results import ResultBlobs
-from llmtasks.rules import Clock, dimensions_of
 from llmtasks.settings import Settings
-from llmtasks.store import ClaimRefused, TaskStore
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)

@@ -8,11 +8,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llmtasks.errors import (
+from llmtasks.domain.errors import (
     InvalidInput,
     PayloadTooLarge,
 )
-from llmtasks.models import (
+from llmtasks.domain.models import (
     Task,
     TaskOptions,
 )

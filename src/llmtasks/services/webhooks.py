@@ -24,9 +24,10 @@ from urllib.parse import urlsplit
 
 from standardwebhooks import Webhook
 
-from llmtasks.batch_store import BatchStore, change_of
-from llmtasks.errors import InvalidInput, RetryLater
-from llmtasks.models import (
+from llmtasks.aws.batch_store import BatchStore, change_of
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.domain.errors import InvalidInput, RetryLater
+from llmtasks.domain.models import (
     BATCH_COMPLETED,
     EVENT_OF_STATUS,
     Batch,
@@ -38,16 +39,15 @@ from llmtasks.models import (
     WebhookMessage,
     WebhookStatus,
 )
+from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
-from llmtasks.results import ResultBlobs
-from llmtasks.retry_after import parse_retry_after
 
 if TYPE_CHECKING:
     import httpx
 
-    from llmtasks.queues import Queue
+    from llmtasks.aws.queues import Queue
+    from llmtasks.aws.store import TaskStore
     from llmtasks.settings import Settings
-    from llmtasks.store import TaskStore
 
 # host, port -> the addresses it resolves to. Injected in tests so no lookup leaves the machine.
 Resolver = Callable[[str, int], list[str]]
@@ -387,7 +387,7 @@ class _Subject:
 
     def body(self, message: WebhookMessage) -> str:
         if self.openai:
-            from llmtasks.openai_api import webhook_event  # OpenAI-shaped deliveries' alone
+            from llmtasks.api.openai import webhook_event  # OpenAI-shaped deliveries' alone
 
             return json.dumps(webhook_event(message.webhook_id, self.data))
         return WebhookEvent(

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
-from llmtasks.models import WebhookSecrets
+from llmtasks.aws.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
+from llmtasks.domain.models import WebhookSecrets
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

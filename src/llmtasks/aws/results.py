@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.errors import BackendError
-from llmtasks.models import Task
+from llmtasks.domain.errors import BackendError
+from llmtasks.domain.models import Task
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import is_condition_failure
-from llmtasks.errors import BackendError
+from llmtasks.aws.dynamo import is_condition_failure
+from llmtasks.domain.errors import BackendError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import (
+from llmtasks.aws.dynamo import (
     deserialize,
     dynamodb_errors,
     is_condition_failure,
@@ -23,8 +23,9 @@ from llmtasks.dynamo import (
     serialize,
     stream_change,
 )
-from llmtasks.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.models import (
+from llmtasks.aws.tenant_secrets import TenantSecrets
+from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.domain.models import (
     DEAD_LETTERED,
     AttemptRecord,
     Completion,
@@ -33,8 +34,7 @@ from llmtasks.models import (
     TaskStatus,
     WebhookStatus,
 )
-from llmtasks.rules import is_task_id
-from llmtasks.tenant_secrets import TenantSecrets
+from llmtasks.domain.rules import is_task_id
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -22,8 +22,16 @@ from aws_lambda_powertools.event_handler.openapi.params import Header
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmtasks.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
-from llmtasks.models import BatchStatus, BatchView, ChatMessage, SubmitTaskRequest, Task, TaskStatus, TaskView
+from llmtasks.domain.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
+from llmtasks.domain.models import (
+    BatchStatus,
+    BatchView,
+    ChatMessage,
+    SubmitTaskRequest,
+    Task,
+    TaskStatus,
+    TaskView,
+)
 
 PREFIX = "/v1/"
 RESPONSE_ID_PREFIX = "resp_"
@@ -283,7 +291,7 @@ class ResponseNotFound(ApiError):
 
 
 def _openai_batches(app: APIGatewayHttpResolver, batches_of: Any) -> Any:
-    from llmtasks.openai_batches import OpenAIBatches  # the batch routes' alone
+    from llmtasks.api.openai_batches import OpenAIBatches  # the batch routes' alone
 
     batches = batches_of(app)
     return OpenAIBatches(batches, batches.blobs)

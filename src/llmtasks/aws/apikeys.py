@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
-from llmtasks.dynamo import deserialize, is_condition_failure, serialize
+from llmtasks.aws.dynamo import deserialize, is_condition_failure, serialize
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

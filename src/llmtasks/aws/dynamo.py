@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.errors import BackendError
+from llmtasks.domain.errors import BackendError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

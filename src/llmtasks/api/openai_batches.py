@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmtasks.batches import BatchService
-from llmtasks.errors import ApiError, InvalidInput
-from llmtasks.limits import Caller
-from llmtasks.models import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest, TaskStatus
-from llmtasks.openai_api import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
-from llmtasks.results import ResultBlobs, StoredFile
+from llmtasks.api.openai import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
+from llmtasks.aws.limits import Caller
+from llmtasks.aws.results import ResultBlobs, StoredFile
+from llmtasks.domain.errors import ApiError, InvalidInput
+from llmtasks.domain.models import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest, TaskStatus
+from llmtasks.services.batches import BatchService
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB

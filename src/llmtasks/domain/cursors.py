@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from llmtasks.errors import InvalidInput
+from llmtasks.domain.errors import InvalidInput
 
 
 def encode_cursor(scope: str, position: Any) -> str:

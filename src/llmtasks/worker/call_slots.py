@@ -28,9 +28,9 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks.errors import RetryLater
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
-from llmtasks.queues import Queue
 from llmtasks.records import each_message_once, sqs_record
 
 # While calls run and slots are free, a receive waits this long for a message (a long poll): a

@@ -13,15 +13,15 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from llmtasks.batch_store import scan_batches
-from llmtasks.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
-from llmtasks.store import scan_tasks
+from llmtasks.aws.batch_store import scan_batches
+from llmtasks.aws.store import scan_tasks
+from llmtasks.domain.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-    from llmtasks.deployment import Deployment
+    from llmtasks.ops.deployment import Deployment
 
 HOUR_S = 3600
 BUCKET_S = 300  # the charts' resolution: five minutes

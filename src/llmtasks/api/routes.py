@@ -25,12 +25,12 @@ from aws_lambda_powertools.event_handler.openapi.types import (
 )
 from pydantic import BaseModel
 
-from llmtasks import __version__, openai_api
-from llmtasks.batches import BatchService
-from llmtasks.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
-from llmtasks.limits import Caller
-from llmtasks.limits import caller_of as caller_of_event
-from llmtasks.models import (
+from llmtasks import __version__
+from llmtasks.api import openai as openai_api
+from llmtasks.aws.limits import Caller
+from llmtasks.aws.limits import caller_of as caller_of_event
+from llmtasks.domain.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
+from llmtasks.domain.models import (
     Batch,
     BatchAccepted,
     BatchResults,
@@ -47,7 +47,8 @@ from llmtasks.models import (
     WebhookSecret,
 )
 from llmtasks.observability import logger, trace_header
-from llmtasks.service import TaskService
+from llmtasks.services.batches import BatchService
+from llmtasks.services.tasks import TaskService
 
 PROBLEM_JSON = "application/problem+json"
 PROBLEM_BASE = "https://llmtasks.dev/problems/"

@@ -21,9 +21,14 @@ from dataclasses import dataclass
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from llmtasks.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
-from llmtasks.cursors import decode_cursor, encode_cursor
-from llmtasks.errors import (
+from llmtasks.aws.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
+from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
+from llmtasks.aws.limits import Caller, KeyLimits
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.cursors import decode_cursor, encode_cursor
+from llmtasks.domain.errors import (
     BackendError,
     BatchNotFound,
     RetryLater,
@@ -31,9 +36,7 @@ from llmtasks.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys, once_per_key
-from llmtasks.limits import Caller, KeyLimits
-from llmtasks.models import (
+from llmtasks.domain.models import (
     Batch,
     BatchItem,
     BatchResult,
@@ -45,13 +48,10 @@ from llmtasks.models import (
     TaskStatus,
     WebhookStatus,
 )
+from llmtasks.domain.rules import check_limits, check_metadata, dimensions_of, is_task_id
 from llmtasks.observability import Metric, emit, logger
-from llmtasks.queues import Queue
-from llmtasks.results import ResultBlobs
-from llmtasks.rules import check_limits, check_metadata, dimensions_of, is_task_id
+from llmtasks.services.webhooks import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import Settings
-from llmtasks.store import TaskStore
-from llmtasks.webhooks import Resolver, check_webhook_url, resolver_from_settings
 
 Clock = Callable[[], float]
 _BATCH_NAMESPACE = uuid.UUID("0f5b7a4e-3c1d-4f7e-9a2b-6d8c5e4f3a21")

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
-from llmtasks.errors import InvalidInput, TooManyRequests
+from llmtasks.aws.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
+from llmtasks.domain.errors import InvalidInput, TooManyRequests
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
-    from llmtasks.apikeys import ApiKey
-    from llmtasks.batch_store import BatchStore
-    from llmtasks.store import TaskStore
+    from llmtasks.aws.apikeys import ApiKey
+    from llmtasks.aws.batch_store import BatchStore
+    from llmtasks.aws.store import TaskStore
 
 RATE_WINDOW_TTL_S = 60
 # When a full key may try again: tasks take from seconds to minutes.

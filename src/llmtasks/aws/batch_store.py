@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
-from llmtasks.errors import BackendError
-from llmtasks.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
-from llmtasks.store import task_change
+from llmtasks.aws.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
+from llmtasks.aws.store import task_change
+from llmtasks.domain.errors import BackendError
+from llmtasks.domain.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -11,15 +11,18 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from llmtasks.cursors import decode_cursor, encode_cursor
-from llmtasks.errors import (
+from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
+from llmtasks.aws.limits import Caller, KeyLimits
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.cursors import decode_cursor, encode_cursor
+from llmtasks.domain.errors import (
     BackendError,
     ServiceUnavailable,
     TaskNotFound,
 )
-from llmtasks.idempotency import IdempotencyKeys, once_per_key
-from llmtasks.limits import Caller, KeyLimits
-from llmtasks.models import (
+from llmtasks.domain.models import (
     SubmitTaskRequest,
     Task,
     TaskMessage,
@@ -27,13 +30,10 @@ from llmtasks.models import (
     WebhookSecret,
     WebhookStatus,
 )
+from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
-from llmtasks.queues import Queue
-from llmtasks.results import ResultBlobs
-from llmtasks.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
+from llmtasks.services.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings
 from llmtasks.settings import Settings
-from llmtasks.store import TaskStore
-from llmtasks.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings
 
 WAIT_POLL_S = 0.5
 WAIT_FIRST_POLL_S = 0.05

@@ -9,7 +9,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
-from llmtasks.errors import BackendError
+from llmtasks.domain.errors import BackendError
 from llmtasks.observability import logger
 
 if TYPE_CHECKING:

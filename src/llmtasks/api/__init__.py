@@ -1,0 +1,1 @@
+"""The HTTP surfaces: the llmtasks API and the OpenAI-compatible one."""

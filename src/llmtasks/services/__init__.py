@@ -1,0 +1,2 @@
+"""The use cases: submit, read and cancel tasks and batches, fan batches out and count them,
+relay and deliver webhooks."""
