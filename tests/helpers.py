@@ -21,7 +21,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from llmtasks.aws.results import ResultBlobs
-from llmtasks.domain.models import Batch, BatchStatus, LLMRequest, Task, TaskStatus
+from llmtasks.domain.batches import Batch, BatchStatus
+from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.local.launcher import free_port
 from llmtasks.local.template import FunctionSpec
 from llmtasks.settings import Settings

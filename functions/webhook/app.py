@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
 from llmtasks.aws.queues import Queue
-from llmtasks.domain.models import WebhookMessage
+from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay

@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
 from llmtasks.aws.queues import Queue
-from llmtasks.domain.models import TaskMessage
+from llmtasks.domain.messages import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import process_sqs_concurrently, receive_count
 from llmtasks.worker.call_slots import CallSlots, keep_slots_full

@@ -19,15 +19,9 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from llmtasks.domain.models import (
-    BatchResult,
-    BatchResults,
-    BatchView,
-    TaskList,
-    TaskStatus,
-    TaskView,
-    WebhookEvent,
-)
+from llmtasks.domain.batches import BatchResult, BatchResults, BatchView
+from llmtasks.domain.messages import WebhookEvent
+from llmtasks.domain.models import TaskList, TaskStatus, TaskView
 from llmtasks.domain.retry_after import parse_retry_after
 
 __all__ = [

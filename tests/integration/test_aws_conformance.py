@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from llmtasks.aws.queues import Queue
-from llmtasks.domain.models import TaskMessage
+from llmtasks.domain.messages import TaskMessage
 from llmtasks.local.provision import LocalResources
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination

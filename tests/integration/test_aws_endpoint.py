@@ -10,7 +10,8 @@ import pytest
 
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import ClaimRefused, TaskStore
-from llmtasks.domain.models import Lease, TaskMessage, TaskStatus
+from llmtasks.domain.messages import TaskMessage
+from llmtasks.domain.models import Lease, TaskStatus
 from tests.helpers import NEVER, pending_task
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,9 @@ from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.batches import BatchStatus
 from llmtasks.domain.errors import InvalidInput, TooManyRequests
-from llmtasks.domain.models import BatchStatus, Lease, SubmitTaskRequest, TaskStatus
+from llmtasks.domain.models import Lease, SubmitTaskRequest, TaskStatus
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from tests.conftest import Aws

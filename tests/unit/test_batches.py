@@ -15,8 +15,10 @@ from llmtasks.aws.batch_store import BatchCancellations, BatchStore
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
-from llmtasks.domain.models import Batch, BatchStatus, FanoutMessage, TaskStatus, WebhookMessage
+from llmtasks.domain.messages import FanoutMessage, WebhookMessage
+from llmtasks.domain.models import TaskStatus
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.local.sources import pattern_matcher, stream_record

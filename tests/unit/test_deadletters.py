@@ -11,14 +11,8 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.models import (
-    FanoutMessage,
-    Lease,
-    TaskMessage,
-    TaskStatus,
-    WebhookMessage,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
+from llmtasks.domain.models import Lease, TaskStatus, WebhookStatus
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks.ops.deployment import QUEUES, Deployment, QueueName
 from tests.conftest import Aws

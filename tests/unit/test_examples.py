@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.domain.models import TaskView, WebhookEvent
+from llmtasks.domain.messages import WebhookEvent
+from llmtasks.domain.models import TaskView
 from llmtasks.services.webhooks import WebhookSender, new_webhook_secret
 from tests.helpers import ROOT
 

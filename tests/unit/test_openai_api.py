@@ -7,16 +7,9 @@ import pytest
 from openai.types.responses import Response
 
 from llmtasks.api.openai import CreateResponse, response_object, webhook_event
+from llmtasks.domain.batches import BatchStatus, BatchView
 from llmtasks.domain.errors import RATE_LIMITED, InvalidInput
-from llmtasks.domain.models import (
-    BatchStatus,
-    BatchView,
-    ChatMessage,
-    LLMRequest,
-    TaskStatus,
-    TaskView,
-    Usage,
-)
+from llmtasks.domain.models import ChatMessage, LLMRequest, TaskStatus, TaskView, Usage
 from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit

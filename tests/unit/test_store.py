@@ -8,7 +8,8 @@ import pytest
 
 from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.errors import StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.domain.models import Completion, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
+from llmtasks.domain.messages import Completion
+from llmtasks.domain.models import Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from tests.conftest import Aws
 from tests.helpers import NEVER, pending_task
 

@@ -17,19 +17,10 @@ from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.client import WebhookVerificationError, verify_webhook
+from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import InvalidInput, RetryLater
-from llmtasks.domain.models import (
-    BATCH_COMPLETED,
-    Batch,
-    BatchStatus,
-    Completion,
-    Lease,
-    SubmitTaskRequest,
-    TaskStatus,
-    Usage,
-    WebhookMessage,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import Completion, WebhookMessage
+from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.observability import trace_id
@@ -254,7 +245,8 @@ def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores
 def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> None:
     import asyncio
 
-    from llmtasks.domain.models import TaskView, WebhookEvent
+    from llmtasks.domain.messages import WebhookEvent
+    from llmtasks.domain.models import TaskView
 
     # A recording fake transport: even a broken check could not send a packet anywhere
     sent: list[httpx.Request] = []

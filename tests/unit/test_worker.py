@@ -15,7 +15,8 @@ from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
-from llmtasks.domain.models import Completion, LLMRequest, SubmitTaskRequest, TaskStatus
+from llmtasks.domain.messages import Completion
+from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
@@ -354,7 +355,7 @@ def test_a_message_that_arrives_before_its_item_comes_back_and_then_runs(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a message whose task item is not written yet (submit sends first, then writes)
-    from llmtasks.domain.models import TaskMessage
+    from llmtasks.domain.messages import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="early"))
     [message] = worker.queued()
@@ -371,7 +372,7 @@ def test_a_first_delivery_a_moment_ahead_of_its_item_runs_without_going_back_to_
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a message whose item is written a few milliseconds after the worker receives it
-    from llmtasks.domain.models import TaskMessage
+    from llmtasks.domain.messages import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="racing"))
     [message] = worker.queued()
@@ -387,7 +388,7 @@ def test_a_first_delivery_a_moment_ahead_of_its_item_runs_without_going_back_to_
 def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
-    from llmtasks.domain.models import TaskMessage
+    from llmtasks.domain.messages import TaskMessage
 
     worker.queue.send(TaskMessage(task_id="abandoned"))
     worker.clock = lambda: time.time() + worker.settings.unwritten_task_grace_s + 1

@@ -22,16 +22,9 @@ from aws_lambda_powertools.event_handler.openapi.params import Header
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llmtasks.domain.batches import BatchStatus, BatchView
 from llmtasks.domain.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
-from llmtasks.domain.models import (
-    BatchStatus,
-    BatchView,
-    ChatMessage,
-    SubmitTaskRequest,
-    Task,
-    TaskStatus,
-    TaskView,
-)
+from llmtasks.domain.models import ChatMessage, SubmitTaskRequest, Task, TaskStatus, TaskView
 
 PREFIX = "/v1/"
 RESPONSE_ID_PREFIX = "resp_"

@@ -22,8 +22,9 @@ from pydantic import ValidationError
 from llmtasks.api.openai import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
 from llmtasks.aws.limits import Caller
 from llmtasks.aws.results import ResultBlobs, StoredFile
+from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest
 from llmtasks.domain.errors import ApiError, InvalidInput
-from llmtasks.domain.models import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest, TaskStatus
+from llmtasks.domain.models import TaskStatus
 from llmtasks.services.batches import BatchService
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/responses")

@@ -29,22 +29,18 @@ from llmtasks import __version__
 from llmtasks.api import openai as openai_api
 from llmtasks.aws.limits import Caller
 from llmtasks.aws.limits import caller_of as caller_of_event
+from llmtasks.domain.batches import Batch, BatchAccepted, BatchResults, BatchView, SubmitBatchRequest
 from llmtasks.domain.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
+from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import (
-    Batch,
-    BatchAccepted,
-    BatchResults,
-    BatchView,
     Health,
     Problem,
-    SubmitBatchRequest,
     SubmitTaskRequest,
     Task,
     TaskAccepted,
     TaskList,
     TaskStatus,
     TaskView,
-    WebhookSecret,
 )
 from llmtasks.observability import logger, trace_header
 from llmtasks.services.batches import BatchService

@@ -20,8 +20,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
 from llmtasks.aws.store import task_change
+from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BackendError
-from llmtasks.domain.models import Batch, BatchStatus, Task, TaskStatus, WebhookStatus
+from llmtasks.domain.models import Task, TaskStatus, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

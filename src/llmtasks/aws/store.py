@@ -25,15 +25,8 @@ from llmtasks.aws.dynamo import (
 )
 from llmtasks.aws.tenant_secrets import TenantSecrets
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
-from llmtasks.domain.models import (
-    DEAD_LETTERED,
-    AttemptRecord,
-    Completion,
-    Lease,
-    Task,
-    TaskStatus,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import Completion
+from llmtasks.domain.models import DEAD_LETTERED, AttemptRecord, Lease, Task, TaskStatus, WebhookStatus
 from llmtasks.domain.rules import is_task_id
 
 if TYPE_CHECKING:

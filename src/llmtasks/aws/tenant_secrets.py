@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import ClientError
 
 from llmtasks.aws.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
-from llmtasks.domain.models import WebhookSecrets
+from llmtasks.domain.messages import WebhookSecrets
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

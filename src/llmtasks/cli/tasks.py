@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmtasks.cli.options import client_of, with_api
-from llmtasks.domain.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
+from llmtasks.domain.batches import ITEM_COUNTS, BatchStatus, BatchView
+from llmtasks.domain.models import TaskStatus, TaskView
 from llmtasks.local.errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.domain.errors import RATE_LIMITED, LLMError
-from llmtasks.domain.models import Completion, LLMRequest, Usage
+from llmtasks.domain.messages import Completion
+from llmtasks.domain.models import LLMRequest, Usage
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint

@@ -16,7 +16,7 @@ import boto3
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.models import FanoutMessage, TaskMessage, WebhookMessage
+from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
 from llmtasks.ops.deployment import Deployment, QueueName
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.batch_store import scan_batches
 from llmtasks.aws.store import scan_tasks
-from llmtasks.domain.models import DEAD_LETTERED, BatchView, TaskStatus, is_dead_lettered
+from llmtasks.domain.batches import BatchView
+from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -27,6 +27,7 @@ from llmtasks.aws.limits import Caller, KeyLimits
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest
 from llmtasks.domain.cursors import decode_cursor, encode_cursor
 from llmtasks.domain.errors import (
     BackendError,
@@ -36,18 +37,8 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.domain.models import (
-    Batch,
-    BatchItem,
-    BatchResult,
-    BatchStatus,
-    FanoutMessage,
-    SubmitBatchRequest,
-    Task,
-    TaskMessage,
-    TaskStatus,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import FanoutMessage, TaskMessage
+from llmtasks.domain.models import Task, TaskStatus, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, dimensions_of, is_task_id
 from llmtasks.observability import Metric, emit, logger
 from llmtasks.services.webhooks import Resolver, check_webhook_url, resolver_from_settings

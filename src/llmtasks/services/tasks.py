@@ -22,14 +22,8 @@ from llmtasks.domain.errors import (
     ServiceUnavailable,
     TaskNotFound,
 )
-from llmtasks.domain.models import (
-    SubmitTaskRequest,
-    Task,
-    TaskMessage,
-    TaskStatus,
-    WebhookSecret,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import TaskMessage, WebhookSecret
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, WebhookStatus
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings

@@ -26,19 +26,10 @@ from standardwebhooks import Webhook
 
 from llmtasks.aws.batch_store import BatchStore, change_of
 from llmtasks.aws.results import ResultBlobs
+from llmtasks.domain.batches import Batch, BatchView
 from llmtasks.domain.errors import InvalidInput, RetryLater
-from llmtasks.domain.models import (
-    BATCH_COMPLETED,
-    EVENT_OF_STATUS,
-    Batch,
-    BatchView,
-    EventType,
-    Task,
-    TaskView,
-    WebhookEvent,
-    WebhookMessage,
-    WebhookStatus,
-)
+from llmtasks.domain.messages import WebhookEvent, WebhookMessage
+from llmtasks.domain.models import BATCH_COMPLETED, EVENT_OF_STATUS, EventType, Task, TaskView, WebhookStatus
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
 

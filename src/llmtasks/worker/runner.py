@@ -30,14 +30,8 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.domain.models import (
-    AttemptRecord,
-    Completion,
-    Lease,
-    Task,
-    TaskMessage,
-    TaskStatus,
-)
+from llmtasks.domain.messages import Completion, TaskMessage
+from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from llmtasks import wiring
-from llmtasks.domain.models import Completion, LLMRequest, TaskMessage
+from llmtasks.domain.messages import Completion, TaskMessage
+from llmtasks.domain.models import LLMRequest
 from llmtasks.llm import OnProgress, provider_from_settings
 from llmtasks.settings import get_settings
 from llmtasks.worker.runner import TaskRunner

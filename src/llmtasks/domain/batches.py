@@ -1,0 +1,258 @@
+"""A batch: its request, the stored item with its counts, its views and results."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from llmtasks.domain.models import (
+    BATCH_COMPLETED,
+    BatchEventType,
+    EventType,
+    StorableJson,
+    Task,
+    TaskOptions,
+    TaskStatus,
+    Text,
+    Usage,
+    WebhookFormat,
+    WebhookStatus,
+    WebhookView,
+    _at,
+    _Strict,
+    _utc,
+)
+
+MAX_BATCH_ITEMS = 10_000
+
+
+class BatchStatus(StrEnum):
+    PENDING = "pending"  # no item has started yet
+    PROCESSING = "processing"
+    COMPLETED = "completed"  # every item completed
+    COMPLETED_WITH_ERRORS = "completed_with_errors"  # every item terminal, some failed or cancelled
+    CANCELLING = "cancelling"  # cancel asked; items still running finish or are discarded
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.CANCELLED)
+
+
+class BatchItem(TaskOptions):
+    """One item of `POST /batches`: a task body, without webhook fields (the batch has one)."""
+
+    custom_id: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Your id for the item, unique in the batch; results carry it.",
+    )
+
+
+class SubmitBatchRequest(_Strict):
+    """`POST /batches`."""
+
+    items: list[BatchItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    webhook_url: Text | None = Field(
+        default=None, max_length=2048, description="https URL that receives `batch.completed`, signed."
+    )
+    webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
+    webhook_format: WebhookFormat | None = Field(
+        default=None,
+        description="'openai': OpenAI's webhook events (batch.completed, batch.cancelled, with data.id"
+        " the OpenAI batch id) instead of llmtasks' own (the default).",
+    )
+    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+
+    @field_validator("items")
+    @classmethod
+    def _unique_custom_ids(cls, items: list[BatchItem]) -> list[BatchItem]:
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            if item.custom_id is not None:
+                if item.custom_id in seen:
+                    raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
+                seen.add(item.custom_id)
+        return items
+
+    @model_validator(mode="after")
+    def _events_need_a_url(self) -> SubmitBatchRequest:
+        if self.webhook_events is not None and self.webhook_url is None:
+            raise ValueError("'webhook_events' needs a 'webhook_url'")
+        if self.webhook_format is not None and self.webhook_url is None:
+            raise ValueError("'webhook_format' needs a 'webhook_url'")
+        return self
+
+
+ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
+
+
+class Batch(BaseModel):
+    """The stored batch: one TasksTable item (`batch#<id>`). Its items are tasks whose ids follow
+    from the batch id and their index; the counters move as the items' statuses do."""
+
+    batch_id: str
+    tenant_id: str
+    # As stored: pending until it ends (processing is derived from the counters), or cancelling.
+    status: BatchStatus
+    total: int
+    pending: int = 0
+    processing: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    # Where each fan-out chunk's items start in the manifest (ResultsBucket), and where it ends.
+    manifest_ref: str
+    chunk_size: int
+    chunk_offsets: list[int]
+    metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    webhook_events: list[EventType] | None = None
+    webhook_format: WebhookFormat | None = None  # None: llmtasks' own
+    webhook_status: WebhookStatus | None = None
+    webhook_attempts: int = 0
+    created_at: float
+    expires_at: int
+    cancel_requested_at: float | None = None
+    completed_at: float | None = None
+    # The submit request's X-Ray trace header, passed on to the items and their messages.
+    trace_header: str | None = None
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+    @property
+    def finished(self) -> int:
+        """Items that have ended: the counters are exact, so at `total` every item has."""
+        return self.completed + self.failed + self.cancelled
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_offsets) - 1
+
+    def chunk_of(self, index: int) -> int:
+        return index // self.chunk_size
+
+    def indexes(self, chunk: int) -> range:
+        return range(chunk * self.chunk_size, min(self.total, (chunk + 1) * self.chunk_size))
+
+    def final_status(self) -> BatchStatus:
+        """What the batch ends as once every item is terminal."""
+        if self.status is BatchStatus.CANCELLING:
+            return BatchStatus.CANCELLED
+        if self.completed == self.total:
+            return BatchStatus.COMPLETED
+        return BatchStatus.COMPLETED_WITH_ERRORS
+
+    @property
+    def read_status(self) -> BatchStatus:
+        started = self.pending < self.total
+        if self.status is BatchStatus.PENDING and started:
+            return BatchStatus.PROCESSING
+        return self.status
+
+    def wants_webhook(self) -> bool:
+        return self.webhook_url is not None and (
+            self.webhook_events is None or BATCH_COMPLETED in self.webhook_events
+        )
+
+
+class BatchView(BaseModel):
+    """`GET /batches/{id}`, and the `batch.completed` webhook's `data`."""
+
+    batch_id: str
+    status: BatchStatus
+    total: int
+    pending: int
+    processing: int
+    completed: int
+    failed: int
+    cancelled: int
+    created_at: datetime
+    completed_at: datetime | None = None
+    expires_at: datetime
+    metadata: dict[str, Any] | None = None
+    webhook: WebhookView | None = None
+
+    @property
+    def finished(self) -> int:
+        """Items that have ended (completed, failed or cancelled)."""
+        return self.completed + self.failed + self.cancelled
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchView:
+        return cls(
+            batch_id=batch.batch_id,
+            status=batch.read_status,
+            total=batch.total,
+            **{name: getattr(batch, name) for name in ITEM_COUNTS},
+            created_at=_at(batch.created_at),
+            completed_at=_utc(batch.completed_at),
+            expires_at=_at(batch.expires_at),
+            metadata=batch.metadata,
+            webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
+        )
+
+
+class BatchAccepted(BaseModel):
+    """The `202` reply to `POST /batches`."""
+
+    batch_id: str
+    total: int
+    status: BatchStatus
+    created_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchAccepted:
+        return cls(
+            batch_id=batch.batch_id,
+            total=batch.total,
+            status=batch.read_status,
+            created_at=_at(batch.created_at),
+            expires_at=_at(batch.expires_at),
+        )
+
+
+class BatchResult(BaseModel):
+    """One item of `GET /batches/{id}/results`, in submission order."""
+
+    index: int
+    custom_id: str | None = None
+    task_id: str
+    status: TaskStatus
+    result: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    attempts: int = 0
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, task: Task) -> BatchResult:
+        return cls(
+            index=task.batch_index or 0,
+            custom_id=task.custom_id,
+            task_id=task.task_id,
+            status=task.status,
+            result=task.result,
+            error=task.error,
+            error_code=task.error_code,
+            attempts=task.attempts,
+            usage=task.usage,
+        )
+
+
+class BatchResults(BaseModel):
+    data: list[BatchResult]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last page."
+    )

@@ -1,0 +1,101 @@
+"""What crosses the queues and reaches webhook receivers, the tenant's signing secrets, and the
+LLM's reply."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+)
+
+from llmtasks.domain.batches import BatchView
+from llmtasks.domain.models import EventType, TaskView, Usage, _utc
+
+
+class WebhookSecrets(BaseModel):
+    """A tenant's signing secrets, as stored (the tenant's item in TasksTable)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    webhook_secret: str
+    previous_webhook_secret: str | None = None
+    previous_secret_until: float | None = None
+
+    def signing(self, now: float) -> list[str]:
+        """The secrets that sign a delivery now: during a rotation's overlap the previous one too,
+        so a receiver still holding it keeps verifying (Standard Webhooks allows several)."""
+        previous = self.previous_webhook_secret
+        if previous and self.previous_secret_until is not None and self.previous_secret_until > now:
+            return [self.webhook_secret, previous]
+        return [self.webhook_secret]
+
+
+class WebhookSecret(BaseModel):
+    """`GET /webhooks/secret` and `POST /webhooks/secret/rotate`."""
+
+    key: Annotated[str, Field(description="The tenant's Standard Webhooks secret, whsec_...")]
+    previous_key_expires_at: datetime | None = Field(
+        default=None, description="Until when deliveries are also signed with the previous secret."
+    )
+
+    @classmethod
+    def of(cls, secrets: WebhookSecrets, now: float) -> WebhookSecret:
+        live = len(secrets.signing(now)) > 1
+        return cls(
+            key=secrets.webhook_secret,
+            previous_key_expires_at=_utc(secrets.previous_secret_until) if live else None,
+        )
+
+
+# --- queue bodies ---------------------------------------------------------------------------
+
+
+class TaskMessage(BaseModel):
+    """TaskQueue body: the task lives in the table; the message only points at it."""
+
+    task_id: str
+
+
+class FanoutMessage(BaseModel):
+    """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, or to cancel."""
+
+    batch_id: str
+    chunk: int
+    action: Literal["create", "cancel"] = "create"
+
+
+class WebhookMessage(BaseModel):
+    """WebhookQueue body: one event to deliver, of a task or of a batch. `webhook_id` stays the
+    same across every retry."""
+
+    webhook_id: str
+    event_type: EventType
+    task_id: str | None = None
+    batch_id: str | None = None
+
+
+class WebhookEvent(BaseModel):
+    """The body POSTed to a webhook receiver."""
+
+    type: EventType
+    timestamp: datetime
+    data: TaskView | BatchView
+
+    @field_serializer("timestamp")
+    def _iso(self, value: datetime) -> str:
+        return value.isoformat().replace("+00:00", "Z")
+
+
+# --- the LLM ------------------------------------------------------------------------------
+
+
+class Completion(BaseModel):
+    text: str
+    model: str
+    usage: Usage
+    key_index: int | None = None  # which key of the pool served it (never the key itself)
