@@ -1,4 +1,4 @@
-"""The HTTP API: routes (as Powertools routers), problem+json errors, and the OpenAPI document.
+"""The HTTP API: routes (as Powertools routers) and the OpenAPI document; errors are problems.py's.
 
 `commands` (writes) is served by SubmitFunction and `queries` (reads) by StatusFunction; the
 template maps each path to one of them. Routes find their `TaskService` in the resolver's
@@ -14,27 +14,34 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
-from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer, SecurityScheme
 from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import (
     OpenAPIResponse,
-    OpenAPIResponseContentModel,
-    OpenAPIResponseContentSchema,
 )
 from pydantic import BaseModel
 
 from llmtasks import __version__
 from llmtasks.api import openai as openai_api
+from llmtasks.api.problems import (
+    backend_unavailable,
+    malformed_json,
+    on_api_error,
+    on_backend_error,
+    on_not_found,
+    on_unexpected,
+    on_validation_error,
+    openapi_problem,
+    unexpected,
+)
 from llmtasks.aws.limits import Caller
 from llmtasks.aws.limits import caller_of as caller_of_event
 from llmtasks.domain.batches import Batch, BatchAccepted, BatchResults, BatchView, SubmitBatchRequest
-from llmtasks.domain.errors import ApiError, BackendError, ServiceUnavailable, Unauthorized
+from llmtasks.domain.errors import ApiError, BackendError, Unauthorized
 from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import (
     Health,
-    Problem,
     SubmitTaskRequest,
     Task,
     TaskAccepted,
@@ -42,12 +49,10 @@ from llmtasks.domain.models import (
     TaskStatus,
     TaskView,
 )
-from llmtasks.observability import logger, trace_header
+from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
 
-PROBLEM_JSON = "application/problem+json"
-PROBLEM_BASE = "https://llmtasks.dev/problems/"
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
@@ -58,15 +63,6 @@ UPLOAD_PATH = "/v1/files"  # the one route whose body is not JSON (multipart/for
 # Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
 PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
 
-_PROBLEM_CONTENT: dict[str, OpenAPIResponseContentModel | OpenAPIResponseContentSchema] = {
-    PROBLEM_JSON: {"model": Problem}
-}
-
-
-def _problem(description: str) -> OpenAPIResponse:
-    return {"description": description, "content": _PROBLEM_CONTENT}
-
-
 # The API key comes in Authorization (template.yaml: the identity source of the Api's authorizer).
 SECURITY_SCHEMES: dict[str, SecurityScheme] = {
     "bearer": HTTPBearer(bearerFormat="lt_<key id>_<secret>", description="Authorization: Bearer <API key>"),
@@ -76,7 +72,9 @@ SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 _AUTH: dict[int, OpenAPIResponse] = {
     **openai_api.GATEWAY_REFUSALS,
-    429: _problem("This key's requests a second, or its tasks in flight, are at its limit (see Retry-After)"),
+    429: openapi_problem(
+        "This key's requests a second, or its tasks in flight, are at its limit (see Retry-After)"
+    ),
 }
 
 _SECRET: dict[int, OpenAPIResponse] = {
@@ -89,13 +87,13 @@ _BATCH: dict[int, OpenAPIResponse] = {
         "description": "The batch's status and counts",
         "content": {"application/json": {"model": BatchView}},
     },
-    404: _problem("Unknown, expired or another tenant's batch"),
+    404: openapi_problem("Unknown, expired or another tenant's batch"),
 }
 _STATUS: dict[int, OpenAPIResponse] = {
     **_AUTH,
     200: {"description": "The task's status object", "content": {"application/json": {"model": TaskView}}},
-    404: _problem("Unknown, expired or another tenant's task"),
-    422: _problem("An invalid parameter"),
+    404: openapi_problem("Unknown, expired or another tenant's task"),
+    422: openapi_problem("An invalid parameter"),
 }
 
 
@@ -176,13 +174,13 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={
             **_AUTH,
             202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}},
-            400: _problem("The body is not valid JSON"),
-            409: _problem("A request with this Idempotency-Key is still being processed"),
-            413: _problem("The prompt is over the size limit"),
-            422: _problem(
+            400: openapi_problem("The body is not valid JSON"),
+            409: openapi_problem("A request with this Idempotency-Key is still being processed"),
+            413: openapi_problem("The prompt is over the size limit"),
+            422: openapi_problem(
                 "A field is missing, unknown or invalid, or the Idempotency-Key was used with another body"
             ),
-            503: _problem("The task could not be queued; nothing was stored"),
+            503: openapi_problem("The task could not be queued; nothing was stored"),
         },
     )
     def submit_task(
@@ -200,7 +198,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         "/tasks/<task_id>/cancel",
         summary="Cancel a pending or processing task",
         security=SECURITY,
-        responses={**_STATUS, 409: _problem("The task is already terminal")},
+        responses={**_STATUS, 409: openapi_problem("The task is already terminal")},
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
         return _status_reply(_service(app).cancel(tenant_of(app), task_id))
@@ -213,11 +211,13 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={
             **_AUTH,
             202: {"description": "Accepted", "content": {"application/json": {"model": BatchAccepted}}},
-            400: _problem("The body is not valid JSON"),
-            409: _problem("A request with this Idempotency-Key is still being processed"),
-            413: _problem("An item's prompt is over the size limit"),
-            422: _problem("An item or field is invalid, or the Idempotency-Key was used with another body"),
-            503: _problem("The batch could not be stored or queued"),
+            400: openapi_problem("The body is not valid JSON"),
+            409: openapi_problem("A request with this Idempotency-Key is still being processed"),
+            413: openapi_problem("An item's prompt is over the size limit"),
+            422: openapi_problem(
+                "An item or field is invalid, or the Idempotency-Key was used with another body"
+            ),
+            503: openapi_problem("The batch could not be stored or queued"),
         },
     )
     def submit_batch(
@@ -235,7 +235,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         "/batches/<batch_id>/cancel",
         summary="Cancel a batch: pending items are cancelled, running ones finish or are discarded",
         security=SECURITY,
-        responses={**_BATCH, 409: _problem("The batch has ended already")},
+        responses={**_BATCH, 409: openapi_problem("The batch has ended already")},
     )
     def cancel_batch(batch_id: str) -> Response[BatchView]:
         return _batch_reply(_batches(app).cancel(tenant_of(app), batch_id))
@@ -260,7 +260,9 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **_AUTH,
             200: {"description": "A page of tasks", "content": {"application/json": {"model": TaskList}}},
-            422: _problem("An invalid parameter (an unknown status, a limit out of range, a foreign cursor)"),
+            422: openapi_problem(
+                "An invalid parameter (an unknown status, a limit out of range, a foreign cursor)"
+            ),
         },
     )
     def list_tasks(
@@ -312,8 +314,8 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
                     JSONL: {"schema": {"type": "string"}},
                 },
             },
-            404: _problem("Unknown, expired or another tenant's batch"),
-            422: _problem("An invalid parameter"),
+            404: openapi_problem("Unknown, expired or another tenant's batch"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def batch_results(
@@ -351,72 +353,6 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         return Health(version=__version__)
 
 
-# --- errors ---------------------------------------------------------------------------------
-
-
-def problem(
-    status: int, title: str, detail: str, *, slug: str, errors: list[dict[str, Any]] | None = None
-) -> Response[Any]:
-    body = Problem(type=PROBLEM_BASE + slug, title=title, status=status, detail=detail, errors=errors)
-    return Response(
-        status_code=status, content_type=PROBLEM_JSON, body=body.model_dump_json(exclude_none=True)
-    )
-
-
-def _field(loc: Any) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
-
-
-def _on_api_error(exc: ApiError) -> Response[Any]:
-    field = getattr(exc, "field", None)
-    errors = [{"field": field, "message": exc.detail}] if field else None
-    reply = problem(exc.status, exc.title, exc.detail, slug=exc.slug, errors=errors)
-    if isinstance(exc, Unauthorized):
-        reply.headers["WWW-Authenticate"] = 'Bearer realm="llmtasks"'
-    if exc.retry_after_s is not None:
-        reply.headers["Retry-After"] = str(exc.retry_after_s)
-    return reply
-
-
-def _malformed_json() -> Response[Any]:
-    return problem(400, "Malformed JSON", "The request body is not valid UTF-8 JSON.", slug="malformed-json")
-
-
-def _on_validation_error(exc: RequestValidationError) -> Response[Any]:
-    raw = exc.errors()
-    if any(err.get("type") == "json_invalid" for err in raw):
-        return _malformed_json()
-    errors = [{"field": _field(err.get("loc", ())), "message": str(err.get("msg", "invalid"))} for err in raw]
-    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-    return problem(422, "Invalid request", detail, slug="validation", errors=errors)
-
-
-def _on_not_found(_: NotFoundError) -> Response[Any]:
-    return problem(404, "Not found", "No such route.", slug="not-found")
-
-
-def _backend_unavailable(exc: BackendError) -> ServiceUnavailable:
-    """DynamoDB, SQS or S3 failed under a request: the client may retry it."""
-    logger.exception("backend failed", error_type=type(exc).__name__)
-    return ServiceUnavailable("A storage or queue call failed. Retry the request.")
-
-
-def _on_backend_error(exc: BackendError) -> Response[Any]:
-    return _on_api_error(_backend_unavailable(exc))
-
-
-def _unexpected(exc: Exception, reply: Response[Any]) -> Response[Any]:
-    logger.exception("unhandled error", error_type=type(exc).__name__)
-    return reply
-
-
-def _on_unexpected(exc: Exception) -> Response[Any]:
-    return _unexpected(
-        exc, problem(500, "Internal error", "Something went wrong on our side.", slug="internal")
-    )
-
-
 def build_app(*, commands: bool = False, queries: bool = False, docs: bool = False) -> APIGatewayHttpResolver:
     """A resolver with the chosen routes; `docs` adds /docs and /openapi.json describing all of them.
     The /v1 routes (openai_api) answer errors in OpenAI's shape, the others in problem+json."""
@@ -434,18 +370,18 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
 
         return answer
 
-    app.exception_handler(ApiError)(shaped(_on_api_error, openai_api.from_api_error))
+    app.exception_handler(ApiError)(shaped(on_api_error, openai_api.from_api_error))
     app.exception_handler(RequestValidationError)(
-        shaped(_on_validation_error, openai_api.from_validation_error)
+        shaped(on_validation_error, openai_api.from_validation_error)
     )
     app.exception_handler(BackendError)(
-        shaped(_on_backend_error, lambda exc: openai_api.from_api_error(_backend_unavailable(exc)))
+        shaped(on_backend_error, lambda exc: openai_api.from_api_error(backend_unavailable(exc)))
     )
-    app.not_found(shaped(_on_not_found, lambda _: openai_api.error(404, "No such route.", code="not_found")))
+    app.not_found(shaped(on_not_found, lambda _: openai_api.error(404, "No such route.", code="not_found")))
     app.exception_handler(Exception)(
         shaped(
-            _on_unexpected,
-            lambda exc: _unexpected(exc, openai_api.error(500, "Something went wrong on our side.")),
+            on_unexpected,
+            lambda exc: unexpected(exc, openai_api.error(500, "Something went wrong on our side.")),
         )
     )
     if docs:
@@ -490,7 +426,7 @@ def handle(
             return _lambda_reply(
                 openai_api.error(400, "The request body is not valid UTF-8.", code="invalid_json")
                 if openai_shaped
-                else _malformed_json()
+                else malformed_json()
             )
     if (
         (event.get("body") or headers.get("content-type"))
@@ -509,9 +445,9 @@ def handle(
             caller = _admitted(event, service)
         except (ApiError, BackendError) as exc:
             # Before any route runs, so a refused caller learns nothing about its body.
-            refused = _backend_unavailable(exc) if isinstance(exc, BackendError) else exc
+            refused = backend_unavailable(exc) if isinstance(exc, BackendError) else exc
             return _lambda_reply(
-                openai_api.from_api_error(refused) if openai_shaped else _on_api_error(refused)
+                openai_api.from_api_error(refused) if openai_shaped else on_api_error(refused)
             )
     app.append_context(service=service, batches=batches, caller=caller)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
