@@ -888,23 +888,31 @@ class SlotRun:
     submit_s: float  # first submit to the last submit's reply
     most_in_flight: int  # at the mock
     not_completed: int
+    busiest: str  # the process that used the most CPU over the run, and how many cores of it
 
 
-def slots_run(target: Target, stack: LaunchedStack, tasks: int, knobs: dict[str, Any], slots: int) -> SlotRun:
-    """`tasks` calls with the mock's `knobs`, submitted at once by 16 clients to `target`."""
+def slots_run(
+    target: Target, stack: LaunchedStack, tasks: int, knobs: dict[str, Any], slots: int, pids: dict[str, int]
+) -> SlotRun:
+    """`tasks` calls with the mock's `knobs`, submitted at once by 16 clients to `target`; `pids`
+    are the target's processes, whose CPU tells what bounds the run."""
     stack.configure_mock(**{**PLAIN_MOCK, **knobs})  # the same seed: the same draws for each design
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     started = time.time()
     submitted = open_loop(target, tasks, lambda i: {"prompt": f"slots {i} {uuid.uuid4().hex}"}, lambda _i: {})
     submit_s = max(at for at, _ in submitted) - started
     done = outcomes(target, submitted)
     wall = max(d.completed_at for d in done) - started
     stats = stack.mock_stats()
+    used = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    busiest = max(used, key=lambda name: used[name])
     return SlotRun(
         efficiency=stats["latency_total_s"] / slots / wall,
         wall_s=wall,
         submit_s=submit_s,
         most_in_flight=int(stats["max_in_flight"]),
         not_completed=sum(d.task["status"] != "completed" for d in done),
+        busiest=f"{busiest} {used[busiest] / (time.time() - started):.2f} cores",
     )
 
 
@@ -938,13 +946,13 @@ def call_slots(report: Report, quick: bool) -> None:
     for design, options in designs.items():
         with stack_running(*options) as stack:
             for label, tasks, knobs in workloads:
-                runs[design][label] = slots_run(stack, stack, tasks, knobs, slots)
+                runs[design][label] = slots_run(stack, stack, tasks, knobs, slots, stack_processes(stack))
             gb_s[design] = worker_gb_s_per_call(stack, cost_calls, cost_latency)
             if design == "llmtasks":
                 assert stack.mock is not None
                 with running_baseline(stack.mock + "/v1", threads=slots) as celery:
                     for label, tasks, knobs in workloads:
-                        runs["celery"][label] = slots_run(celery, stack, tasks, knobs, slots)
+                        runs["celery"][label] = slots_run(celery, stack, tasks, knobs, slots, celery.pids())
     section = "call slots"
     for label, _tasks, _knobs in workloads:
         ours, batches, theirs = (runs[d][label] for d in ("llmtasks", "event batches only", "celery"))
@@ -960,6 +968,12 @@ def call_slots(report: Report, quick: bool) -> None:
             "  wall / time to submit (llmtasks, batches only, Celery)",
             f"{ours.wall_s:.0f} / {ours.submit_s:.0f} s",
             f"{batches.wall_s:.0f} / {batches.submit_s:.0f} s; {theirs.wall_s:.0f} / {theirs.submit_s:.0f} s",
+        )
+        report.add(
+            section,
+            "  the busiest process over the run",
+            ours.busiest,
+            f"{batches.busiest}; Celery {theirs.busiest}",
         )
         report.add(
             section,
