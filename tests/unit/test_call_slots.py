@@ -87,7 +87,15 @@ def test_an_invocation_runs_what_waits_in_the_queue_at_most_its_slots_at_once(aw
     send(queue, *(f"m{i}" for i in range(22)))
     event = event_of(aws, 2)
     recorder = Recorder()
+    receives: list[dict[str, Any]] = []
+    aws.sqs.meta.events.register(
+        "provide-client-params.sqs.ReceiveMessage", lambda params, **_: receives.append(dict(params))
+    )
     reply = keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=5, min_remaining_s=610))
+    # Short receives only: a long poll still waiting after the last call would bill its wait.
+    assert receives
+    assert {r["WaitTimeSeconds"] for r in receives} == {0}
+    assert max(r["MaxNumberOfMessages"] for r in receives) <= 5
     assert reply == {"batchItemFailures": []}
     assert recorder.ran == Counter({f"m{i}": 1 for i in range(22)})  # each once, the event's two too
     assert recorder.most_in_flight == 5

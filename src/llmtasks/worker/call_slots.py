@@ -19,6 +19,7 @@ event's own records are reported in `batchItemFailures`, as before.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -33,10 +34,10 @@ from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
 from llmtasks.records import each_message_once, sqs_record
 
-# While calls run and slots are free, a receive waits this long for a message (a long poll): a
-# message that arrives meanwhile starts at once. The last such wait is billed as the invocation's
-# tail, so it stays short.
-RECEIVE_WAIT_S = 2
+# While calls run and slots are free, the queue is looked at this often (and at once whenever a
+# call ends). Short receives, not long polls: a long poll still waiting when the last call ends
+# would keep the invocation, and its bill, running until it returns; a short one never does.
+RECHECK_S = 1.0
 
 T = TypeVar("T")
 
@@ -97,25 +98,33 @@ class _Invocation:
         return self.slots.slots - len(self.running)
 
     async def until_done(self) -> None:
+        loop = asyncio.get_running_loop()
         receiving: asyncio.Task[list[Any]] | None = None
         deleting: list[str] = []  # the receipts the pending receive deletes first
         drained = False  # the last receive found nothing
+        call_ended = True  # a slot came free since the last receive (the event's own count too)
+        received_at = -math.inf
         while True:
             limit = self.free()
-            # Once the queue is drained and no call runs, the invocation is done; while calls
-            # run, a long poll waits for what arrives meanwhile.
-            if receiving is None and limit > 0 and not (drained and not self.running):
-                wait_s = RECEIVE_WAIT_S if self.running else 0
+            due = call_ended or loop.time() - received_at >= RECHECK_S
+            # Once the queue is drained and no call runs, the invocation is done; a call that just
+            # ended has the queue looked at once more first.
+            done_here = drained and not self.running and not call_ended
+            if receiving is None and limit > 0 and due and not done_here:
                 deleting, self.handled = self.handled, []
-                receiving = asyncio.get_running_loop().create_task(
-                    asyncio.to_thread(self._delete_and_receive, deleting, limit, wait_s)
-                )
+                receiving = loop.create_task(asyncio.to_thread(self._delete_and_receive, deleting, limit))
+                received_at, call_ended = loop.time(), False
             waiting: set[asyncio.Task[Any]] = set(self.running)
             if receiving is not None:
                 waiting.add(receiving)
             if not waiting:
                 break
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            recheck_in = (
+                None
+                if receiving is not None or limit <= 0
+                else max(0.0, received_at + RECHECK_S - loop.time())
+            )
+            done, _ = await asyncio.wait(waiting, timeout=recheck_in, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is receiving:
                     receiving = None
@@ -125,14 +134,16 @@ class _Invocation:
                         self.start(record, from_event=False)
                 else:
                     self.ended(task)
+                    call_ended = True
         if self.handled:
             await asyncio.to_thread(self.slots.queue.delete_many, self.handled)
 
-    def _delete_and_receive(self, handled: list[str], limit: int, wait_s: int) -> list[Any]:
-        """In a thread: deletes what this invocation has handled, then receives up to `limit`."""
+    def _delete_and_receive(self, handled: list[str], limit: int) -> list[Any]:
+        """In a thread: deletes what this invocation has handled, then receives up to `limit`
+        (what is visible now: no wait)."""
         if handled:
             self.slots.queue.delete_many(handled)
-        return self.slots.queue.receive(limit, wait_s=wait_s)
+        return self.slots.queue.receive(limit)
 
     def _received(self, task: asyncio.Task[list[Any]], deleting: list[str]) -> list[SQSRecord]:
         """The messages a receive took, but not a copy of one running here (at-least-once
