@@ -45,6 +45,10 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("WorkerFunction", "bedrock:InvokeModelWithResponseStream", "*"): "LlmProvider=bedrock, streamed",
     ("WebhookFunction", "sqs:SendMessage", "llmtasks-local-WebhookDLQ"): "a delivery's last failure",
     ("WorkerFunction", "sqs:ChangeMessageVisibility", "*"): "a message whose lease is held elsewhere",
+    ("WorkerFunction", "sqs:DeleteMessage", "*"): (
+        "a message an invocation took from its queue itself (worker/call_slots.py): it deletes what"
+        " it handled; whether this workload's few tasks meet a refilling invocation is timing"
+    ),
     ("BatchFunction", "sqs:ChangeMessageVisibility", "*"): "a fan-out chunk whose batch is not stored yet",
 }
 # What the SAM policy template used here expands to (SAM's policy_templates.json).

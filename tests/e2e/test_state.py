@@ -48,7 +48,7 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
         "--grace",
         "30",
         "--parameter-overrides",
-        "WorkerMaxConcurrency=2 WorkerBatchingWindowSeconds=0",
+        "WorkerMaxConcurrency=2 WorkerCallSlots=2 WorkerBatchingWindowSeconds=0",
     )
     env = {"LLM_BASE_URL": url}
     first = start_stack(*args, env=env)

@@ -48,6 +48,11 @@ class LocalLambdaContext:
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
+    def cut_to(self, deadline: float) -> None:
+        """A stop gives the invocation until `deadline` (monotonic) to finish: its remaining
+        time says so, and so it takes no new work it could not finish (the worker's refill)."""
+        self._deadline = min(self._deadline, deadline)
+
 
 @dataclass(frozen=True)
 class Invocation:
@@ -141,6 +146,7 @@ class FunctionRuntime:
         self._idle: list[_Sandbox] = []
         self._count = 0
         self._available = threading.Condition()
+        self._live: set[LocalLambdaContext] = set()  # the contexts of invocations in flight
 
     def _acquire(self) -> _Sandbox:
         with self._available:
@@ -162,6 +168,11 @@ class FunctionRuntime:
                 sandbox.retire()
             self._available.notify()
 
+    def cut_to(self, deadline: float) -> None:
+        """The invocations in flight have until `deadline` (monotonic): a stop's grace."""
+        for context in list(self._live):
+            context.cut_to(deadline)
+
     def close(self) -> None:
         """Ends the idle sandboxes' threads (a busy one ends after its invocation)."""
         with self._available:
@@ -177,6 +188,7 @@ class FunctionRuntime:
         if self.report:
             print(f"START RequestId: {context.aws_request_id} Version: $LATEST", flush=True)
         future = sandbox.submit(event, context)
+        self._live.add(context)
         try:
             payload = future.result(timeout=self.spec.timeout_s)
         except TimeoutError:
@@ -188,6 +200,7 @@ class FunctionRuntime:
         else:
             self._release(sandbox, healthy=True)
             invocation = Invocation(payload=payload)
+        self._live.discard(context)
         invocation = dataclasses.replace(invocation, duration_s=time.monotonic() - started)
         if self.report:
             print(f"END RequestId: {context.aws_request_id}", flush=True)

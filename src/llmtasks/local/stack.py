@@ -379,6 +379,8 @@ class LocalStack:
             self._server.should_exit = True
         # Pollers first (each finishes the invocation it is in), then the endpoint they talk to.
         give_up = time.monotonic() + (self.options.grace_s if grace_s is None else grace_s)
+        for runtime in self.runtimes.values():
+            runtime.cut_to(give_up)  # what is in flight has the grace: the worker takes no more
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < give_up and not self.hurry.is_set():
                 thread.join(timeout=0.2)
