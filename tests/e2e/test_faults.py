@@ -32,7 +32,15 @@ POISONED = 3
 POISON = "poison-pill"
 TERMINAL = ("completed", "failed", "cancelled")
 FAULTS = {"crash_rate": 0.05, "duplicate_rate": 0.05, "poison": POISON}
-LLM_FAULTS = {"rate_500": 0.2, "rate_429": 0.1, "retry_after_s": 1, "rate_hang": 0.02, "hang_s": 3600}
+# Calls of 1.5 s: past call_slots.RECHECK_S, so invocations take more messages as calls end.
+LLM_FAULTS = {
+    "latency_s": 1.5,
+    "rate_500": 0.2,
+    "rate_429": 0.1,
+    "retry_after_s": 1,
+    "rate_hang": 0.02,
+    "hang_s": 3600,
+}
 
 
 @pytest.fixture(scope="module")

@@ -163,17 +163,29 @@ def test_sqs_batching_window_gathers_a_trickle_into_one_batch(remote: dict[str, 
     assert receives["r"] <= 1 + 4  # a receive a quarter second at most, not one per message
 
 
+def held_poller(
+    remote: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    messages: int,
+    hold_s: float,
+    **source: Any,
+) -> tuple[SqsPoller, threading.Event]:
+    """A poller of WebhookQueue holding `messages` messages, into a recorder that holds each
+    invocation `hold_s`; and the event that stops it."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, *[f"m{i}" for i in range(messages)])
+    monkeypatch.setenv("HOLD_S", str(hold_s))
+    stop = threading.Event()
+    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER, timeout_s=5), concurrency=20)
+    return SqsPoller(SqsSource("F", "S", arn, **source), runtime, remote["sqs"], url, stop), stop
+
+
 def test_sqs_maximum_concurrency_caps_invocations_each_with_its_own_batch(
     remote: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ScalingConfig.MaximumConcurrency: at most that many invocations at once, each with a batch of its own."""
-    url, arn = queue(remote, "WebhookQueue")
-    send(remote, url, *[f"m{i}" for i in range(12)])
-    monkeypatch.setenv("HOLD_S", "0.6")
-    stop = threading.Event()
-    source = SqsSource("F", "S", arn, batch_size=2, maximum_concurrency=3)
-    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER, timeout_s=5), concurrency=10)
-    poller = SqsPoller(source, runtime, remote["sqs"], url, stop)
+    poller, stop = held_poller(remote, tmp_path, monkeypatch, 12, 0.6, batch_size=2, maximum_concurrency=3)
     assert len(poller.threads) == 3
     run_pollers(poller, stop, lambda: sum(c["n"] for c in calls_of(tmp_path)) == 12)
     calls = calls_of(tmp_path)
@@ -190,13 +202,7 @@ def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_
     """Lambda's scaling of a standard queue: five concurrent batches when messages are available,
     up to 300 more a minute while messages remain (capped by MaximumConcurrency), back to five
     when the queue is drained."""
-    url, arn = queue(remote, "WebhookQueue")
-    send(remote, url, *[f"m{i}" for i in range(60)])
-    monkeypatch.setenv("HOLD_S", "1.0")
-    stop = threading.Event()
-    source = SqsSource("F", "S", arn, batch_size=1, maximum_concurrency=12)
-    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER, timeout_s=5), concurrency=20)
-    poller = SqsPoller(source, runtime, remote["sqs"], url, stop)
+    poller, stop = held_poller(remote, tmp_path, monkeypatch, 60, 1.0, batch_size=1, maximum_concurrency=12)
     assert poller.active == 5
     seen: set[int] = set()
     watching = threading.Event()

@@ -31,11 +31,17 @@ class Context:
         return int(self.remaining_s * 1000)
 
 
-class Recorder:
-    """A record handler: counts what it runs and how many at once; `behave` picks an outcome."""
+# Longer than call_slots.RECHECK_S: an invocation whose calls last this long refills.
+LONG_S = 1.2
 
-    def __init__(self, pause_s: float = 0.05, behave: Any = None) -> None:
+
+class Recorder:
+    """A record handler: counts what it runs and how many at once; `behave` picks an outcome.
+    The bodies in `long` take LONG_S, the others `pause_s`."""
+
+    def __init__(self, pause_s: float = 0.05, behave: Any = None, long: tuple[str, ...] = ()) -> None:
         self.pause_s = pause_s
+        self.long = long
         self.behave = behave or (lambda _body: None)
         self.ran: Counter[str] = Counter()
         self.in_flight = 0
@@ -46,7 +52,7 @@ class Recorder:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.pause_s)  # a call's time: the others must overlap it
+            await asyncio.sleep(LONG_S if record.body in self.long else self.pause_s)  # a call's time
             self.behave(record.body)
         finally:
             self.in_flight -= 1
@@ -86,7 +92,7 @@ def in_queue(aws: Aws) -> dict[str, str]:
 def test_an_invocation_runs_what_waits_in_the_queue_at_most_its_slots_at_once(aws: Aws, queue: Queue) -> None:
     send(queue, *(f"m{i}" for i in range(22)))
     event = event_of(aws, 2)
-    recorder = Recorder()
+    recorder = Recorder(long=("m0", "m1"))  # the event's two outlast a second
     receives: list[dict[str, Any]] = []
     aws.sqs.meta.events.register(
         "provide-client-params.sqs.ReceiveMessage", lambda params, **_: receives.append(dict(params))
@@ -108,11 +114,25 @@ def test_an_invocation_whose_time_left_cannot_hold_a_whole_call_takes_nothing_mo
 ) -> None:
     send(queue, *(f"m{i}" for i in range(5)))
     event = event_of(aws, 2)
-    recorder = Recorder()
+    recorder = Recorder(long=("m0", "m1"))
     reply = keep_slots_full(event, Context(609), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
     assert reply == {"batchItemFailures": []}
     assert sum(recorder.ran.values()) == 2  # the event's records only
     # The event's two are the event source's to delete; the rest wait for another invocation.
+    assert in_queue(aws) == {"visible": "3", "in flight": "2"}
+
+
+def test_calls_shorter_than_a_second_leave_the_queue_to_the_event_source(aws: Aws, queue: Queue) -> None:
+    """Short calls gain nothing from a refill: the invocation ends with its batch, having made no
+    receive (the event source's next batch costs what this one did)."""
+    send(queue, *(f"m{i}" for i in range(5)))
+    event = event_of(aws, 2)
+    receives: list[str] = []
+    aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", lambda **_: receives.append("r"))
+    recorder = Recorder()
+    keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert sum(recorder.ran.values()) == 2
+    assert receives == []
     assert in_queue(aws) == {"visible": "3", "in flight": "2"}
 
 
@@ -124,7 +144,7 @@ def test_a_message_that_arrives_while_calls_run_starts_in_the_same_invocation(aw
         if body == "first":
             send(queue, "late")  # sent while this invocation still runs a call
 
-    recorder = Recorder(pause_s=0.3, behave=behave)
+    recorder = Recorder(behave=behave, long=("first",))
     keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
     assert recorder.ran == Counter({"first": 1, "late": 1})
     assert in_queue(aws) == {"visible": "0", "in flight": "1"}  # the event's, for the event source
@@ -144,7 +164,7 @@ def test_own_messages_follow_the_event_source_s_rules_when_they_fail(aws: Aws, q
         if body == "later":
             raise RetryLater(1, "not yet")
 
-    recorder = Recorder(behave=behave)
+    recorder = Recorder(behave=behave, long=("event-fails",))
     reply = keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
     assert reply == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
     # "later" may come back within this invocation once its second passes: at least once, then again.
@@ -163,7 +183,7 @@ def test_a_copy_of_a_message_running_here_is_not_run_twice(aws: Aws, queue: Queu
     receipt = event["Records"][0]["receiptHandle"]
     # At-least-once delivery: the same message visible again while this invocation runs it.
     aws.sqs.change_message_visibility(QueueUrl=queue.url, ReceiptHandle=receipt, VisibilityTimeout=0)
-    recorder = Recorder(pause_s=0.3)
+    recorder = Recorder(long=("once",))
     keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
     assert recorder.ran == Counter({"once": 1})
 
@@ -172,7 +192,7 @@ def test_a_queue_that_cannot_be_read_still_lets_the_event_s_records_finish(aws: 
     gone = Queue(aws.queue_url("TaskQueue") + "-gone", aws.sqs)
     send(Queue(aws.queue_url("TaskQueue"), aws.sqs), "a", "b")
     event = event_of(aws, 2)
-    recorder = Recorder()
+    recorder = Recorder(long=("a", "b"))  # past the first second: the invocation tries to refill
     reply = keep_slots_full(event, Context(900), recorder, CallSlots(gone, slots=10, min_remaining_s=610))
     assert reply == {"batchItemFailures": []}
     assert recorder.ran == Counter({"a": 1, "b": 1})
@@ -183,7 +203,7 @@ def test_the_worker_keeps_ten_calls_at_the_provider_while_tasks_wait(
 ) -> None:
     """Through the worker with the template's ten slots: one record in the event, 25 tasks in
     the queue; the invocation runs them all, ten at once, each task once."""
-    mock_llm.configure(latency_s=0.3)
+    mock_llm.configure(latency_s=LONG_S)
     ids = [worker.submit(f"slot {i}") for i in range(25)]
     [first, *_] = worker.aws.sqs.receive_message(
         QueueUrl=worker.queue.url, MaxNumberOfMessages=1, MessageSystemAttributeNames=["All"]
@@ -201,7 +221,7 @@ def test_a_retry_the_worker_scheduled_runs_in_the_same_invocation_once_due(
 ) -> None:
     """A transient error sends the task's retry message with its delay (0 s here): an invocation
     still holding calls takes it and the task completes, the first message done with."""
-    mock_llm.configure(latency_s=0.3, rate_500=0.5, seed=7)
+    mock_llm.configure(latency_s=LONG_S, rate_500=0.5, seed=7)
     ids = [worker.submit(f"flaky {i}") for i in range(10)]
     reply = worker.run(worker.queued(), worker_call_slots=10)
     assert reply == {"batchItemFailures": []}

@@ -19,7 +19,6 @@ event's own records are reported in `batchItemFailures`, as before.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -35,8 +34,9 @@ from llmtasks.observability import logger
 from llmtasks.records import each_message_once, sqs_record
 
 # While calls run and slots are free, the queue is looked at this often (and at once whenever a
-# call ends). Short receives, not long polls: a long poll still waiting when the last call ends
-# would keep the invocation, and its bill, running until it returns; a short one never does.
+# call ends), from this long after the invocation began. Short receives, not long polls: a long
+# poll still waiting when the last call ends would keep the invocation, and its bill, running
+# until it returns; a short one never does.
 RECHECK_S = 1.0
 
 T = TypeVar("T")
@@ -102,28 +102,31 @@ class _Invocation:
         receiving: asyncio.Task[list[Any]] | None = None
         deleting: list[str] = []  # the receipts the pending receive deletes first
         drained = False  # the last receive found nothing
-        call_ended = True  # a slot came free since the last receive (the event's own count too)
-        received_at = -math.inf
+        call_ended = False  # a slot came free since the last receive
+        # The event source has just looked at the queue: this invocation's first look is a
+        # RECHECK_S away. Calls shorter than that never refill: the event source's batches serve
+        # them at no receive more.
+        started = received_at = loop.time()
         while True:
             limit = self.free()
-            due = call_ended or loop.time() - received_at >= RECHECK_S
-            # Once the queue is drained and no call runs, the invocation is done; a call that just
-            # ended has the queue looked at once more first.
-            done_here = drained and not self.running and not call_ended
-            if receiving is None and limit > 0 and due and not done_here:
+            now = loop.time()
+            warm = now - started >= RECHECK_S
+            due = warm and (call_ended or now - received_at >= RECHECK_S)
+            # With no call running, the invocation is done, unless a call that ran past the first
+            # second just ended: then the queue is looked at once more.
+            finished = not self.running and (not warm or (drained and not call_ended))
+            if receiving is None and limit > 0 and due and not finished:
                 deleting, self.handled = self.handled, []
                 receiving = loop.create_task(asyncio.to_thread(self._delete_and_receive, deleting, limit))
-                received_at, call_ended = loop.time(), False
+                received_at, call_ended = now, False
             waiting: set[asyncio.Task[Any]] = set(self.running)
             if receiving is not None:
                 waiting.add(receiving)
             if not waiting:
                 break
-            recheck_in = (
-                None
-                if receiving is not None or limit <= 0
-                else max(0.0, received_at + RECHECK_S - loop.time())
-            )
+            recheck_in = None
+            if receiving is None and limit > 0:
+                recheck_in = max(0.0, max(started, received_at) + RECHECK_S - loop.time())
             done, _ = await asyncio.wait(waiting, timeout=recheck_in, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is receiving:
