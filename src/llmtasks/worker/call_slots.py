@@ -8,7 +8,7 @@ waits in the queue. So the worker does what a Celery thread does: as each call e
 next message from the queue itself (receiving at most its free slots), as long as the invocation's
 remaining time can hold a whole call, and returns when its calls are done and the queue has
 nothing more for it. One invocation waiting on ten calls bills once; ten invocations would bill
-ten times.
+ten times. Calls shorter than a second never refill: the event source serves them as well.
 
 Messages it received itself keep the event source's rules, applied here: deleted once handled,
 made visible after RetryLater's delay, and left in flight when their handler fails, so that they
