@@ -141,6 +141,9 @@ def drive(stack: RunningStack) -> None:
         client.get("/tasks", params={"limit": 5})
         for i in range(3):  # the third is refused: the ended ones are looked up and released
             limited.post("/tasks", json={"prompt": f"capped {i}"})
+        # A call past a second: its invocation looks at its queue for more (worker/call_slots.py)
+        slow = client.post("/tasks", json={"prompt": "a call past a second"}).json()
+        wait_terminal(client, slow["task_id"])
         stack.configure_mock(latency_s=0)
         items = {"items": [{"prompt": "b1"}, {"prompt": "b2"}], "webhook_url": receiver + "/hook"}
         batch = client.post("/batches", json=items, headers={"Idempotency-Key": "iam-batch"}).json()
