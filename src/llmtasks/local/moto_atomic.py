@@ -5,7 +5,7 @@ as separate steps with no lock, so two threads (the moto server serves each requ
 thread; the unit tests run sandboxes in threads too) can both pass a condition only one of them
 should, or both be told the same old value. The task lease and the LLM call pace rely on that
 atomicity. `install()` serialises moto's handling of each DynamoDB write request behind one lock,
-in whatever process runs moto.
+in whatever process runs moto, and of each item read, which DynamoDB answers whole.
 
 It also makes TransactWriteItems cost what it costs in DynamoDB: moto deep-copies every table a
 transaction touches, once per action, to roll back a refused one, so one 50-action transaction
@@ -49,6 +49,9 @@ from moto.dynamodb.responses import DynamoHandler
 from moto.sqs.models import Queue, SQSBackend
 
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
+# Item reads take the same lock: moto applies an UpdateItem's SETs to the stored item one by one,
+# so a GetItem between them saw a task `completed` without its result (a CI run's README check).
+_ITEM_READS = ("get_item", "batch_get_item", "transact_get_items")
 _lock = threading.RLock()
 _SQS_MESSAGE_OPERATIONS = (
     "send_message",
@@ -238,7 +241,7 @@ def install() -> None:
     """Idempotent; must run before moto handles the first request."""
     if DynamoDBBackend.transact_write_items is not transact_write_items:
         DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
-    for name in _WRITES:
+    for name in (*_WRITES, *_ITEM_READS):
         write = getattr(DynamoHandler, name, None)
         if write is not None and not getattr(write, "__llmtasks_atomic__", False):
             setattr(DynamoHandler, name, _atomic(write))
