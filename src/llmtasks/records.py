@@ -8,6 +8,7 @@ comes twice in one batch runs once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -59,19 +60,28 @@ def process_sqs_concurrently(
     handle: Callable[[SQSRecord], Awaitable[None]],
     queue: Queue,
 ) -> PartialItemFailureResponse:
-    async def record_handler(record: SQSRecord) -> None:
-        try:
-            await handle(record)
-        except RetryLater as later:
-            queue.retry_later(record.receipt_handle, later.delay_s)
-            raise
-
     event = each_message_once(event)
     # A processor per invocation: it holds the batch's state, and the local stack may run several
     # invocations of one function at once. A batch whose records all failed is still a partial
     # response, not an exception, so the delays set above stand.
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-    return async_process_partial_response(event, record_handler, processor, context)
+    return async_process_partial_response(event, pushing_retries_out(handle, queue), processor, context)
+
+
+def pushing_retries_out(
+    handle: Callable[[SQSRecord], Awaitable[None]], queue: Queue
+) -> Callable[[SQSRecord], Awaitable[None]]:
+    """`handle`, with a RetryLater first pushing its message's next delivery out to the wanted
+    delay (then raised: the record failed)."""
+
+    async def record_handler(record: SQSRecord) -> None:
+        try:
+            await handle(record)
+        except RetryLater as later:
+            await asyncio.to_thread(queue.retry_later, record.receipt_handle, later.delay_s)
+            raise
+
+    return record_handler
 
 
 def each_message_once(event: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from moto.events.models import EventPattern, EventPatternParser
 
+from llmtasks.aws.queues import Queue
 from llmtasks.local.errors import EXIT_FAILED, ToolError
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.template import PSEUDO_PARAMETERS, SqsSource, StreamSource
@@ -69,6 +70,7 @@ class SqsPoller:
         self._runtime = runtime
         self._sqs = sqs
         self._queue_url = queue_url
+        self._queue = Queue(queue_url, sqs)  # receives and deletes as the worker's refill makes them
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
         self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
@@ -87,14 +89,7 @@ class SqsPoller:
             thread.start()
 
     def _receive(self, limit: int, wait_s: float) -> list[MessageTypeDef]:
-        reply = self._sqs.receive_message(
-            QueueUrl=self._queue_url,
-            MaxNumberOfMessages=max(1, min(10, limit)),
-            WaitTimeSeconds=max(0, min(20, math.ceil(wait_s))),
-            MessageSystemAttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
-        return list(reply.get("Messages") or [])
+        return self._queue.receive(limit, wait_s=math.ceil(wait_s))
 
     def next_batch(self) -> list[MessageTypeDef]:
         """Up to BatchSize messages, waiting up to MaximumBatchingWindowInSeconds to fill it.
@@ -166,12 +161,7 @@ class SqsPoller:
         ids = [r["messageId"] for r in records]
         keep = failed_ids(invocation, report_failures=self.source.report_batch_item_failures, all_ids=ids)
         done = [r for r in records if r["messageId"] not in keep]
-        for start in range(0, len(done), 10):
-            chunk = done[start : start + 10]
-            self._sqs.delete_message_batch(
-                QueueUrl=self._queue_url,
-                Entries=[{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(chunk)],
-            )
+        self._queue.delete_many([r["receiptHandle"] for r in done])
         return invocation
 
     def release_in_flight(self) -> int:

@@ -31,7 +31,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
-from llmtasks.records import each_message_once, sqs_record
+from llmtasks.records import each_message_once, pushing_retries_out, sqs_record
 
 # While calls run and slots are free, the queue is looked at this often (and at once whenever a
 # call ends), from this long after the invocation began. Short receives, not long polls: a long
@@ -70,15 +70,8 @@ class _Invocation:
     taking: bool = True  # False once the queue could not be read: nothing more is taken
 
     def start(self, record: SQSRecord, *, from_event: bool) -> None:
-        task = asyncio.get_running_loop().create_task(self.run(record))
+        task: asyncio.Task[None] = asyncio.ensure_future(self.handle(record))
         self.running[task] = _Running(record, from_event)
-
-    async def run(self, record: SQSRecord) -> None:
-        try:
-            await self.handle(record)
-        except RetryLater as later:
-            await asyncio.to_thread(self.slots.queue.retry_later, record.receipt_handle, later.delay_s)
-            raise
 
     def ended(self, task: asyncio.Task[None]) -> None:
         running = self.running.pop(task)
@@ -181,7 +174,12 @@ def keep_slots_full(
     event's records that failed are in the reply's batchItemFailures."""
     records = each_message_once(event).get("Records") or []
     queue_arn = str(records[0].get("eventSourceARN", "")) if records else ""
-    invocation = _Invocation(handle, slots, lambda: context.get_remaining_time_in_millis() / 1000, queue_arn)
+    invocation = _Invocation(
+        pushing_retries_out(handle, slots.queue),
+        slots,
+        lambda: context.get_remaining_time_in_millis() / 1000,
+        queue_arn,
+    )
 
     async def run_all() -> None:
         for record in records:
