@@ -13,7 +13,7 @@ import pytest
 from moto import mock_aws
 
 from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
-from llmtasks.local import moto_atomic, moto_redrive
+from llmtasks.local import moto_atomic, moto_fair, moto_redrive
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import LocalLambdaContext, load_handler
 from llmtasks.local.template import FunctionSpec, Template
@@ -23,6 +23,7 @@ from tests.helpers import TEMPLATE, WebhookReceiver, serve
 # The in-process moto gets the redrive API the local stack's moto server has.
 moto_redrive.install()
 moto_atomic.install()
+moto_fair.install()
 
 
 @dataclass

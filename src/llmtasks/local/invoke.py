@@ -106,10 +106,11 @@ def _backend(endpoint_url: str | None) -> Iterator[dict[str, str]]:
         return
     from moto import mock_aws
 
-    from llmtasks.local import moto_atomic, moto_redrive
+    from llmtasks.local import moto_atomic, moto_fair, moto_redrive
 
     moto_atomic.install()
     moto_redrive.install()
+    moto_fair.install()
     # Never a real account's credentials, even by mistake.
     local = aws | {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     with _environment(local), mock_aws():

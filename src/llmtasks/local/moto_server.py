@@ -199,13 +199,14 @@ def _open_state(directory: Path, report_file: Path | None) -> DurableState:
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
-    from llmtasks.local import moto_atomic, moto_redrive, moto_state
+    from llmtasks.local import moto_atomic, moto_fair, moto_redrive, moto_state
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _option(args, "--state-dir"), _option(args, "--report-file")
     moto_redrive.install()
     moto_atomic.install()
     moto_state.install()
+    moto_fair.install()
     _install_backend_cache()
     _serve_lightly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
