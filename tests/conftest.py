@@ -115,6 +115,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
     return Settings(
         tasks_table_name=aws.resources.table_names["TasksTable"],
         task_queue_url=aws.queue_url("TaskQueue"),
+        high_task_queue_url=aws.queue_url("HighTaskQueue"),
         batch_task_queue_url=aws.queue_url("BatchTaskQueue"),
         batch_fanout_queue_url=aws.queue_url("BatchFanoutQueue"),
         webhook_queue_url=aws.queue_url("WebhookQueue"),

@@ -20,9 +20,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
+from llmtasks.domain.rules import Lane
 from llmtasks.local.launcher import free_port
 from llmtasks.local.template import FunctionSpec
 from llmtasks.settings import Settings
@@ -207,3 +209,14 @@ def endpoint_or_moto(variable: str) -> Iterator[str]:
 def blobs(settings: Settings) -> ResultBlobs:
     """The results bucket's adapter, as wiring builds it, for services the tests build."""
     return ResultBlobs(settings.results_bucket)
+
+
+def task_lanes(settings: Settings, sqs: Any, *, normal: Queue | None = None) -> TaskLanes:
+    """The task queues by lane, as wiring builds them; `normal` stands in for TaskQueue's."""
+    return TaskLanes(
+        {
+            Lane.NORMAL: normal or Queue(settings.task_queue_url, sqs),
+            Lane.HIGH: Queue(settings.high_task_queue_url, sqs),
+            Lane.BACKGROUND: Queue(settings.batch_task_queue_url, sqs),
+        }
+    )

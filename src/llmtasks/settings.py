@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     # Resources (template.yaml: Globals.Function.Environment)
     tasks_table_name: str = Field(min_length=1)
     task_queue_url: str = Field(min_length=1)
+    # High-priority tasks run from a queue of their own, with invocations kept for them.
+    high_task_queue_url: str = Field(min_length=1)
     # Batch items run from a queue of their own, so a batch never holds up single tasks.
     batch_task_queue_url: str = Field(min_length=1)
     batch_fanout_queue_url: str = Field(min_length=1)
@@ -84,6 +86,9 @@ class Settings(BaseSettings):
     # its queue itself while its time left can hold a whole call (template: WorkerCallSlots);
     # 0 runs only the records the event source hands it.
     worker_call_slots: int = Field(default=10, ge=0, le=100)
+    # LLM calls one tenant may have running at once (template: TenantMaxRunning); 0 is no cap
+    # beyond an API key's own max_running. Counted in LimitsTable.
+    tenant_max_running: int = Field(default=0, ge=0)
     # While a call streams, its text so far is written to the task at most this often (and
     # readers see `partial_result`); 0 turns streaming off (one write fewer per interval).
     progress_interval_s: float = Field(default=2.0, ge=0)

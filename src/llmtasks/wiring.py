@@ -18,9 +18,10 @@ from llmtasks.aws.batch_store import BatchCancellations, BatchStore
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.pacing import CallPacer
-from llmtasks.aws.queues import Queue, queue_name
+from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.rules import Lane
 from llmtasks.llm import provider_from_settings
 from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService
 from llmtasks.services.tasks import TaskService
@@ -64,23 +65,26 @@ def task_store() -> TaskStore:
     return TaskStore(get_settings().tasks_table_name, dynamodb())
 
 
-def task_queue() -> Queue:
-    return Queue(get_settings().task_queue_url, sqs())
-
-
-def batch_task_queue() -> Queue:
-    return Queue(get_settings().batch_task_queue_url, sqs())
+@lru_cache(maxsize=1)
+def task_lanes() -> TaskLanes:
+    settings = get_settings()
+    return TaskLanes(
+        {
+            Lane.NORMAL: Queue(settings.task_queue_url, sqs()),
+            Lane.HIGH: Queue(settings.high_task_queue_url, sqs()),
+            Lane.BACKGROUND: Queue(settings.batch_task_queue_url, sqs()),
+        }
+    )
 
 
 def worker_queue(event: dict[str, Any]) -> Queue:
-    """The queue an SQS event's records came from: TaskQueue or BatchTaskQueue."""
+    """The lane's queue an SQS event's records came from."""
     records = event.get("Records") or [{}]
-    batch = batch_task_queue()
-    return (
-        batch
-        if queue_name(str(records[0].get("eventSourceARN", ""))) == queue_name(batch.url)
-        else task_queue()
-    )
+    source = str(records[0].get("eventSourceARN", ""))
+    queue = task_lanes().of_source(source)
+    if queue is None:
+        raise RuntimeError(f"WorkerFunction is not subscribed to {source!r}: no lane's queue has that name")
+    return queue
 
 
 def worker_call_slots() -> int:
@@ -115,7 +119,7 @@ def task_service() -> TaskService:
     return TaskService(
         settings,
         task_store(),
-        task_queue(),
+        task_lanes(),
         results=result_blobs(),
         idempotency=idempotency_keys(),
         limits=key_limits(),
@@ -138,9 +142,7 @@ def batch_service() -> BatchService:
 
 @lru_cache(maxsize=1)
 def batch_fanout() -> BatchFanout:
-    return BatchFanout(
-        get_settings(), task_store(), batch_store(), batch_task_queue(), results=result_blobs()
-    )
+    return BatchFanout(get_settings(), task_store(), batch_store(), task_lanes(), results=result_blobs())
 
 
 @lru_cache(maxsize=1)
@@ -171,11 +173,10 @@ def task_runner() -> TaskRunner:
     return TaskRunner(
         settings,
         task_store(),
-        task_queue(),
+        task_lanes(),
         provider_from_settings(settings),
         results=result_blobs(),
         pacer=pacer,
-        batch_task_queue=batch_task_queue(),
         cancellations=BatchCancellations(batch_store()),
     )
 

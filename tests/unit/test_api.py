@@ -23,7 +23,7 @@ from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from tests.conftest import Aws
-from tests.helpers import blobs, load_event
+from tests.helpers import blobs, load_event, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -94,7 +94,7 @@ def task_service(aws: Aws, settings: Settings, queue: Queue | None = None) -> Ta
     return TaskService(
         settings,
         TaskStore(settings.tasks_table_name, aws.dynamodb),
-        queue or Queue(settings.task_queue_url, aws.sqs),
+        task_lanes(settings, aws.sqs, normal=queue),
         idempotency=IdempotencyKeys(persistence, ttl_s=settings.idempotency_ttl_s),
         results=blobs(settings),
     )
@@ -297,7 +297,13 @@ def test_when_the_queue_refuses_nothing_is_stored_and_the_client_is_told_to_retr
 ) -> None:
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)
     broken_queue = Queue(settings.task_queue_url + "-gone", aws.sqs)
-    api = Api(aws, handler, TaskService(settings, store, broken_queue, results=blobs(settings)))
+    api = Api(
+        aws,
+        handler,
+        TaskService(
+            settings, store, task_lanes(settings, aws.sqs, normal=broken_queue), results=blobs(settings)
+        ),
+    )
     reply = api.call("POST", "/tasks", {"prompt": "hi"})
     problem = assert_problem(reply, 503)
     assert "Retry" in problem["detail"]
@@ -333,7 +339,7 @@ def test_when_the_table_refuses_the_client_is_told_to_retry_and_no_task_exists(
     api = Api(
         aws,
         handler,
-        TaskService(settings, broken_store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)),
+        TaskService(settings, broken_store, task_lanes(settings, aws.sqs), results=blobs(settings)),
     )
     assert_problem(api.call("POST", "/tasks", {"prompt": "hi"}), 503)
     assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
@@ -379,8 +385,9 @@ def test_unusual_but_storable_metadata_is_echoed_back_exactly(api: Api) -> None:
 def api_without_a_table(aws: Aws, handler: Any, settings: Settings) -> Api:
     """The API on a tasks table that does not exist: every read and write of it fails."""
     store = TaskStore("no-such-table", aws.dynamodb)
-    queue = Queue(settings.task_queue_url, aws.sqs)
-    return Api(aws, handler, TaskService(settings, store, queue, results=blobs(settings)))
+    return Api(
+        aws, handler, TaskService(settings, store, task_lanes(settings, aws.sqs), results=blobs(settings))
+    )
 
 
 def test_a_failing_table_is_a_503_problem_with_retry_after_not_a_500(
@@ -440,7 +447,7 @@ def test_an_expired_task_not_yet_deleted_is_a_404_and_is_not_listed(api: Api, se
     then = TaskService(
         settings,
         TaskStore(settings.tasks_table_name, api.aws.dynamodb),
-        Queue(settings.task_queue_url, api.aws.sqs),
+        task_lanes(settings, api.aws.sqs),
         clock=lambda: time.time() - ttl - 60,
         results=blobs(settings),
     )
@@ -551,10 +558,10 @@ class HeldQueue(Queue):
         super().__init__(url, sqs)
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def send(self, body: Any, *, delay_s: float = 0, trace_header: str | None = None) -> str:
+    def send(self, body: Any, **options: Any) -> str:
         self.entered.set()
         assert self.release.wait(timeout=30)
-        return super().send(body, delay_s=delay_s, trace_header=trace_header)
+        return super().send(body, **options)
 
 
 def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, settings: Settings) -> None:

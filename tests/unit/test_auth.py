@@ -12,7 +12,6 @@ from botocore.exceptions import EndpointConnectionError
 from llmtasks.aws.apikeys import ApiKeys, presented_key
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
-from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import BatchStatus
 from llmtasks.domain.errors import InvalidInput, TooManyRequests
@@ -20,7 +19,7 @@ from llmtasks.domain.models import Lease, SubmitTaskRequest, TaskStatus
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from tests.conftest import Aws
-from tests.helpers import blobs, load_event, pending_task, stored_batch
+from tests.helpers import blobs, load_event, pending_task, stored_batch, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -156,7 +155,7 @@ def test_a_request_without_the_authorizer_s_tenant_is_a_401_problem_and_changes_
     aws: Aws, settings: Settings, handler: Any
 ) -> None:
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)
-    service = TaskService(settings, store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings))
+    service = TaskService(settings, store, task_lanes(settings, aws.sqs), results=blobs(settings))
     for verdict in (None, {}, {"refusal": "revoked"}):
         reply = submit_as(handler, service, verdict)
         assert reply["statusCode"] == 401
@@ -178,7 +177,7 @@ def test_a_key_s_requests_a_second_are_counted_per_second_and_refused_with_retry
     service = TaskService(
         settings,
         store,
-        Queue(settings.task_queue_url, aws.sqs),
+        task_lanes(settings, aws.sqs),
         results=blobs(settings),
         limits=limits(aws, settings, clock),
         clock=lambda: clock[0],
@@ -215,7 +214,7 @@ def test_a_key_s_tasks_in_flight_are_capped_until_some_end(aws: Aws, settings: S
     service = TaskService(
         settings,
         store,
-        Queue(settings.task_queue_url, aws.sqs),
+        task_lanes(settings, aws.sqs),
         results=blobs(settings),
         limits=limits(aws, settings, clock, ended),
         clock=lambda: clock[0],
@@ -313,7 +312,7 @@ def test_a_limits_table_that_fails_is_a_503_with_retry_after_and_nothing_runs(
     service = TaskService(
         settings,
         TaskStore(settings.tasks_table_name, aws.dynamodb),
-        Queue(settings.task_queue_url, aws.sqs),
+        task_lanes(settings, aws.sqs),
         results=blobs(settings),
         limits=KeyLimits(settings.limits_table_name, Down(), ended=lambda held, now: []),  # type: ignore[arg-type]
     )

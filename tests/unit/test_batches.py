@@ -30,7 +30,7 @@ from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from tests.conftest import Aws, RunningMock
-from tests.helpers import blobs, emf_records, eventually, load_event
+from tests.helpers import blobs, emf_records, eventually, load_event, task_lanes
 from tests.unit.test_api import Api, assert_problem, task_service
 
 pytestmark = pytest.mark.unit
@@ -62,9 +62,8 @@ class Rig:
         )
         self.api = Api(aws, handler, task_service(aws, settings), batches=self.service)
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
-        self.fanout = BatchFanout(
-            settings, self.store, self.batches, self.item_queue, results=blobs(settings)
-        )
+        self.lanes = task_lanes(settings, aws.sqs)
+        self.fanout = BatchFanout(settings, self.store, self.batches, self.lanes, results=blobs(settings))
         self.progress = BatchProgress(self.batches)
         self.worker_fn, self.worker_ctx = handler("WorkerFunction")
         self.webhook_fn, self.webhook_ctx = handler("WebhookFunction")
@@ -72,9 +71,8 @@ class Rig:
         self.runner = TaskRunner(
             settings,
             self.store,
-            Queue(settings.task_queue_url, aws.sqs),
+            self.lanes,
             llm,
-            batch_task_queue=self.item_queue,
             cancellations=BatchCancellations(self.batches, ttl_s=0),
             results=blobs(settings),
         )
@@ -448,7 +446,7 @@ def test_results_page_in_submission_order_and_as_json_lines(rig: Rig) -> None:
 
 
 def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Rig) -> None:
-    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.item_queue, results=blobs(rig.settings))
+    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.lanes, results=blobs(rig.settings))
     message = FanoutMessage(batch_id="e" * 32, chunk=0)
     with pytest.raises(RetryLater):
         fanout.handle(message, sent_at=time.time())

@@ -186,6 +186,8 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
         "TaskQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskQueue",
         "WebhookQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookQueue",
         "TaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-TaskDLQ",
+        "HighTaskQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-HighTaskQueue",
+        "HighTaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-HighTaskDLQ",
         "WebhookDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-WebhookDLQ",
         "BatchTaskQueueUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchTaskQueue",
         "BatchTaskDLQUrl": "https://sqs.us-east-1.amazonaws.com/1/prod-BatchTaskDLQ",
@@ -214,12 +216,14 @@ def test_a_deployed_stack_is_found_from_its_outputs() -> None:
         api_keys_table="prod-ApiKeysTable-1",
         queue_urls={
             "tasks": outputs["TaskQueueUrl"],
+            "high": outputs["HighTaskQueueUrl"],
             "batches": outputs["BatchTaskQueueUrl"],
             "fanout": outputs["BatchFanoutQueueUrl"],
             "webhooks": outputs["WebhookQueueUrl"],
         },
         dlq_urls={
             "tasks": outputs["TaskDLQUrl"],
+            "high": outputs["HighTaskDLQUrl"],
             "batches": outputs["BatchTaskDLQUrl"],
             "fanout": outputs["BatchFanoutDLQUrl"],
             "webhooks": outputs["WebhookDLQUrl"],

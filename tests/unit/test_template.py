@@ -158,13 +158,22 @@ def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
 
 def test_alarms_watch_the_dlqs_the_backlog_and_the_failed_task_rate(aws: Aws) -> None:
     alarms = aws.template.resources("AWS::CloudWatch::Alarm")
-    watched = {
-        (props.get("MetricName"), props["Dimensions"][0]["Value"]["Fn::GetAtt"][0])
+    # An alarm watches one metric (Dimensions) or several in metric math (Metrics' MetricStats).
+    metrics = [props for props in alarms.values() if "Dimensions" in props]
+    metrics += [
+        m["MetricStat"]["Metric"]
         for props in alarms.values()
-        if "Dimensions" in props
+        for m in props.get("Metrics", [])
+        if "MetricStat" in m
+    ]
+    watched = {
+        (metric.get("MetricName"), metric["Dimensions"][0]["Value"]["Fn::GetAtt"][0])
+        for metric in metrics
+        if metric.get("Dimensions") and "Fn::GetAtt" in metric["Dimensions"][0]["Value"]
     }
-    assert ("ApproximateNumberOfMessagesVisible", "TaskDLQ") in watched
-    assert ("ApproximateNumberOfMessagesVisible", "WebhookDLQ") in watched
+    dead_letter_queues = {name for name in aws.template.resources("AWS::SQS::Queue") if name.endswith("DLQ")}
+    assert {"TaskDLQ", "HighTaskDLQ", "WebhookDLQ"} <= dead_letter_queues
+    assert {("ApproximateNumberOfMessagesVisible", dlq) for dlq in dead_letter_queues} <= watched
     assert ("ApproximateAgeOfOldestMessage", "TaskQueue") in watched
     rate = alarms["FailedTaskRateAlarm"]["Metrics"]
     read = {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m}

@@ -39,7 +39,7 @@ from llmtasks.services.webhooks import (
 )
 from llmtasks.settings import Settings
 from tests.conftest import Aws
-from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event
+from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -229,7 +229,7 @@ def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores
     strict = settings.model_copy(update={"webhook_allowed_hosts": frozenset()})
     store = TaskStore(strict.tasks_table_name, aws.dynamodb)
     service = TaskService(
-        strict, store, Queue(strict.task_queue_url, aws.sqs), results=blobs(strict), resolve=resolver(address)
+        strict, store, task_lanes(strict, aws.sqs), results=blobs(strict), resolve=resolver(address)
     )
     submit, context = handler("SubmitFunction")
     event = load_event("submit_task.json")
@@ -297,7 +297,7 @@ class Hooks:
         self.settings = settings
         self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
         self.service = TaskService(
-            settings, self.store, Queue(settings.task_queue_url, aws.sqs), results=blobs(settings)
+            settings, self.store, task_lanes(settings, aws.sqs), results=blobs(settings)
         )
         self.webhook_queue = Queue(settings.webhook_queue_url, aws.sqs)
         self.fn, self.context = handler("WebhookFunction")
@@ -726,7 +726,7 @@ def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new_one(
     # Once the overlap is over, only the new secret signs
     overlap_over = hooks.settings.model_copy(update={"webhook_secret_overlap_s": 0})
     TaskService(
-        overlap_over, hooks.store, hooks.webhook_queue, results=blobs(overlap_over)
+        overlap_over, hooks.store, task_lanes(overlap_over, aws.sqs), results=blobs(overlap_over)
     ).rotate_webhook_secret("default")
     newest = hooks.secret()
     hooks.finish_task("after the overlap")

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from llmtasks.aws.pacing import CallPacer
-from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
+from llmtasks.domain.rules import Lane
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
@@ -27,9 +27,12 @@ from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import blobs, emf_records, free_port, pending_task
+from tests.helpers import blobs, emf_records, free_port, pending_task, task_lanes
 
 pytestmark = pytest.mark.unit
+
+
+LANE_QUEUES = {Lane.NORMAL: "TaskQueue", Lane.HIGH: "HighTaskQueue", Lane.BACKGROUND: "BatchTaskQueue"}
 
 
 class Worker:
@@ -37,8 +40,9 @@ class Worker:
         self.aws = aws
         self.settings = settings
         self.store = TaskStore(settings.tasks_table_name, aws.dynamodb)
-        self.queue = Queue(settings.task_queue_url, aws.sqs)
-        self.service = TaskService(settings, self.store, self.queue, results=blobs(settings))
+        self.lanes = task_lanes(settings, aws.sqs)
+        self.queue = self.lanes[Lane.NORMAL]
+        self.service = TaskService(settings, self.store, self.lanes, results=blobs(settings))
         self.fn, self.context = handler("WorkerFunction")
         self.llm_url = mock_llm.url
         self.clock = time.time
@@ -54,27 +58,29 @@ class Worker:
             base_url=overrides.get("llm_base_url", self.llm_url), api_key=None, default_model="mock-model"
         )
         return TaskRunner(
-            settings, self.store, self.queue, llm, clock=self.clock, pacer=pacer, results=blobs(settings)
+            settings, self.store, self.lanes, llm, clock=self.clock, pacer=pacer, results=blobs(settings)
         )
 
-    def queued(self) -> list[dict[str, Any]]:
-        return self.aws.messages("TaskQueue")
+    def queued(self, lane: Lane = Lane.NORMAL) -> list[dict[str, Any]]:
+        return self.aws.messages(LANE_QUEUES[lane])
 
     def run(
         self,
         messages: list[dict[str, Any]],
         llm: LLMProvider | None = None,
         pacer: CallPacer | None = None,
+        lane: Lane = Lane.NORMAL,
         **overrides: Any,
     ) -> dict[str, Any]:
-        arn = self.aws.resources.attributes[("TaskQueue", "Arn")]
+        arn = self.aws.resources.attributes[(LANE_QUEUES[lane], "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
         runner = self.runner(llm, pacer, **overrides)
         slots = self.settings.model_copy(update=overrides).worker_call_slots
-        return self.fn(event, self.context, runner=runner, queue=self.queue, call_slots=slots)  # type: ignore[no-any-return]
+        queue = self.lanes[lane]
+        return self.fn(event, self.context, runner=runner, queue=queue, call_slots=slots)  # type: ignore[no-any-return]
 
-    def run_queued(self, **overrides: Any) -> dict[str, Any]:
-        return self.run(self.queued(), **overrides)
+    def run_queued(self, lane: Lane = Lane.NORMAL, **overrides: Any) -> dict[str, Any]:
+        return self.run(self.queued(lane), lane=lane, **overrides)
 
     def crashed(self, prompt: str) -> tuple[str, dict[str, Any]]:
         """A submitted task whose first delivery died after its claim, and that delivery's message."""
@@ -486,7 +492,7 @@ def test_a_task_whose_last_delivery_died_reads_as_dead_lettered_until_redriven(
     lapsed = worker.task(task_id).lease_until + 1
     worker.clock = lambda: lapsed
     worker.service = TaskService(
-        worker.settings, worker.store, worker.queue, clock=worker.clock, results=blobs(worker.settings)
+        worker.settings, worker.store, worker.lanes, clock=worker.clock, results=blobs(worker.settings)
     )
     task = worker.service.get("default", task_id)
     assert (task.status, task.error_code) == (TaskStatus.FAILED, "dead_lettered")
@@ -650,7 +656,7 @@ def test_a_task_whose_last_delivery_died_before_the_handler_reads_as_dead_letter
 
     def read_at(now: float) -> Any:
         return TaskService(
-            worker.settings, worker.store, worker.queue, clock=lambda: now, results=blobs(worker.settings)
+            worker.settings, worker.store, worker.lanes, clock=lambda: now, results=blobs(worker.settings)
         ).get("default", task_id)
 
     assert read_at(lease_until + 1).status is TaskStatus.PROCESSING  # the 5th delivery may still come
@@ -664,10 +670,10 @@ def test_one_task_s_life_writes_its_metrics_as_emf(
     # A task that fails once (a 500), then completes; another that fails for good; one cancelled
     mock_llm.configure(rate_500=1.0)
     task_id = worker.submit("measured", priority="high")
-    worker.run_queued()
+    worker.run_queued(Lane.HIGH)
     mock_llm.configure()
     worker.clock = lambda: time.time() + 60  # past the retry's backoff
-    worker.run_queued()
+    worker.run_queued(Lane.HIGH)  # the retry stays in the high lane
     assert worker.task(task_id).status is TaskStatus.COMPLETED
     mock_llm.configure(rate_500=1.0)
     worker.submit("doomed", max_retries=0)

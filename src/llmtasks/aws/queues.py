@@ -1,8 +1,10 @@
-"""The SQS adapter: send a typed body, or push an in-flight message's next delivery later."""
+"""The SQS adapter: send a typed body, or push an in-flight message's next delivery later; the
+task queues by lane, each task message sent with its tenant as MessageGroupId (a fair queue)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -10,6 +12,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
 from llmtasks.domain.errors import BackendError
+from llmtasks.domain.messages import TaskMessage
+from llmtasks.domain.models import Task
+from llmtasks.domain.rules import Lane, lane_of
 from llmtasks.observability import logger
 
 if TYPE_CHECKING:
@@ -29,13 +34,14 @@ def queue_name(url_or_arn: str) -> str:
     return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
-def _traced(trace_header: str | None) -> dict[str, Any]:
-    """A message's AWSTraceHeader attribute, if there is a trace to continue."""
-    if not trace_header:
-        return {}
-    return {
-        "MessageSystemAttributes": {"AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}}
-    }
+def _traced(trace_header: str | None, group: str | None) -> dict[str, Any]:
+    """A message's AWSTraceHeader attribute, if there is a trace to continue, and its group."""
+    extra: dict[str, Any] = {} if group is None else {"MessageGroupId": group}
+    if trace_header:
+        extra["MessageSystemAttributes"] = {
+            "AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}
+        }
+    return extra
 
 
 class Queue:
@@ -43,10 +49,18 @@ class Queue:
         self.url = queue_url
         self._client: SQSClient = client or boto3.client("sqs")
 
-    def send(self, body: BaseModel, *, delay_s: float = 0, trace_header: str | None = None) -> str:
+    def send(
+        self,
+        body: BaseModel,
+        *,
+        delay_s: float = 0,
+        trace_header: str | None = None,
+        group: str | None = None,
+    ) -> str:
         """`trace_header` (X-Ray's) goes as the AWSTraceHeader attribute: the function the queue
-        triggers continues that trace."""
-        traced = _traced(trace_header)
+        triggers continues that trace. `group` is the MessageGroupId: on a standard queue, the
+        tenant a fair queue shares its consumers between."""
+        traced = _traced(trace_header, group)
         try:
             reply = self._client.send_message(
                 QueueUrl=self.url,
@@ -58,10 +72,12 @@ class Queue:
             raise BackendError(f"SQS send failed: {exc}") from exc
         return reply["MessageId"]
 
-    def send_many(self, bodies: Sequence[BaseModel], *, trace_header: str | None = None) -> None:
+    def send_many(
+        self, bodies: Sequence[BaseModel], *, trace_header: str | None = None, group: str | None = None
+    ) -> None:
         """Sends every body, ten to a SendMessageBatch call. Entries that failed on SQS's side are
         sent again; one it refuses as the sender's fault is an error."""
-        traced = _traced(trace_header)
+        traced = _traced(trace_header, group)
         for start in range(0, len(bodies), SEND_BATCH):
             entries = {
                 str(i): body.model_dump_json() for i, body in enumerate(bodies[start : start + SEND_BATCH])
@@ -126,3 +142,42 @@ class Queue:
             ReceiptHandle=receipt_handle,
             VisibilityTimeout=min(MAX_VISIBILITY_S, max(0, round(delay_s))),
         )
+
+
+class TaskLanes:
+    """The task queues, one per lane (domain.rules.lane_of). Every task message goes out here,
+    on its task's lane, grouped by its tenant: SQS fair queues then keep one tenant's backlog
+    from holding up the others'."""
+
+    def __init__(self, queues: Mapping[Lane, Queue]) -> None:
+        missing = set(Lane) - set(queues)
+        if missing:
+            raise ValueError(f"no queue for the lanes {sorted(missing)}")
+        self._queues = dict(queues)
+
+    def __getitem__(self, lane: Lane) -> Queue:
+        return self._queues[lane]
+
+    def of_source(self, arn_or_url: str) -> Queue | None:
+        """The lane's queue an event source's ARN (or a queue URL) names; None if none does."""
+        name = queue_name(arn_or_url)
+        return next((q for q in self._queues.values() if queue_name(q.url) == name), None)
+
+    def send(self, task: Task, *, delay_s: float = 0) -> str:
+        return self[lane_of(task)].send(
+            TaskMessage(task_id=task.task_id),
+            delay_s=delay_s,
+            trace_header=task.trace_header,
+            group=task.tenant_id,
+        )
+
+    def send_many(self, tasks: Sequence[Task]) -> None:
+        """Each task's message on its lane, batched per lane and tenant."""
+
+        def key(task: Task) -> tuple[Lane, str, str]:
+            return lane_of(task), task.tenant_id, task.trace_header or ""
+
+        for (lane, tenant, trace), together in groupby(sorted(tasks, key=key), key=key):
+            self[lane].send_many(
+                [TaskMessage(task_id=t.task_id) for t in together], trace_header=trace or None, group=tenant
+            )

@@ -17,6 +17,7 @@ from llmtasks.domain.models import (
     BATCH_COMPLETED,
     BatchEventType,
     EventType,
+    Priority,
     StorableJson,
     Task,
     TaskOptions,
@@ -72,6 +73,9 @@ class SubmitBatchRequest(_Strict):
         " the OpenAI batch id) instead of llmtasks' own (the default).",
     )
     metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+    priority: Priority | None = Field(
+        default=None, description="The items' priority, for those that do not give their own."
+    )
 
     @field_validator("items")
     @classmethod
@@ -83,6 +87,14 @@ class SubmitBatchRequest(_Strict):
                     raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
                 seen.add(item.custom_id)
         return items
+
+    @model_validator(mode="after")
+    def _items_take_the_batch_s_priority(self) -> SubmitBatchRequest:
+        if self.priority is not None:
+            for item in self.items:
+                if "priority" not in item.model_fields_set:
+                    item.priority = self.priority
+        return self
 
     @model_validator(mode="after")
     def _events_need_a_url(self) -> SubmitBatchRequest:

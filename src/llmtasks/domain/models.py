@@ -57,7 +57,9 @@ EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
 }
 
 
-Priority = Literal["normal", "high"]
+# high: a lane of its own (HighTaskQueue), ahead of every normal task; low: background work, run
+# in the batch items' lane so it never takes a normal task's slot (domain.rules.lane_of).
+Priority = Literal["low", "normal", "high"]
 # How a task's webhook speaks: llmtasks' own event (type task.*, the status object in `data`), or
 # OpenAI's (type response.*, `data.id` the response id), for tasks made through /v1/responses.
 WebhookFormat = Literal["llmtasks", "openai"]

@@ -1,11 +1,12 @@
 """The rules of a task that the API, batches and the worker share: its id, its size limits,
-its metric dimensions. No I/O here."""
+its metric dimensions, the lane it runs in. No I/O here."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from llmtasks.domain.errors import (
@@ -53,3 +54,21 @@ def check_metadata(metadata: dict[str, Any], settings: Settings, *, field: str =
 def dimensions_of(task: Task, settings: Settings) -> dict[str, str]:
     """A task's metric dimensions besides the service: few values each, as CloudWatch wants."""
     return {"model": task.request.model or settings.llm_model, "priority": task.priority}
+
+
+class Lane(StrEnum):
+    """The queue a task's messages travel on, each with invocations of its own."""
+
+    HIGH = "high"  # HighTaskQueue: slots kept for urgent tasks
+    NORMAL = "normal"  # TaskQueue
+    BACKGROUND = "background"  # BatchTaskQueue: batch items and low-priority tasks
+
+
+def lane_of(task: Task) -> Lane:
+    """High-priority tasks (batch items too) run in their own lane; batch items and low-priority
+    tasks in the background lane; the rest in the normal one."""
+    if task.priority == "high":
+        return Lane.HIGH
+    if task.priority == "low" or task.batch_id is not None:
+        return Lane.BACKGROUND
+    return Lane.NORMAL

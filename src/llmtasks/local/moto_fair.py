@@ -56,11 +56,11 @@ class Processing:
         self.ended.append((now, tenant, seconds))
         self._forget(now)
 
-    def recent(self, now: float) -> Counter[str]:
+    def recent(self, now: float) -> dict[str, float]:
         self._forget(now)
-        seconds: Counter[str] = Counter()
+        seconds: dict[str, float] = {}
         for _, tenant, taken in self.ended:
-            seconds[tenant] += taken
+            seconds[tenant] = seconds.get(tenant, 0.0) + taken
         return seconds
 
     def _forget(self, now: float) -> None:
@@ -68,7 +68,7 @@ class Processing:
             self.ended.popleft()
 
 
-def noisy_tenants(in_flight: Counter[str], processing_s: Counter[str]) -> set[str]:
+def noisy_tenants(in_flight: Counter[str], processing_s: dict[str, float]) -> set[str]:
     """The tenants over either share (the two rules of the module's docstring)."""
     held = sum(in_flight.values())
     took = sum(processing_s.values())
@@ -91,7 +91,8 @@ def fair_order(
     for message in in_flight:
         tenant = tenant_of(message)
         held[tenant] += 1
-        processing_s[tenant] += max(0.0, now - getattr(message, "_llmtasks_received_at", now))
+        running_s = max(0.0, now - getattr(message, "_llmtasks_received_at", now))
+        processing_s[tenant] = processing_s.get(tenant, 0.0) + running_s
     noisy = noisy_tenants(held, processing_s)
     if not noisy:
         return visible
@@ -178,4 +179,4 @@ def install() -> None:
             setattr(owner, name, patch(method))
     messages = Queue.__dict__["messages"]
     if not getattr(messages.fget, "__llmtasks_fair__", False):
-        Queue.messages = _fair_messages(messages)  # type: ignore[method-assign]
+        Queue.messages = _fair_messages(messages)  # type: ignore[method-assign,assignment]

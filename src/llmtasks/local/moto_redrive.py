@@ -108,6 +108,8 @@ def start_message_move_task(
                 destination.name,
                 message.body,
                 message_attributes=dict(message.message_attributes),
+                # The tenant it belonged to: a fair queue groups the replayed message as before.
+                group_id=message.group_id,
             )
             remove_message(dlq, message)
             task.moved += 1

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_sqs.type_defs import MessageTypeDef
 
-QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "batches", "fanout", "webhooks")
+QUEUE_NAMES: tuple[QueueName, ...] = ("tasks", "high", "batches", "fanout", "webhooks")
 # Queues whose messages each run one task: a redrive puts their tasks back to pending.
-_TASK_QUEUES: tuple[QueueName, ...] = ("tasks", "batches")
+_TASK_QUEUES: tuple[QueueName, ...] = ("tasks", "high", "batches")
 # While listing, messages already seen are hidden this long so the next receive returns others;
 # they are made visible again as soon as the listing ends.
 _LISTING_HIDE_S = 60

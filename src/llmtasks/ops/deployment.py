@@ -12,10 +12,11 @@ if TYPE_CHECKING:
     from mypy_boto3_cloudformation import CloudFormationClient
     from mypy_boto3_sqs import SQSClient
 
-QueueName = Literal["tasks", "batches", "fanout", "webhooks"]
+QueueName = Literal["tasks", "high", "batches", "fanout", "webhooks"]
 # Each queue name's queue and dead-letter queue (logical ids in template.yaml).
 QUEUES: dict[QueueName, tuple[str, str]] = {
     "tasks": ("TaskQueue", "TaskDLQ"),
+    "high": ("HighTaskQueue", "HighTaskDLQ"),
     "batches": ("BatchTaskQueue", "BatchTaskDLQ"),
     "fanout": ("BatchFanoutQueue", "BatchFanoutDLQ"),
     "webhooks": ("WebhookQueue", "WebhookDLQ"),

@@ -4,7 +4,8 @@
   batch item with every item counted as pending, and one fan-out message per chunk of items;
   it answers at once with the exact total. Reads, results in order, and cancel.
 - `BatchFanout` (BatchFunction, from BatchFanoutQueue): one chunk's items become tasks on
-  BatchTaskQueue, or are cancelled. A task's id follows from its batch and index, so a repeated
+  their lane's queue (BatchTaskQueue; HighTaskQueue if high priority), or are cancelled.
+  A task's id follows from its batch and index, so a repeated
   chunk finds its own tasks and creates none twice: the LLM is called once per item.
 - `BatchProgress` (BatchFunction, from the table's stream): each item's status changes move
   the batch's counters exactly once; when every item is terminal the batch ends, and that write
@@ -24,7 +25,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from llmtasks.aws.batch_store import BatchExists, BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.aws.limits import Caller, KeyLimits
-from llmtasks.aws.queues import Queue
+from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest
@@ -37,7 +38,7 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.domain.messages import FanoutMessage, TaskMessage
+from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import Task, TaskStatus, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, dimensions_of, is_task_id
 from llmtasks.observability import Metric, emit, logger
@@ -303,7 +304,7 @@ class BatchFanout:
         settings: Settings,
         store: TaskStore,
         batches: BatchStore,
-        batch_task_queue: Queue,
+        lanes: TaskLanes,
         *,
         clock: Clock = time.time,
         results: ResultBlobs,
@@ -311,7 +312,7 @@ class BatchFanout:
         self._settings = settings
         self._store = store
         self._batches = batches
-        self._queue = batch_task_queue
+        self._lanes = lanes
         self._clock = clock
         self._results = results
 
@@ -340,26 +341,20 @@ class BatchFanout:
         items = list(zip(batch.indexes(chunk), read_chunk(self._results, batch, chunk), strict=True))
         existing = self._store.get_many([batch_task_id(batch.batch_id, i) for i, _ in items])
         unclaimed = [
-            task.task_id
-            for task in existing.values()
-            if task.status is TaskStatus.PENDING and not task.revision
+            task for task in existing.values() if task.status is TaskStatus.PENDING and not task.revision
         ]
         created = [item_task(batch, i, item, cancelled_at=cancelled_at) for i, item in items]
         created = [task for task in created if task.task_id not in existing]
         for start in range(0, len(created), SEND_GROUP):
-            group = [task.task_id for task in created[start : start + SEND_GROUP] if self._store.create(task)]
+            stored = [task for task in created[start : start + SEND_GROUP] if self._store.create(task)]
             if not cancelling:
-                self._queue.send_many(
-                    [TaskMessage(task_id=task_id) for task_id in group], trace_header=batch.trace_header
-                )
+                self._lanes.send_many(stored)
         if not cancelling:
             submitted = Counter(tuple(dimensions_of(task, self._settings).items()) for task in created)
             for dimensions, count in submitted.items():
                 emit(Metric.SUBMITTED, count, MetricUnit.Count, **dict(dimensions))
         if unclaimed and not cancelling:
-            self._queue.send_many(
-                [TaskMessage(task_id=task_id) for task_id in unclaimed], trace_header=batch.trace_header
-            )
+            self._lanes.send_many(unclaimed)
         logger.info(
             "batch chunk fanned out",
             batch_id=batch.batch_id,

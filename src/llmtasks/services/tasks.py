@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.aws.limits import Caller, KeyLimits
-from llmtasks.aws.queues import Queue
+from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.cursors import decode_cursor, encode_cursor
@@ -22,7 +22,7 @@ from llmtasks.domain.errors import (
     ServiceUnavailable,
     TaskNotFound,
 )
-from llmtasks.domain.messages import TaskMessage, WebhookSecret
+from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, WebhookStatus
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
@@ -52,7 +52,7 @@ class TaskService:
         self,
         settings: Settings,
         store: TaskStore,
-        task_queue: Queue,
+        lanes: TaskLanes,
         *,
         clock: Clock = time.time,
         resolve: Resolver | None = None,
@@ -62,7 +62,7 @@ class TaskService:
     ) -> None:
         self._settings = settings
         self._store = store
-        self._queue = task_queue
+        self._lanes = lanes
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
@@ -122,7 +122,7 @@ class TaskService:
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.
         try:
-            self._queue.send(TaskMessage(task_id=task.task_id), trace_header=trace_header)
+            self._lanes.send(task)
             self._store.create(task)
         except BackendError as exc:
             logger.exception("submit failed", task_id=task.task_id)

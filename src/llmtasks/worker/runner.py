@@ -19,7 +19,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchCancellations
 from llmtasks.aws.pacing import CallPacer
-from llmtasks.aws.queues import MAX_DELAY_S, Queue
+from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.errors import (
@@ -30,7 +30,7 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.domain.messages import Completion, TaskMessage
+from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
@@ -111,20 +111,18 @@ class TaskRunner:
         self,
         settings: Settings,
         store: TaskStore,
-        task_queue: Queue,
+        lanes: TaskLanes,
         llm: LLMProvider,
         *,
         clock: Clock = time.time,
         rng: random.Random | None = None,
         results: ResultBlobs,
         pacer: CallPacer | None = None,
-        batch_task_queue: Queue | None = None,
         cancellations: BatchCancellations | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
-        self._queue = task_queue
-        self._batch_queue = batch_task_queue or task_queue
+        self._lanes = lanes
         self._cancellations = cancellations
         self._llm = llm
         self._pacer = pacer
@@ -387,9 +385,8 @@ class TaskRunner:
         # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
         # than the message can be held back (else it would arrive before next_attempt_at).
         delay = min(math.ceil(delay), MAX_DELAY_S)
-        # A batch item's messages stay on the batch queue, under its own concurrency.
-        queue = self._batch_queue if task.batch_id else self._queue
-        queue.send(TaskMessage(task_id=task.task_id), delay_s=delay, trace_header=task.trace_header)
+        # On the task's own lane, under that lane's concurrency, grouped by its tenant.
+        self._lanes.send(task, delay_s=delay)
         try:
             self._store.release(
                 task.task_id,

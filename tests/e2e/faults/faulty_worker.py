@@ -107,7 +107,7 @@ def lambda_handler(event: dict[str, Any], context: Any) -> Any:
         provider_from_settings(settings), poison=now.get("poison"), crash_on_first_call=where == "after_claim"
     )
     runner = TaskRunner(
-        settings, wiring.task_store(), wiring.task_queue(), llm, results=wiring.result_blobs()
+        settings, wiring.task_store(), wiring.task_lanes(), llm, results=wiring.result_blobs()
     )
     reply = real_handler(event, context, runner=runner)
     if where == "after_reply":
