@@ -16,7 +16,7 @@ from botocore.config import Config
 from llmtasks.aws.apikeys import ApiKeys
 from llmtasks.aws.batch_store import BatchCancellations, BatchStore
 from llmtasks.aws.idempotency import IdempotencyKeys
-from llmtasks.aws.limits import KeyLimits, work_ended
+from llmtasks.aws.limits import KeyLimits, RunningCalls, work_ended
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
@@ -178,7 +178,20 @@ def task_runner() -> TaskRunner:
         results=result_blobs(),
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),
+        running=running_calls(),
     )
+
+
+def running_calls() -> RunningCalls | None:
+    """The tenants' running calls, counted where a cap can apply (LimitsTable configured)."""
+    settings = get_settings()
+    if settings.limits_table_name is None:
+        if settings.tenant_max_running:
+            raise RuntimeError(
+                "TENANT_MAX_RUNNING needs LIMITS_TABLE_NAME: the running calls are counted there"
+            )
+        return None
+    return RunningCalls(settings.limits_table_name, dynamodb())
 
 
 def webhook_queue() -> Queue:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmtasks.aws.limits import Caller, RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
@@ -57,8 +58,16 @@ class Worker:
         llm = llm or OpenAIChat(
             base_url=overrides.get("llm_base_url", self.llm_url), api_key=None, default_model="mock-model"
         )
+        assert settings.limits_table_name is not None
         return TaskRunner(
-            settings, self.store, self.lanes, llm, clock=self.clock, pacer=pacer, results=blobs(settings)
+            settings,
+            self.store,
+            self.lanes,
+            llm,
+            clock=self.clock,
+            pacer=pacer,
+            results=blobs(settings),
+            running=RunningCalls(settings.limits_table_name, self.aws.dynamodb),
         )
 
     def queued(self, lane: Lane = Lane.NORMAL) -> list[dict[str, Any]]:
@@ -744,3 +753,44 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
     assert llm["p50"] == pytest.approx(sum(a["ended_at"] - a["started_at"] for a in log), abs=0.01)
     assert sum(bucket["end_to_end_s"]["n"] for bucket in view["series"]) == 1
     assert "retried" not in json.dumps(view)  # no prompt in the overview
+
+
+def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Tenant acme's five tasks and globex's one reach one invocation; the stack caps a tenant at two
+    # running calls, and acme's key at one for the task it sent with it
+    mock_llm.configure(latency_s=1.0)
+    acme = [worker.service.submit("acme", SubmitTaskRequest(prompt=f"a{i}")).task.task_id for i in range(4)]
+    keyed = Caller(tenant_id="acme", key_id="k", max_running=1)
+    worker.service.submit("acme", SubmitTaskRequest(prompt="a4"), caller=keyed)
+    globex = worker.service.submit("globex", SubmitTaskRequest(prompt="g")).task.task_id
+    before = time.time()
+    worker.run_queued(tenant_max_running=2)
+    # Two of acme's ran; its other three wait as pending, their attempt given back; globex ran
+    statuses = {task_id: worker.task(task_id) for task_id in acme}
+    assert worker.task(globex).status is TaskStatus.COMPLETED
+    done = [t for t in statuses.values() if t.status is TaskStatus.COMPLETED]
+    waiting = [t for t in worker.store.tenant_tasks("acme", limit=10)[0] if t.status is TaskStatus.PENDING]
+    assert len(done) == 2
+    assert len(waiting) == 3
+    assert {(t.last_error_code, t.attempts) for t in waiting} == {("tenant_capped", 0)}
+    assert RunningCalls(worker.settings.limits_table_name or "", worker.aws.dynamodb).running("acme") == {}
+    # Each comes back on a message of its own, delayed (5 to 10 s), costing none of its retries
+    attributes = worker.aws.sqs.get_queue_attributes(
+        QueueUrl=worker.queue.url, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
+    )["Attributes"]
+    assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
+    assert all(before + 5 <= (t.next_attempt_at or 0) <= time.time() + 10 for t in waiting)
+
+
+def test_a_key_s_max_running_caps_its_tasks_without_a_stack_wide_cap(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(latency_s=1.0)
+    keyed = Caller(tenant_id="initech", key_id="k", max_running=1)
+    for i in range(3):
+        worker.service.submit("initech", SubmitTaskRequest(prompt=f"i{i}"), caller=keyed)
+    worker.run_queued(tenant_max_running=0)
+    statuses = sorted(t.status.value for t in worker.store.tenant_tasks("initech", limit=10)[0])
+    assert statuses == ["completed", "pending", "pending"]

@@ -42,6 +42,8 @@ class ApiKey(BaseModel):
     # ended (a batch's items count until the batch ends).
     rps: float | None = Field(default=None, gt=0)
     max_in_flight: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
+    # LLM calls of its tasks running at once, whatever is queued (TenantMaxRunning caps them all).
+    max_running: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
 
 
 class Authentication(BaseModel):
@@ -75,6 +77,7 @@ class ApiKeys:
         name: str = "",
         rps: float | None = None,
         max_in_flight: int | None = None,
+        max_running: int | None = None,
         now: float | None = None,
     ) -> tuple[str, ApiKey]:
         """A new key for `tenant_id`: the key itself (shown once) and what is stored of it."""
@@ -85,6 +88,7 @@ class ApiKeys:
             created_at=now or time.time(),
             rps=rps,
             max_in_flight=max_in_flight,
+            max_running=max_running,
         )
         key = f"{PREFIX}{record.key_id}_{secrets.token_urlsafe(32)}"
         self._client.put_item(

@@ -1,4 +1,4 @@
-"""Per-key limits: requests a second, and tasks in flight (LimitsTable).
+"""Per-key limits: requests a second, tasks in flight, and per tenant its running calls (LimitsTable).
 
 The authorizer passes the caller's key, tenant and limits in its context (`caller_context`);
 API Gateway caches that answer, so the limits are counted here, by the functions, on every
@@ -12,6 +12,8 @@ request. Each counter is one item of LimitsTable (no stream, so counting costs n
   batch counters stay as they are. Instead, when a submit finds no room, the entries whose work
   has ended (or never got stored, or reads as dead-lettered) are removed first, and the submit
   tries once more. The cost of a full key is then one batch read of what it holds.
+- `running#<tenant>`: the tenant's LLM calls running now (RunningCalls), for the worker's cap
+  (TenantMaxRunning, a key's max_running).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Caller:
     key_id: str | None = None  # None: the local gateway's --no-auth
     rps: int | None = None
     max_in_flight: int | None = None
+    max_running: int | None = None
 
 
 def caller_context(key: ApiKey) -> dict[str, Any]:
@@ -57,6 +60,8 @@ def caller_context(key: ApiKey) -> dict[str, Any]:
         context["rps"] = key.rps
     if key.max_in_flight is not None:
         context["max_in_flight"] = key.max_in_flight
+    if key.max_running is not None:
+        context["max_running"] = key.max_running
     return context
 
 
@@ -75,6 +80,7 @@ def caller_of(event: Mapping[str, Any]) -> Caller | None:
         key_id=str(context["key_id"]) if context.get("key_id") else None,
         rps=number("rps"),
         max_in_flight=number("max_in_flight"),
+        max_running=number("max_running"),
     )
 
 
@@ -199,22 +205,120 @@ class KeyLimits:
         *,
         names: dict[str, str] | None = None,
     ) -> None:
-        request: dict[str, Any] = {
-            "TableName": self.table_name,
-            "Key": {"pk": {"S": pk}},
-            "UpdateExpression": update,
-            "ConditionExpression": condition,
-            "ExpressionAttributeValues": serialize(values),
-            # `n` in the expressions is the count (spelled out, so no reserved word can bite)
-            "ExpressionAttributeNames": {"#n": "n", **(names or {})},
-        }
-        with dynamodb_errors("LimitsTable update"):
+        _update(self._client, self.table_name, pk, update, condition, values, names=names)
+
+
+def _update(
+    client: DynamoDBClient,
+    table_name: str,
+    pk: str,
+    update: str,
+    condition: str,
+    values: dict[str, Any],
+    *,
+    names: dict[str, str] | None = None,
+) -> None:
+    """One counter's conditional update; _Refused when its condition says no."""
+    request: dict[str, Any] = {
+        "TableName": table_name,
+        "Key": {"pk": {"S": pk}},
+        "UpdateExpression": update,
+        "ConditionExpression": condition,
+        "ExpressionAttributeValues": serialize(values),
+        # `#n` in the expressions is the count (spelled out, so no reserved word can bite)
+        "ExpressionAttributeNames": {**({"#n": "n"} if "#n" in update + condition else {}), **(names or {})},
+    }
+    with dynamodb_errors("LimitsTable update"):
+        try:
+            client.update_item(**request)
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                raise _Refused from None
+            raise
+
+
+class RunningCalls:
+    """A tenant's LLM calls running at once, kept under a cap: one LimitsTable item per tenant
+    (`running#<tenant>`), an attribute per running task (`t_<id>`: until when its lease holds it)
+    and their count `n`. The worker takes an entry before its call and gives it back after. An
+    entry whose lease has lapsed (its sandbox died mid-call) is cleared by the next take that
+    finds the cap full, so a crash holds a place no longer than the lease it held."""
+
+    def __init__(
+        self, table_name: str, client: DynamoDBClient, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.table_name = table_name
+        self._client = client
+        self._clock = clock
+
+    def take(self, tenant_id: str, task_id: str, *, cap: int, until: float) -> bool:
+        """Whether the task may call now: a place under `cap` is its own until `until`, or was
+        already (a redelivery of the same task takes its place over)."""
+        for attempt in range(2):
             try:
-                self._client.update_item(**request)
-            except ClientError as exc:
-                if is_condition_failure(exc):
-                    raise _Refused from None
-                raise
+                self._write(
+                    tenant_id,
+                    "SET #entry = :until, #n = if_not_exists(#n, :zero) + :one",
+                    "attribute_not_exists(#entry) AND (attribute_not_exists(#n) OR #n < :cap)",
+                    {":until": until, ":zero": 0, ":one": 1, ":cap": cap},
+                    task_id,
+                )
+                return True
+            except _Refused:
+                held = self.running(tenant_id)
+                if task_id in held:
+                    self._write(
+                        tenant_id,
+                        "SET #entry = :until",
+                        "attribute_exists(#entry)",
+                        {":until": until},
+                        task_id,
+                    )
+                    return True
+                now = self._clock()
+                lapsed = [other for other, held_until in held.items() if held_until < now]
+                if attempt == 0 and sum(self._remove(tenant_id, other) for other in lapsed):
+                    continue
+                return False
+        return False
+
+    def give_back(self, tenant_id: str, task_id: str) -> None:
+        self._remove(tenant_id, task_id)
+
+    def running(self, tenant_id: str) -> dict[str, float]:
+        """The tenant's running tasks, each with until when it holds its place."""
+        with dynamodb_errors("LimitsTable read"):
+            item = self._client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": f"running#{tenant_id}"}}, ConsistentRead=True
+            ).get("Item")
+        entries = deserialize(item) if item else {}
+        return {name[2:]: float(value) for name, value in entries.items() if name.startswith("t_")}
+
+    def _remove(self, tenant_id: str, task_id: str) -> bool:
+        try:
+            self._write(
+                tenant_id,
+                "REMOVE #entry SET #n = #n - :one",
+                "attribute_exists(#entry)",
+                {":one": 1},
+                task_id,
+            )
+        except _Refused:
+            return False  # given back already, or cleared by another take
+        return True
+
+    def _write(
+        self, tenant_id: str, update: str, condition: str, values: dict[str, Any], task_id: str
+    ) -> None:
+        _update(
+            self._client,
+            self.table_name,
+            f"running#{tenant_id}",
+            update,
+            condition,
+            values,
+            names={"#entry": f"t_{task_id}"},
+        )
 
 
 def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:

@@ -134,18 +134,25 @@ def keys() -> None:
     default=None,
     help="Its tasks that may be unfinished at once (a batch counts its items) [default: no limit].",
 )
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1, max=MAX_IN_FLIGHT),
+    default=None,
+    help="Its tasks whose LLM calls may run at once; the rest wait queued [default: TenantMaxRunning].",
+)
 @targeted
 def keys_create(
     tenant: str,
     name: str,
     rps: int | None,
     max_in_flight: int | None,
+    max_running: int | None,
     stack_name: str | None,
     endpoint_url: str | None,
 ) -> None:
     """Create a key; it is printed once and cannot be shown again."""
     key, record = _api_keys(stack_name, endpoint_url).create(
-        tenant, name=name, rps=rps, max_in_flight=max_in_flight
+        tenant, name=name, rps=rps, max_in_flight=max_in_flight, max_running=max_running
     )
     click.echo(key)
     click.echo(f"(key id {record.key_id}, tenant {tenant}; keep the key: only its hash is stored)", err=True)
@@ -181,7 +188,11 @@ def keys_list(stack_name: str | None, endpoint_url: str | None) -> None:
         revoked = "revoked" if record.revoked_at is not None else "active"
         limits = ", ".join(
             f"{name} {value}"
-            for name, value in (("rps", record.rps), ("max in flight", record.max_in_flight))
+            for name, value in (
+                ("rps", record.rps),
+                ("max in flight", record.max_in_flight),
+                ("max running", record.max_running),
+            )
             if value is not None
         )
         click.echo(

@@ -138,6 +138,8 @@ class Batch(BaseModel):
     completed_at: float | None = None
     # The submit request's X-Ray trace header, passed on to the items and their messages.
     trace_header: str | None = None
+    # Its API key's max_running at submit, passed on to the items.
+    max_running: int | None = None
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now

@@ -252,6 +252,8 @@ class Task(BaseModel):
     expires_at: int
     # The submit request's X-Ray trace header: every message about the task carries it on.
     trace_header: str | None = None
+    # Its API key's max_running at submit: the worker keeps the tenant's running calls under it.
+    max_running: int | None = None
     # Counts the task's status changes (each conditional write adds one), so the batch counters
     # apply each change once however often its stream record is processed.
     revision: int = 0

@@ -187,6 +187,7 @@ class BatchService:
                 created_at=now,
                 expires_at=int(now + self._settings.task_ttl_seconds),
                 trace_header=trace_header,
+                max_running=caller.max_running if caller is not None else None,
             )
             # The messages first, then the item, as for a task: a stored batch always has its
             # fan-out messages; messages whose batch never arrives are dropped after a grace.
@@ -293,6 +294,7 @@ def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float 
         expires_at=batch.expires_at,
         completed_at=cancelled_at,
         trace_header=batch.trace_header,
+        max_running=batch.max_running,
     )
 
 

@@ -116,6 +116,7 @@ class TaskService:
             created_at=now,
             expires_at=int(now + self._settings.task_ttl_seconds),
             trace_header=trace_header,
+            max_running=caller.max_running if caller is not None else None,
         )
         if caller is not None and self.limits is not None:
             self.limits.hold(caller, "t", task.task_id)

@@ -18,6 +18,7 @@ from typing import Literal
 from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
 from llmtasks.aws.results import ResultBlobs
@@ -47,6 +48,9 @@ PACE_LATE_TRIES = 3
 HELD_LEASE_RECHECK_S = 3.0
 # A call ends this long before the function's timeout, to leave time to write its outcome.
 OUTCOME_TIME_S = 10.0
+# A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
+# as the running calls of a tenant end every few seconds to minutes.
+CAPPED_RETRY_S = 5.0
 
 
 class PaceFull(Exception):
@@ -119,11 +123,13 @@ class TaskRunner:
         results: ResultBlobs,
         pacer: CallPacer | None = None,
         cancellations: BatchCancellations | None = None,
+        running: RunningCalls | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._lanes = lanes
         self._cancellations = cancellations
+        self._running = running
         self._llm = llm
         self._pacer = pacer
         self._clock = clock
@@ -172,6 +178,41 @@ class TaskRunner:
         if deadline is not None and now >= deadline:
             self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
             return
+        cap = self._running_cap(task)
+        if cap is None:
+            await self._call_and_record(task, lease_id, now, remaining_s)
+            return
+        assert self._running is not None
+        running = self._running
+        if not await asyncio.to_thread(
+            running.take, task.tenant_id, task.task_id, cap=cap, until=lease_until
+        ):
+            # The tenant has `cap` calls running: this one waits in the queue, costing no retry.
+            delay = self._rng.uniform(CAPPED_RETRY_S, 2 * CAPPED_RETRY_S)
+            self._schedule_retry(
+                task,
+                lease_id,
+                delay,
+                f"The tenant has {cap} calls running, its cap.",
+                "tenant_capped",
+                attempted=False,
+            )
+            return
+        try:
+            await self._call_and_record(task, lease_id, now, remaining_s)
+        finally:
+            await asyncio.to_thread(running.give_back, task.tenant_id, task.task_id)
+
+    def _running_cap(self, task: Task) -> int | None:
+        """The tenant's running calls this task may join: the tighter of the stack's cap and its
+        key's; None when neither caps it (or no LimitsTable counts them)."""
+        caps = [c for c in (self._settings.tenant_max_running, task.max_running) if c]
+        return min(caps) if caps and self._running is not None else None
+
+    async def _call_and_record(self, task: Task, lease_id: str, now: float, remaining_s: float) -> None:
+        """The claimed task's LLM call, within its time, and its outcome stored."""
+        deadline = task.deadline
+        dimensions = dimensions_of(task, self._settings)
         # Leave time to write the outcome before the function's own timeout.
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - OUTCOME_TIME_S))
         if deadline is not None:
@@ -192,11 +233,11 @@ class TaskRunner:
         if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
             # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
             # rule removes it with the rest.
-            result_ref = self._results.put(task_id, completion.text)
+            result_ref = self._results.put(task.task_id, completion.text)
         try:
             await asyncio.to_thread(
                 self._store.complete,
-                task_id,
+                task.task_id,
                 lease_id=lease_id,
                 completion=completion,
                 now=self._clock(),
