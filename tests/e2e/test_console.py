@@ -154,6 +154,12 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     assert stats["tasks"]["by_status"] == cards
     assert stats["queues"]["tasks_dlq"] == 1
     assert "dead_lettered=1" in stack.cli("stats")
+    # Nothing waits or runs now: each priority's row says so, and no tenant is listed
+    rows = browser.find_elements(By.CSS_SELECTOR, "#priorities tr[data-priority]")
+    waiting = {row.get_attribute("data-priority"): row.text.split()[1:] for row in rows}
+    assert waiting == {"high": ["0", "0"], "normal": ["0", "0"], "low": ["0", "0"]}
+    assert "nothing waiting or running" in browser.find_element(By.ID, "tenants").text
+    assert stats["scheduling"]["tenants"] == []
     if os.environ.get("LLMTASKS_SCREENSHOT"):
         browser.save_screenshot(str(ROOT / "docs" / "console.png"))
 

@@ -12,6 +12,7 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import SubmitBatchRequest
 from llmtasks.domain.models import SubmitTaskRequest
 from llmtasks.domain.rules import Lane, lane_of
+from llmtasks.ops.stats import scheduling
 from llmtasks.services.batches import item_task
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
@@ -112,3 +113,24 @@ def test_a_place_whose_lease_lapsed_is_cleared_by_the_next_take_that_finds_the_c
     assert running.take("acme", "t2", cap=1, until=2000)
     assert set(running.running("acme")) == {"t2"}
     assert not running.take("acme", "t3", cap=1, until=2000)  # t2 is live
+
+
+def test_the_scheduling_view_counts_waiting_and_running_tasks_per_tenant_and_priority() -> None:
+    tasks = [
+        {"tenant_id": "flood", "priority": "normal"},
+        {"tenant_id": "flood", "priority": "normal"},
+        {"tenant_id": "flood", "priority": "high"},
+        {"tenant_id": "quiet", "priority": "low"},
+        {"tenant_id": "quiet", "priority": "normal"},
+    ]
+    statuses = ["pending", "processing", "processing", "pending", "completed"]
+    view = scheduling(tasks, statuses)
+    assert view["tenants"] == [
+        {"tenant_id": "flood", "backlog": 1, "in_flight": 2},
+        {"tenant_id": "quiet", "backlog": 1, "in_flight": 0},
+    ]
+    assert view["priorities"] == {
+        "high": {"backlog": 0, "in_flight": 1},
+        "normal": {"backlog": 1, "in_flight": 1},
+        "low": {"backlog": 1, "in_flight": 0},
+    }

@@ -761,19 +761,18 @@ def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
     # Tenant acme's five tasks and globex's one reach one invocation; the stack caps a tenant at two
     # running calls, and acme's key at one for the task it sent with it
     mock_llm.configure(latency_s=1.0)
-    acme = [worker.service.submit("acme", SubmitTaskRequest(prompt=f"a{i}")).task.task_id for i in range(4)]
+    for i in range(4):
+        worker.service.submit("acme", SubmitTaskRequest(prompt=f"a{i}"))
     keyed = Caller(tenant_id="acme", key_id="k", max_running=1)
     worker.service.submit("acme", SubmitTaskRequest(prompt="a4"), caller=keyed)
     globex = worker.service.submit("globex", SubmitTaskRequest(prompt="g")).task.task_id
     before = time.time()
     worker.run_queued(tenant_max_running=2)
     # Two of acme's ran; its other three wait as pending, their attempt given back; globex ran
-    statuses = {task_id: worker.task(task_id) for task_id in acme}
     assert worker.task(globex).status is TaskStatus.COMPLETED
-    done = [t for t in statuses.values() if t.status is TaskStatus.COMPLETED]
-    waiting = [t for t in worker.store.tenant_tasks("acme", limit=10)[0] if t.status is TaskStatus.PENDING]
-    assert len(done) == 2
-    assert len(waiting) == 3
+    acme = worker.store.tenant_tasks("acme", limit=10)[0]
+    waiting = [t for t in acme if t.status is TaskStatus.PENDING]
+    assert sorted(t.status.value for t in acme) == ["completed"] * 2 + ["pending"] * 3
     assert {(t.last_error_code, t.attempts) for t in waiting} == {("tenant_capped", 0)}
     assert RunningCalls(worker.settings.limits_table_name or "", worker.aws.dynamodb).running("acme") == {}
     # Each comes back on a message of its own, delayed (5 to 10 s), costing none of its retries
@@ -782,6 +781,10 @@ def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
     )["Attributes"]
     assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
     assert all(before + 5 <= (t.next_attempt_at or 0) <= time.time() + 10 for t in waiting)
+    # `llmtasks stats` and the console show who waits
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, Deployment.local(worker.aws.sqs), now=time.time())
+    assert view["scheduling"]["tenants"] == [{"tenant_id": "acme", "backlog": 3, "in_flight": 0}]
+    assert view["scheduling"]["priorities"]["normal"] == {"backlog": 3, "in_flight": 0}
 
 
 def test_a_key_s_max_running_caps_its_tasks_without_a_stack_wide_cap(

@@ -90,7 +90,8 @@ def dlq_redrive(queue: QueueName, stack_name: str | None, endpoint_url: str | No
 @click.option("--json", "as_json", is_flag=True, help="Print the whole overview as JSON.")
 @targeted
 def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> None:
-    """Tasks by status, queue and DLQ depths, latency p50/p95/p99 over the last hour, batches:
+    """Tasks by status, queue and DLQ depths, backlog and in flight per priority and per tenant,
+    latency p50/p95/p99 over the last hour, batches:
     the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
     from llmtasks.ops.stats import overview
 
@@ -101,6 +102,12 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
         return
     click.echo("tasks      " + "  ".join(f"{k}={v}" for k, v in summary["tasks"]["by_status"].items()))
     click.echo("queues     " + "  ".join(f"{k}={v}" for k, v in summary["queues"].items()))
+    for priority, counts in summary["scheduling"]["priorities"].items():
+        click.echo(f"priority   {priority:8} backlog={counts['backlog']}  in_flight={counts['in_flight']}")
+    for tenant in summary["scheduling"]["tenants"]:
+        click.echo(
+            f"tenant     {tenant['tenant_id']:8} backlog={tenant['backlog']}  in_flight={tenant['in_flight']}"
+        )
     for name, label in (
         ("queue_wait_s", "queue wait"),
         ("llm_s", "LLM time"),

@@ -124,6 +124,28 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
+def scheduling(tasks: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
+    """What waits (backlog: pending) and what runs (in flight: processing), per tenant (the
+    busiest first) and per priority."""
+    tenants: dict[str, Counter[str]] = {}
+    priorities: dict[str, Counter[str]] = {p: Counter() for p in ("high", "normal", "low")}
+    for task, status in zip(tasks, statuses, strict=True):
+        column = {TaskStatus.PENDING.value: "backlog", TaskStatus.PROCESSING.value: "in_flight"}.get(status)
+        if column is None:
+            continue
+        tenants.setdefault(str(task.get("tenant_id")), Counter())[column] += 1
+        priorities.setdefault(str(task.get("priority") or "normal"), Counter())[column] += 1
+
+    def row(counts: Counter[str]) -> dict[str, int]:
+        return {"backlog": counts["backlog"], "in_flight": counts["in_flight"]}
+
+    busiest = sorted(tenants.items(), key=lambda pair: (-sum(pair[1].values()), pair[0]))
+    return {
+        "tenants": [{"tenant_id": tenant, **row(counts)} for tenant, counts in busiest],
+        "priorities": {priority: row(counts) for priority, counts in priorities.items()},
+    }
+
+
 def llm_time(task: dict[str, Any]) -> float:
     """The time its attempts took, each from its claim to its end (the LLM's call, mostly),
     without the waits between them."""
@@ -135,7 +157,8 @@ def overview(
 ) -> dict[str, Any]:
     """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
     over the last hour, as percentiles and per five minutes; the newest
-    tasks with their timelines; queue and DLQ depths; the newest batches with their counts."""
+    tasks with their timelines; queue and DLQ depths; backlog and in flight per tenant and per
+    priority; the newest batches with their counts."""
     scanned = scan_tasks(dynamodb, deployment.tasks_table, _TASK_FIELDS, limit=MAX_ITEMS)
     tasks = [task for task in scanned if task["expires_at"] > now]
     statuses = [_status(task, now) for task in tasks]
@@ -175,5 +198,6 @@ def overview(
         "series": series,
         "recent": [_timeline(task, status) for task, status in newest],
         "queues": queue_depths(sqs, deployment),
+        "scheduling": scheduling(tasks, statuses),
         "batches": batches,
     }
