@@ -314,7 +314,7 @@ def dead_letter(remote: dict[str, Any], task_id: str) -> None:
     """A TaskQueue message received maxReceiveCount times (each made visible again at once)."""
     url, _ = queue(remote, "TaskQueue")
     sqs = remote["sqs"]
-    Queue(url, sqs).send(TaskMessage(task_id=task_id))
+    Queue(url, sqs).send(TaskMessage(task_id=task_id), group="acme")
     for _ in range(5):
         [message] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
         Queue(url, sqs).retry_later(message["ReceiptHandle"], 0)
@@ -333,7 +333,7 @@ def test_sqs_max_receive_count_moves_a_message_to_the_dlq(remote: dict[str, Any]
 
 
 def test_sqs_redrive_start_and_list_message_move_tasks(remote: dict[str, Any]) -> None:
-    """StartMessageMoveTask moves a DLQ's messages back to the queue they came from; ListMessageMoveTasks reports it."""
+    """StartMessageMoveTask moves a DLQ's messages back to the queue they came from, each in its MessageGroupId (its tenant); ListMessageMoveTasks reports it."""
     url, _ = queue(remote, "TaskQueue")
     _, dlq_arn = queue(remote, "TaskDLQ")
     sqs = remote["sqs"]
@@ -344,8 +344,11 @@ def test_sqs_redrive_start_and_list_message_move_tasks(remote: dict[str, Any]) -
         assert time.monotonic() < give_up
         time.sleep(0.5)
     assert (move["Status"], move["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
-    [back] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+    [back] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1, MessageSystemAttributeNames=["All"])[
+        "Messages"
+    ]
     assert TaskMessage.model_validate_json(back["Body"]).task_id == "dead"
+    assert back["Attributes"]["MessageGroupId"] == "acme"
 
 
 def test_sqs_concurrent_receives_hand_each_message_to_one_poller(remote: dict[str, Any]) -> None:
