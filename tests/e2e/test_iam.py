@@ -108,7 +108,8 @@ def allows(statement: dict[str, Any], action: str, resource: str) -> bool:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningStack, Path]]:
     calls = tmp_path_factory.mktemp("iam") / "calls.jsonl"
-    stack = start_stack("--record-aws-calls", str(calls))
+    # A cap on a tenant's running calls, so the worker counts them (LimitsTable)
+    stack = start_stack("--record-aws-calls", str(calls), "--parameter-overrides", "TenantMaxRunning=50")
     try:
         yield stack, calls
     finally:
@@ -145,6 +146,17 @@ def drive(stack: RunningStack) -> None:
         slow = client.post("/tasks", json={"prompt": "a call past a second"}).json()
         wait_terminal(client, slow["task_id"])
         stack.configure_mock(latency_s=0)
+        # The lanes: a high-priority task, a low-priority one, a high-priority batch's items
+        for priority in ("high", "low"):
+            lane = client.post("/tasks", json={"prompt": f"{priority} lane", "priority": priority}).json()
+            wait_terminal(client, lane["task_id"])
+        urgent_batch = client.post("/batches", json={"items": [{"prompt": "u"}], "priority": "high"}).json()
+        eventually(
+            lambda: client.get(f"/batches/{urgent_batch['batch_id']}").json()["status"],
+            lambda status: status == "completed",
+            timeout_s=60,
+            what="the high-priority batch completed",
+        )
         items = {"items": [{"prompt": "b1"}, {"prompt": "b2"}], "webhook_url": receiver + "/hook"}
         batch = client.post("/batches", json=items, headers={"Idempotency-Key": "iam-batch"}).json()
         client.post("/batches", json=items, headers={"Idempotency-Key": "iam-batch"})  # a replay

@@ -118,7 +118,9 @@ class KeyLimits:
         if now < self._full_until.get(caller.key_id, 0.0):
             raise self._over_rate(caller)
         try:
-            self._update(
+            _update(
+                self._client,
+                self.table_name,
                 f"rate#{caller.key_id}#{int(now)}",
                 "SET #n = if_not_exists(#n, :zero) + :one, expires_at = :expires",
                 "attribute_not_exists(#n) OR #n < :rps",
@@ -146,7 +148,9 @@ class KeyLimits:
             )
         for attempt in range(2):
             try:
-                self._update(
+                _update(
+                    self._client,
+                    self.table_name,
                     f"flight#{key_id}",
                     "SET #entry = :entry, #n = if_not_exists(#n, :zero) + :weight",
                     "attribute_not_exists(#entry) AND (attribute_not_exists(#n) OR #n <= :room)",
@@ -185,7 +189,9 @@ class KeyLimits:
 
     def _release(self, key_id: str, entry: Held) -> bool:
         try:
-            self._update(
+            _update(
+                self._client,
+                self.table_name,
                 f"flight#{key_id}",
                 "REMOVE #entry SET #n = #n - :weight",
                 "attribute_exists(#entry)",
@@ -195,17 +201,6 @@ class KeyLimits:
         except _Refused:
             return False  # another submit removed it first
         return True
-
-    def _update(
-        self,
-        pk: str,
-        update: str,
-        condition: str,
-        values: dict[str, Any],
-        *,
-        names: dict[str, str] | None = None,
-    ) -> None:
-        _update(self._client, self.table_name, pk, update, condition, values, names=names)
 
 
 def _update(

@@ -25,6 +25,7 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.errors import (
     RATE_LIMITED,
+    BackendError,
     LLMError,
     RetryLater,
     StaleWrite,
@@ -201,7 +202,11 @@ class TaskRunner:
         try:
             await self._call_and_record(task, lease_id, now, remaining_s)
         finally:
-            await asyncio.to_thread(running.give_back, task.tenant_id, task.task_id)
+            try:
+                await asyncio.to_thread(running.give_back, task.tenant_id, task.task_id)
+            except BackendError:
+                # The outcome is stored; the place is cleared once its lease lapses.
+                logger.warning("running place not given back", **task_keys(task))
 
     def _running_cap(self, task: Task) -> int | None:
         """The tenant's running calls this task may join: the tighter of the stack's cap and its
