@@ -118,7 +118,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
 
 def drive(stack: RunningStack) -> None:
     """A workload that takes every function down each of its usual paths."""
-    capped = stack.cli("keys", "create", "--tenant", "iam", "--rps", "50", "--max-in-flight", "2").strip()
+    capped = stack.cli(
+        "keys", "create", "--tenant", "iam", "--rps", "50", "--max-in-flight", "2", "--max-running", "1"
+    ).strip()
     hook = WebhookReceiver(answers=[500])  # the first delivery fails and is retried
     with serve(hook.app()) as receiver, stack.client() as client, stack.client(capped) as limited:
         client.get("/webhooks/secret")
@@ -140,7 +142,9 @@ def drive(stack: RunningStack) -> None:
         cancelled = client.post("/tasks", json={"prompt": "cancel me"}).json()
         client.post(f"/tasks/{cancelled['task_id']}/cancel")
         client.get("/tasks", params={"limit": 5})
-        for i in range(3):  # the third is refused: the ended ones are looked up and released
+        # The third is refused: the ended ones are looked up and released. The two taken run 2 s
+        # calls at once: the second finds its key's one running place held (and waits queued).
+        for i in range(3):
             limited.post("/tasks", json={"prompt": f"capped {i}"})
         # A call past a second: its invocation looks at its queue for more (worker/call_slots.py)
         slow = client.post("/tasks", json={"prompt": "a call past a second"}).json()

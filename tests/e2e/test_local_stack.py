@@ -173,3 +173,28 @@ def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
         )
     finally:
         stack.stop()
+
+
+def test_a_start_that_loses_its_port_to_another_process_is_tried_again_on_new_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmtasks.local import launcher
+
+    # Another process takes the API's port between the probe and the stack's bind
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    ports = iter([busy])
+    real_free_port = launcher.free_port
+    monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or real_free_port())
+    try:
+        stack = start_stack()
+    finally:
+        taken.close()
+    try:
+        assert stack.api != f"http://127.0.0.1:{busy}"
+        with stack.client() as client:
+            assert client.get("/health").status_code == 200
+    finally:
+        stack.stop()

@@ -135,8 +135,31 @@ class LaunchedStack:
             raise
 
 
+# Starts that lost a port to another process between free_port() and the bind, tried again.
+PORT_RACE_RETRIES = 3
+# What `llmtasks up` says when a port is taken: its own check (local/processes.check_port_free),
+# or a bind that lost the race after it.
+PORT_TAKEN = re.compile(r"port \d+ is in use by|address already in use", re.IGNORECASE)
+
+
+class _PortTaken(RuntimeError):
+    """A port free_port() found was taken before the stack bound it."""
+
+
 def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> LaunchedStack:
-    """`llmtasks up EXTRA` with the API, moto and the mock on free ports, once it is ready."""
+    """`llmtasks up EXTRA` with the API, moto and the mock on free ports, once it is ready. A
+    port found free can be taken by another process before the stack binds it (tests start
+    stacks side by side): such a start is tried again on new ports."""
+    for attempt in range(PORT_RACE_RETRIES + 1):
+        try:
+            return _launch(extra, env, cwd)
+        except _PortTaken:
+            if attempt == PORT_RACE_RETRIES:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _launch(extra: tuple[str, ...], env: dict[str, str] | None, cwd: Path | None) -> LaunchedStack:
     api_port, moto_port, mock_port = free_port(), free_port(), free_port()
     log = Path(tempfile.mkstemp(prefix="llmtasks-up-", suffix=".log")[1])
     given = env or {}
@@ -174,7 +197,10 @@ def launch(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = No
         give_up = time.monotonic() + 60
         while "Ready." not in log.read_text():
             if process.poll() is not None or time.monotonic() > give_up:
-                raise RuntimeError(f"llmtasks up did not start:\n{log.read_text()}")
+                printed = log.read_text()
+                if process.poll() is not None and PORT_TAKEN.search(printed):
+                    raise _PortTaken(printed)
+                raise RuntimeError(f"llmtasks up did not start:\n{printed}")
             time.sleep(0.1)
     except BaseException:
         # Never leave a stack behind: SIGTERM lets it stop its own children.
