@@ -41,8 +41,9 @@ faults: $(STAMP)
 localstack: $(STAMP)
 	scripts/localstack-tests $(PYTEST_ARGS)
 
-## The benchmark: overhead, scale, long calls, goodput under a rate limit, AWS calls and cost per
-## task, cold start. Prints figures and ratios and writes bench/RESULTS.md (about 8 minutes).
+## The benchmark: overhead, scale, goodput under a rate limit, AWS calls and cost per task, the
+## Celery baseline, call slots, scheduling, cold start. Prints figures and ratios and writes
+## bench/RESULTS.md (about 40 minutes; ARGS=--quick for a smaller run).
 bench: $(STAMP)
 	@scripts/system-packages
 	$(BIN)/python bench/run.py $(ARGS)

@@ -1,5 +1,6 @@
-"""The llmtasks benchmark: overhead against the boto3 floor, scale, long-call efficiency, goodput
-under a provider rate limit, AWS calls and cost per task, and cold-start import time.
+"""The llmtasks benchmark: overhead against the boto3 floor, scale, goodput under a provider rate
+limit, AWS calls and cost per task, durable state, key limits, the seed's Celery design side by
+side, call slots kept busy on long calls, scheduling between tenants, and cold-start import time.
 
 Run from the project root: `make bench` (or `.venv/bin/python bench/run.py`). It starts its own
 local stacks (`llmtasks up` on free ports, 127.0.0.1 only), prints each figure with its ratio and
@@ -60,7 +61,6 @@ SECTIONS = (
     "cold",
     "overhead",
     "scale",
-    "long",
     "paced",
     "cost",
     "state",
@@ -629,7 +629,7 @@ def costs(report: Report, tasks: int) -> None:
     )
 
 
-# --- long calls and goodput -----------------------------------------------------------------------
+# --- goodput under a rate limit -------------------------------------------------------------------
 
 
 def worker_slots() -> tuple[int, int]:
@@ -643,37 +643,6 @@ def worker_slots() -> tuple[int, int]:
         source["BatchSize"]
     )
     return int(concurrency), per_invocation
-
-
-def long_calls(report: Report, tasks: int, latency_s: float) -> None:
-    concurrency, batch = worker_slots()
-    with stack_running() as stack:
-        stack.configure_mock(latency_s=latency_s)
-        started = time.time()
-        submitted = open_loop(stack, tasks, lambda i: {"prompt": f"long {i}"}, lambda _i: {})
-        submit_span = max(at for at, _ in submitted) - started
-        done = outcomes(stack, submitted)
-        in_flight = stack.mock_stats()["max_in_flight"]
-    wall = max(d.completed_at for d in done) - started
-    ideal = tasks * latency_s / (concurrency * batch)
-    efficiency = ideal / wall
-    section = "long calls"
-    report.add(
-        section,
-        f"{tasks} x {latency_s:.0f} s, {concurrency} x {batch} call slots: wall",
-        f"{wall:.2f} s",
-        f"ideal {ideal:.2f} s",
-    )
-    report.add(section, "efficiency", f"{efficiency:.2f}", f"target >= 0.85: {verdict(efficiency >= 0.85)}")
-    # The last task cannot finish before it is submitted plus one call: on this machine that,
-    # not the worker's slots, may be the bound.
-    arrival_bound = max(ideal, submit_span + latency_s)
-    report.add(section, f"time to submit the {tasks} tasks", f"{submit_span:.2f} s")
-    report.add(
-        section, "efficiency against max(ideal, submit time + one call)", f"{arrival_bound / wall:.2f}"
-    )
-    report.add(section, "most LLM calls in flight at once", str(in_flight))
-    report.add(section, "tasks not completed", str(sum(d.task["status"] != "completed" for d in done)))
 
 
 def goodput(report: Report, tasks: int, limit_rps: float) -> None:
@@ -815,30 +784,18 @@ def burst(target: Target, tasks: int) -> dict[str, float]:
     }
 
 
-def slot_efficiency(target: Target, tasks: int, latency_s: float, slots: int) -> float:
-    """`tasks` calls of `latency_s` submitted at once: (tasks x latency / slots) / wall time."""
-    started = time.time()
-    submitted = open_loop(target, tasks, lambda i: {"prompt": f"long {i} {uuid.uuid4().hex}"}, lambda _i: {})
-    done = outcomes(target, submitted)
-    return tasks * latency_s / slots / (max(d.completed_at for d in done) - started)
-
-
-def versus_celery(report: Report, burst_tasks: int, long_tasks: int, latency_s: float = 2.0) -> None:
+def versus_celery(report: Report, burst_tasks: int) -> None:
     """The seed's design (Flask + Celery threads + Redis, bench/baseline.py) and the local stack,
-    in the same run, against the same mock LLM, driven by the same client code."""
+    in the same run, against the same mock LLM, driven by the same client code: a burst of
+    submits. (Long calls on both: the call slots section.)"""
     section = "vs Celery"
     concurrency, batch = worker_slots()
     slots = concurrency * batch
     with stack_running() as stack:
         assert stack.mock is not None
         figures = {"llmtasks": burst(stack, burst_tasks)}
-        stack.configure_mock(latency_s=latency_s)
-        efficiency = {"llmtasks": slot_efficiency(stack, long_tasks, latency_s, slots)}
-        stack.configure_mock(latency_s=0)
         with running_baseline(stack.mock + "/v1", threads=slots) as celery:
             figures["celery"] = burst(celery, burst_tasks)
-            stack.configure_mock(latency_s=latency_s)
-            efficiency["celery"] = slot_efficiency(celery, long_tasks, latency_s, slots)
     ours, theirs = figures["llmtasks"], figures["celery"]
     for key, label, unit in (
         ("submits_s", f"{burst_tasks} tasks, 0 s LLM, 16 clients: submits a second", "/s"),
@@ -848,12 +805,6 @@ def versus_celery(report: Report, burst_tasks: int, long_tasks: int, latency_s: 
         value = f"{ours[key]:.1f}{unit}" if unit == "/s" else ms(ours[key])
         other = f"{theirs[key]:.1f}{unit}" if unit == "/s" else ms(theirs[key])
         report.add(section, label, value, f"Celery {other}, ratio {ours[key] / theirs[key]:.2f}")
-    report.add(
-        section,
-        f"{long_tasks} x {latency_s:.0f} s, {slots} call slots each: efficiency",
-        f"{efficiency['llmtasks']:.2f}",
-        f"Celery {efficiency['celery']:.2f}, ratio {efficiency['llmtasks'] / efficiency['celery']:.2f}",
-    )
     report.add(
         section,
         "tasks not completed (llmtasks / Celery)",
@@ -1171,12 +1122,10 @@ def main() -> None:
             "large": 300,
             "floor": 100,
             "cost": 50,
-            "long": 40,
             "paced": 100,
             "burst": 100,
             "stored": 1000,
             "limits": 20,
-            "versus_long": 100,
         }
         if args.quick
         else {
@@ -1185,12 +1134,10 @@ def main() -> None:
             "large": 10000,
             "floor": 1000,
             "cost": 200,
-            "long": 200,
             "paced": 600,
             "burst": 1000,
             "stored": 10000,
             "limits": 60,
-            "versus_long": 500,
         }
     )
     report = Report()
@@ -1223,8 +1170,6 @@ def main() -> None:
                 f"target <= 1.2: {verdict(ratio <= 1.2)}",
             )
         overhead(report, sizes["small"], floor_p50)
-    if "long" in chosen:
-        long_calls(report, sizes["long"], latency_s=2.0)
     if "paced" in chosen:
         goodput(report, sizes["paced"], limit_rps=20)
         # Half the limit, side by side: whether the pace or this machine bounds the first figure.
@@ -1236,7 +1181,7 @@ def main() -> None:
     if "limits" in chosen:
         key_limits(report, sizes["limits"])
     if "celery" in chosen:
-        versus_celery(report, sizes["burst"], sizes["versus_long"])
+        versus_celery(report, sizes["burst"])
     if "slots" in chosen:
         call_slots(report, args.quick)
     if "scheduling" in chosen:
