@@ -17,7 +17,14 @@ from llmtasks.local import moto_atomic, moto_fair, moto_redrive
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import LocalLambdaContext, load_handler
 from llmtasks.local.template import FunctionSpec, Template
-from llmtasks.settings import Settings
+from llmtasks.settings import (
+    ApiResources,
+    AuthorizerResources,
+    BatchResources,
+    Settings,
+    WebhookResources,
+    WorkerResources,
+)
 from tests.helpers import TEMPLATE, WebhookReceiver, serve
 
 # The in-process moto gets the redrive API the local stack's moto server has.
@@ -110,9 +117,15 @@ def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
         yield hook, url + "/hook"
 
 
+class StackSettings(
+    Settings, ApiResources, WorkerResources, BatchResources, WebhookResources, AuthorizerResources
+):
+    """The settings and every function's resources in one: what the tests build services from."""
+
+
 @pytest.fixture
-def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
-    return Settings(
+def settings(aws: Aws, mock_llm: RunningMock) -> StackSettings:
+    return StackSettings(
         tasks_table_name=aws.resources.table_names["TasksTable"],
         task_queue_url=aws.queue_url("TaskQueue"),
         high_task_queue_url=aws.queue_url("HighTaskQueue"),
@@ -122,6 +135,7 @@ def settings(aws: Aws, mock_llm: RunningMock) -> Settings:
         webhook_dlq_url=aws.queue_url("WebhookDLQ"),
         idempotency_table_name=aws.resources.table_names["IdempotencyTable"],
         limits_table_name=aws.resources.table_names["LimitsTable"],
+        api_keys_table_name=aws.resources.table_names["ApiKeysTable"],
         webhook_resolve_names=False,
         results_bucket=aws.resources.bucket_names["ResultsBucket"],
         llm_base_url=mock_llm.url,
@@ -141,7 +155,12 @@ def handler(aws: Aws) -> Any:
 
     def load(logical_id: str) -> tuple[Any, LocalLambdaContext]:
         spec = aws.function(logical_id)
-        return load_handler(spec), lambda_context(spec)
+        # Imported as Lambda imports it: in the function's own environment (its cold start
+        # checks its resources there).
+        with pytest.MonkeyPatch.context() as environment:
+            for name, value in spec.environment.items():
+                environment.setenv(name, value)
+            return load_handler(spec), lambda_context(spec)
 
     return load
 

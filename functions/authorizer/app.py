@@ -21,6 +21,10 @@ from llmtasks import wiring
 from llmtasks.aws.apikeys import ApiKeys, presented_key
 from llmtasks.aws.limits import caller_context
 from llmtasks.observability import logger
+from llmtasks.settings import AuthorizerResources
+
+# What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
+wiring.cold_start(AuthorizerResources)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)

@@ -24,6 +24,10 @@ from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently
 from llmtasks.services.batches import BatchFanout, BatchProgress
+from llmtasks.settings import BatchResources
+
+# What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
+wiring.cold_start(BatchResources)
 
 
 @logger.inject_lambda_context(clear_state=True)

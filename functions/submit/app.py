@@ -12,8 +12,12 @@ from llmtasks.api.routes import build_app, handle
 from llmtasks.observability import logger, tracer
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
+from llmtasks.settings import ApiResources
 
 app = build_app(commands=True)
+
+# What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
+wiring.cold_start(ApiResources)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)

@@ -22,6 +22,10 @@ from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
+from llmtasks.settings import WebhookResources
+
+# What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
+wiring.cold_start(WebhookResources)
 
 
 @logger.inject_lambda_context(clear_state=True)

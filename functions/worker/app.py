@@ -14,8 +14,12 @@ from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import process_sqs_concurrently, receive_count
+from llmtasks.settings import WorkerResources
 from llmtasks.worker.call_slots import CallSlots, keep_slots_full
 from llmtasks.worker.runner import Delivery, TaskRunner
+
+# What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
+wiring.cold_start(WorkerResources)
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -28,7 +32,9 @@ def lambda_handler(
     call_slots: int | None = None,
 ) -> PartialItemFailureResponse:
     runner = runner or wiring.task_runner()
-    queue = queue or wiring.worker_queue(event)
+    # The lane's queue the records came from: more come from there as calls end.
+    source = str((event.get("Records") or [{}])[0].get("eventSourceARN", ""))
+    queue = queue or wiring.task_lanes().of_source(source)
     slots = wiring.worker_call_slots() if call_slots is None else call_slots
 
     async def run_one(record: SQSRecord) -> None:

@@ -1,42 +1,116 @@
 """The one place where configuration is read from the environment.
 
-Every function reads the same `Settings`; template.yaml sets the variables (Globals for the
-shared resources, per function for the rest) and the local stack sets the same names. A bad
-deploy fails at cold start, when `get_settings()` validates, not at the first request.
+Two kinds of model. `Settings`: how the service behaves (limits, retries, the LLM, webhooks),
+every field with a default, the same for every function. And one resource model per function
+(`WorkerResources`, `ApiResources`, ...): the tables, queues and bucket that function uses and
+nothing more, every name required. Each handler module validates both when it is imported
+(`wiring.cold_start`), so a deploy that lacks a variable fails the cold start with a message
+naming it, never the first request, and a function is never asked for names it does not use.
+template.yaml sets the variables (Globals for the shared resources, per function for the rest);
+the local stack sets the same names.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Annotated, Literal
+from functools import cache, lru_cache
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KIB = 1024
 
 
-class Settings(BaseSettings):
+# --- what each function uses: its resources -------------------------------------------------------
+
+
+class FunctionResources(BaseSettings):
+    """The resources of one function, by their environment variables (upper-case names)."""
+
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
 
-    # Resources (template.yaml: Globals.Function.Environment)
+
+class TasksTable(FunctionResources):
     tasks_table_name: str = Field(min_length=1)
+    # Results too large for the task item (and batch manifests).
+    results_bucket: str = Field(min_length=1)
+
+
+class TaskLanesQueues(FunctionResources):
+    """The task queues, one per lane (domain.rules.Lane)."""
+
     task_queue_url: str = Field(min_length=1)
     # High-priority tasks run from a queue of their own, with invocations kept for them.
     high_task_queue_url: str = Field(min_length=1)
-    # Batch items run from a queue of their own, so a batch never holds up single tasks.
+    # Batch items and low-priority tasks, so a batch never holds up single tasks.
     batch_task_queue_url: str = Field(min_length=1)
+
+
+class BatchFanoutQueue(FunctionResources):
+    # One message per chunk of a batch's items: SubmitFunction sends, BatchFunction reads.
     batch_fanout_queue_url: str = Field(min_length=1)
+
+
+class Limits(FunctionResources):
+    # A key's limits and the tenants' running calls are counted here; unset: nothing is counted.
+    limits_table_name: str | None = None
+
+
+class ApiResources(TasksTable, TaskLanesQueues, BatchFanoutQueue, Limits):
+    """SubmitFunction and StatusFunction."""
+
+    # Idempotency-Key records (SubmitFunction only: StatusFunction never reads them).
+    idempotency_table_name: str | None = None
+
+
+class WorkerResources(TasksTable, TaskLanesQueues, Limits):
+    """WorkerFunction."""
+
+
+class BatchResources(TasksTable, TaskLanesQueues, BatchFanoutQueue):
+    """BatchFunction: fans a batch's items out to the lanes, counts them."""
+
+
+class WebhookResources(TasksTable):
+    """WebhookFunction: relays ended tasks and batches, delivers them."""
+
     webhook_queue_url: str = Field(min_length=1)
     webhook_dlq_url: str = Field(min_length=1)
-    results_bucket: str = Field(min_length=1)
 
-    # API keys (template.yaml: the Api's authorizer) and their limits.
-    api_keys_table_name: str | None = None  # AuthorizerFunction only
-    limits_table_name: str | None = None  # SubmitFunction and StatusFunction
 
-    # Idempotency-Key records (SubmitFunction only: other functions never read it).
-    idempotency_table_name: str | None = None
+class AuthorizerResources(FunctionResources):
+    """AuthorizerFunction: the API keys, nothing else."""
+
+    api_keys_table_name: str = Field(min_length=1)
+
+
+Resources = TypeVar("Resources", bound=FunctionResources)
+
+
+class MissingConfiguration(RuntimeError):
+    """A function started without a variable it needs (a cold start's error)."""
+
+
+@cache
+def resources(model: type[Resources]) -> Resources:
+    """`model` read from the environment, once per process; MissingConfiguration names every
+    variable that is missing or wrong."""
+    try:
+        return model()
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'_'.join(str(part) for part in e['loc']).upper()}: {e['msg']}" for e in error.errors()
+        )
+        raise MissingConfiguration(f"{model.__name__} cannot start: {problems}") from None
+
+
+# --- how the service behaves ----------------------------------------------------------------------
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    # How long an Idempotency-Key's record lasts (SubmitFunction).
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
 
     # Task lifecycle
@@ -133,4 +207,4 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()  # the required fields come from the environment
+    return Settings()

@@ -1,7 +1,9 @@
-"""Builds the real collaborators from `Settings`, once per process (a Lambda sandbox).
+"""Builds the real collaborators from `Settings` and the resources, once per process (a Lambda
+sandbox).
 
-Handlers take each collaborator as an optional argument and fall back to these, so tests pass
-their own without monkeypatching.
+Each handler module calls `cold_start` with its function's resource model when it is imported:
+what the function needs is checked then. Handlers take each collaborator as an optional argument
+and fall back to these, so tests pass their own without monkeypatching.
 """
 
 from __future__ import annotations
@@ -26,12 +28,31 @@ from llmtasks.llm import provider_from_settings
 from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings
-from llmtasks.settings import get_settings
+from llmtasks.settings import (
+    ApiResources,
+    AuthorizerResources,
+    BatchFanoutQueue,
+    FunctionResources,
+    Limits,
+    TaskLanesQueues,
+    TasksTable,
+    WebhookResources,
+    get_settings,
+    resources,
+)
 from llmtasks.worker.runner import TaskRunner
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
+
+
+def cold_start(model: type[FunctionResources]) -> None:
+    """Validates the settings and the function's resources as its handler module is imported:
+    a missing or bad variable fails the cold start (settings.MissingConfiguration), naming it."""
+    get_settings()
+    resources(model)
+
 
 # boto3's default session is not safe to create clients from concurrently (the local stack runs
 # several sandboxes in threads of one process).
@@ -62,27 +83,19 @@ def sqs() -> SQSClient:
 
 
 def task_store() -> TaskStore:
-    return TaskStore(get_settings().tasks_table_name, dynamodb())
+    return TaskStore(resources(TasksTable).tasks_table_name, dynamodb())
 
 
 @lru_cache(maxsize=1)
 def task_lanes() -> TaskLanes:
-    settings = get_settings()
+    queues = resources(TaskLanesQueues)
     return TaskLanes(
         {
-            Lane.NORMAL: Queue(settings.task_queue_url, sqs()),
-            Lane.HIGH: Queue(settings.high_task_queue_url, sqs()),
-            Lane.BACKGROUND: Queue(settings.batch_task_queue_url, sqs()),
+            Lane.NORMAL: Queue(queues.task_queue_url, sqs()),
+            Lane.HIGH: Queue(queues.high_task_queue_url, sqs()),
+            Lane.BACKGROUND: Queue(queues.batch_task_queue_url, sqs()),
         }
     )
-
-
-def worker_queue(event: dict[str, Any]) -> Queue:
-    """The lane's queue an SQS event's records came from; TaskQueue for an event from no lane's
-    queue (a sample event given to `llmtasks invoke`): its records run, and more come from there."""
-    records = event.get("Records") or [{}]
-    lanes = task_lanes()
-    return lanes.of_source(str(records[0].get("eventSourceARN", ""))) or lanes[Lane.NORMAL]
 
 
 def worker_call_slots() -> int:
@@ -90,22 +103,23 @@ def worker_call_slots() -> int:
 
 
 def batch_fanout_queue() -> Queue:
-    return Queue(get_settings().batch_fanout_queue_url, sqs())
+    # SubmitFunction sends to it, BatchFunction reads it: both resource models name it.
+    return Queue(resources(BatchFanoutQueue).batch_fanout_queue_url, sqs())
 
 
 def batch_store() -> BatchStore:
-    return BatchStore(get_settings().tasks_table_name, dynamodb())
+    return BatchStore(resources(TasksTable).tasks_table_name, dynamodb())
 
 
 @lru_cache(maxsize=1)
 def result_blobs() -> ResultBlobs:
-    return ResultBlobs(get_settings().results_bucket)
+    return ResultBlobs(resources(TasksTable).results_bucket)
 
 
 @lru_cache(maxsize=1)
 def key_limits() -> KeyLimits | None:
     """The per-key limits' counters; None where LimitsTable is not configured (no limits)."""
-    table = get_settings().limits_table_name
+    table = resources(Limits).limits_table_name
     if table is None:
         return None
     return KeyLimits(table, dynamodb(), ended=work_ended(task_store(), batch_store()))
@@ -149,15 +163,13 @@ def batch_progress() -> BatchProgress:
 
 
 def idempotency_keys() -> IdempotencyKeys | None:
-    settings = get_settings()
-    if settings.idempotency_table_name is None:
+    table = resources(ApiResources).idempotency_table_name
+    if table is None:
         return None  # a function that takes no submits (StatusFunction)
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
-    persistence = DynamoDBPersistenceLayer(
-        table_name=settings.idempotency_table_name, boto3_client=dynamodb()
-    )
-    return IdempotencyKeys(persistence, ttl_s=settings.idempotency_ttl_s)
+    persistence = DynamoDBPersistenceLayer(table_name=table, boto3_client=dynamodb())
+    return IdempotencyKeys(persistence, ttl_s=get_settings().idempotency_ttl_s)
 
 
 @lru_cache(maxsize=1)
@@ -166,7 +178,9 @@ def task_runner() -> TaskRunner:
     pacer = None
     if settings.llm_requests_per_second > 0:
         pacer = CallPacer(
-            settings.tasks_table_name, dynamodb(), calls_per_second=settings.llm_requests_per_second
+            resources(TasksTable).tasks_table_name,
+            dynamodb(),
+            calls_per_second=settings.llm_requests_per_second,
         )
     return TaskRunner(
         settings,
@@ -182,18 +196,18 @@ def task_runner() -> TaskRunner:
 
 def running_calls() -> RunningCalls | None:
     """The tenants' running calls, counted where a cap can apply (LimitsTable configured)."""
-    settings = get_settings()
-    if settings.limits_table_name is None:
-        if settings.tenant_max_running:
+    table = resources(Limits).limits_table_name
+    if table is None:
+        if get_settings().tenant_max_running:
             raise RuntimeError(
                 "TENANT_MAX_RUNNING needs LIMITS_TABLE_NAME: the running calls are counted there"
             )
         return None
-    return RunningCalls(settings.limits_table_name, dynamodb())
+    return RunningCalls(table, dynamodb())
 
 
 def webhook_queue() -> Queue:
-    return Queue(get_settings().webhook_queue_url, sqs())
+    return Queue(resources(WebhookResources).webhook_queue_url, sqs())
 
 
 @lru_cache(maxsize=1)
@@ -209,7 +223,7 @@ def webhook_delivery() -> WebhookDelivery:
         allowed_hosts=settings.webhook_allowed_hosts,
         resolve=resolver_from_settings(settings),
     )
-    dead_letters = Queue(settings.webhook_dlq_url, sqs())
+    dead_letters = Queue(resources(WebhookResources).webhook_dlq_url, sqs())
     return WebhookDelivery(
         settings, task_store(), dead_letters, sender, results=result_blobs(), batches=batch_store()
     )
@@ -217,7 +231,4 @@ def webhook_delivery() -> WebhookDelivery:
 
 @lru_cache(maxsize=1)
 def api_keys() -> ApiKeys:
-    settings = get_settings()
-    if settings.api_keys_table_name is None:
-        raise RuntimeError("API_KEYS_TABLE_NAME is not set: only AuthorizerFunction checks keys")
-    return ApiKeys(settings.api_keys_table_name, dynamodb())
+    return ApiKeys(resources(AuthorizerResources).api_keys_table_name, dynamodb())

@@ -158,10 +158,11 @@ class TaskLanes:
     def __getitem__(self, lane: Lane) -> Queue:
         return self._queues[lane]
 
-    def of_source(self, arn_or_url: str) -> Queue | None:
-        """The lane's queue an event source's ARN (or a queue URL) names; None if none does."""
+    def of_source(self, arn_or_url: str) -> Queue:
+        """The lane's queue an event source's ARN (or a queue URL) names; the normal lane's for
+        one no lane has (a sample event given to `llmtasks invoke`)."""
         name = queue_name(arn_or_url)
-        return next((q for q in self._queues.values() if queue_name(q.url) == name), None)
+        return next((q for q in self._queues.values() if queue_name(q.url) == name), self[Lane.NORMAL])
 
     def send(self, task: Task, *, delay_s: float = 0) -> str:
         return self[lane_of(task)].send(

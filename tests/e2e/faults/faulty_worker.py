@@ -23,7 +23,7 @@ from llmtasks import wiring
 from llmtasks.domain.messages import Completion, TaskMessage
 from llmtasks.domain.models import LLMRequest
 from llmtasks.llm import OnProgress, provider_from_settings
-from llmtasks.settings import get_settings
+from llmtasks.settings import TaskLanesQueues, get_settings, resources
 from llmtasks.worker.runner import TaskRunner
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,7 +85,7 @@ class FaultyLLM:
 def lambda_handler(event: dict[str, Any], context: Any) -> Any:
     now = faults()
     records = event.get("Records") or []
-    sqs, queue_url = wiring.sqs(), get_settings().task_queue_url
+    sqs, queue_url = wiring.sqs(), resources(TaskLanesQueues).task_queue_url
     for record in records:
         first = record["attributes"].get("ApproximateReceiveCount") == "1"
         if first and rng.random() < now.get("duplicate_rate", 0):
