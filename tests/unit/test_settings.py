@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -24,18 +25,20 @@ WORKER_ENV = {
 def cold_start(function: str, environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Imports functions/<function>/app.py in a fresh interpreter with only `environment` (and
     what Python needs), as a Lambda execution environment would."""
+    path = str(ROOT / "functions" / function / "app.py")
     code = (
         "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('app', {str(ROOT / 'functions' / function / 'app.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('app', {path!r})\n"
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
     )
     kept = {name: os.environ[name] for name in ("PATH", "PYTHONPATH", "HOME") if name in os.environ}
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         [sys.executable, "-c", code],
         env={**kept, "AWS_DEFAULT_REGION": "us-east-1", **environment},
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
 
 
@@ -71,5 +74,26 @@ def test_every_missing_or_bad_variable_is_named_at_once(monkeypatch: pytest.Monk
         for name, value in WORKER_ENV.items():
             monkeypatch.setenv(name, value)
         assert resources(WorkerResources).high_task_queue_url == "https://sqs/1/high"
+    finally:
+        resources.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        "AuthorizerFunction",
+        "SubmitFunction",
+        "StatusFunction",
+        "WorkerFunction",
+        "BatchFunction",
+        "WebhookFunction",
+    ],
+)
+def test_the_template_gives_each_function_what_its_cold_start_checks(handler: Any, function: str) -> None:
+    for name in list(os.environ):
+        assert not name.endswith(("_QUEUE_URL", "_TABLE_NAME", "_BUCKET")), name  # only the template's
+    resources.cache_clear()
+    try:
+        handler(function)  # imported in the template's environment for it; MissingConfiguration if short
     finally:
         resources.cache_clear()
