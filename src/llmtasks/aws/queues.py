@@ -34,7 +34,7 @@ def queue_name(url_or_arn: str) -> str:
     return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
-def _traced(trace_header: str | None, group: str | None) -> dict[str, Any]:
+def _message_extras(trace_header: str | None, group: str | None) -> dict[str, Any]:
     """A message's AWSTraceHeader attribute, if there is a trace to continue, and its group."""
     extra: dict[str, Any] = {} if group is None else {"MessageGroupId": group}
     if trace_header:
@@ -60,13 +60,13 @@ class Queue:
         """`trace_header` (X-Ray's) goes as the AWSTraceHeader attribute: the function the queue
         triggers continues that trace. `group` is the MessageGroupId: on a standard queue, the
         tenant a fair queue shares its consumers between."""
-        traced = _traced(trace_header, group)
+        extras = _message_extras(trace_header, group)
         try:
             reply = self._client.send_message(
                 QueueUrl=self.url,
                 MessageBody=body.model_dump_json(),
                 DelaySeconds=min(MAX_DELAY_S, max(0, round(delay_s))),
-                **traced,
+                **extras,
             )
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"SQS send failed: {exc}") from exc
@@ -77,7 +77,7 @@ class Queue:
     ) -> None:
         """Sends every body, ten to a SendMessageBatch call. Entries that failed on SQS's side are
         sent again; one it refuses as the sender's fault is an error."""
-        traced = _traced(trace_header, group)
+        extras = _message_extras(trace_header, group)
         for start in range(0, len(bodies), SEND_BATCH):
             entries = {
                 str(i): body.model_dump_json() for i, body in enumerate(bodies[start : start + SEND_BATCH])
@@ -85,7 +85,7 @@ class Queue:
             for _ in range(SEND_ATTEMPTS):
                 try:
                     batch: list[Any] = [
-                        {"Id": key, "MessageBody": body, **traced} for key, body in entries.items()
+                        {"Id": key, "MessageBody": body, **extras} for key, body in entries.items()
                     ]
                     reply = self._client.send_message_batch(QueueUrl=self.url, Entries=batch)
                 except (BotoCoreError, ClientError) as exc:
