@@ -38,6 +38,7 @@ from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
 from llmtasks.settings import Settings
+from llmtasks.worker.progress import ProgressWriter
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -67,46 +68,6 @@ class Delivery:
     message_id: str
     receive_count: int  # SQS ApproximateReceiveCount: 1 on the first delivery
     sent_at: float  # epoch s
-
-
-class ProgressWriter:
-    """Writes a streaming call's text so far to its task, at most once every `interval_s`: each
-    write is one UpdateItem, billed by the item's size. Raises StaleWrite when the task is no
-    longer this lease's (cancelled, taken over), which ends the call."""
-
-    def __init__(
-        self,
-        store: TaskStore,
-        task_id: str,
-        *,
-        lease_id: str,
-        interval_s: float,
-        max_bytes: int,
-        clock: Clock,
-    ) -> None:
-        self._store = store
-        self._task_id = task_id
-        self._lease_id = lease_id
-        self._interval_s = interval_s
-        self._max_bytes = max_bytes
-        self._clock = clock
-        self._written_at = clock()  # the first write comes one interval into the call
-
-    async def record(self, text: str, tokens: int) -> None:
-        now = self._clock()
-        if now - self._written_at < self._interval_s:
-            return
-        self._written_at = now
-        # The head of a long reply: the item must stay under DynamoDB's 400 KB with the prompt.
-        head = text.encode()[: self._max_bytes].decode(errors="ignore")
-        await asyncio.to_thread(
-            self._store.record_progress,
-            self._task_id,
-            lease_id=self._lease_id,
-            partial_result=head,
-            tokens=tokens,
-            now=now,
-        )
 
 
 class TaskRunner:
@@ -179,25 +140,17 @@ class TaskRunner:
         if deadline is not None and now >= deadline:
             self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
             return
-        cap = self._running_cap(task)
-        if cap is None:
+        running, cap = self._running, self._running_cap(task)
+        if running is None or cap is None:
             await self._call_and_record(task, lease_id, now, remaining_s)
             return
-        assert self._running is not None
-        running = self._running
         if not await asyncio.to_thread(
             running.take, task.tenant_id, task.task_id, cap=cap, until=lease_until
         ):
             # The tenant has `cap` calls running: this one waits in the queue, costing no retry.
             delay = self._rng.uniform(CAPPED_RETRY_S, 2 * CAPPED_RETRY_S)
-            self._schedule_retry(
-                task,
-                lease_id,
-                delay,
-                f"The tenant has {cap} calls running, its cap.",
-                "tenant_capped",
-                attempted=False,
-            )
+            why = f"The tenant has {cap} calls running, its cap."
+            self._schedule_retry(task, lease_id, delay, why, "tenant_capped", attempted=False)
             return
         try:
             await self._call_and_record(task, lease_id, now, remaining_s)
@@ -210,9 +163,9 @@ class TaskRunner:
 
     def _running_cap(self, task: Task) -> int | None:
         """The tenant's running calls this task may join: the tighter of the stack's cap and its
-        key's; None when neither caps it (or no LimitsTable counts them)."""
+        key's; None when neither caps it."""
         caps = [c for c in (self._settings.tenant_max_running, task.max_running) if c]
-        return min(caps) if caps and self._running is not None else None
+        return min(caps) if caps else None
 
     async def _call_and_record(self, task: Task, lease_id: str, now: float, remaining_s: float) -> None:
         """The claimed task's LLM call, within its time, and its outcome stored."""
