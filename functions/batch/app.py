@@ -23,7 +23,7 @@ from llmtasks.aws.store import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently
-from llmtasks.services.batches import BatchFanout, BatchProgress
+from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.settings import BatchResources
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.

@@ -25,7 +25,8 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.rules import Lane
 from llmtasks.llm import provider_from_settings
-from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService
+from llmtasks.services.batch_items import BatchFanout, BatchProgress
+from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender, resolver_from_settings
 from llmtasks.settings import (

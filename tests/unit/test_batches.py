@@ -25,7 +25,8 @@ from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.ops.deployment import Deployment
 from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
-from llmtasks.services.batches import BatchFanout, BatchProgress, BatchService, batch_task_id
+from llmtasks.services.batch_items import BatchFanout, BatchProgress
+from llmtasks.services.batches import BatchService, batch_task_id
 from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner

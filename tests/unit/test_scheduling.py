@@ -13,7 +13,7 @@ from llmtasks.domain.batches import SubmitBatchRequest
 from llmtasks.domain.models import SubmitTaskRequest
 from llmtasks.domain.rules import Lane, lane_of
 from llmtasks.ops.stats import scheduling
-from llmtasks.services.batches import item_task
+from llmtasks.services.batch_items import item_task
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from tests.conftest import Aws
