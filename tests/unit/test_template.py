@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -13,7 +14,17 @@ import pytest
 from llmtasks.local.runtime import load_handler
 from llmtasks.local.template import FunctionSpec
 from llmtasks.observability import NAMESPACE, Metric
-from llmtasks.settings import Settings
+from llmtasks.settings import (
+    ApiResources,
+    AuthorizerResources,
+    BatchResources,
+    FunctionResources,
+    MissingConfiguration,
+    Settings,
+    WebhookResources,
+    WorkerResources,
+    resources,
+)
 from tests.conftest import Aws
 from tests.helpers import ROOT
 
@@ -29,20 +40,43 @@ LAMBDA_VARIABLES = {
 }
 # Code that no handler imports: the CLI, the client SDK and the local emulator.
 NOT_IN_LAMBDA = ("cli/", "client.py", "local/")
+# Each function's resource model: what its cold start checks (wiring.cold_start in its handler).
+RESOURCES: dict[str, type[FunctionResources]] = {
+    "AuthorizerFunction": AuthorizerResources,
+    "SubmitFunction": ApiResources,
+    "StatusFunction": ApiResources,
+    "WorkerFunction": WorkerResources,
+    "BatchFunction": BatchResources,
+    "WebhookFunction": WebhookResources,
+}
 ENV_READ = re.compile(r"""os\.(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z0-9_]+)["']""")
 
 
 def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
     """What would fail in Lambda: a handler missing where the template says, a variable set that
-    no setting reads (a typo), a required setting or a variable the code reads left unset."""
-    known = {name.upper() for name in Settings.model_fields}
-    required = {name.upper() for name, field in Settings.model_fields.items() if field.is_required()}
+    no setting reads (a typo), a variable the function's resources require (its cold start fails
+    without it) or one the code reads left unset."""
+    models = [Settings, *RESOURCES.values()]
+    known = {name.upper() for model in models for name in model.model_fields}
     problems = []
     for logical_id, spec in functions.items():
+        model = RESOURCES[logical_id]
+        required = {name.upper() for name, field in model.model_fields.items() if field.is_required()}
+        resources.cache_clear()
         try:
-            load_handler(spec)
+            # Imported as Lambda imports it: in the function's own environment and no other.
+            with pytest.MonkeyPatch.context() as environment:
+                for name in [n for n in os.environ if n.endswith(("_URL", "_NAME", "_BUCKET"))]:
+                    environment.delenv(name)
+                for name, value in spec.environment.items():
+                    environment.setenv(name, value)
+                load_handler(spec)
         except (FileNotFoundError, ImportError, AttributeError) as error:
             problems.append(f"{logical_id}: no handler {spec.handler} in {spec.code_dir} ({error})")
+        except MissingConfiguration as error:
+            problems.append(f"{logical_id}'s cold start fails: {error}")
+        finally:
+            resources.cache_clear()
         variables = set(spec.environment)
         ours = {v for v in variables if not v.startswith("POWERTOOLS_")}
         problems += [f"{logical_id} sets {name}, which no setting reads" for name in sorted(ours - known)]
