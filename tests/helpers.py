@@ -211,12 +211,13 @@ def blobs(settings: Settings) -> ResultBlobs:
     return ResultBlobs(settings.results_bucket)
 
 
-def task_lanes(settings: Settings, sqs: Any, *, normal: Queue | None = None) -> TaskLanes:
+def task_lanes(settings: Any, sqs: Any, *, normal: Queue | None = None) -> TaskLanes:
     """The task queues by lane, as wiring builds them; `normal` stands in for TaskQueue's."""
-    return TaskLanes(
-        {
-            Lane.NORMAL: normal or Queue(settings.task_queue_url, sqs),
-            Lane.HIGH: Queue(settings.high_task_queue_url, sqs),
-            Lane.BACKGROUND: Queue(settings.batch_task_queue_url, sqs),
-        }
-    )
+    lanes = TaskLanes.of(settings, sqs)
+    return TaskLanes({lane: normal if normal and lane is Lane.NORMAL else lanes[lane] for lane in Lane})
+
+
+def resource_variables() -> list[str]:
+    """This process's variables that name a table, queue or bucket: what the functions' resource
+    models read, to be cleared where a test gives a function only its own."""
+    return [name for name in os.environ if name.endswith(("_URL", "_NAME", "_BUCKET"))]

@@ -23,7 +23,6 @@ from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.rules import Lane
 from llmtasks.llm import provider_from_settings
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.services.batches import BatchService
@@ -89,14 +88,7 @@ def task_store() -> TaskStore:
 
 @lru_cache(maxsize=1)
 def task_lanes() -> TaskLanes:
-    queues = resources(TaskLanesQueues)
-    return TaskLanes(
-        {
-            Lane.NORMAL: Queue(queues.task_queue_url, sqs()),
-            Lane.HIGH: Queue(queues.high_task_queue_url, sqs()),
-            Lane.BACKGROUND: Queue(queues.batch_task_queue_url, sqs()),
-        }
-    )
+    return TaskLanes.of(resources(TaskLanesQueues), sqs())
 
 
 def worker_call_slots() -> int:

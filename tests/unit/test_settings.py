@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from llmtasks.settings import MissingConfiguration, WebhookResources, WorkerResources, resources
-from tests.helpers import ROOT
+from tests.helpers import ROOT, resource_variables
 
 WORKER_ENV = {
     "TASKS_TABLE_NAME": "tasks",
@@ -57,9 +57,8 @@ def test_a_missing_variable_fails_the_cold_start_naming_it() -> None:
 
 
 def test_every_missing_or_bad_variable_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.endswith(("_URL", "_NAME", "_BUCKET")):
-            monkeypatch.delenv(name)
+    for name in resource_variables():
+        monkeypatch.delenv(name)
     monkeypatch.setenv("TASKS_TABLE_NAME", "")
     resources.cache_clear()
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -26,7 +25,7 @@ from llmtasks.settings import (
     resources,
 )
 from tests.conftest import Aws
-from tests.helpers import ROOT
+from tests.helpers import ROOT, resource_variables
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +65,7 @@ def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
         try:
             # Imported as Lambda imports it: in the function's own environment and no other.
             with pytest.MonkeyPatch.context() as environment:
-                for name in [n for n in os.environ if n.endswith(("_URL", "_NAME", "_BUCKET"))]:
+                for name in resource_variables():
                     environment.delenv(name)
                 for name, value in spec.environment.items():
                     environment.setenv(name, value)

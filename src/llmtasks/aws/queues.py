@@ -16,6 +16,7 @@ from llmtasks.domain.messages import TaskMessage
 from llmtasks.domain.models import Task
 from llmtasks.domain.rules import Lane, lane_of
 from llmtasks.observability import logger
+from llmtasks.settings import TaskLanesQueues
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -154,6 +155,17 @@ class TaskLanes:
         if missing:
             raise ValueError(f"no queue for the lanes {sorted(missing)}")
         self._queues = dict(queues)
+
+    @classmethod
+    def of(cls, queues: TaskLanesQueues, client: SQSClient) -> TaskLanes:
+        """The lanes' queues by the URLs a function is configured with."""
+        return cls(
+            {
+                Lane.NORMAL: Queue(queues.task_queue_url, client),
+                Lane.HIGH: Queue(queues.high_task_queue_url, client),
+                Lane.BACKGROUND: Queue(queues.batch_task_queue_url, client),
+            }
+        )
 
     def __getitem__(self, lane: Lane) -> Queue:
         return self._queues[lane]

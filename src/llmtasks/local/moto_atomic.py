@@ -213,17 +213,20 @@ def _send_message_batch_keeping_system_attributes(
     return messages, failed
 
 
-def _uncounted_send(send_message: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(send_message)
-    def send(*args: Any, **kwargs: Any) -> Any:
-        _sending.active = True
-        try:
-            return send_message(*args, **kwargs)
-        finally:
-            _sending.active = False
+def while_flagged(flag: threading.local, operation: Callable[..., Any], marker: str) -> Callable[..., Any]:
+    """`operation` run with `flag.active` set, for a patch deeper in the same call to read; the
+    wrapper carries the attribute `marker`, so an install that finds it wraps nothing twice."""
 
-    send.__llmtasks_uncounted__ = True  # type: ignore[attr-defined]
-    return send
+    @functools.wraps(operation)
+    def flagged(*args: Any, **kwargs: Any) -> Any:
+        flag.active = True
+        try:
+            return operation(*args, **kwargs)
+        finally:
+            flag.active = False
+
+    setattr(flagged, marker, True)
+    return flagged
 
 
 def _count_unless_sending(count: property) -> property:
@@ -253,7 +256,9 @@ def install() -> None:
             setattr(SQSBackend, name, _sqs_atomic(operation))
     Queue.wait_for_messages = _wait_unlocked  # type: ignore[method-assign]
     if not getattr(SQSBackend.send_message, "__llmtasks_uncounted__", False):
-        SQSBackend.send_message = _uncounted_send(SQSBackend.send_message)  # type: ignore[method-assign]
+        SQSBackend.send_message = while_flagged(  # type: ignore[method-assign]
+            _sending, SQSBackend.send_message, "__llmtasks_uncounted__"
+        )
     for name in _COUNTS:
         count = Queue.__dict__[name]
         if not getattr(count.fget, "__llmtasks_uncounted__", False):

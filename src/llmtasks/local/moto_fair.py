@@ -33,6 +33,8 @@ from typing import Any
 
 from moto.sqs.models import Message, Queue, SQSBackend
 
+from llmtasks.local.moto_atomic import while_flagged
+
 CONCURRENCY_SHARE = 0.10
 MIN_IN_FLIGHT = 30
 PROCESSING_TIME_SHARE = 0.10
@@ -113,7 +115,8 @@ def _fair_messages(messages: property) -> property:
         visible: list[Message] = messages.fget(queue)  # type: ignore[misc]
         if not getattr(_receiving, "active", False) or queue.fifo_queue:
             return visible
-        in_flight = [m for m in queue.pending_messages if not m.visible]
+        # Scanned only when the visible messages are of two tenants or more.
+        in_flight = (m for m in queue.pending_messages if not m.visible)
         return fair_order(visible, in_flight, _processing(queue), time.time())
 
     ordered.__llmtasks_fair__ = True  # type: ignore[attr-defined]
@@ -122,17 +125,7 @@ def _fair_messages(messages: property) -> property:
 
 def _receiving_in_order(receive: Callable[..., Any]) -> Callable[..., Any]:
     """Only a receive reads the queue in fair order (its counts and waits need no order)."""
-
-    @functools.wraps(receive)
-    def received(*args: Any, **kwargs: Any) -> Any:
-        _receiving.active = True
-        try:
-            return receive(*args, **kwargs)
-        finally:
-            _receiving.active = False
-
-    received.__llmtasks_fair__ = True  # type: ignore[attr-defined]
-    return received
+    return while_flagged(_receiving, receive, "__llmtasks_fair__")
 
 
 def _timed_receipt(mark_received: Callable[..., Any]) -> Callable[..., Any]:
