@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,6 @@ from moto import mock_aws
 from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
 from llmtasks.local import moto_atomic, moto_fair, moto_redrive
 from llmtasks.local.provision import LocalResources, provision
-from llmtasks.local.runtime import LocalLambdaContext, load_handler
 from llmtasks.local.template import FunctionSpec, Template
 from llmtasks.settings import (
     ApiResources,
@@ -25,7 +23,7 @@ from llmtasks.settings import (
     WebhookResources,
     WorkerResources,
 )
-from tests.helpers import TEMPLATE, WebhookReceiver, serve
+from tests.helpers import TEMPLATE, HandlerContext, WebhookReceiver, load_handler, serve
 
 # The in-process moto gets the redrive API the local stack's moto server has.
 moto_redrive.install()
@@ -145,15 +143,15 @@ def settings(aws: Aws, mock_llm: RunningMock) -> StackSettings:
     )
 
 
-def lambda_context(spec: FunctionSpec, timeout_s: float | None = None) -> LocalLambdaContext:
-    return LocalLambdaContext(spec, time.monotonic() + (timeout_s or spec.timeout_s))
+def lambda_context(spec: FunctionSpec, timeout_s: float | None = None) -> HandlerContext:
+    return HandlerContext(spec, timeout_s)
 
 
 @pytest.fixture
 def handler(aws: Aws) -> Any:
     """handler("WorkerFunction") -> (the handler function as the template names it, a context)."""
 
-    def load(logical_id: str) -> tuple[Any, LocalLambdaContext]:
+    def load(logical_id: str) -> tuple[Any, HandlerContext]:
         spec = aws.function(logical_id)
         # Imported as Lambda imports it: in the function's own environment (its cold start
         # checks its resources there).

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import json
 import os
+import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -221,3 +225,54 @@ def resource_variables() -> list[str]:
     """This process's variables that name a table, queue or bucket: what the functions' resource
     models read, to be cleared where a test gives a function only its own."""
     return [name for name in os.environ if name.endswith(("_URL", "_NAME", "_BUCKET"))]
+
+
+class HandlerContext:
+    """The attributes and method of Lambda's context that handlers and Powertools read, for a
+    handler called in the test's own process."""
+
+    def __init__(self, spec: FunctionSpec, timeout_s: float | None = None) -> None:
+        self.function_name = spec.logical_id
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{spec.logical_id}"
+        self.memory_limit_in_mb = spec.memory_mb
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = f"/aws/lambda/{spec.logical_id}"
+        self.log_stream_name = f"test/{self.aws_request_id}"
+        self._deadline = time.monotonic() + (timeout_s or spec.timeout_s)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+_handler_modules = itertools.count(1)
+
+
+def load_handler(spec: FunctionSpec) -> Callable[..., Any]:
+    """A fresh copy of the function's handler module, imported in the test's own process (the
+    unit tests call handlers directly, on in-process moto; the local stack runs them in sandbox
+    processes). Its layers go on sys.path after the code, as in Lambda."""
+    path = spec.handler_file
+    if not path.is_file():
+        raise FileNotFoundError(f"{spec.logical_id}: no handler module at {path}")
+    for layer in spec.layer_dirs:
+        if str(layer) not in sys.path:
+            sys.path.append(str(layer))
+    name = f"_handler_{spec.logical_id}_{next(_handler_modules)}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    handler: Callable[..., Any] = getattr(module, spec.handler.rsplit(".", 1)[1])
+    return handler
+
+
+def process_exists(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended too

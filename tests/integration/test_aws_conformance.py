@@ -9,11 +9,13 @@ is not emulated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,14 @@ import pytest
 
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
+from llmtasks.local import hot_reload
+from llmtasks.local.hot_reload import CodeWatch
 from llmtasks.local.provision import LocalResources
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
 from llmtasks.local.template import SqsSource, StreamSource, Template
 from llmtasks.local.ttl import TtlSweeper, TtlTable
-from tests.helpers import TEMPLATE, eventually, toy_function
+from tests.helpers import TEMPLATE, eventually, process_exists, toy_function
 
 pytestmark = pytest.mark.integration
 
@@ -280,16 +284,19 @@ def test_sqs_a_function_error_returns_the_whole_batch(remote: dict[str, Any], tm
     assert visible(remote, url) == ["a", "b"]
 
 
-def test_sqs_a_timed_out_invocation_s_messages_reappear_and_its_late_writes_happen(
+def test_sqs_a_timed_out_invocation_s_messages_reappear_and_its_late_writes_never_land(
     remote: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The function's Timeout is enforced: a timed-out batch reappears after the visibility timeout, and the handler's late writes still land."""
+    """The function's Timeout is enforced: at the deadline the sandbox is stopped (what the
+    handler would have written next never lands), and the batch reappears after the visibility
+    timeout."""
     spec = toy_function(
         tmp_path,
         """
-        import time
+        import os, time
         def handler(event, context):
-            time.sleep(1.5)
+            open(__file__ + ".pid", "w").write(str(os.getpid()))
+            time.sleep(1.5)  # the handler's work, past its 1 s Timeout
             open(__file__ + ".late", "w").write("written after the timeout")
         """,
         timeout_s=1,
@@ -297,14 +304,19 @@ def test_sqs_a_timed_out_invocation_s_messages_reappear_and_its_late_writes_happ
     url, arn = queue(remote, "WebhookQueue")
     remote["sqs"].set_queue_attributes(QueueUrl=url, Attributes={"VisibilityTimeout": "2"})
     send(remote, url, "slow")
-    poller = SqsPoller(SqsSource("F", "S", arn), FunctionRuntime(spec), remote["sqs"], url, threading.Event())
-    started = time.monotonic()
-    invocation = poller.deliver(poller.next_batch())
+    with FunctionRuntime(spec) as runtime:
+        poller = SqsPoller(SqsSource("F", "S", arn), runtime, remote["sqs"], url, threading.Event())
+        started = time.monotonic()
+        invocation = poller.deliver(poller.next_batch())
     assert invocation.timed_out
+    assert invocation.error == "Task timed out after 1.00 seconds"
     # Real time is the point: the invocation ended at its 1 s Timeout, before the handler's 1.5 s
     assert invocation.duration_s < 1.5
     assert remote["sqs"].receive_message(QueueUrl=url).get("Messages", []) == []  # still invisible
-    eventually((tmp_path / "app.py.late").exists, bool, timeout_s=5)  # the sandbox ran on
+    # The sandbox's process is gone: nothing of it runs on to write the file.
+    pid = int((tmp_path / "app.py.pid").read_text())
+    eventually(lambda: not process_exists(pid), bool, timeout_s=5, what="the timed-out sandbox stopped")
+    assert not (tmp_path / "app.py.late").exists()
     [back] = remote["sqs"].receive_message(QueueUrl=url, WaitTimeSeconds=3)["Messages"]
     assert back["Body"] == "slow"
     assert time.monotonic() - started >= 1.9  # not before the 2 s visibility timeout (a minimum)
@@ -675,3 +687,147 @@ def test_ttl_deletes_expired_items_and_the_stream_shows_removes(remote: dict[str
         (r["eventName"], r["dynamodb"]["Keys"]["pk"]["S"]) for r in records if r["eventName"] == "REMOVE"
     ]
     assert removes == [("REMOVE", "task#gone")]
+
+
+# --- Lambda runtime: sandboxes ------------------------------------------------------------------
+
+
+def test_lambda_each_function_gets_its_own_environment_from_the_template(tmp_path: Path) -> None:
+    """Two functions set one variable differently: each sandbox sees its own function's value
+    (the everyday SAM pattern; a process shared by all functions could hold only one)."""
+    body = (
+        "import os\ndef handler(event, context):\n    return [os.environ['STAGE'], context.function_name]\n"
+    )
+    (tmp_path / "f").mkdir()
+    (tmp_path / "g").mkdir()
+    f = dataclasses.replace(toy_function(tmp_path / "f", body), environment={"STAGE": "blue"})
+    g = dataclasses.replace(
+        toy_function(tmp_path / "g", body), logical_id="G", environment={"STAGE": "green"}
+    )
+    with FunctionRuntime(f) as first, FunctionRuntime(g) as second:
+        assert first.invoke({}).payload == ["blue", "F"]
+        assert second.invoke({}).payload == ["green", "G"]
+
+
+def test_lambda_module_globals_live_as_long_as_their_sandbox_and_are_never_shared(tmp_path: Path) -> None:
+    """A warm sandbox keeps its module's globals across invocations; two sandboxes at once are
+    two processes, each with its own."""
+    spec = toy_function(
+        tmp_path,
+        """
+        import os, time
+        calls = []
+        def handler(event, context):
+            calls.append(1)
+            while event.get("hold") and not os.path.exists(event["hold"]):
+                time.sleep(0.01)  # held until the test lets go, so both sandboxes are busy at once
+            return [len(calls), os.getpid()]
+        """,
+        timeout_s=30,
+    )
+    release = tmp_path / "release"
+    with FunctionRuntime(spec, concurrency=2) as runtime, ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(runtime.invoke, {"hold": str(release)}) for _ in range(2)]
+        eventually(lambda: len(runtime.sandboxes) == 2, bool, timeout_s=20, what="two sandboxes")
+        release.touch()
+        (count_a, pid_a), (count_b, pid_b) = (future.result().payload for future in held)
+        assert (count_a, count_b) == (1, 1)
+        assert pid_a != pid_b != os.getpid()
+        again = runtime.invoke({}).payload
+    assert again in ([2, pid_a], [2, pid_b])  # a warm sandbox, its state kept
+
+
+def test_lambda_a_sandbox_past_its_memory_size_ends_with_lambda_s_out_of_memory_error(tmp_path: Path) -> None:
+    """MemorySize is enforced: a sandbox whose memory grows past it is stopped, the invocation
+    ends with Runtime.OutOfMemory, and the next one gets a fresh sandbox."""
+    spec = toy_function(
+        tmp_path,
+        """
+        import os, time
+        def handler(event, context):
+            if event.get("grow"):
+                kept = [bytearray(2**20) for _ in range(event["grow"])]  # resident, page by page
+                time.sleep(2)  # the handler's work, holding what it took
+                open(__file__ + ".late", "w").write("survived")
+            return os.getpid()
+        """,
+        timeout_s=10,
+    )
+    assert spec.memory_mb == 128
+    with FunctionRuntime(spec) as runtime:
+        first = runtime.invoke({})
+        grown = runtime.invoke({"grow": 300})
+        after = runtime.invoke({})
+    assert first.ok
+    assert after.ok
+    assert grown.error == "Runtime.OutOfMemory: Runtime exited with error: signal: killed"
+    assert grown.max_memory_mb > 128
+    assert after.payload != first.payload  # a new sandbox: the old process is gone
+    assert not (tmp_path / "app.py.late").exists()
+
+
+LOGGING = """
+    import os
+    from aws_lambda_powertools import Logger
+    logger = Logger(service="toy")
+    @logger.inject_lambda_context
+    def handler(event, context):
+        for n in range(20):
+            logger.info("step", n=n)
+        return context.aws_request_id
+"""
+
+
+def test_lambda_log_lines_name_their_own_function_and_request_under_concurrency(tmp_path: Path) -> None:
+    """Each sandbox's lines carry its own function's name and its invocation's request id, with
+    two functions' sandboxes logging at once."""
+    lines: list[str] = []
+    functions = {}
+    for name in ("F", "G"):
+        (tmp_path / name).mkdir()
+        functions[name] = dataclasses.replace(toy_function(tmp_path / name, LOGGING), logical_id=name)
+    with (
+        FunctionRuntime(functions["F"], concurrency=4, on_line=lines.append) as f,
+        FunctionRuntime(functions["G"], concurrency=4, on_line=lines.append) as g,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        runs = [(name, pool.submit((f if name == "F" else g).invoke, {})) for name in "FG" * 8]
+        requests = {future.result().payload: name for name, future in runs}
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    steps = [record for record in records if record.get("message") == "step"]
+    assert len(steps) == 16 * 20
+    assert {(record["function_request_id"], record["function_name"]) for record in steps} == set(
+        requests.items()
+    )
+
+
+def test_lambda_hot_reload_a_changed_handler_runs_at_the_next_cold_start(tmp_path: Path) -> None:
+    """A change under the function's code is seen: idle sandboxes are retired, a busy one ends
+    its invocation on the old code, and the next invocation runs the new code."""
+    code = """
+        import os, time
+        def handler(event, context):
+            while event.get("hold") and not os.path.exists(event["hold"]):
+                time.sleep(0.01)  # held until the test lets go: a busy sandbox
+            return ["{version}", os.getpid()]
+    """
+    (tmp_path / "code").mkdir()
+    spec = toy_function(tmp_path / "code", code.format(version="v1"), timeout_s=30)
+    watcher = CodeWatch({"F": spec})
+    said: list[str] = []
+    release = tmp_path / "release"
+    with FunctionRuntime(spec, concurrency=3) as runtime, ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(runtime.invoke, {"hold": str(release)})
+        eventually(lambda: len(runtime.sandboxes) == 1, bool, timeout_s=20, what="a busy sandbox")
+        version, idle_pid = runtime.invoke({}).payload  # a second sandbox, idle after this
+        assert version == "v1"
+        toy_function(tmp_path / "code", code.format(version="v2"))
+        hot_reload.watch(watcher, lambda name: runtime.reload(), said.append)
+        assert said == [f"Reloaded F: {spec.code_dir} changed; its next invocation starts on the new code"]
+        version, new_pid = runtime.invoke({}).payload
+        assert (version, process_exists(idle_pid)) == ("v2", False)  # the idle one was retired
+        release.touch()
+        assert busy.result().payload[0] == "v1"  # it finished on the code it started with
+        assert runtime.invoke({}).payload == ["v2", new_pid]  # and was retired, not reused
+        assert len(runtime.sandboxes) == 1
+    assert watcher.changed() == []  # nothing changed since

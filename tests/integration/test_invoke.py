@@ -21,12 +21,22 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.client import verify_webhook
 from llmtasks.domain.models import LLMRequest
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables
+from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables, invoke
 from llmtasks.local.provision import local_name
 from llmtasks.local.runtime import Invocation
 from llmtasks.local.template import Template
 from tests.conftest import RunningMock
-from tests.helpers import EVENTS, ROOT, TEMPLATE, WebhookReceiver, local_client, pending_task, serve
+from tests.helpers import (
+    EVENTS,
+    ROOT,
+    TEMPLATE,
+    WebhookReceiver,
+    eventually,
+    local_client,
+    pending_task,
+    process_exists,
+    serve,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +204,80 @@ def test_the_reply_is_the_return_value_or_lambda_s_error_object() -> None:
     assert failed == {"errorMessage": "'x'", "errorType": "KeyError"}
     timed_out = InvokeResult(Invocation(timed_out=True), "r").reply()
     assert timed_out == {"errorMessage": "r Task timed out", "errorType": "TimeoutError"}
+
+
+TOY_TEMPLATE = """
+AWSTemplateFormatVersion: "2010-09-09"
+Transform: AWS::Serverless-2016-10-31
+Resources:
+  ToyFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: code/
+      Handler: app.handler
+      Runtime: python3.12
+      Timeout: 1
+      MemorySize: 128
+      Environment:
+        Variables:
+          TOY_TABLE: !Ref ToyTable
+  ToyTable:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      BillingMode: PAY_PER_REQUEST
+      AttributeDefinitions: [{AttributeName: pk, AttributeType: S}]
+      KeySchema: [{AttributeName: pk, KeyType: HASH}]
+"""
+
+TOY_HANDLER = """
+import os, time
+import boto3
+
+def handler(event, context):
+    here = os.path.dirname(__file__)
+    if event.get("sleep"):
+        open(os.path.join(here, "pid"), "w").write(str(os.getpid()))
+        time.sleep(event["sleep"])  # the handler's work, past its 1 s Timeout
+        open(os.path.join(here, "late"), "w").write("after the deadline")
+    if event.get("grow"):
+        kept = [bytearray(2**20) for _ in range(event["grow"])]  # past its 128 MB
+        time.sleep(2)
+    table = boto3.client("dynamodb").describe_table(TableName=os.environ["TOY_TABLE"])["Table"]
+    return {"table": table["TableStatus"], "pid": os.getpid(), "memory": context.memory_limit_in_mb}
+"""
+
+
+@pytest.fixture
+def toy_template(tmp_path: Path) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "app.py").write_text(TOY_HANDLER)
+    (tmp_path / "template.yaml").write_text(TOY_TEMPLATE)
+    return tmp_path / "template.yaml"
+
+
+def test_invoke_runs_the_handler_in_a_sandbox_process_against_its_own_moto(toy_template: Path) -> None:
+    """Without an endpoint, the function's resources live on a moto of the command's own, which
+    the sandbox (another process) reaches over HTTP."""
+    done = invoke(toy_template, "ToyFunction", {})
+    reply = done.reply()
+    assert reply["table"] == "ACTIVE"
+    assert reply["memory"] == "128"  # Lambda gives the context's memory as the variable's text
+    assert reply["pid"] != os.getpid()
+
+
+def test_invoke_stops_a_handler_at_its_timeout_and_its_late_write_never_lands(toy_template: Path) -> None:
+    done = invoke(toy_template, "ToyFunction", {"sleep": 1.5})
+    assert done.reply() == {"errorMessage": f"{done.request_id} Task timed out", "errorType": "TimeoutError"}
+    # The sandbox was killed at the deadline, not left to finish: its process is gone, so
+    # nothing of it can write the file.
+    pid = int((toy_template.parent / "code" / "pid").read_text())
+    eventually(lambda: not process_exists(pid), bool, timeout_s=5, what="the sandbox's process gone")
+    assert not (toy_template.parent / "code" / "late").exists()
+
+
+def test_invoke_stops_a_handler_past_its_memory_size(toy_template: Path) -> None:
+    done = invoke(toy_template, "ToyFunction", {"grow": 300})
+    assert done.reply() == {
+        "errorMessage": "Runtime exited with error: signal: killed",
+        "errorType": "Runtime.OutOfMemory",
+    }

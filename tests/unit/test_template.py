@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from llmtasks.local.runtime import load_handler
 from llmtasks.local.template import FunctionSpec
 from llmtasks.observability import NAMESPACE, Metric
 from llmtasks.settings import (
@@ -25,7 +24,7 @@ from llmtasks.settings import (
     resources,
 )
 from tests.conftest import Aws
-from tests.helpers import ROOT, resource_variables
+from tests.helpers import ROOT, load_handler, resource_variables
 
 pytestmark = pytest.mark.unit
 

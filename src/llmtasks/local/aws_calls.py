@@ -4,8 +4,8 @@ One JSON line a call: the function, the IAM action and the resource ARN, e.g.
 `{"function": "SubmitFunction", "action": "sqs:SendMessage", "resource": "arn:aws:sqs:..."}`.
 Together they are what the function's policy must allow (the local counterpart of IAM Access
 Analyzer's policy generation from CloudTrail); tests/e2e/test_iam.py checks them against the
-template's policies. Calls the stack makes for itself (its pollers, provisioning) are not
-recorded: a call counts when it runs inside a sandbox (`current_function`).
+template's policies. Each sandbox process records its own calls (local/sandbox_main.py); the
+calls the stack makes for itself (its pollers, provisioning) are not recorded.
 """
 
 from __future__ import annotations
@@ -13,16 +13,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from botocore.client import BaseClient
 
 from llmtasks.local.template import PSEUDO_PARAMETERS
-
-# The function whose sandbox runs this code (asyncio.to_thread carries it into worker threads).
-current_function: ContextVar[str | None] = ContextVar("current_function", default=None)
 
 # Batch and transaction calls are authorized action by action, as IAM does.
 _ACTION_OF = {
@@ -71,21 +67,21 @@ def iam_requests(service: str, operation: str, params: Mapping[str, Any]) -> Ite
         yield f"{service}:{operation}", str(params.get("SecretId") or params.get("modelId") or "*")
 
 
-def install(path: Path) -> None:
-    """Records every call made inside a sandbox from now on, appending to `path`."""
+def install(path: Path, *, function: str) -> None:
+    """Records every call this process (a sandbox of `function`) makes from now on, appending
+    to `path`. Sandboxes append to one file at once: each call's lines go in one write to a file
+    opened for appending, so they never interleave."""
     lock = threading.Lock()
     original = BaseClient._make_api_call  # type: ignore[attr-defined]
 
     def recorded(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
-        function = current_function.get()
-        if function is not None:
-            service = client.meta.service_model.signing_name or client.meta.service_model.service_name
-            lines = [
-                json.dumps({"function": function, "action": action, "resource": resource}) + "\n"
-                for action, resource in iam_requests(service, operation, params)
-            ]
-            with lock, path.open("a") as out:
-                out.writelines(lines)
+        service = client.meta.service_model.signing_name or client.meta.service_model.service_name
+        lines = "".join(
+            json.dumps({"function": function, "action": action, "resource": resource}) + "\n"
+            for action, resource in iam_requests(service, operation, params)
+        )
+        with lock, path.open("a") as out:
+            out.write(lines)
         return original(client, operation, params)
 
     BaseClient._make_api_call = recorded  # type: ignore[attr-defined]

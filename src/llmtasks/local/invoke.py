@@ -14,6 +14,7 @@ process, created for the invocation and gone with it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import boto3
 
 from llmtasks.local.processes import check_answers
 from llmtasks.local.provision import provision
-from llmtasks.local.runtime import FunctionRuntime, Invocation
+from llmtasks.local.runtime import FunctionRuntime, Invocation, print_to_stderr
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, Template, TemplateError
 
 
@@ -92,8 +93,8 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _backend(endpoint_url: str | None) -> Iterator[dict[str, str]]:
-    """The AWS variables the function sees; an in-process moto while the block runs when no
-    endpoint is given."""
+    """The AWS variables the function sees; without an endpoint, a moto of this process's own,
+    served on 127.0.0.1 (the sandbox is a process of its own) while the block runs."""
     aws = {
         "AWS_DEFAULT_REGION": PSEUDO_PARAMETERS["AWS::Region"],
         "AWS_REGION": PSEUDO_PARAMETERS["AWS::Region"],
@@ -104,20 +105,29 @@ def _backend(endpoint_url: str | None) -> Iterator[dict[str, str]]:
         with _environment({**aws, "AWS_ENDPOINT_URL": endpoint_url}):
             yield aws | {"AWS_ENDPOINT_URL": endpoint_url}
         return
-    from moto import mock_aws
+    from moto.server import ThreadedMotoServer
 
     from llmtasks.local import moto_atomic, moto_fair, moto_redrive
 
     moto_atomic.install()
     moto_redrive.install()
     moto_fair.install()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
     # Never a real account's credentials, even by mistake.
-    local = aws | {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    with _environment(local), mock_aws():
-        os.environ.pop("AWS_ENDPOINT_URL", None)
-        os.environ.pop("AWS_PROFILE", None)
-        os.environ.pop("AWS_SESSION_TOKEN", None)
-        yield local
+    local = aws | {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    try:
+        with _environment(local):
+            os.environ.pop("AWS_PROFILE", None)
+            os.environ.pop("AWS_SESSION_TOKEN", None)
+            yield local
+    finally:
+        server.stop()
 
 
 def invoke(
@@ -150,18 +160,13 @@ def invoke(
                 f"env-vars: {name} is not in {function_id}'s Environment; ignored (as SAM does)",
                 file=sys.stderr,
             )
-        variables = {
-            **aws,
-            **function_environment(spec, env_vars or {}),
-            "AWS_LAMBDA_FUNCTION_NAME": spec.logical_id,
-            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
-            "AWS_LAMBDA_FUNCTION_TIMEOUT": str(spec.timeout_s),
-            "LAMBDA_TASK_ROOT": str(spec.code_dir),
-            "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
-        }
-        runtime = FunctionRuntime(spec, concurrency=1, report=True)
+        spec = dataclasses.replace(spec, environment=function_environment(spec, env_vars or {}))
+        # The sandbox sees the AWS variables above beneath the function's own, as in the stack.
+        runtime = FunctionRuntime(
+            spec, concurrency=1, report=True, environment={**os.environ, **aws}, on_line=print_to_stderr
+        )
         # The handler's output (its logs) goes to stderr, as sam local invoke prints it.
-        with _environment(variables), contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr):
             print(f"Invoking {spec.handler} ({spec.logical_id}, timeout {spec.timeout_s} s)")
             invocation = runtime.invoke(event, request_id=request_id)
         runtime.close()

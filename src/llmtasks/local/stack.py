@@ -12,7 +12,7 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,17 +24,18 @@ from starlette.types import ASGIApp
 
 from llmtasks.aws.apikeys import ApiKeys
 from llmtasks.aws.store import TaskStore
-from llmtasks.local import aws_calls
+from llmtasks.local import hot_reload
 from llmtasks.local.console import Console
 from llmtasks.local.errors import ToolError
 from llmtasks.local.gateway import HttpGateway
+from llmtasks.local.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks.local.journal import state_files
 from llmtasks.local.moto_server import STATE_PATH
 from llmtasks.local.processes import check_answers, check_port_free, spawn_moto_server, spawn_python, stop
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
-from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template, TemplateError
+from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks.ops.deployment import Deployment
@@ -75,21 +76,7 @@ def default_state_dir(template: Path) -> Path:
 
 STREAM_CHECKPOINTS = "streams.json"
 DEV_KEY = "dev-key"
-
-
-def merged_environment(functions: Mapping[str, FunctionSpec]) -> dict[str, str]:
-    """All functions share this process, so they must agree on every variable they set."""
-    merged: dict[str, str] = {}
-    owner: dict[str, str] = {}
-    for spec in functions.values():
-        for name, value in spec.environment.items():
-            if name in merged and merged[name] != value:
-                raise TemplateError(
-                    f"{spec.logical_id} and {owner[name]} set {name} differently; the local stack runs"
-                    " every function in one process and needs one value"
-                )
-            merged[name], owner[name] = value, spec.logical_id
-    return merged
+KEYS_TABLE = "API_KEYS_TABLE_NAME"  # the authorizer's variable: where the dev key is stored
 
 
 class LocalStack:
@@ -214,8 +201,6 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
-        if self.options.record_aws_calls is not None:
-            aws_calls.install(self.options.record_aws_calls)
         overrides = {
             "LlmBaseUrl": self.llm_base_url or self._mock_url,
             # The local receivers live on this machine; the SSRF guard lets them through here only.
@@ -231,14 +216,9 @@ class LocalStack:
         self.resources = resources = provision(
             template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
         )
+        # Each function's sandboxes get its own Environment (local/sandbox.py), on top of this
+        # process's: the endpoint and credentials set above, and what the stack was started with.
         self.functions = template.functions(resources.refs, resources.attributes)
-        os.environ.update(merged_environment(self.functions))
-        # X-Ray has no daemon here; the Tracer would only warn.
-        os.environ["POWERTOOLS_TRACE_DISABLED"] = "true"
-        # Lambda sets it, and libraries read it to tell Lambda apart: Powertools' async batch
-        # processing then keeps one event loop per sandbox across invocations, as in AWS,
-        # instead of a new loop (and new HTTP clients) per invocation.
-        os.environ["LAMBDA_TASK_ROOT"] = str(template.root)
         if self.options.auth:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
@@ -254,7 +234,10 @@ class LocalStack:
             concurrency = (HTTP_CONCURRENCY if serves_http else 0) + len(spec.stream_sources)
             concurrency += sum(s.maximum_concurrency or 5 for s in spec.sqs_sources)
             runtime = self.runtimes[spec.logical_id] = FunctionRuntime(
-                spec, concurrency=max(1, concurrency), report=self.options.report_invocations
+                spec,
+                concurrency=max(1, concurrency),
+                report=self.options.report_invocations,
+                record_aws_calls=self.options.record_aws_calls,
             )
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
@@ -276,6 +259,7 @@ class LocalStack:
                     )
         self._start_ttl(resources)
         self._watch_state()
+        self._watch_code()
         routes = [route for spec in self.functions.values() for route in spec.routes]
         gateway = HttpGateway(
             routes, self.runtimes, fixed_tenant=None if self.options.auth else NO_AUTH_TENANT
@@ -325,10 +309,34 @@ class LocalStack:
         thread.start()
         self._threads.append(thread)
 
+    def _watch_code(self) -> None:
+        """Hot reload (a function's code changed: its next invocation cold-starts on the new
+        code), and idle sandboxes retired after a while, as Lambda retires them."""
+        watcher = CodeWatch(self.functions)
+
+        def watch() -> None:
+            while not self._stop.wait(WATCH_EVERY_S):
+                hot_reload.watch(
+                    watcher, lambda name: self.runtimes[name].reload(), lambda line: print(line, flush=True)
+                )
+                for runtime in self.runtimes.values():
+                    runtime.reap()
+
+        thread = threading.Thread(target=watch, name="code-watch", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
     def _create_dev_key(self) -> str | None:
         """A key for this run, tenant `dev`, when the template has an authorizer with a keys table;
         with a state dir, the one it kept (its table is kept too)."""
-        table = os.environ.get("API_KEYS_TABLE_NAME")
+        table = next(
+            (
+                spec.environment[KEYS_TABLE]
+                for spec in self.functions.values()
+                if KEYS_TABLE in spec.environment
+            ),
+            None,
+        )
         if not table:
             return None
         kept = self._state(DEV_KEY)
@@ -384,6 +392,8 @@ class LocalStack:
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < give_up and not self.hurry.is_set():
                 thread.join(timeout=0.2)
+        for runtime in self.runtimes.values():
+            runtime.close()  # the sandboxes end; an invocation still running is cut short
         if self._children:
             self._keep_state()
         for child in self._children:
