@@ -59,6 +59,7 @@ DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
 DYNAMODB_READS = {"GetItem", "Query"}
 SECTIONS = (
     "cold",
+    "sandboxes",
     "overhead",
     "scale",
     "paced",
@@ -278,21 +279,52 @@ def outcomes(stack: Target, submitted: list[tuple[float, str]]) -> list[Done]:
     return done
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """User + system CPU time a process has used (Linux /proc), with `reaped_children` that of
+    its children that ended and were waited for; 0 for a process already gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = fields[13:15] if reaped_children else fields[11:13]
+    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
 
 
-def stack_processes(stack: LaunchedStack) -> dict[str, int]:
-    """The stack's processes by part: the functions (API, authorizer, pollers, sandboxes) in
-    `llmtasks up` itself, moto and the mock LLM in its children."""
+def resident_kib(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+
+
+def stack_parts(stack: LaunchedStack) -> dict[str, list[int]]:
+    """The stack's processes by part: `llmtasks up` itself (the HTTP gateway, the pollers), the
+    functions' sandboxes (a process each), moto and the mock LLM."""
     pid = stack.process.pid
-    processes = {"functions": pid}
+    parts: dict[str, list[int]] = {"stack": [pid], "sandboxes": [], "moto": [], "mock LLM": []}
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        processes["moto" if "moto_server" in command else "mock LLM"] = int(child)
-    return processes
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # ended meanwhile
+        if "sandbox_main" in command:
+            parts["sandboxes"].append(int(child))
+        else:
+            parts["moto" if "moto_server" in command else "mock LLM"].append(int(child))
+    return parts
+
+
+def stack_cpu(stack: LaunchedStack) -> dict[str, float]:
+    """CPU seconds by part so far (the sandboxes that ended too: the stack waits for them)."""
+    parts = stack_parts(stack)
+    cpu = {part: sum(cpu_seconds(pid) for pid in pids) for part, pids in parts.items()}
+    cpu["sandboxes"] += cpu_seconds(stack.process.pid, reaped_children=True)
+    return cpu
+
+
+def pids_cpu(pids: dict[str, int]) -> Callable[[], dict[str, float]]:
+    return lambda: {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 @contextmanager
@@ -330,13 +362,13 @@ def overhead(
     with stack_running(*overrides) as stack:
         if stored_first:
             store_completed_tasks(stack, stored_first)
-        processes = stack_processes(stack)
-        cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        cpu_before = stack_cpu(stack)
         started = time.time()
         done = closed_loop(stack, tasks, clients)
         wall = max(d.completed_at for d in done) - started
-        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in processes.items()}
-        rss = {name: peak_rss_kib(pid) for name, pid in processes.items()}
+        cpu = {name: seconds - cpu_before[name] for name, seconds in stack_cpu(stack).items()}
+        parts = stack_parts(stack)
+        rss = {name: sum(peak_rss_kib(pid) for pid in pids) for name, pids in parts.items()}
     failed = [d for d in done if d.task["status"] != "completed"]
     if failed:
         reasons = Counter(f"{d.task['status']}/{d.task.get('error_code')}" for d in failed)
@@ -359,7 +391,8 @@ def overhead(
     for part, seconds in cpu.items():
         report.add(section, f"CPU per task, {part}", ms(seconds / tasks))
     for part, kib in rss.items():
-        report.add(section, f"peak RSS, {part}", f"{kib / 1024:.0f} MiB")
+        label = f"peak RSS, {part}" + (f" ({len(parts[part])}, summed)" if part == "sandboxes" else "")
+        report.add(section, label, f"{kib / 1024:.0f} MiB")
     return p50
 
 
@@ -855,19 +888,24 @@ class SlotRun:
 
 
 def slots_run(
-    target: Target, stack: LaunchedStack, tasks: int, knobs: dict[str, Any], slots: int, pids: dict[str, int]
+    target: Target,
+    stack: LaunchedStack,
+    tasks: int,
+    knobs: dict[str, Any],
+    slots: int,
+    cpu: Callable[[], dict[str, float]],
 ) -> SlotRun:
-    """`tasks` calls with the mock's `knobs`, submitted at once by 16 clients to `target`; `pids`
-    are the target's processes, whose CPU tells what bounds the run."""
+    """`tasks` calls with the mock's `knobs`, submitted at once by 16 clients to `target`; `cpu`
+    reads the CPU of the target's processes by part, which tells what bounds the run."""
     stack.configure_mock(**{**PLAIN_MOCK, **knobs})  # the same seed: the same draws for each design
-    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cpu_before = cpu()
     started = time.time()
     submitted = open_loop(target, tasks, lambda i: {"prompt": f"slots {i} {uuid.uuid4().hex}"}, lambda _i: {})
     submit_s = max(at for at, _ in submitted) - started
     done = outcomes(target, submitted)
     wall = max(d.completed_at for d in done) - started
     stats = stack.mock_stats()
-    used = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    used = {name: seconds - cpu_before[name] for name, seconds in cpu().items()}
     busiest = max(used, key=lambda name: used[name])
     return SlotRun(
         efficiency=stats["latency_total_s"] / slots / wall,
@@ -909,13 +947,14 @@ def call_slots(report: Report, quick: bool) -> None:
     for design, options in designs.items():
         with stack_running(*options) as stack:
             for label, tasks, knobs in workloads:
-                runs[design][label] = slots_run(stack, stack, tasks, knobs, slots, stack_processes(stack))
+                runs[design][label] = slots_run(stack, stack, tasks, knobs, slots, lambda: stack_cpu(stack))
             gb_s[design] = worker_gb_s_per_call(stack, cost_calls, cost_latency)
             if design == "llmtasks":
                 assert stack.mock is not None
                 with running_baseline(stack.mock + "/v1", threads=slots) as celery:
                     for label, tasks, knobs in workloads:
-                        runs["celery"][label] = slots_run(celery, stack, tasks, knobs, slots, celery.pids())
+                        cpu = pids_cpu(celery.pids())
+                        runs["celery"][label] = slots_run(celery, stack, tasks, knobs, slots, cpu)
     section = "call slots"
     for label, _tasks, _knobs in workloads:
         ours, batches, theirs = (runs[d][label] for d in ("llmtasks", "event batches only", "celery"))
@@ -1101,6 +1140,59 @@ def cold_start(report: Report) -> None:
         )
 
 
+def sandbox_functions(stack: LaunchedStack) -> dict[str, list[int]]:
+    """The live sandbox processes by function (the last word of a sandbox's command line)."""
+    found: dict[str, list[int]] = {}
+    for pid in stack_parts(stack)["sandboxes"]:
+        try:
+            function = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")[-1].decode()
+        except OSError:
+            continue
+        found.setdefault(function, []).append(pid)
+    return found
+
+
+def init_durations(log: str) -> dict[str, list[float]]:
+    """Per function, the Init Duration (ms) of each cold start in the REPORT lines of `log`."""
+    found: dict[str, list[float]] = {}
+    for name, init_ms in re.findall(r"Function: (\w+)\t[^\n]*?Init Duration: ([\d.]+) ms", log):
+        found.setdefault(name, []).append(float(init_ms))
+    return found
+
+
+def sandboxes(report: Report, tasks: int) -> None:
+    """The local runtime's own costs: each function's cold start in its sandbox process (from
+    process start to its first request for work, as REPORT's Init Duration says it), and the
+    memory of the whole stack once a burst has warmed many sandboxes per function."""
+    section = "sandboxes"
+    with stack_running() as stack:
+        stack.configure_mock(latency_s=2.0)
+        with stack.client() as client:
+            # A batch's fan-out and each ended task's webhook relay start the other functions.
+            client.post("/batches", json={"items": [{"prompt": f"item {i}"} for i in range(20)]})
+        done = outcomes(stack, open_loop(stack, tasks, lambda i: {"prompt": f"sandbox {i}"}, lambda _i: {}))
+        by_function = sandbox_functions(stack)
+        rss_kib = {function: sum(resident_kib(pid) for pid in pids) for function, pids in by_function.items()}
+        total_kib = sum(resident_kib(pid) for pids in stack_parts(stack).values() for pid in pids)
+        inits = init_durations(stack.log.read_text())
+    for function in sorted(by_function):
+        pids, starts = by_function[function], inits.get(function, [])
+        rss_mib = rss_kib[function] / 1024
+        report.add(
+            section,
+            f"{function}: cold start (Init Duration, median of {len(starts)})",
+            f"{statistics.median(starts):.0f} ms" if starts else "-",
+            f"{len(pids)} warm sandboxes, {rss_mib / max(1, len(pids)):.0f} MiB each",
+        )
+    count = sum(len(pids) for pids in by_function.values())
+    report.add(
+        section,
+        f"RSS of the whole stack with {count} warm sandboxes (after {tasks} tasks of 2 s, 16 clients)",
+        f"{total_kib / 1024:.0f} MiB",
+        f"{len(done) - sum(d.task['status'] == 'completed' for d in done)} tasks not completed",
+    )
+
+
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -1126,6 +1218,7 @@ def main() -> None:
             "burst": 100,
             "stored": 1000,
             "limits": 20,
+            "sandboxes": 100,
         }
         if args.quick
         else {
@@ -1138,6 +1231,7 @@ def main() -> None:
             "burst": 1000,
             "stored": 10000,
             "limits": 60,
+            "sandboxes": 300,
         }
     )
     report = Report()
@@ -1147,6 +1241,8 @@ def main() -> None:
     )
     if "cold" in chosen:
         cold_start(report)
+    if "sandboxes" in chosen:
+        sandboxes(report, sizes["sandboxes"])
     if "overhead" in chosen:
         with stack_running() as stack:  # the floor runs against the same moto server as the stack's
             floor = boto3_floor(stack.endpoint, sizes["floor"])

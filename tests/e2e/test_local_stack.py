@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,8 +20,8 @@ from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.provision import local_name
-from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, eventually, local_client, moto_endpoint, serve
+from tests.e2e.conftest import RunningStack, derived_template, start_stack
+from tests.helpers import ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -198,3 +200,66 @@ def test_a_start_that_loses_its_port_to_another_process_is_tried_again_on_new_po
             assert client.get("/health").status_code == 200
     finally:
         stack.stop()
+
+
+def test_each_function_runs_in_its_own_environment_and_a_changed_handler_is_reloaded(tmp_path: Path) -> None:
+    """StatusFunction sets POWERTOOLS_SERVICE_NAME apart from the others (the stack ran every
+    function in one process and refused such a template); its code lives in a folder of its
+    own, and a change there is running at the next request, with the stack saying so."""
+    code = tmp_path / "status"
+    shutil.copytree(ROOT / "functions" / "status", code)
+    status = "CodeUri: functions/status/\n      Handler: app.lambda_handler\n"
+    status += "      Environment:\n        Variables:\n"
+    template = derived_template(
+        tmp_path,
+        {
+            status: status.replace("functions/status/", f"{code}/")
+            + "          POWERTOOLS_SERVICE_NAME: status-alone\n"
+        },
+    )
+    stack = start_stack("--template", str(template))
+    try:
+        with stack.client() as client:
+            task_id = client.post("/tasks", json={"prompt": "hello"}).json()["task_id"]
+            assert client.get(f"/tasks/{task_id}", params={"wait": 10}).json()["status"] == "completed"
+            submits = eventually(
+                lambda: [r for r in stack_records(stack) if r.get("function_name") == "SubmitFunction"],
+                bool,
+                timeout_s=10,
+                what="SubmitFunction's log lines",
+            )
+            assert {record["service"] for record in submits} == {"llmtasks"}
+
+            assert client.get("/health").json()["status"] == "ok"
+            with (code / "app.py").open("a") as app:
+                app.write(
+                    "\nimport os\n_served = lambda_handler\n"
+                    "def lambda_handler(event, context):\n"
+                    "    reply = _served(event, context)\n"
+                    "    service = os.environ['POWERTOOLS_SERVICE_NAME']\n"
+                    "    reply.setdefault('headers', {})['x-service'] = service\n"
+                    "    return reply\n"
+                )
+            eventually(
+                lambda: "Reloaded StatusFunction" in stack.log.read_text(),
+                bool,
+                timeout_s=10,
+                what="the stack saying it reloaded StatusFunction",
+            )
+            # The new code runs, and it sees StatusFunction's own value, not SubmitFunction's.
+            assert client.get("/health").headers.get("x-service") == "status-alone"
+            assert "Reloaded SubmitFunction" not in stack.log.read_text()  # its code did not change
+    finally:
+        stack.stop()
+
+
+def stack_records(stack: RunningStack) -> list[dict[str, Any]]:
+    """The JSON log records the stack has printed (the launcher asks for --log-format json)."""
+    records = []
+    for line in stack.log.read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records

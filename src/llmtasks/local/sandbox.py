@@ -281,7 +281,8 @@ class Sandbox:
         self.init_s: float | None = None
         self.process = _spawner.spawn(
             lambda: subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "llmtasks.local.sandbox_main", spec.handler],
+                # The function's name last: `ps` shows whose sandbox a process is.
+                [sys.executable, "-m", "llmtasks.local.sandbox_main", spec.handler, spec.logical_id],
                 cwd=spec.code_dir,
                 env=environment,
                 stdin=subprocess.DEVNULL,

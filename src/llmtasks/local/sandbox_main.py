@@ -1,4 +1,4 @@
-"""The first code of a sandbox process: `python -m llmtasks.local.sandbox_main HANDLER`.
+"""The first code of a sandbox process: `python -m llmtasks.local.sandbox_main HANDLER FUNCTION`.
 
 It runs AWS's own runtime client (awslambdaric, what Lambda's Python base images run) against
 the Runtime API the stack serves for this sandbox, after two things only the emulator needs:
@@ -60,7 +60,7 @@ def main() -> None:
     # The function's code comes first on sys.path, as /var/task does in Lambda (PYTHONPATH
     # holds it too, for the modules the handler's module imports).
     sys.path.insert(0, os.environ["LAMBDA_TASK_ROOT"])
-    ric.main(sys.argv)
+    ric.main(sys.argv[:2])  # the handler; the function's name is there for `ps` alone
 
 
 if __name__ == "__main__":
