@@ -38,7 +38,7 @@ from baseline import running_baseline  # bench/ is on sys.path: this file runs a
 
 from llmtasks.aws.dynamo import serialize
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
-from llmtasks.local.launcher import LaunchedStack, launch, peak_rss_kib
+from llmtasks.local.launcher import LaunchedStack, descendants, launch, peak_rss_kib
 from llmtasks.local.template import Template
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,7 +303,8 @@ def stack_parts(stack: LaunchedStack) -> dict[str, list[int]]:
     functions' sandboxes (a process each), moto and the mock LLM."""
     pid = stack.process.pid
     parts: dict[str, list[int]] = {"stack": [pid], "sandboxes": [], "moto": [], "mock LLM": []}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+    # Every thread's children: the sandboxes are started from a thread of their own.
+    for child in descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
@@ -1104,7 +1105,21 @@ def scheduling(report: Report, quick: bool) -> None:
     )
 
 
-def import_ms(code: str, runs: int = 3) -> float:
+class PlaceholderRefs(dict[Any, str]):
+    """Every !Ref and !GetAtt of the template, read as the name of what it refers to: a handler's
+    import checks that its resources are named, not that they exist."""
+
+    def __missing__(self, key: Any) -> str:
+        return key if isinstance(key, str) else ".".join(key)
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def get(self, key: Any, default: Any = None) -> str:
+        return self[key]
+
+
+def import_ms(code: str, runs: int = 3, environment: dict[str, str] | None = None) -> float:
     """Median over fresh interpreters of the time `python -X importtime` gives `code`'s imports."""
     totals = []
     for _ in range(runs):
@@ -1114,7 +1129,7 @@ def import_ms(code: str, runs: int = 3) -> float:
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, **LAMBDA_ENVIRONMENT},
+            env={**os.environ, **LAMBDA_ENVIRONMENT, **(environment or {})},
         )
         top_level = 0
         for line in done.stderr.splitlines():
@@ -1129,8 +1144,13 @@ def cold_start(report: Report) -> None:
     boto3_ms = import_ms("import boto3")
     section = "cold start"
     report.add(section, "import boto3", f"{boto3_ms:.0f} ms")
-    for app in sorted(ROOT.glob("functions/*/app.py")):
-        handler_ms = import_ms(f"import runpy; runpy.run_path({str(app)!r})")
+    # Each handler imported in its function's environment (its cold start checks its resources).
+    for spec in sorted(
+        Template.load(ROOT / "template.yaml").functions(PlaceholderRefs(), PlaceholderRefs()).values(),
+        key=lambda f: str(f.code_dir),
+    ):
+        app = spec.handler_file
+        handler_ms = import_ms(f"import runpy; runpy.run_path({str(app)!r})", environment=spec.environment)
         ratio = handler_ms / boto3_ms
         report.add(
             section,
@@ -1161,35 +1181,55 @@ def init_durations(log: str) -> dict[str, list[float]]:
 
 
 def sandboxes(report: Report, tasks: int) -> None:
-    """The local runtime's own costs: each function's cold start in its sandbox process (from
-    process start to its first request for work, as REPORT's Init Duration says it), and the
-    memory of the whole stack once a burst has warmed many sandboxes per function."""
+    """The local runtime's own costs. First each function's cold start alone (process start to
+    its first request for work: REPORT's Init Duration), one request at a time on a fresh stack,
+    as Lambda gives each new environment its own CPU; then `tasks` tasks of 2 s from 16 clients at
+    once, whose sandboxes start together on this machine's cores; then the memory of the whole
+    stack with the sandboxes that burst left warm."""
     section = "sandboxes"
-    with stack_running() as stack:
-        stack.configure_mock(latency_s=2.0)
-        with stack.client() as client:
-            # A batch's fan-out and each ended task's webhook relay start the other functions.
-            client.post("/batches", json={"items": [{"prompt": f"item {i}"} for i in range(20)]})
-        done = outcomes(stack, open_loop(stack, tasks, lambda i: {"prompt": f"sandbox {i}"}, lambda _i: {}))
-        by_function = sandbox_functions(stack)
+    launched = launch("--report", cwd=ROOT)
+    try:
+        with launched.client() as client:
+            # One request at a time: the authorizer, submit, worker and webhook relay, status,
+            # then a batch's function.
+            task_id = client.post("/tasks", json={"prompt": "cold"}).json()["task_id"]
+            client.get(f"/tasks/{task_id}", params={"wait": 20})
+            client.post("/batches", json={"items": [{"prompt": "cold item"}]})
+            time.sleep(5)  # the batch's fan-out and the relays run after the replies
+        alone = init_durations(launched.log.read_text())
+        mark = len(launched.log.read_text())
+        launched.configure_mock(latency_s=2.0)
+        done = outcomes(
+            launched, open_loop(launched, tasks, lambda i: {"prompt": f"sandbox {i}"}, lambda _i: {})
+        )
+        together = init_durations(launched.log.read_text()[mark:])
+        by_function = sandbox_functions(launched)
         rss_kib = {function: sum(resident_kib(pid) for pid in pids) for function, pids in by_function.items()}
-        total_kib = sum(resident_kib(pid) for pids in stack_parts(stack).values() for pid in pids)
-        inits = init_durations(stack.log.read_text())
-    for function in sorted(by_function):
-        pids, starts = by_function[function], inits.get(function, [])
-        rss_mib = rss_kib[function] / 1024
+        total_kib = sum(resident_kib(pid) for pids in stack_parts(launched).values() for pid in pids)
+    finally:
+        launched.stop()
+    for function in sorted(set(alone) | set(by_function)):
+        pids, burst_starts = by_function.get(function, []), together.get(function, [])
         report.add(
             section,
-            f"{function}: cold start (Init Duration, median of {len(starts)})",
-            f"{statistics.median(starts):.0f} ms" if starts else "-",
-            f"{len(pids)} warm sandboxes, {rss_mib / max(1, len(pids)):.0f} MiB each",
+            f"{function}: cold start alone (Init Duration)",
+            f"{statistics.median(alone[function]):.0f} ms" if function in alone else "-",
+            f"{len(burst_starts)} more in the burst, median {statistics.median(burst_starts):.0f} ms;"
+            if burst_starts
+            else "none in the burst;",
+        )
+        report.add(
+            section,
+            f"  {function}: warm sandboxes after the burst",
+            str(len(pids)),
+            f"{rss_kib.get(function, 0) / 1024 / max(1, len(pids)):.0f} MiB resident each",
         )
     count = sum(len(pids) for pids in by_function.values())
     report.add(
         section,
         f"RSS of the whole stack with {count} warm sandboxes (after {tasks} tasks of 2 s, 16 clients)",
         f"{total_kib / 1024:.0f} MiB",
-        f"{len(done) - sum(d.task['status'] == 'completed' for d in done)} tasks not completed",
+        f"{sum(d.task['status'] != 'completed' for d in done)} tasks not completed",
     )
 
 

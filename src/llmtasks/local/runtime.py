@@ -19,13 +19,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmtasks.local.sandbox import Invocation, Sandbox, SandboxDied, _FunctionError
+from llmtasks.local.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
 from llmtasks.local.template import FunctionSpec
 
 __all__ = ["FunctionRuntime", "Invocation"]
 
 # Lambda keeps an idle environment for minutes (not documented; 5 to 15 are seen); here 10.
 IDLE_RETIRE_S = 600.0
+# Lambda gives each new environment CPU of its own; here every cold start shares this machine's
+# cores. A burst that would start dozens of sandboxes at once (16 clients' first requests reach
+# three functions) made each import take seconds; so at most one cold start a core runs at once,
+# and an invocation waiting for one takes a sandbox that turns idle meanwhile instead.
+_cold_starts = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
+_COLD_START_WAIT_S = 0.05
 
 
 def print_line(line: str) -> None:
@@ -66,7 +72,8 @@ class FunctionRuntime:
     # --- sandboxes ------------------------------------------------------------------------
 
     def _acquire(self) -> tuple[Sandbox, bool]:
-        """An idle sandbox, or a new one (True: a cold start) once there is room."""
+        """An idle sandbox, or a new one (True: a cold start, holding one of `_cold_starts`)
+        once there is room."""
         with self._available:
             while True:
                 while self._idle:
@@ -76,8 +83,11 @@ class FunctionRuntime:
                         return sandbox, False
                     self._count -= 1  # ended while idle (its process exited): replaced below
                 if self._count < self.concurrency:
-                    self._count += 1
-                    break
+                    if _cold_starts.acquire(blocking=False):
+                        self._count += 1
+                        break
+                    self._available.wait(_COLD_START_WAIT_S)  # another function's start may end
+                    continue
                 self._available.wait()
         try:
             sandbox = Sandbox(
@@ -87,6 +97,7 @@ class FunctionRuntime:
                 record_aws_calls=self._record_aws_calls,
             )
         except BaseException:
+            _cold_starts.release()
             self._forget(None)
             raise
         sandbox.generation = self._generation
@@ -184,7 +195,10 @@ class FunctionRuntime:
         started = time.monotonic()
         try:
             if cold:
-                sandbox.wait_ready()
+                try:
+                    sandbox.wait_ready()
+                finally:
+                    _cold_starts.release()
                 init_s = sandbox.init_s
                 started = time.monotonic()
                 if self._cut_ms is not None:
@@ -194,7 +208,7 @@ class FunctionRuntime:
             invocation = Invocation(
                 error=f"Task timed out after {self.spec.timeout_s:.2f} seconds", timed_out=True
             )
-        except (_FunctionError, SandboxDied) as exc:
+        except (FunctionError, SandboxDied) as exc:
             invocation = Invocation(error=str(exc))
         else:
             invocation = Invocation(payload=payload)

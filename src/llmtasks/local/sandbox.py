@@ -67,6 +67,10 @@ class _Job:
     done: Future[Any] = field(default_factory=Future)
 
 
+class FunctionError(Exception):
+    """The handler raised (or its runtime failed): Lambda's error object, as `errorType: errorMessage`."""
+
+
 class SandboxDied(Exception):
     """The sandbox's process ended: an init error, an exit, a kill."""
 
@@ -310,12 +314,12 @@ class Sandbox:
     def _finished(self, request_id: str, *, payload: Any = None, error: str | None = None) -> None:
         with self._lock:
             job = self._current if self._current and self._current.request_id == request_id else None
-        if job is None or job.done.done():
-            return  # an answer for an invocation already ended (timed out): it lands nowhere
-        if error is None:
-            job.done.set_result(payload)
-        else:
-            job.done.set_exception(_FunctionError(error))
+            if job is None or job.done.done():
+                return  # an answer for an invocation already ended (timed out): it lands nowhere
+            if error is None:
+                job.done.set_result(payload)
+            else:
+                job.done.set_exception(FunctionError(error))
 
     def _init_failed(self, error: str) -> None:
         self._end_reason = error
@@ -338,8 +342,8 @@ class Sandbox:
         self._ended.set()
         with self._lock:
             job, self._current = self._current, None
-        if job is not None and not job.done.done():
-            job.done.set_exception(SandboxDied(self._end_reason))
+            if job is not None and not job.done.done():
+                job.done.set_exception(SandboxDied(self._end_reason))
         self._jobs.put(None)  # a Runtime API thread waiting for work lets go
         self._api.shutdown()
         self._api.server_close()
@@ -368,7 +372,7 @@ class Sandbox:
                 raise SandboxDied("Runtime.InitTimeout: init did not complete in time")
 
     def run(self, event: Any, request_id: str, timeout_s: float) -> Any:
-        """One invocation: its payload; raises _FunctionError, SandboxDied or TimeoutError."""
+        """One invocation: its payload; raises FunctionError, SandboxDied or TimeoutError."""
         deadline = time.monotonic() + timeout_s
         job = _Job(request_id, event, int((time.time() + timeout_s) * 1000))
         self._jobs.put(job)
@@ -407,7 +411,3 @@ class Sandbox:
         self._stopped = True
         if self.process.poll() is None:
             self.process.terminate()
-
-
-class _FunctionError(Exception):
-    """The handler raised: Lambda's error object, as `errorType: errorMessage`."""
