@@ -138,12 +138,14 @@ def drive(stack: RunningStack) -> None:
         stack.configure_mock(reply_chars=0, rate_500=1.0)  # a retry through the queue, then a failure
         failing = client.post("/tasks", json={"prompt": "failing", "max_retries": 1}).json()
         wait_terminal(client, failing["task_id"])
-        stack.configure_mock(rate_500=0.0, latency_s=2)
+        # 5 s calls: long enough that the second capped task below reaches a worker while the
+        # first still runs, even when it waits for a sandbox's cold start.
+        stack.configure_mock(rate_500=0.0, latency_s=5)
         cancelled = client.post("/tasks", json={"prompt": "cancel me"}).json()
         client.post(f"/tasks/{cancelled['task_id']}/cancel")
         client.get("/tasks", params={"limit": 5})
-        # The third is refused: the ended ones are looked up and released. The two taken run 2 s
-        # calls at once: the second finds its key's one running place held (and waits queued).
+        # The third is refused: the ended ones are looked up and released. The two taken run
+        # their calls at once: the second finds its key's one running place held (and waits queued).
         for i in range(3):
             limited.post("/tasks", json={"prompt": f"capped {i}"})
         # A call past a second: its invocation looks at its queue for more (worker/call_slots.py)
