@@ -35,7 +35,10 @@ _COLD_START_WAIT_S = 0.05
 
 
 def print_line(line: str) -> None:
-    print(line, flush=True)
+    """A sandbox's line on the stack's stdout, in one write: print() writes the text and its
+    newline apart, and another sandbox's reader could write between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class FunctionRuntime:
@@ -244,4 +247,5 @@ class FunctionRuntime:
 
 
 def print_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
