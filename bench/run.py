@@ -39,6 +39,7 @@ from baseline import running_baseline  # bench/ is on sys.path: this file runs a
 from llmtasks.aws.dynamo import serialize
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.local.launcher import LaunchedStack, descendants, launch, peak_rss_kib
+from llmtasks.local.processes import status_kib
 from llmtasks.local.template import Template
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,11 +292,7 @@ def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
 
 
 def resident_kib(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return status_kib(pid, "VmRSS") or 0
 
 
 def stack_parts(stack: LaunchedStack) -> dict[str, list[int]]:

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from llmtasks.local.moto_server import CALLS_PATH
+from llmtasks.local.processes import status_kib
 
 
 def free_port() -> int:
@@ -29,10 +30,10 @@ def free_port() -> int:
 
 def peak_rss_kib(pid: int) -> int:
     """The high-water mark of a process's resident memory (Linux's VmHWM), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise LookupError(f"no VmHWM for process {pid}")
+    peak = status_kib(pid, "VmHWM")
+    if peak is None:
+        raise LookupError(f"no VmHWM for process {pid}")
+    return peak
 
 
 def descendants(pid: int) -> list[int]:

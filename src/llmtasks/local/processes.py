@@ -38,16 +38,29 @@ def wait_for_port(
     )
 
 
-def _die_with_parent() -> None:
-    """On Linux, the child gets SIGTERM if the stack itself is killed (kill -9 included).
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """On Linux, the child gets `sig` if the stack itself is killed (kill -9 included).
 
     Linux sends it when the spawning *thread* ends, so spawn from a thread that lives as long
-    as the child should (the stack's main thread does)."""
+    as the child should (the stack's main thread does; the sandboxes have a spawner thread)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, sig)
+
+
+def status_kib(pid: int, field: str) -> int | None:
+    """A memory figure of /proc/PID/status in KiB ("VmRSS": resident now, "VmHWM": its
+    high-water mark); None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
 
 
 def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.Popen[bytes]:
@@ -60,7 +73,7 @@ def spawn_python(*args: str, ready_port: int, quiet: bool = True) -> subprocess.
         stdout=output,
         stderr=output,
         start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, before exec
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, before exec
     )
     try:
         wait_for_port("127.0.0.1", ready_port, process=child)

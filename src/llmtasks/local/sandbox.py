@@ -12,6 +12,7 @@ happens.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtasks.local.processes import die_with_parent, status_kib
 from llmtasks.local.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
 from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec
 
@@ -37,7 +39,6 @@ RUNTIME_API = "/2018-06-01/runtime"
 # invocation, under the function's Timeout. The same bound, both tries at once.
 INIT_GRACE_S = 10.0
 MEMORY_CHECK_S = 0.05  # how often a running sandbox's resident memory is read
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 _SIGNAL_WORDS: dict[int, str] = {
     signal.SIGKILL: "killed",
     signal.SIGTERM: "terminated",
@@ -134,14 +135,7 @@ class _Spawner:
 
 
 _spawner = _Spawner()
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+_die_with_killed = functools.partial(die_with_parent, signal.SIGKILL)  # as Lambda ends an environment
 
 
 class _RuntimeApi(http.server.ThreadingHTTPServer):
@@ -228,26 +222,6 @@ def _error_text(body: bytes) -> str:
         return body.decode(errors="replace")
 
 
-def _resident_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * _PAGE / 2**20
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _peak_resident_mb(pid: int) -> float:
-    """The process's high-water mark of resident memory (what REPORT's Max Memory Used says)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0.0
-
-
 class Sandbox:
     """One execution environment of `spec`: its process, its Runtime API, one invocation at a
     time. `on_line` receives each line the process writes (stdout and stderr, as CloudWatch
@@ -292,7 +266,7 @@ class Sandbox:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, before exec
+                preexec_fn=_die_with_killed,  # noqa: PLW1509 - only calls prctl, before exec
             )
         )
         self._on_line = on_line
@@ -357,7 +331,8 @@ class Sandbox:
 
     @property
     def peak_mb(self) -> float:
-        return max(self._peak_mb, _peak_resident_mb(self.process.pid))
+        # What REPORT's Max Memory Used says: the process's high-water mark while it runs.
+        return max(self._peak_mb, (status_kib(self.process.pid, "VmHWM") or 0) / 1024)
 
     def wait_ready(self) -> None:
         """Waits for the cold start (raises SandboxDied if the process ended, or took longer
@@ -387,7 +362,7 @@ class Sandbox:
                 self._check_memory()
 
     def _check_memory(self) -> None:
-        resident = _resident_mb(self.process.pid)
+        resident = (status_kib(self.process.pid, "VmRSS") or 0) / 1024
         self._peak_mb = max(self._peak_mb, resident)
         if resident > self.spec.memory_mb:
             self._oom = True
