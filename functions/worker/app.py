@@ -15,7 +15,7 @@ from llmtasks.domain.messages import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import process_sqs_concurrently, receive_count
 from llmtasks.settings import WorkerResources
-from llmtasks.worker.call_slots import CallSlots, keep_slots_full
+from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full
 from llmtasks.worker.runner import Delivery, TaskRunner
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
@@ -43,8 +43,11 @@ def lambda_handler(
             message_id=record.message_id,
             receive_count=receive_count(record),
             sent_at=int(record.attributes.sent_timestamp) / 1000,
+            whole_call=isinstance(record, TakenRecord),
         )
-        await runner.run(message.task_id, delivery, remaining_s=context.get_remaining_time_in_millis() / 1000)
+        await runner.run(
+            message.task_id, delivery, remaining_s=lambda: context.get_remaining_time_in_millis() / 1000
+        )
 
     if slots == 0:
         return process_sqs_concurrently(event, context, run_one, queue)

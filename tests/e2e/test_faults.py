@@ -70,6 +70,22 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
         stack.stop()
 
 
+def story(log: Path, task_id: str, outcomes: list[str]) -> str:
+    """What the stack's log says of one task, and the invocations that ended abnormally: a
+    failure's message, so that a CI run tells why."""
+    lines = log.read_text().splitlines()
+    mine = [line for line in lines if task_id in line]
+    abnormal = [line for line in lines if "timed out" in line or "Runtime." in line]
+    return "\n".join(
+        [
+            f"{task_id} (calls at the mock: {outcomes}):",
+            *mine[-40:],
+            "invocations that ended abnormally:",
+            *abnormal[-20:],
+        ]
+    )
+
+
 def read_all(client: httpx.Client, ids: list[str]) -> dict[str, dict[str, Any]]:
     return {task_id: client.get(f"/tasks/{task_id}").json() for task_id in ids}
 
@@ -163,7 +179,7 @@ def test_every_task_is_accounted_for_after_faults(
     assert by_status["pending"] == by_status["processing"] == 0
     assert all(t["status"] in TERMINAL for t in final.values())
     assert all(t.get("error_code") for t in final.values() if t["status"] == "failed")
-    assert not double_charged, double_charged
+    assert not double_charged, story(stack.log, double_charged[0], outcomes[ids[double_charged[0]]])
     assert not completed_wrong
     # Faults really happened
     assert min(stats["errors_500"], stats["errors_429"], stats["hangs"]) > 0

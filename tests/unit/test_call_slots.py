@@ -14,7 +14,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.domain.models import TaskStatus
 from llmtasks.records import sqs_record
-from llmtasks.worker.call_slots import CallSlots, keep_slots_full
+from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full
 from tests.conftest import Aws, RunningMock
 from tests.unit.test_worker import Worker
 
@@ -44,11 +44,14 @@ class Recorder:
         self.long = long
         self.behave = behave or (lambda _body: None)
         self.ran: Counter[str] = Counter()
+        self.taken: set[str] = set()  # the bodies handed over as received by the invocation itself
         self.in_flight = 0
         self.most_in_flight = 0
 
     async def __call__(self, record: SQSRecord) -> None:
         self.ran[record.body] += 1
+        if isinstance(record, TakenRecord):
+            self.taken.add(record.body)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -104,6 +107,8 @@ def test_an_invocation_runs_what_waits_in_the_queue_at_most_its_slots_at_once(aw
     assert max(r["MaxNumberOfMessages"] for r in receives) <= 5
     assert reply == {"batchItemFailures": []}
     assert recorder.ran == Counter({f"m{i}": 1 for i in range(22)})  # each once, the event's two too
+    # The handler knows which it was handed on the promise of a whole call's time
+    assert recorder.taken == {f"m{i}" for i in range(2, 22)}
     assert recorder.most_in_flight == 5
     # What it received, it deleted; the event's two are the event source's to delete.
     assert in_queue(aws) == {"visible": "0", "in flight": "2"}

@@ -183,6 +183,35 @@ def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(work
     assert delayed == "1"  # its own message brings it back
 
 
+def test_a_task_taken_for_a_whole_call_goes_back_unattempted_when_that_time_ran_out(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a task an invocation received itself when 15 s were left (LLM timeout 5 s + 10 s
+    # to write the outcome), whose receive and claim took until fewer than that were left
+    runner = worker.runner(llm_timeout_s=5.0)
+    task_id = worker.submit("taken late")
+    [message] = worker.queued()
+    left = iter([30.0, 14.0])  # at the claim (the lease's length), then as the call would start
+    delivery = Delivery(
+        message_id=message["MessageId"], receive_count=1, sent_at=time.time(), whole_call=True
+    )
+    asyncio.run(runner.run(task_id, delivery, remaining_s=lambda: next(left)))
+    # Then no call starts that the invocation's end could cut: the provider is never called, and
+    # the task waits in its queue under a message of its own, none of its retries spent
+    assert mock_llm.stats.calls == 0
+    task = worker.task(task_id)
+    assert (task.status, task.attempts, task.last_error_code) == (TaskStatus.PENDING, 0, "invocation_ending")
+    [retry] = worker.queued()  # a message of its own (the one taken is done with)
+    assert json.loads(retry["Body"]) == {"task_id": task_id}
+    # With the time there, the task runs on that message
+    worker.run([retry])
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+    other = worker.submit("taken in time")
+    fresh = Delivery(message_id="m2", receive_count=1, sent_at=time.time(), whole_call=True)
+    asyncio.run(runner.run(other, fresh, remaining_s=lambda: 15.0))
+    assert worker.task(other).status is TaskStatus.COMPLETED
+
+
 def test_a_transient_error_schedules_a_retry_through_the_queue_then_completes(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
@@ -470,7 +499,7 @@ def test_a_message_finding_the_lease_held_looks_again_within_seconds_then_waits_
     def refused_for(receive_count: int) -> float:
         delivery = Delivery(message_id="the-retry", receive_count=receive_count, sent_at=time.time())
         with pytest.raises(RetryLater) as later:
-            asyncio.run(runner.run(task_id, delivery, remaining_s=60))
+            asyncio.run(runner.run(task_id, delivery, remaining_s=lambda: 60))
         return later.value.delay_s
 
     assert refused_for(1) <= HELD_LEASE_RECHECK_S  # soon, not after the lease
@@ -541,7 +570,7 @@ def test_a_message_ahead_of_its_item_backs_off_and_never_reaches_the_dlq_early(
     worker.clock = lambda: now
     delivery = Delivery(message_id="m", receive_count=receive_count, sent_at=now)
     with pytest.raises(RetryLater) as later:
-        asyncio.run(worker.runner().run("not-written-yet", delivery, remaining_s=60))
+        asyncio.run(worker.runner().run("not-written-yet", delivery, remaining_s=lambda: 60))
     assert later.value.delay_s == pytest.approx(expected_delay)
 
 

@@ -42,6 +42,11 @@ RECHECK_S = 1.0
 T = TypeVar("T")
 
 
+class TakenRecord(SQSRecord):
+    """A record this invocation received itself as a slot came free, on the promise of a whole
+    call's time (its handler checks that the time is still there when the call starts)."""
+
+
 @dataclass(frozen=True)
 class CallSlots:
     """How an invocation refills: from `queue`, up to `slots` records at once, while at least
@@ -69,9 +74,9 @@ class _Invocation:
     handled: list[str] = field(default_factory=list)  # receipts of own records to delete
     taking: bool = True  # False once the queue could not be read: nothing more is taken
 
-    def start(self, record: SQSRecord, *, from_event: bool) -> None:
+    def start(self, record: SQSRecord) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(self.handle(record))
-        self.running[task] = _Running(record, from_event)
+        self.running[task] = _Running(record, from_event=not isinstance(record, TakenRecord))
 
     def ended(self, task: asyncio.Task[None]) -> None:
         running = self.running.pop(task)
@@ -127,7 +132,7 @@ class _Invocation:
                     records = self._received(task, deleting)
                     drained = not records
                     for record in records:
-                        self.start(record, from_event=False)
+                        self.start(record)
                 else:
                     self.ended(task)
                     call_ended = True
@@ -141,7 +146,7 @@ class _Invocation:
             self.slots.queue.delete_many(handled)
         return self.slots.queue.receive(limit)
 
-    def _received(self, task: asyncio.Task[list[Any]], deleting: list[str]) -> list[SQSRecord]:
+    def _received(self, task: asyncio.Task[list[Any]], deleting: list[str]) -> list[TakenRecord]:
         """The messages a receive took, but not a copy of one running here (at-least-once
         delivery): the copy is left to come back later and find its task done."""
         error = task.exception()
@@ -158,7 +163,7 @@ class _Invocation:
             if message["MessageId"] in running:
                 logger.info("a copy of a message running here is left", message_id=message["MessageId"])
                 continue
-            records.append(SQSRecord(sqs_record(message, self.queue_arn)))
+            records.append(TakenRecord(sqs_record(message, self.queue_arn)))
         if records:
             logger.info("took messages from the queue", count=len(records))
         return records
@@ -183,7 +188,7 @@ def keep_slots_full(
 
     async def run_all() -> None:
         for record in records:
-            invocation.start(SQSRecord(record), from_event=True)
+            invocation.start(SQSRecord(record))
         await invocation.until_done()
 
     run_in_lambda_loop(run_all())

@@ -12,6 +12,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,6 +69,11 @@ class Delivery:
     message_id: str
     receive_count: int  # SQS ApproximateReceiveCount: 1 on the first delivery
     sent_at: float  # epoch s
+    # Received by the invocation itself when a slot came free, on the promise of a whole call's
+    # time (call_slots.py): its call starts only if that time is still left after the receive
+    # and the claim, else the task goes back to its queue unattempted. A call cut short by the
+    # invocation's end is a call the provider bills and nobody gets.
+    whole_call: bool = False
 
 
 class TaskRunner:
@@ -103,9 +109,11 @@ class TaskRunner:
         """The time an invocation must have left to give a call its whole timeout."""
         return self._settings.llm_timeout_s + OUTCOME_TIME_S
 
-    async def run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
-        """Raises RetryLater when this delivery must come back later: another delivery holds a
-        live lease on the task, or the message arrived before its task's item was written."""
+    async def run(self, task_id: str, delivery: Delivery, *, remaining_s: Callable[[], float]) -> None:
+        """Runs the delivery within the invocation's time (`remaining_s` reads what is left, as the
+        Lambda context does). Raises RetryLater when this delivery must come back later: another
+        delivery holds a live lease on the task, or the message arrived before its task's item was
+        written."""
         try:
             await self._run(task_id, delivery, remaining_s=remaining_s)
         except BaseException:
@@ -116,10 +124,10 @@ class TaskRunner:
                 emit(Metric.DEAD_LETTERED)
             raise
 
-    async def _run(self, task_id: str, delivery: Delivery, *, remaining_s: float) -> None:
+    async def _run(self, task_id: str, delivery: Delivery, *, remaining_s: Callable[[], float]) -> None:
         now = self._clock()
         lease_id = uuid.uuid4().hex
-        lease_until = now + remaining_s + self._settings.lease_margin_s
+        lease_until = now + remaining_s() + self._settings.lease_margin_s
         try:
             task = await self._claim(task_id, delivery, lease_id=lease_id, lease_until=lease_until, now=now)
         except ClaimRefused as refused:
@@ -139,6 +147,12 @@ class TaskRunner:
         deadline = task.deadline
         if deadline is not None and now >= deadline:
             self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
+            return
+        if delivery.whole_call and remaining_s() < self.whole_call_s:
+            # The receive and the claim ate into the time the refill counted on: no call that
+            # the invocation's end would cut; the task waits in the queue, costing no retry.
+            why = "The invocation that took the task no longer had the time for a whole call."
+            self._schedule_retry(task, lease_id, 0, why, "invocation_ending", attempted=False)
             return
         running, cap = self._running, self._running_cap(task)
         if running is None or cap is None:
@@ -167,12 +181,14 @@ class TaskRunner:
         caps = [c for c in (self._settings.tenant_max_running, task.max_running) if c]
         return min(caps) if caps else None
 
-    async def _call_and_record(self, task: Task, lease_id: str, now: float, remaining_s: float) -> None:
+    async def _call_and_record(
+        self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
+    ) -> None:
         """The claimed task's LLM call, within its time, and its outcome stored."""
         deadline = task.deadline
         dimensions = dimensions_of(task, self._settings)
         # Leave time to write the outcome before the function's own timeout.
-        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s - OUTCOME_TIME_S))
+        timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
         if deadline is not None:
             timeout = min(timeout, deadline - now)
         if self._pacer is not None:
