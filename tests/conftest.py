@@ -13,8 +13,9 @@ from moto import mock_aws
 
 from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
 from llmtasks.local import moto_atomic, moto_fair, moto_redrive
+from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.provision import LocalResources, provision
-from llmtasks.local.template import FunctionSpec, Template
+from llmtasks.local.template import Template
 from llmtasks.settings import (
     ApiResources,
     AuthorizerResources,

@@ -29,8 +29,8 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.domain.rules import Lane
+from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.launcher import free_port
-from llmtasks.local.template import FunctionSpec
 from llmtasks.settings import Settings
 
 T = TypeVar("T")

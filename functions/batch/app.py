@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
 from llmtasks.aws.queues import Queue
-from llmtasks.aws.store import task_change
+from llmtasks.aws.task_items import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently

@@ -8,7 +8,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks import wiring
-from llmtasks.api.routes import build_app, handle
+from llmtasks.api.app import build_app, handle
 from llmtasks.observability import logger, tracer
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService

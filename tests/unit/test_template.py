@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmtasks.local.template import FunctionSpec
+from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.observability import NAMESPACE, Metric
 from llmtasks.settings import (
     ApiResources,

@@ -7,14 +7,10 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
-import base64
-import json
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer, SecurityScheme
 from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import (
@@ -25,20 +21,10 @@ from pydantic import BaseModel
 from llmtasks import __version__
 from llmtasks.api import openai as openai_api
 from llmtasks.api.problems import (
-    backend_unavailable,
-    malformed_json,
-    on_api_error,
-    on_backend_error,
-    on_not_found,
-    on_unexpected,
-    on_validation_error,
     openapi_problem,
-    unexpected,
 )
 from llmtasks.aws.limits import Caller
-from llmtasks.aws.limits import caller_of as caller_of_event
 from llmtasks.domain.batches import Batch, BatchAccepted, BatchResults, BatchView, SubmitBatchRequest
-from llmtasks.domain.errors import ApiError, BackendError, Unauthorized
 from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import (
     Health,
@@ -97,12 +83,12 @@ _STATUS: dict[int, OpenAPIResponse] = {
 }
 
 
-def _service(app: APIGatewayHttpResolver) -> TaskService:
+def service_of(app: APIGatewayHttpResolver) -> TaskService:
     service: TaskService = app.context["service"]
     return service
 
 
-def _batches(app: APIGatewayHttpResolver) -> BatchService:
+def batches_of(app: APIGatewayHttpResolver) -> BatchService:
     # Built by the handler's provider on the first batch request: most requests are tasks'.
     batches: BatchService = app.context["batches"]()
     return batches
@@ -115,18 +101,6 @@ def caller_of(app: APIGatewayHttpResolver) -> Caller:
 
 def tenant_of(app: APIGatewayHttpResolver) -> str:
     return caller_of(app).tenant_id
-
-
-def _admitted(event: dict[str, Any], service: TaskService) -> Caller:
-    """The caller the Api's authorizer let through (API Gateway itself refused the others),
-    counted against its key's requests a second."""
-    caller = caller_of_event(event)
-    if caller is None:
-        # Only a route deployed without the authorizer gets here: refuse rather than guess.
-        raise Unauthorized("This request did not pass the API's authorizer.")
-    if service.limits is not None:
-        service.limits.count_request(caller)
-    return caller
 
 
 def _json(model: BaseModel, status: int, headers: dict[str, str] | None = None) -> Response[Any]:
@@ -188,7 +162,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     ) -> Response[TaskAccepted]:
         trace = trace_header(app.current_event.headers)
         caller = caller_of(app)
-        submission = _service(app).submit(
+        submission = service_of(app).submit(
             caller.tenant_id, body, idempotency_key=idempotency_key, trace_header=trace, caller=caller
         )
         task = submission.task
@@ -201,7 +175,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={**_STATUS, 409: openapi_problem("The task is already terminal")},
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
-        return _status_reply(_service(app).cancel(tenant_of(app), task_id))
+        return _status_reply(service_of(app).cancel(tenant_of(app), task_id))
 
     @app.post(
         "/batches",
@@ -225,7 +199,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     ) -> Response[BatchAccepted]:
         trace = trace_header(app.current_event.headers)
         caller = caller_of(app)
-        submission = _batches(app).submit(
+        submission = batches_of(app).submit(
             caller.tenant_id, body, idempotency_key=idempotency_key, trace_header=trace, caller=caller
         )
         batch = submission.batch
@@ -238,7 +212,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={**_BATCH, 409: openapi_problem("The batch has ended already")},
     )
     def cancel_batch(batch_id: str) -> Response[BatchView]:
-        return _batch_reply(_batches(app).cancel(tenant_of(app), batch_id))
+        return _batch_reply(batches_of(app).cancel(tenant_of(app), batch_id))
 
     @app.post(
         "/webhooks/secret/rotate",
@@ -247,7 +221,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses=_SECRET,
     )
     def rotate_webhook_secret() -> WebhookSecret:
-        return _service(app).rotate_webhook_secret(tenant_of(app))
+        return service_of(app).rotate_webhook_secret(tenant_of(app))
 
 
 def add_queries(app: APIGatewayHttpResolver) -> None:
@@ -272,7 +246,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             str | None, Query(max_length=2048, description="next_cursor of the previous page")
         ] = None,
     ) -> Response[TaskList]:
-        tasks, next_cursor = _service(app).list_tasks(
+        tasks, next_cursor = service_of(app).list_tasks(
             tenant_of(app), status=status, limit=limit, cursor=cursor
         )
         views = [TaskView.of(task).model_copy(update={"result": None}) for task in tasks]
@@ -290,7 +264,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             int, Query(ge=0, le=MAX_WAIT_S, description="Hold the reply up to N s until the task is terminal")
         ] = 0,
     ) -> Response[TaskView]:
-        return _status_reply(_service(app).get(tenant_of(app), task_id, wait_s=wait))
+        return _status_reply(service_of(app).get(tenant_of(app), task_id, wait_s=wait))
 
     @app.get(
         "/batches/<batch_id>",
@@ -299,7 +273,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses=_BATCH,
     )
     def get_batch(batch_id: str) -> Response[BatchView]:
-        return _batch_reply(_batches(app).get(tenant_of(app), batch_id))
+        return _batch_reply(batches_of(app).get(tenant_of(app), batch_id))
 
     @app.get(
         "/batches/<batch_id>/results",
@@ -328,7 +302,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             Literal["json", "jsonl"], Query(description="jsonl: one JSON object a line")
         ] = "json",
     ) -> Response[Any]:
-        rows, next_cursor = _batches(app).results(tenant_of(app), batch_id, limit=limit, cursor=cursor)
+        rows, next_cursor = batches_of(app).results(tenant_of(app), batch_id, limit=limit, cursor=cursor)
         if format == "json":
             return _json(BatchResults(data=rows, next_cursor=next_cursor), 200)
         headers = {}
@@ -346,113 +320,8 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses=_SECRET,
     )
     def get_webhook_secret() -> WebhookSecret:
-        return _service(app).webhook_secret(tenant_of(app))
+        return service_of(app).webhook_secret(tenant_of(app))
 
     @app.get("/health", summary="Liveness")
     def health() -> Health:
         return Health(version=__version__)
-
-
-def build_app(*, commands: bool = False, queries: bool = False, docs: bool = False) -> APIGatewayHttpResolver:
-    """A resolver with the chosen routes; `docs` adds /docs and /openapi.json describing all of them.
-    The /v1 routes (openai_api) answer errors in OpenAI's shape, the others in problem+json."""
-    app = APIGatewayHttpResolver(enable_validation=True)
-    if commands or docs:
-        add_commands(app)
-        openai_api.add_commands(app, _service, _batches, caller_of, SECURITY)
-    if queries or docs:
-        add_queries(app)
-        openai_api.add_queries(app, _service, _batches, tenant_of, SECURITY)
-
-    def shaped(native: Callable[[Any], Response[Any]], openai: Callable[[Any], Response[Any]]) -> Any:
-        def answer(exc: Any) -> Response[Any]:
-            return openai(exc) if openai_api.is_openai_path(app.current_event.path) else native(exc)
-
-        return answer
-
-    app.exception_handler(ApiError)(shaped(on_api_error, openai_api.from_api_error))
-    app.exception_handler(RequestValidationError)(
-        shaped(on_validation_error, openai_api.from_validation_error)
-    )
-    app.exception_handler(BackendError)(
-        shaped(on_backend_error, lambda exc: openai_api.from_api_error(backend_unavailable(exc)))
-    )
-    app.not_found(shaped(on_not_found, lambda _: openai_api.error(404, "No such route.", code="not_found")))
-    app.exception_handler(Exception)(
-        shaped(
-            on_unexpected,
-            lambda exc: unexpected(exc, openai_api.error(500, "Something went wrong on our side.")),
-        )
-    )
-    if docs:
-        description = "Long LLM calls, asynchronously: submit, then poll or receive a signed webhook."
-        app.enable_swagger(
-            path="/docs",
-            title="llmtasks",
-            version=__version__,
-            description=description,
-            security_schemes=SECURITY_SCHEMES,
-        )
-
-        @app.get("/openapi.json", include_in_schema=False)
-        def openapi_json() -> Response[str]:
-            schema = app.get_openapi_json_schema(
-                title="llmtasks",
-                version=__version__,
-                description=description,
-                security_schemes=SECURITY_SCHEMES,
-            )
-            return Response(status_code=200, content_type="application/json", body=schema)
-
-    return app
-
-
-def handle(
-    app: APIGatewayHttpResolver,
-    event: dict[str, Any],
-    context: Any,
-    service: TaskService,
-    batches: Callable[[], BatchService],
-) -> dict[str, Any]:
-    """One HTTP invocation: the routes read `service` and `batches` (a provider, called by the
-    batch routes alone) from the resolver's context."""
-    headers = event.get("headers") or {}
-    openai_shaped = openai_api.is_openai_path(event.get("rawPath") or "")
-    if event.get("body") and event.get("isBase64Encoded"):
-        # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
-        try:
-            event = {**event, "body": base64.b64decode(event["body"]).decode(), "isBase64Encoded": False}
-        except (ValueError, UnicodeDecodeError):
-            return _lambda_reply(
-                openai_api.error(400, "The request body is not valid UTF-8.", code="invalid_json")
-                if openai_shaped
-                else malformed_json()
-            )
-    if (
-        (event.get("body") or headers.get("content-type"))
-        and "json" not in headers.get("content-type", "")
-        and event.get("rawPath") != UPLOAD_PATH
-    ):
-        # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type
-        # (an upload's multipart body is the one that is not). An empty body labelled otherwise
-        # is a JSON body missing, not an unsupported content type.
-        event = {**event, "headers": {**headers, "content-type": "application/json"}}
-    if service.idempotency is not None:
-        service.idempotency.register_lambda_context(context)
-    caller = Caller(tenant_id="")  # the public routes read no tenant
-    if event.get("routeKey") not in PUBLIC_ROUTES:
-        try:
-            caller = _admitted(event, service)
-        except (ApiError, BackendError) as exc:
-            # Before any route runs, so a refused caller learns nothing about its body.
-            refused = backend_unavailable(exc) if isinstance(exc, BackendError) else exc
-            return _lambda_reply(
-                openai_api.from_api_error(refused) if openai_shaped else on_api_error(refused)
-            )
-    app.append_context(service=service, batches=batches, caller=caller)  # type: ignore[no-untyped-call]
-    return app.resolve(event, context)
-
-
-def _lambda_reply(response: Response[Any]) -> dict[str, Any]:
-    body = response.body if isinstance(response.body, str) else json.dumps(response.body)
-    return {"statusCode": response.status_code, "headers": dict(response.headers), "body": body}

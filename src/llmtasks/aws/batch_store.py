@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
-from llmtasks.aws.store import task_change
+from llmtasks.aws.task_items import task_change
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task, TaskStatus, WebhookStatus

@@ -4,6 +4,7 @@ condition that did not hold told apart from an outage."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+BATCH_GET_ATTEMPTS = 5
+BATCH_GET_KEYS = 100  # BatchGetItem's limit per call
 T = TypeVar("T")
 
 
@@ -96,3 +99,25 @@ def stream_change(record: Mapping[str, Any], decode: Callable[[Mapping[str, Any]
     images = record["dynamodb"]
     old = images.get("OldImage")
     return (decode(old) if old else None), decode(images["NewImage"])
+
+
+def batch_get(
+    client: DynamoDBClient, table: str, keys: list[dict[str, AttributeValueTypeDef]]
+) -> dict[str, dict[str, Any]]:
+    """The items of up to 100 keys, by pk, read consistently; keys DynamoDB leaves unprocessed
+    (throttling) are asked again, with a backoff."""
+    found: dict[str, dict[str, Any]] = {}
+    pending: list[Any] = list(keys)
+    for attempt in range(BATCH_GET_ATTEMPTS):
+        if not pending:
+            break
+        if attempt:
+            time.sleep(0.05 * 2**attempt)
+        reply = client.batch_get_item(RequestItems={table: {"Keys": pending, "ConsistentRead": True}})
+        for item in reply.get("Responses", {}).get(table, []):
+            found[str(item["pk"]["S"])] = dict(item)
+        unprocessed: Any = reply.get("UnprocessedKeys", {}).get(table) or {}
+        pending = list(unprocessed.get("Keys", []))
+    if pending:
+        raise BackendError(f"DynamoDB left {len(pending)} of {len(keys)} items unread")
+    return found

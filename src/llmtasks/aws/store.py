@@ -8,7 +8,6 @@ adapters (batch_store.py, tenant_secrets.py).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +15,14 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import (
+    BATCH_GET_KEYS,
+    batch_get,
     deserialize,
     dynamodb_errors,
     is_condition_failure,
-    scan_by_prefix,
     serialize,
-    stream_change,
 )
+from llmtasks.aws.task_items import failed_task, task_from_item, task_key
 from llmtasks.aws.tenant_secrets import TenantSecrets
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
@@ -31,7 +31,6 @@ from llmtasks.domain.rules import is_task_id
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
-    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
 # What a run leaves on the task while it lasts: its lease, and the text streamed so far.
 _LEASE_FIELDS = (
@@ -40,36 +39,9 @@ _LEASE_FIELDS = (
 )
 RETRY_EARLY_S = 1.0
 TENANT_INDEX = "by_tenant"
-BATCH_GET_ATTEMPTS = 5
-BATCH_GET_KEYS = 100  # BatchGetItem's limit per call
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 # Every status change counts itself (Task.revision), so batch counters can apply it exactly once.
 _REVISE = "revision = if_not_exists(revision, :zero) + :one"
-
-
-def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
-    return {"pk": {"S": f"task#{task_id}"}}
-
-
-def task_from_item(item: Mapping[str, Any]) -> Task:
-    """A task from a DynamoDB item (GetItem, UpdateItem or a stream image)."""
-    return Task.model_validate(deserialize(item))
-
-
-def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[dict[str, Any]]:
-    """Up to `limit` task items, with the given fields only (the overview: no prompt, no result)."""
-    return scan_by_prefix(client, table, "task#", fields, limit=limit)
-
-
-def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
-    """The task before and after one TasksTable stream record (NEW_AND_OLD_IMAGES)."""
-    return stream_change(record, task_from_item)
-
-
-def _failed_item(exc: ClientError) -> Task | None:
-    """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
-    item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
-    return task_from_item(item) if item else None
 
 
 class _ConditionFailed(Exception):
@@ -118,7 +90,7 @@ class TaskStore:
         for start in range(0, len(task_ids), BATCH_GET_KEYS):
             keys = [task_key(task_id) for task_id in task_ids[start : start + BATCH_GET_KEYS]]
             with dynamodb_errors("read"):
-                items = self._batch_get(keys)
+                items = batch_get(self._client, self.table_name, keys)
             for item in items.values():
                 task = task_from_item(item)
                 found[task.task_id] = task
@@ -171,32 +143,11 @@ class TaskStore:
                 **extra,
             )
             keys = [{"pk": item["pk"]} for item in reply.get("Items", [])]
-            items = self._batch_get(keys)
+            items = batch_get(self._client, self.table_name, keys)
         following = reply.get("LastEvaluatedKey")
         # In the index's order; a task deleted between the query and the read is left out.
         tasks = [task_from_item(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
         return tasks, deserialize(following) if following else None
-
-    def _batch_get(self, keys: list[dict[str, AttributeValueTypeDef]]) -> dict[str, dict[str, Any]]:
-        """The items of up to 100 keys, by pk, read consistently; keys DynamoDB leaves
-        unprocessed (throttling) are asked again."""
-        found: dict[str, dict[str, Any]] = {}
-        pending: list[Any] = list(keys)
-        for attempt in range(BATCH_GET_ATTEMPTS):
-            if not pending:
-                break
-            if attempt:
-                time.sleep(0.05 * 2**attempt)
-            reply = self._client.batch_get_item(
-                RequestItems={self.table_name: {"Keys": pending, "ConsistentRead": True}}
-            )
-            for item in reply.get("Responses", {}).get(self.table_name, []):
-                found[str(item["pk"]["S"])] = dict(item)
-            unprocessed: Any = reply.get("UnprocessedKeys", {}).get(self.table_name) or {}
-            pending = list(unprocessed.get("Keys", []))
-        if pending:
-            raise BackendError(f"DynamoDB left {len(pending)} of a page's tasks unread")
-        return found
 
     def claim(self, task_id: str, lease: Lease, *, now: float) -> Task:
         """pending (and due, when a retry is scheduled) -> processing under a new lease; also
@@ -472,7 +423,7 @@ class TaskStore:
             )
         except ClientError as exc:
             if is_condition_failure(exc):
-                raise _ConditionFailed(_failed_item(exc)) from exc
+                raise _ConditionFailed(failed_task(exc)) from exc
             raise BackendError(f"DynamoDB update failed: {exc}") from exc
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB update failed: {exc}") from exc

@@ -26,10 +26,11 @@ from typing import Any
 
 import boto3
 
+from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.processes import check_answers
 from llmtasks.local.provision import provision
 from llmtasks.local.runtime import FunctionRuntime, Invocation, print_to_stderr
-from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, Template, TemplateError
+from llmtasks.local.template import PSEUDO_PARAMETERS, Template, TemplateError
 
 
 @dataclass(frozen=True)

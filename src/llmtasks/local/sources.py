@@ -17,8 +17,9 @@ from moto.events.models import EventPattern, EventPatternParser
 
 from llmtasks.aws.queues import Queue
 from llmtasks.local.errors import EXIT_FAILED, ToolError
+from llmtasks.local.function_spec import SqsSource, StreamSource
 from llmtasks.local.runtime import FunctionRuntime, Invocation
-from llmtasks.local.template import PSEUDO_PARAMETERS, SqsSource, StreamSource
+from llmtasks.local.template import PSEUDO_PARAMETERS
 from llmtasks.records import sqs_record
 
 if TYPE_CHECKING:

@@ -27,6 +27,7 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.local import hot_reload
 from llmtasks.local.console import Console
 from llmtasks.local.errors import ToolError
+from llmtasks.local.function_spec import FunctionSpec, StreamSource
 from llmtasks.local.gateway import HttpGateway
 from llmtasks.local.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks.local.journal import state_files
@@ -35,7 +36,7 @@ from llmtasks.local.processes import check_answers, check_port_free, spawn_moto_
 from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
-from llmtasks.local.template import PSEUDO_PARAMETERS, FunctionSpec, StreamSource, Template
+from llmtasks.local.template import PSEUDO_PARAMETERS, Template
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks.ops.deployment import Deployment

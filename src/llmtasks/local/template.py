@@ -16,6 +16,13 @@ from typing import Any
 import yaml
 
 from llmtasks.local.errors import ToolError
+from llmtasks.local.function_spec import (
+    FunctionSpec,
+    HttpRoute,
+    LambdaAuthorizer,
+    SqsSource,
+    StreamSource,
+)
 
 PSEUDO_PARAMETERS = {
     "AWS::Region": "us-east-1",
@@ -144,92 +151,6 @@ def _check_parameter(name: str, value: str, spec: Mapping[str, Any], path: Path)
         high_len is not None and len(value) > int(high_len)
     ):
         raise refuse("has a length outside MinLength/MaxLength", "give a value of an allowed length")
-
-
-@dataclass(frozen=True)
-class LambdaAuthorizer:
-    """An HttpApi's Lambda authorizer as API Gateway runs it: a request without every identity
-    header is refused before the function runs, and its decision is kept per identity."""
-
-    function_id: str  # logical id
-    identity_headers: tuple[str, ...] = ()  # Identity.Headers; none: the function always runs
-    ttl_s: int = 0  # Identity.ReauthorizeEvery; 0 caches nothing
-
-
-@dataclass(frozen=True)
-class HttpRoute:
-    function_id: str
-    method: str  # upper case, or ANY
-    path: str  # /tasks/{task_id}; {proxy+} is greedy
-    authorizer: LambdaAuthorizer | None = None
-
-    @property
-    def route_key(self) -> str:
-        return f"{self.method} {self.path}"
-
-    def match(self, method: str, path: str) -> dict[str, str] | None:
-        """The path parameters when this route serves the request, else None."""
-        if self.method not in ("ANY", method.upper()):
-            return None
-        pattern = ""
-        for part in re.split(r"(\{[^}]+\})", self.path):
-            if part.startswith("{") and part.endswith("+}"):
-                pattern += f"(?P<{part[1:-2]}>.+)"
-            elif part.startswith("{"):
-                pattern += f"(?P<{part[1:-1]}>[^/]+)"
-            else:
-                pattern += re.escape(part)
-        # A decoded path may hold any character, a newline too.
-        found = re.fullmatch(pattern, path, flags=re.DOTALL)
-        return found.groupdict() if found else None
-
-
-@dataclass(frozen=True)
-class SqsSource:
-    function_id: str
-    name: str
-    queue_arn: str
-    batch_size: int = 10
-    batching_window_s: float = 0
-    report_batch_item_failures: bool = False
-    maximum_concurrency: int | None = None
-    enabled: bool = True
-
-
-@dataclass(frozen=True)
-class StreamSource:
-    function_id: str
-    name: str
-    stream_arn: str
-    starting_position: str = "LATEST"
-    batch_size: int = 100
-    batching_window_s: float = 0
-    maximum_retry_attempts: int = -1
-    bisect_on_error: bool = False
-    report_batch_item_failures: bool = False
-    filter_patterns: tuple[str, ...] = ()
-    on_failure_arn: str | None = None
-    enabled: bool = True
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    logical_id: str
-    code_dir: Path
-    handler: str  # module.function, relative to code_dir
-    timeout_s: int
-    memory_mb: int
-    environment: dict[str, str]
-    # The source folders of its layers (ContentUri): on sys.path, as Lambda puts a layer's.
-    layer_dirs: tuple[Path, ...] = ()
-    routes: tuple[HttpRoute, ...] = ()
-    sqs_sources: tuple[SqsSource, ...] = ()
-    stream_sources: tuple[StreamSource, ...] = ()
-
-    @property
-    def handler_file(self) -> Path:
-        module = self.handler.rsplit(".", 1)[0]
-        return self.code_dir / (module.replace(".", "/") + ".py")
 
 
 @dataclass

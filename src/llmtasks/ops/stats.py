@@ -14,7 +14,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.batch_store import scan_batches
-from llmtasks.aws.store import scan_tasks
+from llmtasks.aws.task_items import scan_tasks
 from llmtasks.domain.batches import BatchView
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
 

@@ -39,14 +39,11 @@ from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
 from llmtasks.settings import Settings
+from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
-# A paced call starts only if at least this much of its timeout is left after the wait.
-MIN_CALL_TIME_S = 60.0
-# How often a call that woke late for its pace slot takes a fresh one before it goes anyway.
-PACE_LATE_TRIES = 3
 # How soon a message's first delivery looks again at a task whose lease another delivery holds.
 HELD_LEASE_RECHECK_S = 3.0
 # A call ends this long before the function's timeout, to leave time to write its outcome.
@@ -54,12 +51,6 @@ OUTCOME_TIME_S = 10.0
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
-
-
-class PaceFull(Exception):
-    def __init__(self, backlog_s: float) -> None:
-        super().__init__(f"the next free pace slot is {backlog_s:.0f} s away")
-        self.backlog_s = backlog_s
 
 
 @dataclass(frozen=True)
@@ -193,7 +184,7 @@ class TaskRunner:
             timeout = min(timeout, deadline - now)
         if self._pacer is not None:
             try:
-                timeout -= await self._wait_for_pace(timeout)
+                timeout -= await wait_for_pace(self._pacer, timeout, self._clock)
             except PaceFull as full:
                 # No slot this invocation can still use: the task waits in the queue meanwhile.
                 self._schedule_retry(
@@ -264,22 +255,6 @@ class TaskRunner:
         return await self._llm.complete(
             task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
         )
-
-    async def _wait_for_pace(self, call_budget_s: float) -> float:
-        """Waits for this call's slot in the shared pace; returns the seconds waited. Raises
-        PaceFull when the slot lies beyond what the call's time budget leaves. A call that wakes well
-        past its slot (a busy sandbox) takes a fresh one rather than leave in a burst with the
-        next, which a provider counting requests per second would refuse."""
-        assert self._pacer is not None
-        began = self._clock()
-        for _ in range(PACE_LATE_TRIES):
-            start_at = await asyncio.to_thread(self._pacer.reserve, self._clock())
-            if start_at - began > call_budget_s - MIN_CALL_TIME_S:
-                raise PaceFull(start_at - began)
-            await asyncio.sleep(max(0.0, start_at - self._clock()))
-            if self._clock() - start_at <= self._pacer.interval_s / 2:
-                break
-        return self._clock() - began
 
     async def _claim(
         self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float

@@ -1,0 +1,42 @@
+"""A task's item in TasksTable: its key (`task#<id>`), a task read back from an item, a write's
+refusal or a stream record, and scans over the task items. The layout lives here; store.py writes
+through it, and the stream's readers (batch counters, webhooks) decode with it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from llmtasks.aws.dynamo import deserialize, scan_by_prefix, stream_change
+from llmtasks.domain.models import Task
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+
+def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"task#{task_id}"}}
+
+
+def task_from_item(item: Mapping[str, Any]) -> Task:
+    """A task from a DynamoDB item (GetItem, UpdateItem or a stream image)."""
+    return Task.model_validate(deserialize(item))
+
+
+def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` task items, with the given fields only (the overview: no prompt, no result)."""
+    return scan_by_prefix(client, table, "task#", fields, limit=limit)
+
+
+def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
+    """The task before and after one TasksTable stream record (NEW_AND_OLD_IMAGES)."""
+    return stream_change(record, task_from_item)
+
+
+def failed_task(exc: ClientError) -> Task | None:
+    """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
+    item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
+    return task_from_item(item) if item else None
