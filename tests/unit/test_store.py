@@ -111,9 +111,9 @@ def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) 
         now=NOW,
     )
     usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
-    task = store.complete(
-        "t1", lease_id="L1", completion=Completion(text="hi", model="m", usage=usage), now=NOW + 5
-    )
+    store.complete("t1", lease_id="L1", completion=Completion(text="hi", model="m", usage=usage), now=NOW + 5)
+    task = store.get("t1", now=NOW + 5)
+    assert task is not None
     assert (task.status, task.result, task.usage, task.completed_at) == (
         TaskStatus.COMPLETED,
         "hi",
@@ -167,7 +167,9 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
         Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
         now=NOW,
     )
-    task = store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
+    store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
+    task = store.get("t1", now=NOW + 5)
+    assert task is not None
     assert (task.status, task.next_attempt_at, task.last_error_code, task.attempts) == (
         TaskStatus.PENDING,
         NOW + 8,
