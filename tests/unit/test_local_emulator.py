@@ -17,7 +17,7 @@ from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.sources import failed_ids
 from llmtasks.local.template import Template, TemplateError
-from tests.helpers import toy_function
+from tests.helpers import eventually, toy_function
 
 pytestmark = pytest.mark.unit
 
@@ -166,6 +166,47 @@ def test_each_sandbox_has_its_own_module_state(tmp_path: Path) -> None:
         counts = list(pool.map(runtime.invoke, [{"sleep": 0.3}, {"sleep": 0.3}]))
     assert [c.payload for c in counts] == [1, 1]  # two sandboxes, two copies of `calls`
     assert runtime.invoke({"sleep": 0}).payload == 2  # a warm sandbox keeps its state
+
+
+def test_a_function_s_first_sandbox_starts_while_other_functions_hold_every_cold_start_slot(
+    tmp_path: Path,
+) -> None:
+    import concurrent.futures
+    import os
+
+    from llmtasks.local import runtime as runtime_module
+
+    spec = toy_function(
+        tmp_path,
+        """
+        import os, time
+        def handler(event, context):
+            time.sleep(event["sleep"])  # the handler's work, not a wait of the test
+            return os.getpid()
+    """,
+        timeout_s=10,
+    )
+    slots = runtime_module._cold_starts
+    held = 0
+    while slots.acquire(blocking=False):  # other functions' scale-out holds every slot
+        held += 1
+    runtime = FunctionRuntime(spec, concurrency=2)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        # The function's first sandbox starts all the same
+        first = pool.submit(runtime.invoke, {"sleep": 1.0})
+        eventually(lambda: runtime.sandboxes, bool, timeout_s=30, every_s=0.01, what="the first sandbox")
+        # A second sandbox is scale-out: it waits for a slot, and takes the first sandbox once
+        # that turns idle instead
+        second = pool.submit(runtime.invoke, {"sleep": 0})
+        pids = [first.result(timeout=60).payload, second.result(timeout=60).payload]
+        assert pids[0] == pids[1] != os.getpid()
+        assert len(runtime.sandboxes) == 1
+    finally:
+        for _ in range(held):
+            slots.release()
+        pool.shutdown()
+        runtime.close()
 
 
 def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:

@@ -29,7 +29,9 @@ IDLE_RETIRE_S = 600.0
 # Lambda gives each new environment CPU of its own; here every cold start shares this machine's
 # cores. A burst that would start dozens of sandboxes at once (16 clients' first requests reach
 # three functions) made each import take seconds; so at most one cold start a core runs at once,
-# and an invocation waiting for one takes a sandbox that turns idle meanwhile instead.
+# and an invocation waiting for one takes a sandbox that turns idle meanwhile instead. A function's
+# first sandbox is the exception: it never queues behind another function's scale-out (after a
+# restart, seventeen worker starts held a status request's first sandbox past its 30 s).
 _cold_starts = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
 _COLD_START_WAIT_S = 0.05
 
@@ -74,19 +76,20 @@ class FunctionRuntime:
 
     # --- sandboxes ------------------------------------------------------------------------
 
-    def _acquire(self) -> tuple[Sandbox, bool]:
-        """An idle sandbox, or a new one (True: a cold start, holding one of `_cold_starts`)
-        once there is room."""
+    def _acquire(self) -> tuple[Sandbox, bool, bool]:
+        """An idle sandbox, or a new one once there is room: (the sandbox, whether it is a cold
+        start, whether that start holds one of `_cold_starts`)."""
         with self._available:
             while True:
                 while self._idle:
                     sandbox, _ = self._idle.pop()
                     if sandbox.alive:
                         self._busy.add(sandbox)
-                        return sandbox, False
+                        return sandbox, False, False
                     self._count -= 1  # ended while idle (its process exited): replaced below
                 if self._count < self.concurrency:
-                    if _cold_starts.acquire(blocking=False):
+                    throttled = self._count > 0  # a function's first sandbox does not queue
+                    if not throttled or _cold_starts.acquire(blocking=False):
                         self._count += 1
                         break
                     self._available.wait(_COLD_START_WAIT_S)  # another function's start may end
@@ -100,13 +103,14 @@ class FunctionRuntime:
                 record_aws_calls=self._record_aws_calls,
             )
         except BaseException:
-            _cold_starts.release()
+            if throttled:
+                _cold_starts.release()
             self._forget(None)
             raise
         sandbox.generation = self._generation
         with self._available:
             self._busy.add(sandbox)
-        return sandbox, True
+        return sandbox, True, throttled
 
     def _forget(self, sandbox: Sandbox | None) -> None:
         """A sandbox leaves the pool (None: one that failed to start), making room for another."""
@@ -191,7 +195,7 @@ class FunctionRuntime:
 
     def invoke(self, event: Any, *, request_id: str | None = None) -> Invocation:
         request_id = request_id or str(uuid.uuid4())
-        sandbox, cold = self._acquire()
+        sandbox, cold, throttled = self._acquire()
         if self.report:
             print(f"START RequestId: {request_id} Version: $LATEST", flush=True)
         init_s: float | None = None
@@ -201,7 +205,8 @@ class FunctionRuntime:
                 try:
                     sandbox.wait_ready()
                 finally:
-                    _cold_starts.release()
+                    if throttled:
+                        _cold_starts.release()
                 init_s = sandbox.init_s
                 started = time.monotonic()
                 if self._cut_ms is not None:
