@@ -78,6 +78,11 @@ class SqsPoller:
         self.active = self.initial
         self._scaled = threading.Condition()
         self._grown_at = 0.0
+        # Nothing found and nothing running: one poller keeps looking for the others, which wait
+        # for it to find messages. Lambda's idle pollers cost no one's CPU; here five long polls a
+        # second for each of a stack's queues were a tenth of a core of an idle stack (moto's and
+        # the stack's), and the test suite runs several stacks at once.
+        self._quiet = False
         # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
         self._in_flight: dict[int, list[str]] = {}
         self.threads = [
@@ -113,7 +118,7 @@ class SqsPoller:
     def _poll(self, index: int) -> None:
         while not self._stop.is_set():
             with self._scaled:
-                if index >= self.active:
+                if index >= self.active or (index > 0 and self._quiet):
                     self._scaled.wait(POLL_WAIT_S)
                     self._grow(about_to_invoke=0)
                     continue
@@ -134,7 +139,11 @@ class SqsPoller:
         with self._scaled:
             if not found_messages:
                 self.active = max(self.initial, self.active - 1)
+                self._quiet = self.active == self.initial and not self._in_flight
                 return
+            if self._quiet:
+                self._quiet = False
+                self._scaled.notify_all()  # the waiting pollers look at once
             if not self._in_flight and self.active == self.initial:
                 self._grown_at = time.monotonic()  # work starts from idle: a step up is a second away
             self._grow(about_to_invoke=1)
