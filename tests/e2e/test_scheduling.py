@@ -19,9 +19,7 @@ from tests.helpers import eventually
 pytestmark = pytest.mark.e2e
 
 FLOOD = 120  # 4 s calls on 20 call slots: a backlog of six waves, 24 s
-# Long enough that the urgent task's lane, which starts a worker sandbox of its own, is not beaten
-# by the backlog merely because that cold start took seconds on a loaded machine (2 s calls were:
-# a CI run saw it overtake 19 of 120).
+# (2 s calls made a 12 s backlog, shorter than the urgent lane's cold start on a loaded machine.)
 CALL_S = 4.0
 
 
@@ -90,6 +88,9 @@ def test_a_quiet_tenant_and_a_high_priority_task_overtake_another_tenant_s_backl
     still_queued = FLOOD // 2
     for end in quiet_ends.values():
         assert overtaken(end, flood_ends) >= still_queued
-    assert overtaken(urgent_end, flood_ends) >= still_queued
+    # The urgent task's lane runs invocations of its own, and the first starts a worker sandbox:
+    # a cold start that took 10 s on a loaded CI machine. So a quarter of the backlog, not half:
+    # FIFO would be none, and the flood's usual task (below) overtakes at most 20.
+    assert overtaken(urgent_end, flood_ends) >= FLOOD // 4
     # The flood's own normal task waits its turn behind its backlog
     assert overtaken(usual_end, flood_ends) <= 20
