@@ -58,36 +58,30 @@ class CallSlots:
 
 
 @dataclass
-class _Running:
-    record: SQSRecord
-    from_event: bool  # else received by this invocation, which must delete it itself
-
-
-@dataclass
 class _Invocation:
     handle: Callable[[SQSRecord], Awaitable[None]]
     slots: CallSlots
     remaining_s: Callable[[], float]
     queue_arn: str
-    running: dict[asyncio.Task[None], _Running] = field(default_factory=dict)
+    running: dict[asyncio.Task[None], SQSRecord] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)  # the event's records to report
     handled: list[str] = field(default_factory=list)  # receipts of own records to delete
     taking: bool = True  # False once the queue could not be read: nothing more is taken
 
     def start(self, record: SQSRecord) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(self.handle(record))
-        self.running[task] = _Running(record, from_event=not isinstance(record, TakenRecord))
+        self.running[task] = record
 
     def ended(self, task: asyncio.Task[None]) -> None:
-        running = self.running.pop(task)
+        record = self.running.pop(task)
         error = task.exception()
         if error is not None and not isinstance(error, RetryLater):
-            logger.warning("record failed", message_id=running.record.message_id, exc_info=error)
-        if running.from_event:
+            logger.warning("record failed", message_id=record.message_id, exc_info=error)
+        if not isinstance(record, TakenRecord):  # the event's: reported, the event source deletes it
             if error is not None:
-                self.failures.append(running.record.message_id)
-        elif error is None:
-            self.handled.append(running.record.receipt_handle)
+                self.failures.append(record.message_id)
+        elif error is None:  # received by this invocation, which deletes it itself
+            self.handled.append(record.receipt_handle)
 
     def free(self) -> int:
         """Slots a receive may fill now: none once the time left cannot hold a whole call."""
@@ -157,7 +151,7 @@ class _Invocation:
             self.taking = False
             self.handled = deleting + self.handled
             return []
-        running = {r.record.message_id for r in self.running.values()}
+        running = {record.message_id for record in self.running.values()}
         records = []
         for message in task.result():
             if message["MessageId"] in running:
