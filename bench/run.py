@@ -40,7 +40,7 @@ from llmtasks.aws.dynamo import serialize
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.local.launcher import LaunchedStack, descendants, launch, peak_rss_kib
 from llmtasks.local.processes import status_kib
-from llmtasks.local.template import Template
+from llmtasks.sam.template import Template
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16

@@ -11,11 +11,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from llmtasks import moto_patches
 from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
-from llmtasks.local import moto_atomic, moto_fair, moto_redrive
-from llmtasks.local.function_spec import FunctionSpec
-from llmtasks.local.provision import LocalResources, provision
-from llmtasks.local.template import Template
+from llmtasks.sam.function_spec import FunctionSpec
+from llmtasks.sam.provision import LocalResources, provision
+from llmtasks.sam.template import Template
 from llmtasks.settings import (
     ApiResources,
     AuthorizerResources,
@@ -26,10 +26,8 @@ from llmtasks.settings import (
 )
 from tests.helpers import TEMPLATE, HandlerContext, WebhookReceiver, load_handler, serve
 
-# The in-process moto gets the redrive API the local stack's moto server has.
-moto_redrive.install()
-moto_atomic.install()
-moto_fair.install()
+# The in-process moto behaves as the local stack's moto server does (and as AWS, where it matters).
+moto_patches.install()
 
 
 @dataclass

@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import os
+import socket
 import sys
 import textwrap
 import threading
@@ -29,8 +30,7 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.domain.rules import Lane
-from llmtasks.local.function_spec import FunctionSpec
-from llmtasks.local.launcher import free_port
+from llmtasks.sam.function_spec import FunctionSpec
 from llmtasks.settings import Settings
 
 T = TypeVar("T")
@@ -40,6 +40,13 @@ NEVER = float(2**40)
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
 TEMPLATE = ROOT / "template.yaml"
+
+
+def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on now (for the tests' own servers)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def load_event(name: str) -> dict[str, Any]:

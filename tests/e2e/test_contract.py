@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmtasks.local.provision import local_name
+from llmtasks.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack
 
 pytestmark = pytest.mark.e2e

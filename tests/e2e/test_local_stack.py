@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.provision import local_name
+from llmtasks.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack
 from tests.helpers import ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
 

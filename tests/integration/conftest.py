@@ -13,8 +13,8 @@ from typing import Any
 import boto3
 import pytest
 
-from llmtasks.local.provision import LocalResources, provision
-from llmtasks.local.template import Template
+from llmtasks.sam.provision import LocalResources, provision
+from llmtasks.sam.template import Template
 from tests.helpers import TEMPLATE, endpoint_or_moto
 
 

@@ -25,13 +25,13 @@ import pytest
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
 from llmtasks.local import hot_reload
-from llmtasks.local.function_spec import SqsSource, StreamSource
 from llmtasks.local.hot_reload import CodeWatch
-from llmtasks.local.provision import LocalResources
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
-from llmtasks.local.template import Template
 from llmtasks.local.ttl import TtlSweeper, TtlTable
+from llmtasks.sam.function_spec import SqsSource, StreamSource
+from llmtasks.sam.provision import LocalResources
+from llmtasks.sam.template import Template
 from tests.helpers import TEMPLATE, eventually, process_exists, toy_function
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from llmtasks.local import journal
-from llmtasks.local.errors import ToolError
 from llmtasks.local.launcher import free_port
 from llmtasks.local.moto_server import STATE_PATH
 from llmtasks.local.processes import spawn_moto_server, stop
+from llmtasks.tool_errors import ToolError
 from tests.helpers import local_client
 
 pytestmark = pytest.mark.integration

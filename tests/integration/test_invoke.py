@@ -22,9 +22,9 @@ from llmtasks.client import verify_webhook
 from llmtasks.domain.models import LLMRequest
 from llmtasks.llm.mock import reply_text
 from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables, invoke
-from llmtasks.local.provision import local_name
 from llmtasks.local.runtime import Invocation
-from llmtasks.local.template import Template
+from llmtasks.sam.provision import local_name
+from llmtasks.sam.template import Template
 from tests.conftest import RunningMock
 from tests.helpers import (
     EVENTS,

@@ -21,10 +21,10 @@ from llmtasks.domain.messages import FanoutMessage, WebhookMessage
 from llmtasks.domain.models import TaskStatus
 from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.ops.deployment import Deployment
 from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
+from llmtasks.sam.events import pattern_matcher, stream_record
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.services.batches import BatchService, batch_task_id
 from llmtasks.services.webhooks import WebhookRelay

@@ -19,8 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from llmtasks.local.launcher import free_port
-from tests.helpers import ROOT, serve
+from tests.helpers import ROOT, free_port, serve
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from llmtasks.domain.errors import LLMError
 from llmtasks.domain.models import LLMRequest, TaskStatus, TaskView
 from llmtasks.llm.bedrock import BedrockConverse
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.sources import pattern_matcher
+from llmtasks.sam.events import pattern_matcher
 from tests.conftest import Aws, RunningMock
 from tests.helpers import eventually, load_event
 from tests.unit.test_worker import Worker

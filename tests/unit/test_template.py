@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.observability import NAMESPACE, Metric
+from llmtasks.sam.function_spec import FunctionSpec
 from llmtasks.settings import (
     ApiResources,
     AuthorizerResources,
@@ -36,8 +36,6 @@ LAMBDA_VARIABLES = {
     "LAMBDA_TASK_ROOT",
     "_X_AMZN_TRACE_ID",
 }
-# Code that no handler imports: the CLI, the client SDK and the local emulator.
-NOT_IN_LAMBDA = ("cli/", "client.py", "local/")
 # Each function's resource model: what its cold start checks (wiring.cold_start in its handler).
 RESOURCES: dict[str, type[FunctionResources]] = {
     "AuthorizerFunction": AuthorizerResources,
@@ -48,6 +46,16 @@ RESOURCES: dict[str, type[FunctionResources]] = {
     "WebhookFunction": WebhookResources,
 }
 ENV_READ = re.compile(r"""os\.(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z0-9_]+)["']""")
+
+
+def not_in_lambda() -> tuple[str, ...]:
+    """What the layer leaves out (src/Makefile's NOT_IN_LAMBDA), as paths in the package: code
+    no handler imports, so the variables it reads are no function's."""
+    makefile = (ROOT / "src" / "Makefile").read_text().replace("\\\n", " ")
+    line = next(line for line in makefile.splitlines() if line.startswith("NOT_IN_LAMBDA :="))
+    return tuple(
+        path.removeprefix("llmtasks/") + ("" if path.endswith(".py") else "/") for path in line.split()[2:]
+    )
 
 
 def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
@@ -91,7 +99,9 @@ def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
 def handler_imports() -> list[Path]:
     package = ROOT / "src" / "llmtasks"
     return [
-        path for path in package.rglob("*.py") if not str(path.relative_to(package)).startswith(NOT_IN_LAMBDA)
+        path
+        for path in package.rglob("*.py")
+        if not str(path.relative_to(package)).startswith(not_in_lambda())
     ]
 
 

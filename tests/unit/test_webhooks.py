@@ -22,9 +22,9 @@ from llmtasks.domain.errors import InvalidInput, RetryLater
 from llmtasks.domain.messages import Completion, WebhookMessage
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
 from llmtasks.llm.mock import reply_text
-from llmtasks.local.sources import pattern_matcher, stream_record
 from llmtasks.observability import trace_id
 from llmtasks.records import sqs_record
+from llmtasks.sam.events import pattern_matcher, stream_record
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhooks import (
     WebhookDelivery,

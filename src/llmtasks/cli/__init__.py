@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from llmtasks.cli import local, ops, tasks
-from llmtasks.local.errors import EXIT_FAILED, EXIT_USAGE, ToolError
+from llmtasks.tool_errors import EXIT_FAILED, EXIT_USAGE, ToolError
 
 DEBUG_FLAG = "--debug"
 

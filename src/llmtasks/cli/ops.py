@@ -12,9 +12,9 @@ import click
 
 from llmtasks.aws.apikeys import MAX_IN_FLIGHT
 from llmtasks.cli.options import target_of, targeted
-from llmtasks.local.errors import ToolError
 from llmtasks.ops.deadletters import QUEUE_NAMES
 from llmtasks.ops.deployment import QueueName
+from llmtasks.tool_errors import ToolError
 
 if TYPE_CHECKING:
     from llmtasks.aws.apikeys import ApiKeys

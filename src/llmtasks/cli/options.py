@@ -14,8 +14,8 @@ import click
 
 from llmtasks.client import DEFAULT_URL
 from llmtasks.local.endpoints import localstack_endpoint, resolved
-from llmtasks.local.errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
 from llmtasks.ops.deployment import Deployment
+from llmtasks.tool_errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -87,7 +87,7 @@ def endpoint_for(service: str, endpoint_url: str | None) -> str:
 def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     import boto3
 
-    from llmtasks.local.template import PSEUDO_PARAMETERS
+    from llmtasks.sam.template import PSEUDO_PARAMETERS
 
     if stack_name:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")

@@ -13,7 +13,7 @@ import click
 from llmtasks.cli.options import client_of, with_api
 from llmtasks.domain.batches import ITEM_COUNTS, BatchStatus, BatchView
 from llmtasks.domain.models import TaskStatus, TaskView
-from llmtasks.local.errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
+from llmtasks.tool_errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
 
 if TYPE_CHECKING:
     from llmtasks.client import Client

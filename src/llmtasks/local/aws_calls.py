@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.client import BaseClient
 
-from llmtasks.local.template import PSEUDO_PARAMETERS
+from llmtasks.sam.template import PSEUDO_PARAMETERS
 
 # Batch and transaction calls are authorized action by action, as IAM does.
 _ACTION_OF = {

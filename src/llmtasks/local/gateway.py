@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmtasks.local.function_spec import HttpRoute, LambdaAuthorizer
 from llmtasks.local.runtime import FunctionRuntime
-from llmtasks.local.template import PSEUDO_PARAMETERS
+from llmtasks.sam.function_spec import HttpRoute, LambdaAuthorizer
+from llmtasks.sam.template import PSEUDO_PARAMETERS
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-www-form-urlencoded")
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from llmtasks.local.function_spec import FunctionSpec
+from llmtasks.sam.function_spec import FunctionSpec
 
 WATCH_EVERY_S = 1.0
 _SKIPPED_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".git"}

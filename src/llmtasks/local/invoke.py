@@ -26,11 +26,11 @@ from typing import Any
 
 import boto3
 
-from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.processes import check_answers
-from llmtasks.local.provision import provision
 from llmtasks.local.runtime import FunctionRuntime, Invocation, print_to_stderr
-from llmtasks.local.template import PSEUDO_PARAMETERS, Template, TemplateError
+from llmtasks.sam.function_spec import FunctionSpec
+from llmtasks.sam.provision import provision
+from llmtasks.sam.template import PSEUDO_PARAMETERS, Template, TemplateError
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,9 @@ def _backend(endpoint_url: str | None) -> Iterator[dict[str, str]]:
         return
     from moto.server import ThreadedMotoServer
 
-    from llmtasks.local import moto_atomic, moto_fair, moto_redrive
+    from llmtasks import moto_patches
 
-    moto_atomic.install()
-    moto_redrive.install()
-    moto_fair.install()
+    moto_patches.install()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -2,7 +2,7 @@
 
 A separate process keeps moto's request handling off the functions' interpreter lock. This
 module is where the local stack adds what moto lacks, so every client sees one endpoint:
-redrive (moto_redrive), atomic conditional writes (moto_atomic), a count of the AWS API
+redrive and atomic conditional writes (llmtasks.moto_patches), a count of the AWS API
 calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
 which the benchmark reads to count what a task costs at the backend rather than estimate it,
 and its state kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state):
@@ -199,14 +199,17 @@ def _open_state(directory: Path, report_file: Path | None) -> DurableState:
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
-    from llmtasks.local import moto_atomic, moto_fair, moto_redrive, moto_state
+    from llmtasks.local import moto_state
+    from llmtasks.moto_patches import atomic, fair_queues, redrive
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _option(args, "--state-dir"), _option(args, "--report-file")
-    moto_redrive.install()
-    moto_atomic.install()
+    # moto_patches.install()'s order, with the journal between: it records the atomic writes
+    # (so replays take the same locks), and the fair queue's bookkeeping wraps what it journals.
+    redrive.install()
+    atomic.install()
     moto_state.install()
-    moto_fair.install()
+    fair_queues.install()
     _install_backend_cache()
     _serve_lightly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not

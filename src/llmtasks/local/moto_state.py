@@ -40,7 +40,8 @@ from moto.sqs.models import Message, Queue, SQSBackend
 
 from llmtasks.local import journal as journal_files
 from llmtasks.local.journal import SNAPSHOT, Journal, JournalUnavailable, StateError
-from llmtasks.local.moto_atomic import sqs_lock, write_lock
+from llmtasks.moto_patches import redrive
+from llmtasks.moto_patches.atomic import sqs_lock, write_lock
 
 SNAPSHOT_FORMAT = 2
 # What the local stack keeps: tables and their streams, buckets, queues.
@@ -181,17 +182,12 @@ def _receive_of(message: Message, *_: Any, **__: Any) -> tuple[Any, ...]:
     return ("received", message.id, int(unix_time_millis()))
 
 
-def remove_message(queue: Queue, message: Message) -> None:
-    """Takes `message` off `queue` without a receipt handle (a redrive moving it away)."""
-    with sqs_lock():
-        if _recording.journal is not None:
-            _append(("delete", [message.id]))
-        with queue._messages_lock:
-            queue._messages.remove(message)
+def _removal_of(_queue: Queue, message: Message) -> tuple[Any, ...]:
+    return ("delete", [message.id])
 
 
 def install() -> None:
-    """Idempotent; after moto_atomic.install(), so its locked methods are the ones journaled."""
+    """Idempotent; after moto_patches.atomic.install(), so its locked methods are the ones journaled."""
     for service, (backend_class, names) in _CALLS.items():
         for name in names:
             method = getattr(backend_class, name)
@@ -203,6 +199,7 @@ def install() -> None:
         (Queue, "add_message", _put_of),
         (Queue, "delete_message", _delete_of),
         (Message, "mark_received", _receive_of),
+        (redrive, "remove_message", _removal_of),
     ):
         method = getattr(owner, name)
         if not getattr(method, "__llmtasks_journaled__", False):

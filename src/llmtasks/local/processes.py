@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmtasks.local.errors import EXIT_FAILED, ServiceDownError, ToolError
+from llmtasks.tool_errors import EXIT_FAILED, ServiceDownError, ToolError
 
 
 def wait_for_port(

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
+from llmtasks.sam.function_spec import FunctionSpec
 
 __all__ = ["FunctionRuntime", "Invocation"]
 

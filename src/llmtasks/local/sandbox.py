@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtasks.local.function_spec import FunctionSpec
 from llmtasks.local.processes import die_with_parent, status_kib
 from llmtasks.local.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
-from llmtasks.local.template import PSEUDO_PARAMETERS
+from llmtasks.sam.function_spec import FunctionSpec
+from llmtasks.sam.template import PSEUDO_PARAMETERS
 
 RUNTIME_API = "/2018-06-01/runtime"
 # Lambda gives an on-demand init 10 s; one that runs over is tried again within the first

@@ -13,14 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moto.events.models import EventPattern, EventPatternParser
-
 from llmtasks.aws.queues import Queue
-from llmtasks.local.errors import EXIT_FAILED, ToolError
-from llmtasks.local.function_spec import SqsSource, StreamSource
 from llmtasks.local.runtime import FunctionRuntime, Invocation
-from llmtasks.local.template import PSEUDO_PARAMETERS
 from llmtasks.records import sqs_record
+from llmtasks.sam.events import pattern_matcher, stream_record
+from llmtasks.sam.function_spec import SqsSource, StreamSource
+from llmtasks.tool_errors import EXIT_FAILED, ToolError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodbstreams import DynamoDBStreamsClient
@@ -189,22 +187,6 @@ class SqsPoller:
                 ],
             )
         return len(receipts)
-
-
-def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
-    """A DynamoDB Streams record as Lambda hands it to a function."""
-    record = json.loads(json.dumps(record, default=str))  # datetimes to text, as on the wire
-    record["eventSourceARN"] = stream_arn
-    record.setdefault("awsRegion", PSEUDO_PARAMETERS["AWS::Region"])
-    return record
-
-
-def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
-    """Lambda event filtering: a record passes when any pattern matches (EventBridge syntax)."""
-    if not patterns:
-        return lambda _record: True
-    compiled = [EventPattern(raw, EventPatternParser(raw).parse()) for raw in patterns]
-    return lambda record: any(p.matches_event(record) for p in compiled)  # type: ignore[arg-type]
 
 
 def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any]], None]:

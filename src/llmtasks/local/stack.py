@@ -26,20 +26,20 @@ from llmtasks.aws.apikeys import ApiKeys
 from llmtasks.aws.store import TaskStore
 from llmtasks.local import hot_reload
 from llmtasks.local.console import Console
-from llmtasks.local.errors import ToolError
-from llmtasks.local.function_spec import FunctionSpec, StreamSource
 from llmtasks.local.gateway import HttpGateway
 from llmtasks.local.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks.local.journal import state_files
 from llmtasks.local.moto_server import STATE_PATH
 from llmtasks.local.processes import check_answers, check_port_free, spawn_moto_server, spawn_python, stop
-from llmtasks.local.provision import LocalResources, provision
 from llmtasks.local.runtime import FunctionRuntime
 from llmtasks.local.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
-from llmtasks.local.template import PSEUDO_PARAMETERS, Template
 from llmtasks.local.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks.ops.deployment import Deployment
+from llmtasks.sam.function_spec import FunctionSpec, StreamSource
+from llmtasks.sam.provision import LocalResources, provision
+from llmtasks.sam.template import PSEUDO_PARAMETERS, Template
+from llmtasks.tool_errors import ToolError
 
 STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits

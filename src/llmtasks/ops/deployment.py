@@ -48,7 +48,7 @@ class Deployment:
     @classmethod
     def local(cls, sqs: SQSClient) -> Deployment:
         """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
-        from llmtasks.local.provision import local_name
+        from llmtasks.sam.provision import local_name
 
         def url(logical_id: str) -> str:
             return sqs.get_queue_url(QueueName=local_name(logical_id))["QueueUrl"]

@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from llmtasks.local.errors import ToolError
-from llmtasks.local.function_spec import (
+from llmtasks.sam.function_spec import (
     FunctionSpec,
     HttpRoute,
     LambdaAuthorizer,
     SqsSource,
     StreamSource,
 )
+from llmtasks.tool_errors import ToolError
 
 PSEUDO_PARAMETERS = {
     "AWS::Region": "us-east-1",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.local.template import Template, TemplateError
+from llmtasks.sam.template import Template, TemplateError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -11,12 +11,12 @@ from typing import Any
 import boto3
 import pytest
 
-from llmtasks.local.function_spec import HttpRoute
 from llmtasks.local.gateway import http_event, http_response
 from llmtasks.local.moto_server import CALLS_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.sources import failed_ids
-from llmtasks.local.template import Template, TemplateError
+from llmtasks.sam.function_spec import HttpRoute
+from llmtasks.sam.template import Template, TemplateError
 from tests.helpers import eventually, toy_function
 
 pytestmark = pytest.mark.unit

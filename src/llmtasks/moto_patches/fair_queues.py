@@ -33,7 +33,7 @@ from typing import Any
 
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from llmtasks.local.moto_atomic import while_flagged
+from llmtasks.moto_patches.atomic import while_flagged
 
 CONCURRENCY_SHARE = 0.10
 MIN_IN_FLIGHT = 30

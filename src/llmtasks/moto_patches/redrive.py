@@ -19,11 +19,10 @@ from typing import Any
 
 from moto.core.responses import ActionResult
 from moto.sqs.exceptions import InvalidParameterValue, QueueDoesNotExist
-from moto.sqs.models import Queue, SQSBackend
+from moto.sqs.models import Message, Queue, SQSBackend
 from moto.sqs.responses import SQSResponse
 
-from llmtasks.local.moto_atomic import sqs_lock
-from llmtasks.local.moto_state import remove_message
+from llmtasks.moto_patches.atomic import sqs_lock
 
 
 @dataclass
@@ -154,6 +153,13 @@ def _list(self: SQSResponse) -> ActionResult:
 def _cancel(self: SQSResponse) -> ActionResult:
     task = cancel_message_move_task(self.sqs_backend, self._get_param("TaskHandle"))
     return ActionResult({"ApproximateNumberOfMessagesMoved": task.moved})
+
+
+def remove_message(queue: Queue, message: Message) -> None:
+    """Takes `message` off `queue` without a receipt handle (a redrive moving it away). A module
+    function, looked up at each call, so that the local stack's journal can record it."""
+    with sqs_lock(), queue._messages_lock:
+        queue._messages.remove(message)
 
 
 def install() -> None:

@@ -1,0 +1,25 @@
+"""moto made to behave as AWS where llmtasks depends on it.
+
+moto is the AWS of every local run: the unit tests' in-process moto, `llmtasks invoke`'s and the
+local stack's moto server. Each module patches one behaviour in which moto differs from AWS, and
+each is checked against a real endpoint's behaviour by tests/integration/test_aws_conformance.py:
+
+- `atomic`: a conditional write is checked and applied as one step, as DynamoDB does (moto
+  applies an UpdateItem's clauses one by one, so two writers could both pass a condition);
+- `fair_queues`: a standard queue hands out the messages of quiet tenants (MessageGroupId) first,
+  as SQS fair queues do;
+- `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks.
+
+Nothing here is of the local stack's runtime (`llmtasks.local`), and none of it ships to Lambda.
+"""
+
+from __future__ import annotations
+
+
+def install() -> None:
+    """Every patch, in the order they build on each other; idempotent, before moto serves."""
+    from llmtasks.moto_patches import atomic, fair_queues, redrive
+
+    redrive.install()
+    atomic.install()
+    fair_queues.install()
