@@ -34,6 +34,9 @@ IDLE_RETIRE_S = 600.0
 # restart, seventeen worker starts held a status request's first sandbox past its 30 s).
 _cold_starts = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
 _COLD_START_WAIT_S = 0.05
+# How long a closing runtime waits for its sandboxes' last lines (a killed process's pipe drains
+# in milliseconds; the bound is for a reader stuck on a machine under load).
+CLOSE_DRAIN_S = 5.0
 
 
 def print_line(line: str) -> None:
@@ -172,13 +175,19 @@ class FunctionRuntime:
 
     def close(self) -> None:
         """Ends every sandbox: the idle ones, and the busy ones (whose invocations end with an
-        error: a stop's grace is over when it closes the runtimes)."""
+        error: a stop's grace is over when it closes the runtimes). Returns once each has ended
+        and its output is read to the last line (CLOSE_DRAIN_S at most): an invocation ends when
+        its response is posted, and the lines it wrote just before may still be in the pipe."""
         with self._available:
             self._closed = True
             busy = list(self._busy)
+            leaving = [sandbox for sandbox, _ in self._idle] + busy
         self.retire_idle()
         for sandbox in busy:
             sandbox.kill()
+        give_up = time.monotonic() + CLOSE_DRAIN_S
+        for sandbox in leaving:
+            sandbox.wait_ended(max(0.0, give_up - time.monotonic()))
 
     def __enter__(self) -> FunctionRuntime:
         return self

@@ -376,6 +376,10 @@ class Sandbox:
             self._cut_file.write_text(str(deadline_ms))
             self.process.send_signal(CUT_SIGNAL)
 
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Whether the process ended and its output was read to the end within `timeout_s`."""
+        return self._ended.wait(timeout_s)
+
     def kill(self) -> None:
         self._stopped = True
         if self.process.poll() is None:
