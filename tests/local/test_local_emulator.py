@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import boto3
 import pytest
 
 from llmtasks.local.gateway import http_event, http_response
-from llmtasks.local.moto_server import CALLS_PATH, CallCounter
+from llmtasks.local.moto_server import CALLS_PATH, CPU_PATH, CallCounter
 from llmtasks.local.runtime import FunctionRuntime, Invocation
 from llmtasks.local.sources import failed_ids
 from llmtasks.sam.function_spec import HttpRoute
@@ -293,8 +294,31 @@ def test_the_endpoint_counts_calls_by_service_and_operation() -> None:
         "dynamodb.PutItem": 2,
         "dynamodbstreams.GetRecords": 1,
     }
+    # The CPU each operation's answers took, by the same names (each answer here is a no-op app).
+    cpu = json.loads(serve({"PATH_INFO": CPU_PATH, "REQUEST_METHOD": "GET"}))
+    assert cpu.keys() == json.loads(read).keys()
+    assert all(isinstance(us, int) and us >= 0 for us in cpu.values())
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "DELETE"}) == read
     assert serve({"PATH_INFO": CALLS_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
+    assert serve({"PATH_INFO": CPU_PATH, "REQUEST_METHOD": "GET"}) == b"{}"
+
+
+def test_the_call_counter_adds_up_the_cpu_each_operation_took() -> None:
+    counter = CallCounter()
+    scope = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/dynamodb/aws4_request"
+
+    def busy_app(_environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        spent = time.thread_time()
+        while time.thread_time() - spent < 0.02:  # 20 ms of this thread's CPU, not of a clock
+            pass
+        start_response("200 OK", [])
+        return [b"{}"]
+
+    environ = {"HTTP_AUTHORIZATION": scope, "HTTP_X_AMZ_TARGET": "DynamoDB_20120810.UpdateItem"}
+    for _ in range(3):
+        counter(busy_app, dict(environ), lambda *_: None)
+    assert json.loads(counter.read()) == {"dynamodb.UpdateItem": 3}
+    assert json.loads(counter.read(cpu=True))["dynamodb.UpdateItem"] >= 60_000
 
 
 def test_a_send_does_not_scan_the_queue_yet_its_counts_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:

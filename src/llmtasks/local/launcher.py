@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from llmtasks.local.moto_server import CALLS_PATH
+from llmtasks.local.moto_server import CALLS_PATH, CPU_PATH
 from llmtasks.local.processes import status_kib
 
 
@@ -117,6 +117,14 @@ class LaunchedStack:
         reply.raise_for_status()
         calls: dict[str, int] = reply.json()
         return calls
+
+    def aws_cpu_us(self) -> dict[str, int]:
+        """The CPU the embedded moto server spent answering each `service.Operation`, in
+        microseconds, since the counts were last zeroed (`aws_calls(reset=True)` zeroes both)."""
+        reply = httpx.get(self.endpoint + CPU_PATH)
+        reply.raise_for_status()
+        cpu: dict[str, int] = reply.json()
+        return cpu
 
     def crash(self) -> None:
         """SIGKILL to the stack and every process it started, at once, as a crash or an

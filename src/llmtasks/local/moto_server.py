@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # moto is imported by the server process alone, not by the st
     from llmtasks.local.moto_state import DurableState
 
 CALLS_PATH = "/_llmtasks/calls"
+CPU_PATH = "/_llmtasks/calls/cpu"
 STATE_PATH = "/_llmtasks/state"
 STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
@@ -53,38 +55,47 @@ def _is_empty_receive(body: bytes) -> bool:
 
 
 class CallCounter:
-    """Counts each AWS call moto answers, and answers reads of the count. Receives that return
-    no message are counted apart (`sqs.ReceiveMessage.empty`): pollers make them while idle,
-    at a rate set by time, not by the number of tasks."""
+    """Counts each AWS call moto answers, and the CPU its answer took (the serving thread's, in
+    microseconds: what each operation costs the endpoint), and answers reads of both. Receives
+    that return no message are counted apart (`sqs.ReceiveMessage.empty`): pollers make them
+    while idle, at a rate set by time, not by the number of tasks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
+        self.cpu_us: Counter[str] = Counter()
 
-    def count(self, operation: str) -> None:
+    def count(self, operation: str, cpu_s: float = 0.0) -> None:
         with self._lock:
             self.calls[operation] += 1
+            self.cpu_us[operation] += round(cpu_s * 1e6)
 
-    def read(self, *, reset: bool = False) -> bytes:
+    def read(self, *, reset: bool = False, cpu: bool = False) -> bytes:
         with self._lock:
-            body = json.dumps(dict(self.calls)).encode()
+            body = json.dumps(dict(self.cpu_us if cpu else self.calls)).encode()
             if reset:
                 self.calls.clear()
+                self.cpu_us.clear()
         return body
 
     def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        """Answers a read of the count at CALLS_PATH (DELETE zeroes it); sends any other request
-        to `app` and counts it."""
-        if environ.get("PATH_INFO") == CALLS_PATH:
+        """Answers a read of the counts at CALLS_PATH and of the CPU at CPU_PATH (DELETE zeroes
+        both); sends any other request to `app`, and counts it."""
+        if environ.get("PATH_INFO") in (CALLS_PATH, CPU_PATH):
             start_response("200 OK", [("Content-Type", "application/json")])
-            return [self.read(reset=environ.get("REQUEST_METHOD") == "DELETE")]
+            return [
+                self.read(
+                    reset=environ.get("REQUEST_METHOD") == "DELETE", cpu=environ.get("PATH_INFO") == CPU_PATH
+                )
+            ]
+        started = time.thread_time()
         operation = operation_of(environ)
         reply: Iterable[bytes] = app(environ, start_response)
         if operation.endswith(".ReceiveMessage"):
             reply = [b"".join(reply)]  # a receive's reply is small; read it to see if it is empty
             if _is_empty_receive(reply[0]):
                 operation += ".empty"
-        self.count(operation)
+        self.count(operation, time.thread_time() - started)
         return reply
 
 
@@ -200,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
     from llmtasks.local import moto_state
-    from llmtasks.moto_patches import atomic, fair_queues, redrive
+    from llmtasks.moto_patches import atomic, fair_queues, fast_replies, redrive
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _option(args, "--state-dir"), _option(args, "--report-file")
@@ -210,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     atomic.install()
     moto_state.install()
     fair_queues.install()
+    fast_replies.install()
     _install_backend_cache()
     _serve_lightly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not

@@ -1,4 +1,4 @@
-"""moto made to behave as AWS where llmtasks depends on it.
+"""moto made to behave as AWS where llmtasks depends on it, and fast where it was slow.
 
 moto is the AWS of every local run: the unit tests' in-process moto, `llmtasks invoke`'s and the
 local stack's moto server. Each module patches one behaviour in which moto differs from AWS, and
@@ -8,7 +8,9 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
   applies an UpdateItem's clauses one by one, so two writers could both pass a condition);
 - `fair_queues`: a standard queue hands out the messages of quiet tenants (MessageGroupId) first,
   as SQS fair queues do;
-- `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks.
+- `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
+- `fast_replies`: the replies and expressions that profiles of the local stack found dominating
+  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_replies.py).
 
 Nothing here is of the local stack's runtime (`llmtasks.local`), and none of it ships to Lambda.
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 def install() -> None:
     """Every patch, in the order they build on each other; idempotent, before moto serves."""
-    from llmtasks.moto_patches import atomic, fair_queues, redrive
+    from llmtasks.moto_patches import atomic, fair_queues, fast_replies, redrive
 
     redrive.install()
     atomic.install()
     fair_queues.install()
+    fast_replies.install()

@@ -1,0 +1,139 @@
+"""moto_patches.fast_replies computes what moto's own code computes: each reply parsed by boto3,
+and each item written, equal with the patch and without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmtasks.moto_patches import fast_replies
+
+pytestmark = pytest.mark.unit
+
+# Every kind of AttributeValue, blobs and sets of each included.
+ITEM = {
+    "pk": {"S": "task#a"},
+    "n": {"N": "1.50"},
+    "b": {"B": b"\x00\x01\xff"},
+    "bs": {"BS": [b"\x02", b"\x03"]},
+    "l": {"L": [{"S": "x"}, {"NULL": True}, {"N": "3"}]},
+    "m": {"M": {"k": {"BOOL": False}, "deep": {"M": {"s": {"S": "é"}}}}},
+    "ss": {"SS": ["p", "q"]},
+    "ns": {"NS": ["1", "2"]},
+}
+
+
+def stream_records(aws: Any, name: str) -> list[dict[str, Any]]:
+    """Every record of a fresh table's stream (an insert, a modify and a remove of ITEM), read
+    in two pages, so the next iterator is used too."""
+    dynamodb, streams = aws.dynamodb, aws.streams
+    arn = dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
+    )["TableDescription"]["LatestStreamArn"]
+    dynamodb.put_item(TableName=name, Item=ITEM)
+    dynamodb.update_item(
+        TableName=name,
+        Key={"pk": ITEM["pk"]},
+        UpdateExpression="SET n = :v REMOVE b",
+        ExpressionAttributeValues={":v": {"N": "2"}},
+    )
+    dynamodb.delete_item(TableName=name, Key={"pk": ITEM["pk"]})
+    shard = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+    iterator = streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+    reply = streams.get_records(ShardIterator=iterator["ShardIterator"], Limit=2)
+    records = reply["Records"]
+    records += streams.get_records(ShardIterator=reply["NextShardIterator"])["Records"]
+    return records
+
+
+def test_get_records_replies_as_moto_s_serializer_does(aws: Any) -> None:
+    fast = stream_records(aws, "fast")
+    fast_replies.uninstall()
+    try:
+        slow = stream_records(aws, "moto-s-own")
+    finally:
+        fast_replies.install()
+    assert [r["eventName"] for r in fast] == ["INSERT", "MODIFY", "REMOVE"]
+    assert fast[0]["dynamodb"]["NewImage"] == {**ITEM, "bs": {"BS": [b"\x02", b"\x03"]}}
+
+    def comparable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # A record's id, its table's sequence numbers, its time and the size moto counts with
+        # that time in it differ between two tables.
+        unique = {"SequenceNumber": "", "ApproximateCreationDateTime": "", "SizeBytes": 0}
+        return [{**r, "eventID": "", "dynamodb": {**r["dynamodb"], **unique}} for r in records]
+
+    assert comparable(fast) == comparable(slow)
+    # boto3 reads the timestamp into the same type (a datetime), to the millisecond.
+    stamps = [r["dynamodb"]["ApproximateCreationDateTime"] for r in fast + slow]
+    assert all(type(stamp) is type(stamps[0]) and stamp.microsecond % 1000 == 0 for stamp in stamps)
+
+
+def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
+    """One item after each of three updates: one expression twice with other values (a kept
+    tree must not keep the first request's values), then another with REMOVE and if_not_exists."""
+    dynamodb = aws.dynamodb
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(TableName=name, Item=ITEM)
+    claim = "SET #s = :s, lease = :lease, attempts = if_not_exists(attempts, :zero) + :one REMOVE b"
+    seen = []
+    for status, lease in (("processing", "first"), ("processing", "second")):
+        seen.append(
+            dynamodb.update_item(
+                TableName=name,
+                Key={"pk": ITEM["pk"]},
+                UpdateExpression=claim,
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={
+                    ":s": {"S": status},
+                    ":lease": {"S": lease},
+                    ":zero": {"N": "0"},
+                    ":one": {"N": "1"},
+                },
+                ReturnValues="ALL_NEW",
+            )["Attributes"]
+        )
+    seen.append(
+        dynamodb.update_item(
+            TableName=name,
+            Key={"pk": ITEM["pk"]},
+            UpdateExpression="SET m.deep.s = :t, l[0] = :t REMOVE lease",
+            ExpressionAttributeValues={":t": {"S": "done"}},
+            ReturnValues="ALL_NEW",
+        )["Attributes"]
+    )
+    return seen
+
+
+def test_update_expressions_parsed_once_apply_as_moto_s_own_parse_does(aws: Any) -> None:
+    fast = updated_items(aws, "fast")
+    fast_replies.uninstall()
+    try:
+        slow = updated_items(aws, "moto-s-own")
+    finally:
+        fast_replies.install()
+    assert fast == slow
+    assert [item.get("lease") for item in fast] == [{"S": "first"}, {"S": "second"}, None]
+    assert fast[1]["attempts"] == {"N": "2"}
+    assert fast[2]["m"]["M"]["deep"]["M"]["s"] == {"S": "done"}
+
+
+def test_an_update_expression_is_parsed_once() -> None:
+    from moto.dynamodb.exceptions import InvalidUpdateExpression
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser
+
+    expression = "SET a = :a, b = if_not_exists(b, :zero) + :one"
+    assert UpdateExpressionParser.make(expression) is UpdateExpressionParser.make(expression)
+    for _ in range(2):  # a refused expression is refused every time (an error is not kept)
+        with pytest.raises(InvalidUpdateExpression, match="Syntax error"):
+            UpdateExpressionParser.make("SET = :a")
