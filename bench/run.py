@@ -45,6 +45,7 @@ from llmtasks.sam.template import Template
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16
 COST_CLIENTS = 4
+WARM_UP_TASKS = 300
 TERMINAL = {"completed", "failed", "cancelled"}
 
 # Public on-demand list prices, us-east-1, as of 2026 (USD). Lambda on arm64, as the template runs.
@@ -328,10 +329,14 @@ def pids_cpu(pids: dict[str, int]) -> Callable[[], dict[str, float]]:
 @contextmanager
 def stack_running(*extra: str, env: dict[str, str] | None = None) -> Iterator[LaunchedStack]:
     """A fresh stack, warmed up: every sandbox the clients will use has had its cold start,
-    which is Lambda's cost, not the application's, and would otherwise land in the first figures."""
+    which is Lambda's cost, not the application's, and would otherwise land in the first figures.
+    The warm-up is a burst of the measured kind (WARM_UP_TASKS from 16 clients, then their
+    outcomes): under that load each invocation takes longer and the functions scale out further
+    than under a lighter one. (With 64 tasks, a 600-task burst still started eleven submit and
+    seven worker sandboxes, whose imports were a third of the sandboxes' CPU it measured.)"""
     stack = launch("--report", *extra, env=env, cwd=ROOT)
     try:
-        outcomes(stack, open_loop(stack, 4 * CLIENTS, lambda i: {"prompt": f"warm-up {i}"}, lambda _i: {}))
+        outcomes(stack, open_loop(stack, WARM_UP_TASKS, lambda i: {"prompt": f"warm-up {i}"}, lambda _i: {}))
         stack.configure_mock()
         yield stack
     finally:

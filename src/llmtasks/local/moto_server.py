@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
     from llmtasks.local import moto_state
-    from llmtasks.moto_patches import atomic, fair_queues, fast_replies, redrive
+    from llmtasks.moto_patches import atomic, fair_queues, fast_paths, redrive
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _option(args, "--state-dir"), _option(args, "--report-file")
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     atomic.install()
     moto_state.install()
     fair_queues.install()
-    fast_replies.install()
+    fast_paths.install()
     _install_backend_cache()
     _serve_lightly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not

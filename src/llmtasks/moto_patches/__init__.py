@@ -9,8 +9,8 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
 - `fair_queues`: a standard queue hands out the messages of quiet tenants (MessageGroupId) first,
   as SQS fair queues do;
 - `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
-- `fast_replies`: the replies and expressions that profiles of the local stack found dominating
-  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_replies.py).
+- `fast_paths`: the replies and expressions that profiles of the local stack found dominating
+  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_paths.py).
 
 Nothing here is of the local stack's runtime (`llmtasks.local`), and none of it ships to Lambda.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 def install() -> None:
     """Every patch, in the order they build on each other; idempotent, before moto serves."""
-    from llmtasks.moto_patches import atomic, fair_queues, fast_replies, redrive
+    from llmtasks.moto_patches import atomic, fair_queues, fast_paths, redrive
 
     redrive.install()
     atomic.install()
     fair_queues.install()
-    fast_replies.install()
+    fast_paths.install()

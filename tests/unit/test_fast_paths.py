@@ -1,4 +1,4 @@
-"""moto_patches.fast_replies computes what moto's own code computes: each reply parsed by boto3,
+"""moto_patches.fast_paths computes what moto's own code computes: each reply parsed by boto3,
 and each item written, equal with the patch and without it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llmtasks.moto_patches import fast_replies
+from llmtasks.moto_patches import fast_paths
 
 pytestmark = pytest.mark.unit
 
@@ -53,11 +53,11 @@ def stream_records(aws: Any, name: str) -> list[dict[str, Any]]:
 
 def test_get_records_replies_as_moto_s_serializer_does(aws: Any) -> None:
     fast = stream_records(aws, "fast")
-    fast_replies.uninstall()
+    fast_paths.uninstall()
     try:
         slow = stream_records(aws, "moto-s-own")
     finally:
-        fast_replies.install()
+        fast_paths.install()
     assert [r["eventName"] for r in fast] == ["INSERT", "MODIFY", "REMOVE"]
     assert fast[0]["dynamodb"]["NewImage"] == {**ITEM, "bs": {"BS": [b"\x02", b"\x03"]}}
 
@@ -74,8 +74,9 @@ def test_get_records_replies_as_moto_s_serializer_does(aws: Any) -> None:
 
 
 def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
-    """One item after each of three updates: one expression twice with other values (a kept
-    tree must not keep the first request's values), then another with REMOVE and if_not_exists."""
+    """One item after each of three updates (one expression twice with other values: a kept tree
+    must not keep the first request's values; then one of every action), then the messages of
+    four refused updates."""
     dynamodb = aws.dynamodb
     dynamodb.create_table(
         TableName=name,
@@ -107,25 +108,54 @@ def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
         dynamodb.update_item(
             TableName=name,
             Key={"pk": ITEM["pk"]},
-            UpdateExpression="SET m.deep.s = :t, l[0] = :t REMOVE lease",
-            ExpressionAttributeValues={":t": {"S": "done"}},
+            UpdateExpression=(
+                "SET m.deep.s = :t, l[0] = :t, l = list_append(l, :more), n = n - :one"
+                " REMOVE lease ADD ns :two DELETE ss :p"
+            ),
+            ExpressionAttributeValues={
+                ":t": {"S": "done"},
+                ":more": {"L": [{"S": "y"}]},
+                ":one": {"N": "1"},
+                ":two": {"NS": ["3"]},
+                ":p": {"SS": ["p"]},
+            },
             ReturnValues="ALL_NEW",
         )["Attributes"]
     )
+    # What moto refuses, it refuses in the same words: a type mismatch, overlapping paths, a
+    # key attribute, a path that does not exist.
+    for expression, values in (
+        ("SET n = n + :t", {":t": {"S": "text"}}),
+        ("SET m.k = :t, m = :t", {":t": {"S": "x"}}),
+        ("SET pk = :t", {":t": {"S": "x"}}),
+        ("SET nowhere.deep = :t", {":t": {"S": "x"}}),
+    ):
+        try:
+            dynamodb.update_item(
+                TableName=name,
+                Key={"pk": ITEM["pk"]},
+                UpdateExpression=expression,
+                ExpressionAttributeValues=values,
+            )
+        except dynamodb.exceptions.ClientError as refused:
+            seen.append({"refused": {"S": refused.response["Error"]["Message"]}})
     return seen
 
 
 def test_update_expressions_parsed_once_apply_as_moto_s_own_parse_does(aws: Any) -> None:
     fast = updated_items(aws, "fast")
-    fast_replies.uninstall()
+    fast_paths.uninstall()
     try:
         slow = updated_items(aws, "moto-s-own")
     finally:
-        fast_replies.install()
+        fast_paths.install()
     assert fast == slow
-    assert [item.get("lease") for item in fast] == [{"S": "first"}, {"S": "second"}, None]
+    assert [item.get("lease") for item in fast[:3]] == [{"S": "first"}, {"S": "second"}, None]
     assert fast[1]["attempts"] == {"N": "2"}
     assert fast[2]["m"]["M"]["deep"]["M"]["s"] == {"S": "done"}
+    assert fast[2]["l"]["L"][-1] == {"S": "y"}
+    assert fast[2]["n"] == {"N": "0.50"}
+    assert len(fast) == 3 + 4  # each refusal was one
 
 
 def test_an_update_expression_is_parsed_once() -> None:
