@@ -3,6 +3,7 @@ and each item written, equal with the patch and without it."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -167,3 +168,30 @@ def test_an_update_expression_is_parsed_once() -> None:
     for _ in range(2):  # a refused expression is refused every time (an error is not kept)
         with pytest.raises(InvalidUpdateExpression, match="Syntax error"):
             UpdateExpressionParser.make("SET = :a")
+
+
+def received_within_retention(aws: Any, name: str) -> list[str]:
+    """The bodies a receive returns from a queue that keeps messages 60 s, of a message sent
+    59 s ago and one sent 61 s ago (the send times set in moto's model)."""
+    from moto.sqs.models import sqs_backends
+
+    url = aws.sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": "60"})["QueueUrl"]
+    for body in ("kept", "expired"):
+        aws.sqs.send_message(QueueUrl=url, MessageBody=body)
+    queue = sqs_backends["123456789012"]["us-east-1"].queues[name]
+    now_ms = time.time() * 1000
+    for message in queue._messages:
+        message.sent_timestamp = int(now_ms - (59_000 if message.body == "kept" else 61_000))
+    return [
+        m["Body"] for m in aws.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    ]
+
+
+def test_a_receive_checks_retention_as_moto_does(aws: Any) -> None:
+    fast = received_within_retention(aws, "fast")
+    fast_paths.uninstall()
+    try:
+        slow = received_within_retention(aws, "moto-s-own")
+    finally:
+        fast_paths.install()
+    assert fast == slow == ["kept"]
