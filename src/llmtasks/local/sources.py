@@ -172,21 +172,28 @@ class SqsPoller:
         self._queue.delete_many([r["receiptHandle"] for r in done])
         return invocation
 
-    def release_in_flight(self) -> int:
-        """Makes the messages of invocations a stop cut short visible again at once, so that after
-        a restart they are delivered again now, not after the queue's visibility timeout (hours for
-        TaskQueue). The next delivery of such a message takes its task over at once (the lease
-        names the message). Returns how many."""
-        receipts = [handle for handles in list(self._in_flight.values()) for handle in handles]
+    def in_flight(self) -> list[str]:
+        """The receipt handles of the messages its invocations are running now."""
+        return [handle for handles in list(self._in_flight.values()) for handle in handles]
+
+    def release(self, receipts: list[str]) -> int:
+        """Makes the messages of invocations a stop cut short (their receipts, `in_flight()` as
+        the stop began to cut them) visible again at once, so that after a restart they are
+        delivered again now, not after the queue's visibility timeout (hours for TaskQueue). The
+        next delivery of such a message takes its task over at once (the lease names the
+        message). Returns how many: a message whose invocation ended meanwhile and deleted it
+        is not one."""
+        released = 0
         for start in range(0, len(receipts), 10):
-            self._sqs.change_message_visibility_batch(
+            reply = self._sqs.change_message_visibility_batch(
                 QueueUrl=self._queue_url,
                 Entries=[
                     {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
                     for i, handle in enumerate(receipts[start : start + 10])
                 ],
             )
-        return len(receipts)
+            released += len(reply.get("Successful", []))
+        return released
 
 
 def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any]], None]:

@@ -393,10 +393,13 @@ class LocalStack:
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < give_up and not self.hurry.is_set():
                 thread.join(timeout=0.2)
+        # What is still running is cut short below: its messages, taken before the cut (a poller
+        # forgets an invocation's messages once it has ended, killed or not).
+        cut_short = [(poller, poller.in_flight()) for poller in self._sqs_pollers]
         for runtime in self.runtimes.values():
             runtime.close()  # the sandboxes end; an invocation still running is cut short
         if self._children:
-            self._keep_state()
+            self._keep_state(cut_short)
         for child in self._children:
             stop(child)
         self._children.clear()
@@ -407,17 +410,17 @@ class LocalStack:
         path = self._state(STREAM_CHECKPOINTS)
         return StreamPositions(path) if path is not None and self._keeps_endpoint_state else None
 
-    def _keep_state(self) -> None:
+    def _keep_state(self, cut_short: list[tuple[SqsPoller, list[str]]]) -> None:
         """Messages of invocations the stop cut short become visible again; then the endpoint
         writes a clean stop's snapshot (the streams' positions are on disk already)."""
-        cut_short = 0
-        for poller in self._sqs_pollers:
+        released = 0
+        for poller, receipts in cut_short:
             try:
-                cut_short += poller.release_in_flight()
+                released += poller.release(receipts)
             except Exception as exc:
                 print(f"could not release in-flight messages: {exc!r}", flush=True)
-        if cut_short:
-            print(f"{cut_short} message(s) of unfinished invocations will be delivered again", flush=True)
+        if released:
+            print(f"{released} message(s) of unfinished invocations will be delivered again", flush=True)
         if not self._keeps_endpoint_state:
             return
         reply = httpx.post(f"{self.endpoint_url}{STATE_PATH}", timeout=60)
