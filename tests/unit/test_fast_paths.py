@@ -4,13 +4,16 @@ and each item written, equal with the patch and without it."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from llmtasks.moto_patches import fast_paths
 
 pytestmark = pytest.mark.unit
+
+T = TypeVar("T")
 
 # Every kind of AttributeValue, blobs and sets of each included.
 ITEM = {
@@ -23,6 +26,17 @@ ITEM = {
     "ss": {"SS": ["p", "q"]},
     "ns": {"NS": ["1", "2"]},
 }
+
+
+def with_and_without(run: Callable[[Any, str], T], aws: Any) -> tuple[T, T]:
+    """`run` with the patch (the suite installs it), then with moto's own code, on resources of
+    its own each time."""
+    fast = run(aws, "fast")
+    fast_paths.uninstall()
+    try:
+        return fast, run(aws, "moto-s-own")
+    finally:
+        fast_paths.install()
 
 
 def stream_records(aws: Any, name: str) -> list[dict[str, Any]]:
@@ -53,12 +67,7 @@ def stream_records(aws: Any, name: str) -> list[dict[str, Any]]:
 
 
 def test_get_records_replies_as_moto_s_serializer_does(aws: Any) -> None:
-    fast = stream_records(aws, "fast")
-    fast_paths.uninstall()
-    try:
-        slow = stream_records(aws, "moto-s-own")
-    finally:
-        fast_paths.install()
+    fast, slow = with_and_without(stream_records, aws)
     assert [r["eventName"] for r in fast] == ["INSERT", "MODIFY", "REMOVE"]
     assert fast[0]["dynamodb"]["NewImage"] == {**ITEM, "bs": {"BS": [b"\x02", b"\x03"]}}
 
@@ -144,12 +153,7 @@ def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
 
 
 def test_update_expressions_parsed_once_apply_as_moto_s_own_parse_does(aws: Any) -> None:
-    fast = updated_items(aws, "fast")
-    fast_paths.uninstall()
-    try:
-        slow = updated_items(aws, "moto-s-own")
-    finally:
-        fast_paths.install()
+    fast, slow = with_and_without(updated_items, aws)
     assert fast == slow
     assert [item.get("lease") for item in fast[:3]] == [{"S": "first"}, {"S": "second"}, None]
     assert fast[1]["attempts"] == {"N": "2"}
@@ -188,10 +192,5 @@ def received_within_retention(aws: Any, name: str) -> list[str]:
 
 
 def test_a_receive_checks_retention_as_moto_does(aws: Any) -> None:
-    fast = received_within_retention(aws, "fast")
-    fast_paths.uninstall()
-    try:
-        slow = received_within_retention(aws, "moto-s-own")
-    finally:
-        fast_paths.install()
+    fast, slow = with_and_without(received_within_retention, aws)
     assert fast == slow == ["kept"]
