@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # SQS limits: DelaySeconds <= 15 min, a message's visibility timeout <= 12 h.
 MAX_DELAY_S = 900
 MAX_VISIBILITY_S = 12 * 3600
-SEND_BATCH = 10  # SendMessageBatch's and DeleteMessageBatch's limit
+SEND_BATCH = 10  # the limit of SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch
 RECEIVE_BATCH = 10  # ReceiveMessage's limit
 SEND_ATTEMPTS = 3
 
@@ -132,6 +132,26 @@ class Queue:
                 raise BackendError(f"SQS delete failed: {exc}") from exc
             for failed in reply.get("Failed", []):
                 logger.info("a handled message was not deleted", code=failed.get("Code"))
+
+    def make_visible(self, receipt_handles: Sequence[str]) -> int:
+        """Received messages become visible again at once, ten to a ChangeMessageVisibilityBatch
+        call. Returns how many did: a receipt whose message was deleted or received again since
+        no longer changes anything."""
+        visible = 0
+        for start in range(0, len(receipt_handles), SEND_BATCH):
+            chunk = receipt_handles[start : start + SEND_BATCH]
+            try:
+                reply = self._client.change_message_visibility_batch(
+                    QueueUrl=self.url,
+                    Entries=[
+                        {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+                        for i, handle in enumerate(chunk)
+                    ],
+                )
+            except (BotoCoreError, ClientError) as exc:
+                raise BackendError(f"SQS visibility change failed: {exc}") from exc
+            visible += len(reply.get("Successful", []))
+        return visible
 
     def retry_later(self, receipt_handle: str, delay_s: float) -> None:
         """The message comes back after `delay_s` instead of the queue's visibility timeout.

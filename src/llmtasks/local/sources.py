@@ -183,17 +183,7 @@ class SqsPoller:
         next delivery of such a message takes its task over at once (the lease names the
         message). Returns how many: a message whose invocation ended meanwhile and deleted it
         is not one."""
-        released = 0
-        for start in range(0, len(receipts), 10):
-            reply = self._sqs.change_message_visibility_batch(
-                QueueUrl=self._queue_url,
-                Entries=[
-                    {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
-                    for i, handle in enumerate(receipts[start : start + 10])
-                ],
-            )
-            released += len(reply.get("Successful", []))
-        return released
+        return self._queue.make_visible(receipts)
 
 
 def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any]], None]:

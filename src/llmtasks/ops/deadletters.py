@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from pydantic import BaseModel, ValidationError
 
+from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
 from llmtasks.ops.deployment import Deployment, QueueName
@@ -95,14 +96,7 @@ class DeadLetters:
             for message in batch:
                 handles.append(message["ReceiptHandle"])
                 seen[message["MessageId"]] = self._describe(queue, message)
-        for start in range(0, len(handles), 10):
-            self._sqs.change_message_visibility_batch(
-                QueueUrl=url,
-                Entries=[
-                    {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
-                    for i, handle in enumerate(handles[start : start + 10])
-                ],
-            )
+        Queue(url, self._sqs).make_visible(handles)
         return sorted(seen.values(), key=lambda letter: letter.sent_at)
 
     def _describe(self, queue: QueueName, message: MessageTypeDef) -> DeadLetter:
