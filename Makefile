@@ -66,7 +66,7 @@ template: $(STAMP)
 ## [tool.mutmut], the unit suite against each mutant; then the survivors. MUTANTS narrows it,
 ## e.g. make mutation MUTANTS="llmtasks.services.webhooks*".
 mutation: $(STAMP)
-	$(BIN)/mutmut run $(MUTANTS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mutmut run $(MUTANTS)
 	$(BIN)/mutmut results
 
 format: $(STAMP)

@@ -441,6 +441,20 @@ def test_listing_filters_by_status_and_shows_only_the_tenant_s_own(api: Api) -> 
     assert set(everything) == set(pending)
 
 
+def test_a_filtered_page_holds_at_most_its_limit_and_the_next_page_goes_on_from_it(api: Api) -> None:
+    # Given, newest first: a cancelled task, then four pending ones
+    older = submit_n(api, 4)
+    newest = submit_n(api, 1)[0]
+    api.call("POST", f"/tasks/{newest}/cancel")
+    # When two pending ones are asked for: the first read of the index holds the cancelled one
+    first = api.call("GET", "/tasks", query="status=pending&limit=2")["json"]
+    # Then the page has two, not every pending task the further reads found, and the next one
+    # starts where it stopped
+    assert [t["task_id"] for t in first["data"]] == older[::-1][:2]
+    rest = api.call("GET", "/tasks", query=f"status=pending&limit=2&cursor={first['next_cursor']}")["json"]
+    assert [t["task_id"] for t in rest["data"]] == older[::-1][2:]
+
+
 def test_an_expired_task_not_yet_deleted_is_a_404_and_is_not_listed(api: Api, settings: Settings) -> None:
     # Given a task submitted a TTL and a minute ago: DynamoDB has not deleted it yet
     ttl = settings.task_ttl_seconds
@@ -526,8 +540,21 @@ def test_the_same_key_with_another_body_is_422_and_changes_nothing(api: Api, aws
     key = {"idempotency-key": "order-43"}
     api.call("POST", "/tasks", {"prompt": "first"}, headers=key)
     other = api.call("POST", "/tasks", {"prompt": "second"}, headers=key)
-    assert "Idempotency-Key" in assert_problem(other, 422)["detail"]
+    problem = assert_problem(other, 422)
+    assert problem["detail"] == "This Idempotency-Key was already used with a different body."
+    assert problem["errors"] == [{"field": "Idempotency-Key", "message": problem["detail"]}]
     assert len(aws.messages("TaskQueue")) == 1
+
+
+def test_two_keys_of_one_tenant_are_two_requests(api: Api, aws: Aws) -> None:
+    # The key is half of what a stored result is found by: another key is another request,
+    # whatever its body.
+    first = api.service.submit("acme", SubmitTaskRequest(prompt="one"), idempotency_key="k1")
+    second = api.service.submit("acme", SubmitTaskRequest(prompt="two"), idempotency_key="k2")
+    assert first.task.task_id != second.task.task_id
+    assert not first.replayed
+    assert not second.replayed
+    assert len(aws.messages("TaskQueue")) == 2
 
 
 def test_keys_are_scoped_to_their_tenant(api: Api) -> None:
@@ -582,7 +609,32 @@ def test_a_duplicate_while_the_first_is_being_created_is_a_conflict(aws: Aws, se
     queue.release.set()
     first.join()
     assert sorted(type(o).__name__ for o in outcomes) == ["Submission", "TaskConflict"]
+    conflict = next(o for o in outcomes if isinstance(o, TaskConflict))
+    assert (
+        conflict.detail == "A request with this Idempotency-Key is still being processed; retry in a moment."
+    )
     assert len(aws.messages("TaskQueue")) == 1
+
+
+def test_when_the_idempotency_records_fail_the_client_is_told_to_retry_and_nothing_is_stored(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    gone = DynamoDBPersistenceLayer(table_name="no-such-idempotency-table", boto3_client=aws.dynamodb)
+    service = TaskService(
+        settings,
+        TaskStore(settings.tasks_table_name, aws.dynamodb),
+        task_lanes(settings, aws.sqs),
+        idempotency=IdempotencyKeys(gone, ttl_s=settings.idempotency_ttl_s),
+        results=blobs(settings),
+    )
+    reply = Api(aws, handler, service).call(
+        "POST", "/tasks", {"prompt": "hi"}, headers={"idempotency-key": "k"}
+    )
+    problem = assert_problem(reply, 503)
+    assert problem["detail"] == "Idempotency records are unavailable; nothing was stored. Retry."
+    assert reply["headers"]["Retry-After"] == "1"
+    assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
+    assert aws.messages("TaskQueue") == []
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/octet-stream"])

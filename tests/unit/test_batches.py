@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+from botocore.exceptions import ClientError
 
-from llmtasks.aws.batch_store import BatchCancellations, BatchStore
+from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
@@ -273,6 +274,35 @@ def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
     assert counters(batch) == rig.full_count(batch)
     assert batch.completed == 6
     assert batch.status is BatchStatus.COMPLETED
+
+
+class RefusalsWithoutItems(BatchStore):
+    """A refused count as DynamoDB may report it: the reasons without the items they refused
+    (a cancellation reason carries the item only when the transaction asked for it)."""
+
+    @staticmethod
+    def _refusal(changes: list[CountedChange], exc: ClientError) -> CountsRefused:
+        told = BatchStore._refusal(changes, exc)
+        return CountsRefused(dict.fromkeys(told.counted), conflict=told.conflict, batch_gone=told.batch_gone)
+
+
+def test_a_replay_whose_refusal_names_no_revision_reads_what_the_counters_include(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    # Given a batch counted to its end
+    batch_id = rig.submit([{"prompt": f"x{i}"} for i in range(3)])["batch_id"]
+    rig.fan_out()
+    assert rig.run_items() == 3
+    records = rig.stream()
+    rig.count(records)
+    assert rig.batch(batch_id).completed == 3
+    # When its records come again and each refusal leaves out the revision it holds
+    rig.progress = BatchProgress(RefusalsWithoutItems(rig.settings.tasks_table_name, rig.aws.dynamodb))
+    rig.count(records)
+    # Then the progress reads each task's counted revision itself, and counts nothing twice
+    batch = rig.batch(batch_id)
+    assert counters(batch) == rig.full_count(batch)
+    assert (batch.completed, batch.status) == (3, BatchStatus.COMPLETED)
 
 
 def test_a_cancelled_batch_cancels_its_pending_items_and_those_not_yet_fanned_out(

@@ -17,7 +17,8 @@ def test_received_messages_made_visible_again_are_delivered_again_at_once(aws: A
     queue = Queue(aws.queue_url("TaskQueue"), aws.sqs)
     queue.send_many([TaskMessage(task_id=f"t{i}") for i in range(23)])
     received = aws.messages("TaskQueue")
-    assert len(received) == 23 and aws.messages("TaskQueue") == []
+    assert len(received) == 23
+    assert aws.messages("TaskQueue") == []
     queue.delete_many([received[0]["ReceiptHandle"]])
 
     # When every receipt is made visible again

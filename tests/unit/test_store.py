@@ -9,7 +9,7 @@ import pytest
 from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.errors import StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
+from llmtasks.domain.models import AttemptRecord, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
 from tests.conftest import Aws
 from tests.helpers import NEVER, pending_task
 
@@ -140,6 +140,28 @@ def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
         )
     assert refused.value.current is not None
     assert refused.value.current.status is TaskStatus.FAILED
+
+
+def test_a_failed_task_keeps_its_error_its_end_and_the_attempt_that_failed(store: TaskStore) -> None:
+    new_task(store)
+    store.claim(
+        "t1",
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
+        now=NOW,
+    )
+    attempt = AttemptRecord(
+        attempt=1, started_at=NOW, ended_at=NOW + 1, outcome="failed", error_code="llm_http_400"
+    )
+    store.fail("t1", lease_id="L1", error="boom", error_code="llm_http_400", now=NOW + 1, attempt=attempt)
+    task = store.get("t1", now=NOW + 2)
+    assert task is not None
+    assert (task.status, task.error, task.error_code, task.completed_at) == (
+        TaskStatus.FAILED,
+        "boom",
+        "llm_http_400",
+        NOW + 1,
+    )
+    assert task.attempt_log == [attempt]
 
 
 def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskStore) -> None:

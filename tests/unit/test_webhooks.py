@@ -194,8 +194,12 @@ def test_an_unresolvable_host_is_refused() -> None:
 
 
 def test_with_lookups_off_names_are_refused_and_literal_addresses_still_checked() -> None:
-    with pytest.raises(InvalidInput, match="does not resolve"):
+    with pytest.raises(InvalidInput) as refused:
         check_webhook_url("https://example.com/x", allowed_hosts=frozenset(), resolve=no_lookups)
+    assert refused.value.detail == (
+        "webhook_url's host 'example.com' is a name, and this deployment looks no names up"
+        " (WEBHOOK_RESOLVE_NAMES=false): use an address or one of its allowed hosts."
+    )
     with pytest.raises(InvalidInput, match="non-public"):
         check_webhook_url("https://10.0.0.1/x", allowed_hosts=frozenset(), resolve=no_lookups)
     with pytest.raises(InvalidInput, match="non-public"):
@@ -580,12 +584,11 @@ class RecordingRandom(random.Random):
         return a + (b - a) * 0.75
 
 
-def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_to_the_dlq(
-    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
-) -> None:
-    # Given a receiver that always fails, and the settings' own schedule
-    hook, _ = receiver
-    hook.answers = [500] * 7
+def on_the_default_schedule(
+    hooks: Hooks, aws: Aws, rng: random.Random
+) -> tuple[WebhookDelivery, WebhookMessage, str]:
+    """The delivery as the settings' own schedule makes it, the event of a finished task, and
+    that task's id."""
     settings = hooks.settings.model_copy(
         update={"webhook_retry_schedule": Settings.model_fields["webhook_retry_schedule"].default}
     )
@@ -593,8 +596,6 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
     task_id = hooks.finish_task("on schedule")
     hooks.relay()
     [message] = aws.messages("WebhookQueue")
-    webhook = WebhookMessage.model_validate_json(message["Body"])
-    rng = RecordingRandom()
     sender = WebhookSender(timeout_s=settings.webhook_timeout_s, allowed_hosts=settings.webhook_allowed_hosts)
     delivery = WebhookDelivery(
         settings,
@@ -604,6 +605,17 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
         rng=rng,
         results=blobs(settings),
     )
+    return delivery, WebhookMessage.model_validate_json(message["Body"]), task_id
+
+
+def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_to_the_dlq(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given a receiver that always fails, and the settings' own schedule
+    hook, _ = receiver
+    hook.answers = [500] * 7
+    rng = RecordingRandom()
+    delivery, webhook, task_id = on_the_default_schedule(hooks, aws, rng)
     # When each of the first five attempts fails, the next waits 5 s, 5 min, 30 min, 2 h, 5 h,
     # each times a jitter drawn from 0.8-1.2 (here 1.1)
     delays = []
@@ -621,6 +633,22 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
     task = hooks.store.get(task_id, now=time.time())
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.FAILED, 6)
     assert len(hook.deliveries) == 6
+
+
+def test_a_receiver_s_retry_after_waits_longer_than_the_schedule_never_shorter(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, _ = receiver
+    hook.answers = [429, 503]
+    hook.answer_headers = {"Retry-After": "30"}
+    delivery, webhook, _ = on_the_default_schedule(hooks, aws, RecordingRandom())
+    delays = []
+    for attempt in (1, 2):
+        with pytest.raises(RetryLater) as retry:
+            asyncio.run(delivery.deliver(webhook, attempt=attempt))
+        delays.append(retry.value.delay_s)
+    # The first: the schedule's 5 s (jittered to 5.5), the receiver's 30 s; the second: 330 s
+    assert delays == pytest.approx([30, 300 * 1.1])
 
 
 def test_a_hanging_receiver_counts_as_a_failed_attempt(

@@ -142,7 +142,7 @@ class TaskStore:
                 Limit=limit,
                 **extra,
             )
-            keys = [{"pk": item["pk"]} for item in reply.get("Items", [])]
+            keys = [{"pk": item["pk"]} for item in reply["Items"]]  # a Query's reply always has Items
             items = batch_get(self._client, self.table_name, keys)
         following = reply.get("LastEvaluatedKey")
         # In the index's order; a task deleted between the query and the read is left out.

@@ -154,7 +154,7 @@ class TaskService:
         raise AssertionError("unreachable: the loop returns")
 
     def list_tasks(
-        self, tenant_id: str, *, status: TaskStatus | None = None, limit: int = 20, cursor: str | None = None
+        self, tenant_id: str, *, limit: int, status: TaskStatus | None = None, cursor: str | None = None
     ) -> tuple[list[Task], str | None]:
         """Up to `limit` of the tenant's tasks, newest first, as clients read them, and the cursor
         of the next page (None on the last). The status filter applies to the status as read,
