@@ -557,6 +557,18 @@ def test_two_keys_of_one_tenant_are_two_requests(api: Api, aws: Aws) -> None:
     assert len(aws.messages("TaskQueue")) == 2
 
 
+def test_a_key_is_kept_for_the_configured_time(api: Api, aws: Aws, settings: Settings) -> None:
+    assert settings.idempotency_table_name is not None
+    before = time.time()
+    api.call("POST", "/tasks", {"prompt": "kept"}, headers={"idempotency-key": "order-45"})
+    [record] = aws.dynamodb.scan(TableName=settings.idempotency_table_name)["Items"]
+    # A day by default (not Powertools' own hour): a client retrying tomorrow morning still
+    # finds its task
+    assert settings.idempotency_ttl_s == 24 * 3600
+    # (Powertools stamps it from the real clock, which no seam reaches: a margin of seconds.)
+    assert int(record["expiration"]["N"]) == pytest.approx(before + 24 * 3600, abs=5)
+
+
 def test_keys_are_scoped_to_their_tenant(api: Api) -> None:
     body = SubmitTaskRequest(prompt="same")
     acme = api.service.submit("acme", body, idempotency_key="k1")

@@ -16,6 +16,7 @@ from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChan
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.task_items import task_change
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
 from llmtasks.domain.messages import FanoutMessage, WebhookMessage
@@ -276,7 +277,48 @@ def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
     assert batch.status is BatchStatus.COMPLETED
 
 
-class RefusalsWithoutItems(BatchStore):
+def test_a_plain_task_s_change_among_the_records_leaves_the_items_after_it_counted(rig: Rig) -> None:
+    # Given a task of no batch, then a batch whose items run
+    plain = rig.api.call("POST", "/tasks", {"prompt": "on its own"})["json"]["task_id"]
+    batch_id = rig.submit([{"prompt": f"x{i}"} for i in range(2)])["batch_id"]
+    rig.fan_out()
+    assert rig.run_items() == 2
+    records = rig.stream()
+    matches = pattern_matcher(rig.aws.function("BatchFunction").stream_sources[0].filter_patterns)
+    items = [task_change(r) for r in records if matches(r)]
+    [alone] = [task_change(r) for r in records if r["dynamodb"]["Keys"]["pk"]["S"].endswith(plain)]
+    # When its change comes first in what the progress is handed (the stream filter would drop it)
+    watched = WatchedCounts(rig)
+    BatchProgress(watched).apply([alone, *items])
+    # Then it is passed over, and the items after it are counted, in one transaction
+    assert watched.transactions == 1
+    batch = rig.batch(batch_id)
+    assert counters(batch) == rig.full_count(batch)
+    assert batch.completed == 2
+
+
+class WatchedCounts(BatchStore):
+    """The batch store, with its count transactions and its reads of counted marks counted; its
+    first `conflicts` transactions meet another one (DynamoDB's TransactionConflict)."""
+
+    def __init__(self, rig: Rig, *, conflicts: int = 0) -> None:
+        super().__init__(rig.settings.tasks_table_name, rig.aws.dynamodb)
+        self.transactions = self.mark_reads = 0
+        self._conflicts = conflicts
+
+    def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:
+        self.transactions += 1
+        if self._conflicts:
+            self._conflicts -= 1
+            raise CountsRefused({}, conflict=True, batch_gone=False)
+        super().count_changes(batch_id, changes)
+
+    def counted_revision(self, task_id: str) -> int | None:
+        self.mark_reads += 1
+        return super().counted_revision(task_id)
+
+
+class RefusalsWithoutItems(WatchedCounts):
     """A refused count as DynamoDB may report it: the reasons without the items they refused
     (a cancellation reason carries the item only when the transaction asked for it)."""
 
@@ -286,20 +328,54 @@ class RefusalsWithoutItems(BatchStore):
         return CountsRefused(dict.fromkeys(told.counted), conflict=told.conflict, batch_gone=told.batch_gone)
 
 
+def counted_batch(rig: Rig, items: int) -> tuple[str, list[dict[str, Any]]]:
+    """A batch whose items ran, counted to its end; its id and the stream records counted."""
+    batch_id = rig.submit([{"prompt": f"x{i}"} for i in range(items)])["batch_id"]
+    rig.fan_out()
+    assert rig.run_items() == items
+    records = rig.stream()
+    rig.count(records)
+    assert rig.batch(batch_id).completed == items
+    return batch_id, records
+
+
+def test_a_replay_is_refused_by_the_marks_it_finds_without_reading_them_again(rig: Rig) -> None:
+    batch_id, records = counted_batch(rig, 3)
+    watched = WatchedCounts(rig)
+    rig.progress = BatchProgress(watched)
+    rig.count(records)
+    # One refused transaction, whose reasons hold each mark's revision: nothing more is read
+    assert (watched.transactions, watched.mark_reads) == (1, 0)
+    assert rig.batch(batch_id).completed == 3
+
+
+def test_counts_that_meet_another_transaction_back_off_and_apply(rig: Rig) -> None:
+    batch_id = rig.submit([{"prompt": f"x{i}"} for i in range(2)])["batch_id"]
+    rig.fan_out()
+    assert rig.run_items() == 2
+    slept: list[float] = []
+    watched = WatchedCounts(rig, conflicts=2)
+    rig.progress = BatchProgress(watched, sleep=slept.append)
+    rig.count(rig.stream())
+    # Two conflicts, each waited out longer than the one before (0.05 s, doubled), then applied
+    assert slept == pytest.approx([0.05, 0.1])
+    assert watched.transactions == 3
+    batch = rig.batch(batch_id)
+    assert counters(batch) == rig.full_count(batch)
+    assert batch.completed == 2
+
+
 def test_a_replay_whose_refusal_names_no_revision_reads_what_the_counters_include(
     rig: Rig, mock_llm: RunningMock
 ) -> None:
     # Given a batch counted to its end
-    batch_id = rig.submit([{"prompt": f"x{i}"} for i in range(3)])["batch_id"]
-    rig.fan_out()
-    assert rig.run_items() == 3
-    records = rig.stream()
-    rig.count(records)
-    assert rig.batch(batch_id).completed == 3
+    batch_id, records = counted_batch(rig, 3)
     # When its records come again and each refusal leaves out the revision it holds
-    rig.progress = BatchProgress(RefusalsWithoutItems(rig.settings.tasks_table_name, rig.aws.dynamodb))
+    watched = RefusalsWithoutItems(rig)
+    rig.progress = BatchProgress(watched)
     rig.count(records)
     # Then the progress reads each task's counted revision itself, and counts nothing twice
+    assert watched.mark_reads == 3
     batch = rig.batch(batch_id)
     assert counters(batch) == rig.full_count(batch)
     assert (batch.completed, batch.status) == (3, BatchStatus.COMPLETED)

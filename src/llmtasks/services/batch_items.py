@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -184,9 +185,12 @@ def _collapse(task_id: str, steps: list[_Step], counted: int | None) -> CountedC
 class BatchProgress:
     """What BatchFunction does with a batch of the table's stream records."""
 
-    def __init__(self, batches: BatchStore, *, clock: Clock = time.time) -> None:
+    def __init__(
+        self, batches: BatchStore, *, clock: Clock = time.time, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self._batches = batches
         self._clock = clock
+        self._sleep = sleep  # the back-off after a transaction conflict
 
     def apply(self, changes: list[tuple[Task | None, Task]]) -> None:
         """`changes`: (old, new) images in stream order. Items of batches only; a task inserted
@@ -224,9 +228,9 @@ class BatchProgress:
                             revision if revision is not None else self._batches.counted_revision(task_id)
                         )
                     if refused.conflict:
-                        time.sleep(0.05 * 2**attempt)
+                        self._sleep(0.05 * 2**attempt)
                     continue
                 for change in group:
-                    todo.pop(change.task_id, None)
+                    del todo[change.task_id]
         if todo:
             raise BackendError(f"batch {batch_id}: counts not applied after {COUNT_ATTEMPTS} attempts")
