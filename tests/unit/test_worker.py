@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from collections import Counter
@@ -261,7 +262,64 @@ def test_a_permanent_error_fails_at_once(worker: Worker, mock_llm: RunningMock) 
     worker.run_queued(llm_base_url=mock_llm.url + "/missing")
     task = worker.task(task_id)
     assert (task.status, task.error_code, task.attempts) == (TaskStatus.FAILED, "llm_http_404", 1)
+    assert "404" in task.error  # the provider's answer, as the client reads it
     assert worker.queued() == []
+
+
+class TopOfSpan(random.Random):
+    """Jitter drawn at the top of its span, with the spans asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.spans: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.spans.append((a, b))
+        return b
+
+
+def test_the_retry_backoff_doubles_from_its_base_to_its_cap_with_full_jitter(worker: Worker) -> None:
+    defaults = Settings.model_fields
+    settings = worker.settings.model_copy(
+        update={name: defaults[name].default for name in ("retry_base_delay_s", "retry_max_delay_s")}
+    )
+    rng = TopOfSpan()
+    llm = OpenAIChat(base_url=worker.llm_url, api_key=None, default_model="mock-model")
+    runner = TaskRunner(settings, worker.store, worker.lanes, llm, rng=rng, results=blobs(settings))
+    # 2 s, doubled each attempt, up to 5 minutes; each delay drawn from zero to that ceiling
+    assert [runner.backoff_s(attempt) for attempt in range(1, 10)] == [2, 4, 8, 16, 32, 64, 128, 256, 300]
+    assert [low for low, _ in rng.spans] == [0] * 9
+
+
+def test_a_retry_after_at_the_cap_is_waited_one_past_it_fails(worker: Worker, mock_llm: RunningMock) -> None:
+    waited, refused = worker.submit("at the cap"), worker.submit("past the cap")
+    mock_llm.configure(rate_429=1.0, retry_after_s=40)
+    messages = worker.queued()
+    worker.run([m for m in messages if waited in m["Body"]], retry_after_cap_s=40)
+    worker.run([m for m in messages if refused in m["Body"]], retry_after_cap_s=39)
+    assert (worker.task(waited).status, worker.task(waited).last_error_code) == (
+        TaskStatus.PENDING,
+        "llm_rate_limited",
+    )
+    assert (worker.task(refused).status, worker.task(refused).error_code) == (
+        TaskStatus.FAILED,
+        "retry_after_too_long",
+    )
+
+
+def test_a_retry_that_would_start_at_the_deadline_fails_the_task_now(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a task with a minute to live, refused with Retry-After: 40 twenty seconds in
+    task_id = worker.submit("a minute to live", timeout_s=60)
+    created = worker.task(task_id).created_at
+    worker.clock = lambda: created + 20
+    mock_llm.configure(rate_429=1.0, retry_after_s=40)
+    worker.run_queued()
+    # Then its retry would start at its deadline exactly: it fails now, saying why
+    task = worker.task(task_id)
+    assert (task.status, task.error_code) == (TaskStatus.FAILED, "deadline_exceeded")
+    assert "no time left for a retry before the deadline" in task.error
 
 
 def test_an_unreachable_provider_is_transient(worker: Worker) -> None:
