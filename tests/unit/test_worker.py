@@ -327,6 +327,8 @@ def test_an_unreachable_provider_is_transient(worker: Worker) -> None:
     worker.run_queued(llm_base_url=f"http://127.0.0.1:{free_port()}/v1")
     task = worker.task(task_id)
     assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "llm_unreachable")
+    # No call left, so no attempt was made: none is counted or shown in its timeline
+    assert (task.attempts, task.attempt_log) == (0, [])
 
 
 def test_retry_after_is_honoured(worker: Worker, mock_llm: RunningMock) -> None:
@@ -336,6 +338,7 @@ def test_retry_after_is_honoured(worker: Worker, mock_llm: RunningMock) -> None:
     worker.run_queued()
     task = worker.task(task_id)
     assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "llm_rate_limited")
+    assert "429" in task.last_error  # what the retry waits out, in the provider's words
     assert task.next_attempt_at >= before + 40
     assert worker.queued() == []  # delayed by 40 s, so not visible yet
 
