@@ -221,13 +221,13 @@ class TaskStore:
         self,
         task_id: str,
         *,
-        lease_id: str | None,
+        lease_id: str,
         error: str,
         error_code: str,
         now: float,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        """processing (under this lease) -> failed; with lease_id None, pending -> failed."""
+        """processing (under this lease) -> failed."""
         self._finish(
             task_id,
             lease_id=lease_id,
@@ -292,7 +292,7 @@ class TaskStore:
         self,
         task_id: str,
         *,
-        lease_id: str | None,
+        lease_id: str,
         status: TaskStatus,
         values: Mapping[str, Any],
         uncount_attempt: bool = False,
@@ -303,6 +303,8 @@ class TaskStore:
         assignments = ", ".join(f"#{k} = :{k}" for k in values)
         expression_values = {
             ":status": status.value,
+            ":processing": TaskStatus.PROCESSING.value,
+            ":lease": lease_id,
             ":zero": 0,
             ":one": 1,
             **{f":{k}": v for k, v in values.items()},
@@ -315,12 +317,6 @@ class TaskStore:
                 ":no_attempts": [],
                 ":attempt": [attempt.model_dump(mode="json", exclude_none=True)],
             }
-        if lease_id is None:
-            condition = "#status = :pending"
-            expression_values[":pending"] = TaskStatus.PENDING.value
-        else:
-            condition = "#status = :processing AND lease_id = :lease"
-            expression_values |= {":processing": TaskStatus.PROCESSING.value, ":lease": lease_id}
         try:
             # Nothing returned: the worker that ends a run has no use for the item, whose result is
             # most of it (serialising DynamoDB's replies was 12% of the local moto server's CPU
@@ -330,7 +326,7 @@ class TaskStore:
                 returned="NONE",
                 update=f"SET #status = :status, {_REVISE}, {assignments} REMOVE {_LEASE_FIELDS}"
                 + (" ADD attempts :uncount" if uncount_attempt else ""),
-                condition=condition,
+                condition="#status = :processing AND lease_id = :lease",
                 names=names,
                 values=expression_values,
             )
