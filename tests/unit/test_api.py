@@ -116,6 +116,7 @@ def test_sample_submit_event_is_accepted_with_location_and_retry_after(api: Api,
     assert reply["statusCode"] == 202
     assert reply["headers"]["Location"] == f"/tasks/{body['task_id']}"
     assert int(reply["headers"]["Retry-After"]) > 0
+    assert "Idempotent-Replayed" not in reply["headers"]  # no key, so nothing to replay
     assert body["status"] == "pending"
     assert body["expires_at"] > body["created_at"]
     [message] = aws.messages("TaskQueue")
@@ -567,6 +568,18 @@ def test_a_key_is_kept_for_the_configured_time(api: Api, aws: Aws, settings: Set
     assert settings.idempotency_ttl_s == 24 * 3600
     # (Powertools stamps it from the real clock, which no seam reaches: a margin of seconds.)
     assert int(record["expiration"]["N"]) == pytest.approx(before + 24 * 3600, abs=5)
+
+
+def test_a_key_sent_where_no_records_are_kept_is_a_503_that_says_so(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    keyless = TaskService(settings, store, task_lanes(settings, aws.sqs), results=blobs(settings))
+    reply = Api(aws, handler, keyless).call(
+        "POST", "/tasks", {"prompt": "once"}, headers={"idempotency-key": "order-46"}
+    )
+    assert assert_problem(reply, 503)["detail"] == "Idempotency-Key is not configured on this deployment."
+    assert aws.messages("TaskQueue") == []
 
 
 def test_keys_are_scoped_to_their_tenant(api: Api) -> None:

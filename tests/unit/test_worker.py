@@ -758,6 +758,7 @@ def test_a_task_whose_last_delivery_died_before_the_handler_reads_as_dead_letter
         ).get("default", task_id)
 
     assert read_at(lease_until + 1).status is TaskStatus.PROCESSING  # the 5th delivery may still come
+    assert read_at(due - 1).status is TaskStatus.PROCESSING  # its pollers' grace, not yet out
     assert (read_at(due + 1).status, read_at(due + 1).error_code) == (TaskStatus.FAILED, "dead_lettered")
     assert worker.store.requeue_dead_lettered(task_id, now=due + 1)
 
