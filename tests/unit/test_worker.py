@@ -169,6 +169,25 @@ def test_a_429_under_a_pace_holds_every_worker_for_its_retry_after(
     assert pacer.reserve(now=time.time()) >= before + 3
 
 
+def test_a_429_under_a_pace_that_says_retry_now_takes_the_pace_s_next_slot_at_once(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a paced worker whose provider answers 429 with Retry-After: 0, and a backoff of 60 s
+    mock_llm.configure(rate_429=1.0, retry_after_s=0)
+    task_id = worker.submit("refused, come straight back")
+    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=100)
+    now = time.time()
+    worker.clock = lambda: now
+    worker.run(worker.queued(), pacer=pacer, retry_base_delay_s=60.0)
+    # Then the retry is due now: the pace spaces the calls, the task adds no wait of its own
+    task = worker.task(task_id)
+    assert (task.status, task.last_error_code, task.next_attempt_at) == (
+        TaskStatus.PENDING,
+        "llm_rate_limited",
+        now,
+    )
+
+
 def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(worker: Worker) -> None:
     task_id = worker.submit("backlogged")
     pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=0.001)
