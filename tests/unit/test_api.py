@@ -547,6 +547,17 @@ def test_the_same_key_with_another_body_is_422_and_changes_nothing(api: Api, aws
     assert len(aws.messages("TaskQueue")) == 1
 
 
+def test_a_body_that_states_a_default_it_left_out_before_is_another_body(api: Api, aws: Aws) -> None:
+    # The body as sent is what the key was used with: a field added, even at its default value,
+    # is another request (and a default that changes between deploys changes no stored body).
+    key = {"idempotency-key": "order-47"}
+    api.call("POST", "/tasks", {"prompt": "p"}, headers=key)
+    default_retries = SubmitTaskRequest.model_fields["max_retries"].default
+    stated = api.call("POST", "/tasks", {"prompt": "p", "max_retries": default_retries}, headers=key)
+    assert_problem(stated, 422)
+    assert len(aws.messages("TaskQueue")) == 1
+
+
 def test_two_keys_of_one_tenant_are_two_requests(api: Api, aws: Aws) -> None:
     # The key is half of what a stored result is found by: another key is another request,
     # whatever its body.

@@ -162,6 +162,9 @@ def test_a_failed_task_keeps_its_error_its_end_and_the_attempt_that_failed(store
         NOW + 1,
     )
     assert task.attempt_log == [attempt]
+    # and nothing of its lease or its run is left on it
+    assert (task.lease_id, task.lease_until, task.lease_message_id, task.dead_letter_at) == (None,) * 4
+    assert (task.partial_result, task.progress_at, task.attempt_started_at) == (None,) * 3
 
 
 def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskStore) -> None:
