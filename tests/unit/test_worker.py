@@ -519,6 +519,29 @@ def test_a_message_whose_submit_never_stored_the_task_is_dropped_after_the_grace
     assert mock_llm.stats.calls == 0
 
 
+def test_a_message_without_its_task_waits_out_the_grace_to_the_second_then_is_dropped(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    sent_at = float(int(time.time()))  # whole seconds, so the sums below are exact
+    grace = worker.settings.unwritten_task_grace_s
+
+    def delivered_at(now: float) -> float | None:
+        """The delay a first delivery of a message naming no stored task comes back after, or
+        None when it is dropped."""
+        worker.clock = lambda: now
+        delivery = Delivery(message_id="m", receive_count=1, sent_at=sent_at)
+        try:
+            asyncio.run(worker.runner().run("never-written", delivery, remaining_s=lambda: 60))
+        except RetryLater as later:
+            return later.delay_s
+        return None
+
+    assert delivered_at(sent_at) == 1  # the item is usually milliseconds behind: a short wait
+    assert delivered_at(sent_at + grace - 0.5) == 0.5  # never past the grace
+    assert delivered_at(sent_at + grace) is None  # the grace is out: dropped
+    assert mock_llm.stats.calls == 0
+
+
 # --- crashes, leases and dead letters -----------------------------------------------------
 
 
@@ -572,7 +595,9 @@ def test_a_message_finding_the_lease_held_looks_again_within_seconds_then_waits_
     # A retry's message can arrive before the release that follows its send is written: the
     # task still reads processing under the lease being given up, for a moment
     task_id, _message = worker.crashed("a retry message ahead of its release")
-    lease_left = worker.task(task_id).lease_until - time.time()
+    now = time.time()
+    worker.clock = lambda: now
+    lease_until = worker.task(task_id).lease_until
     runner = worker.runner()
 
     def refused_for(receive_count: int) -> float:
@@ -581,8 +606,8 @@ def test_a_message_finding_the_lease_held_looks_again_within_seconds_then_waits_
             asyncio.run(runner.run(task_id, delivery, remaining_s=lambda: 60))
         return later.value.delay_s
 
-    assert refused_for(1) <= HELD_LEASE_RECHECK_S  # soon, not after the lease
-    assert refused_for(2) >= lease_left  # a copy that still finds it held waits the lease out
+    assert refused_for(1) == HELD_LEASE_RECHECK_S  # soon, not after the lease
+    assert refused_for(2) == lease_until - now + 1  # a copy that still finds it held waits it out
 
 
 def test_a_copy_on_its_last_delivery_is_dropped_rather_than_dead_lettered(
