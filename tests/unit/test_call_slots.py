@@ -45,6 +45,7 @@ class Recorder:
         self.behave = behave or (lambda _body: None)
         self.ran: Counter[str] = Counter()
         self.taken: set[str] = set()  # the bodies handed over as received by the invocation itself
+        self.sources: set[str] = set()  # the queues their records name, as the event source's do
         self.in_flight = 0
         self.most_in_flight = 0
 
@@ -52,6 +53,7 @@ class Recorder:
         self.ran[record.body] += 1
         if isinstance(record, TakenRecord):
             self.taken.add(record.body)
+            self.sources.add(record.event_source_arn)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -109,6 +111,7 @@ def test_an_invocation_runs_what_waits_in_the_queue_at_most_its_slots_at_once(aw
     assert recorder.ran == Counter({f"m{i}": 1 for i in range(22)})  # each once, the event's two too
     # The handler knows which it was handed on the promise of a whole call's time
     assert recorder.taken == {f"m{i}" for i in range(2, 22)}
+    assert recorder.sources == {aws.resources.attributes[("TaskQueue", "Arn")]}  # shaped as Lambda's
     assert recorder.most_in_flight == 5
     # What it received, it deleted; the event's two are the event source's to delete.
     assert in_queue(aws) == {"visible": "0", "in flight": "2"}

@@ -75,8 +75,10 @@ class _Invocation:
     def ended(self, task: asyncio.Task[None]) -> None:
         record = self.running.pop(task)
         error = task.exception()
+        # pragma: no mutate start, whether a log line is written
         if error is not None and not isinstance(error, RetryLater):
             logger.warning("record failed", message_id=record.message_id, exc_info=error)
+        # pragma: no mutate end
         if not isinstance(record, TakenRecord):  # the event's: reported, the event source deletes it
             if error is not None:
                 self.failures.append(record.message_id)
