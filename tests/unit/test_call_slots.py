@@ -39,9 +39,16 @@ class Recorder:
     """A record handler: counts what it runs and how many at once; `behave` picks an outcome.
     The bodies in `long` take LONG_S, the others `pause_s`."""
 
-    def __init__(self, pause_s: float = 0.05, behave: Any = None, long: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        pause_s: float = 0.05,
+        behave: Any = None,
+        long: tuple[str, ...] = (),
+        pauses: dict[str, float] | None = None,
+    ) -> None:
         self.pause_s = pause_s
         self.long = long
+        self.pauses = pauses or {}  # a call's time by body, for calls of other lengths
         self.behave = behave or (lambda _body: None)
         self.ran: Counter[str] = Counter()
         self.taken: set[str] = set()  # the bodies handed over as received by the invocation itself
@@ -57,7 +64,8 @@ class Recorder:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(LONG_S if record.body in self.long else self.pause_s)  # a call's time
+            pause = LONG_S if record.body in self.long else self.pauses.get(record.body, self.pause_s)
+            await asyncio.sleep(pause)  # a call's time
             self.behave(record.body)
         finally:
             self.in_flight -= 1
@@ -128,6 +136,11 @@ def test_an_invocation_whose_time_left_cannot_hold_a_whole_call_takes_nothing_mo
     assert sum(recorder.ran.values()) == 2  # the event's records only
     # The event's two are the event source's to delete; the rest wait for another invocation.
     assert in_queue(aws) == {"visible": "3", "in flight": "2"}
+    # One whose time left holds a whole call exactly takes them
+    event = event_of(aws, 1)
+    again = Recorder(long=("m2", "m3", "m4"))
+    keep_slots_full(event, Context(610), again, CallSlots(queue, slots=10, min_remaining_s=610))
+    assert sum(again.ran.values()) == 3
 
 
 def test_calls_shorter_than_a_second_leave_the_queue_to_the_event_source(aws: Aws, queue: Queue) -> None:
@@ -137,7 +150,8 @@ def test_calls_shorter_than_a_second_leave_the_queue_to_the_event_source(aws: Aw
     event = event_of(aws, 2)
     receives: list[str] = []
     aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", lambda **_: receives.append("r"))
-    recorder = Recorder()
+    # Calls of different lengths, each under a second: one ends while the other still runs
+    recorder = Recorder(pauses={f"m{i}": 0.1 + 0.15 * i for i in range(5)})
     keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
     assert sum(recorder.ran.values()) == 2
     assert receives == []
@@ -191,19 +205,46 @@ def test_a_copy_of_a_message_running_here_is_not_run_twice(aws: Aws, queue: Queu
     receipt = event["Records"][0]["receiptHandle"]
     # At-least-once delivery: the same message visible again while this invocation runs it.
     aws.sqs.change_message_visibility(QueueUrl=queue.url, ReceiptHandle=receipt, VisibilityTimeout=0)
+    send(queue, "another")  # and one more behind it, which the same receive takes
     recorder = Recorder(long=("once",))
     keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=10, min_remaining_s=610))
-    assert recorder.ran == Counter({"once": 1})
+    assert recorder.ran == Counter({"once": 1, "another": 1})
 
 
 def test_a_queue_that_cannot_be_read_still_lets_the_event_s_records_finish(aws: Aws) -> None:
     gone = Queue(aws.queue_url("TaskQueue") + "-gone", aws.sqs)
     send(Queue(aws.queue_url("TaskQueue"), aws.sqs), "a", "b")
     event = event_of(aws, 2)
-    recorder = Recorder(long=("a", "b"))  # past the first second: the invocation tries to refill
+    receives: list[str] = []
+    aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", lambda **_: receives.append("r"))
+    # Calls well past the first second: the invocation tries to refill, and after its failed
+    # receive it tries no other
+    recorder = Recorder(pauses={"a": 2.5, "b": 2.5})
     reply = keep_slots_full(event, Context(900), recorder, CallSlots(gone, slots=10, min_remaining_s=610))
     assert reply == {"batchItemFailures": []}
     assert recorder.ran == Counter({"a": 1, "b": 1})
+    assert receives == ["r"]
+
+
+def test_while_calls_run_an_empty_queue_is_looked_at_once_a_second(aws: Aws, queue: Queue) -> None:
+    send(queue, "alone")
+    event = event_of(aws, 1)
+    receives: list[str] = []
+    aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", lambda **_: receives.append("r"))
+    keep_slots_full(event, Context(900), Recorder(pauses={"alone": 3.5}), CallSlots(queue, 10, 610))
+    # From the first second on, once a second while the call runs, and once as it ends: about
+    # four; a loop that looked on every turn would make hundreds (real time is the point here:
+    # the spacing is in seconds of the invocation's clock)
+    assert 2 <= len(receives) <= 6
+
+
+def test_a_single_slot_refills_one_message_at_a_time(aws: Aws, queue: Queue) -> None:
+    send(queue, "first", "second", "third")
+    event = event_of(aws, 1)
+    recorder = Recorder(long=("first", "second", "third"))
+    keep_slots_full(event, Context(900), recorder, CallSlots(queue, slots=1, min_remaining_s=610))
+    assert recorder.ran == Counter({"first": 1, "second": 1, "third": 1})
+    assert recorder.most_in_flight == 1
 
 
 def test_the_worker_keeps_ten_calls_at_the_provider_while_tasks_wait(
