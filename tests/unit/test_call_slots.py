@@ -14,7 +14,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.domain.models import TaskStatus
 from llmtasks.records import sqs_record
-from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full
+from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full, run_in_lambda_loop
 from tests.conftest import Aws, RunningMock
 from tests.unit.test_worker import Worker
 
@@ -279,3 +279,26 @@ def test_a_retry_the_worker_scheduled_runs_in_the_same_invocation_once_due(
     retried = [p for p, outcomes in mock_llm.stats.outcomes_by_prompt.items() if outcomes[0] == "500"]
     assert retried  # the seed gives some first calls a 500, and their retries ran here
     assert worker.queued() == []  # every message handled and deleted
+
+
+def test_in_lambda_one_event_loop_serves_every_invocation_of_a_sandbox(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As Powertools' batch processor does: a loop closed at the end of an invocation would break
+    the clients bound to it after a thaw. Outside Lambda each run has a fresh loop."""
+
+    async def running_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    monkeypatch.setenv("LAMBDA_TASK_ROOT", "/var/task")
+    first, second = run_in_lambda_loop(running_loop()), run_in_lambda_loop(running_loop())
+    try:
+        assert first is second
+        assert not first.is_closed()
+    finally:
+        first.close()
+        asyncio.set_event_loop(None)
+    monkeypatch.delenv("LAMBDA_TASK_ROOT")
+    fresh, again = run_in_lambda_loop(running_loop()), run_in_lambda_loop(running_loop())
+    assert fresh is not again
+    assert fresh.is_closed()

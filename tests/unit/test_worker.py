@@ -27,7 +27,7 @@ from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
-from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, Delivery, TaskRunner
+from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import blobs, emf_records, free_port, pending_task, task_lanes
 
@@ -525,11 +525,11 @@ def test_a_message_without_its_task_waits_out_the_grace_to_the_second_then_is_dr
     sent_at = float(int(time.time()))  # whole seconds, so the sums below are exact
     grace = worker.settings.unwritten_task_grace_s
 
-    def delivered_at(now: float) -> float | None:
-        """The delay a first delivery of a message naming no stored task comes back after, or
-        None when it is dropped."""
+    def delivered_at(now: float, receive_count: int = 1) -> float | None:
+        """The delay a delivery of a message naming no stored task comes back after, or None
+        when it is dropped."""
         worker.clock = lambda: now
-        delivery = Delivery(message_id="m", receive_count=1, sent_at=sent_at)
+        delivery = Delivery(message_id="m", receive_count=receive_count, sent_at=sent_at)
         try:
             asyncio.run(worker.runner().run("never-written", delivery, remaining_s=lambda: 60))
         except RetryLater as later:
@@ -540,6 +540,16 @@ def test_a_message_without_its_task_waits_out_the_grace_to_the_second_then_is_dr
     assert delivered_at(sent_at + grace - 0.5) == 0.5  # never past the grace
     assert delivered_at(sent_at + grace) is None  # the grace is out: dropped
     assert mock_llm.stats.calls == 0
+    # A first delivery looks for the item again for a moment; a later one has waited already
+    claims: list[str] = []
+    worker.aws.dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.UpdateItem", lambda **_: claims.append("claim")
+    )
+    delivered_at(sent_at, receive_count=1)
+    assert len(claims) == 1 + len(ITEM_RECHECKS_S)
+    claims.clear()
+    delivered_at(sent_at, receive_count=2)
+    assert claims == ["claim"]
 
 
 # --- crashes, leases and dead letters -----------------------------------------------------
