@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import os
+import random
 import socket
 import sys
 import textwrap
@@ -283,3 +284,17 @@ def process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended too
+
+
+class SpanJitter(random.Random):
+    """Jitter drawn at a known point of its span (`at`: 0 its low end, 1 its high end), with
+    the spans each draw asked for."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__(0)
+        self.at = at
+        self.spans: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.spans.append((a, b))
+        return a + (b - a) * self.at

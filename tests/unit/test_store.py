@@ -30,6 +30,16 @@ def new_task(store: TaskStore, task_id: str = "t1", *, tenant: str = "acme", ttl
     return task
 
 
+def claimed(store: TaskStore) -> Task:
+    """Task t1, created and claimed at NOW under lease L1 (for a minute, message m1's first delivery)."""
+    new_task(store)
+    return store.claim(
+        "t1",
+        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
+        now=NOW,
+    )
+
+
 @pytest.fixture
 def store(aws: Aws) -> TaskStore:
     return TaskStore(aws.resources.table_names["TasksTable"], aws.dynamodb)
@@ -69,12 +79,7 @@ def test_claim_moves_pending_to_processing_under_a_lease(store: TaskStore) -> No
 
 
 def test_a_second_claim_while_the_lease_lives_is_refused_and_says_who_holds_it(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     with pytest.raises(ClaimRefused) as refused:
         store.claim(
             "t1",
@@ -86,12 +91,7 @@ def test_a_second_claim_while_the_lease_lives_is_refused_and_says_who_holds_it(s
 
 
 def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     task = store.claim(
         "t1",
         Lease("L2", until=NOW + 200, message_id="m1", receive_count=1, dead_letter_at=NEVER),
@@ -104,12 +104,7 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_write(s
 
 
 def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
     store.complete("t1", lease_id="L1", completion=Completion(text="hi", model="m", usage=usage), now=NOW + 5)
     task = store.get("t1", now=NOW + 5)
@@ -125,12 +120,7 @@ def test_complete_stores_result_and_usage_and_drops_the_lease(store: TaskStore) 
 
 
 def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     store.fail("t1", lease_id="L1", error="boom", error_code="llm_http_400", now=NOW + 1)
     with pytest.raises(ClaimRefused) as refused:
         store.claim(
@@ -143,12 +133,7 @@ def test_a_terminal_task_is_never_claimed_again(store: TaskStore) -> None:
 
 
 def test_a_failed_task_keeps_its_error_its_end_and_the_attempt_that_failed(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     attempt = AttemptRecord(
         attempt=1, started_at=NOW, ended_at=NOW + 1, outcome="failed", error_code="llm_http_400"
     )
@@ -186,12 +171,7 @@ def test_claiming_a_missing_or_expired_task_reports_nothing_current(store: TaskS
 
 
 def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     store.release("t1", lease_id="L1", error="503", error_code="llm_http_503", next_attempt_at=NOW + 8)
     task = store.get("t1", now=NOW + 5)
     assert task is not None
@@ -212,12 +192,7 @@ def test_release_returns_the_task_to_pending_with_the_next_attempt_time(store: T
 
 
 def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
-    new_task(store)
-    store.claim(
-        "t1",
-        Lease("L1", until=NOW + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER),
-        now=NOW,
-    )
+    claimed(store)
     assert store.cancel("t1", tenant_id="acme", now=NOW + 1).status is TaskStatus.CANCELLED
     with pytest.raises(StaleWrite):
         store.complete(

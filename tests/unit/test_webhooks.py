@@ -39,7 +39,7 @@ from llmtasks.services.webhooks import (
 )
 from llmtasks.settings import Settings
 from tests.conftest import Aws
-from tests.helpers import NEVER, WebhookReceiver, blobs, emf_records, load_event, task_lanes
+from tests.helpers import NEVER, SpanJitter, WebhookReceiver, blobs, emf_records, load_event, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -572,18 +572,6 @@ def test_the_last_failed_attempt_parks_the_event_in_the_dlq(
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED
 
 
-class RecordingRandom(random.Random):
-    """Jitter at a known point (three quarters of its span), with the span each draw asked for."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.spans: list[tuple[float, float]] = []
-
-    def uniform(self, a: float, b: float) -> float:
-        self.spans.append((a, b))
-        return a + (b - a) * 0.75
-
-
 def on_the_default_schedule(
     hooks: Hooks, aws: Aws, rng: random.Random
 ) -> tuple[WebhookDelivery, WebhookMessage, str]:
@@ -614,7 +602,7 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
     # Given a receiver that always fails, and the settings' own schedule
     hook, _ = receiver
     hook.answers = [500] * 7
-    rng = RecordingRandom()
+    rng = SpanJitter(at=0.75)  # three quarters of its span: 1.1
     delivery, webhook, task_id = on_the_default_schedule(hooks, aws, rng)
     # When each of the first five attempts fails, the next waits 5 s, 5 min, 30 min, 2 h, 5 h,
     # each times a jitter drawn from 0.8-1.2 (here 1.1)
@@ -641,7 +629,7 @@ def test_a_receiver_s_retry_after_waits_longer_than_the_schedule_never_shorter(
     hook, _ = receiver
     hook.answers = [429, 503]
     hook.answer_headers = {"Retry-After": "30"}
-    delivery, webhook, _ = on_the_default_schedule(hooks, aws, RecordingRandom())
+    delivery, webhook, _ = on_the_default_schedule(hooks, aws, SpanJitter(at=0.75))
     delays = []
     for attempt in (1, 2):
         with pytest.raises(RetryLater) as retry:

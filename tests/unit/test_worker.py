@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import threading
 import time
 from collections import Counter
@@ -29,7 +28,7 @@ from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import blobs, emf_records, free_port, pending_task, task_lanes
+from tests.helpers import SpanJitter, blobs, emf_records, free_port, pending_task, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -152,40 +151,27 @@ def test_a_paced_batch_keeps_under_the_providers_rate_limit_instead_of_collectin
     assert len(refused) >= 5
 
 
-def test_a_429_under_a_pace_holds_every_worker_for_its_retry_after(
-    worker: Worker, mock_llm: RunningMock
+@pytest.mark.parametrize("retry_after_s", [3, 0])
+def test_a_429_under_a_pace_holds_every_worker_for_its_retry_after_and_adds_no_wait_of_its_own(
+    worker: Worker, mock_llm: RunningMock, retry_after_s: int
 ) -> None:
-    # Given a paced worker whose provider answers 429 with Retry-After: 3
-    mock_llm.configure(rate_429=1.0, retry_after_s=3)
+    # Given a paced worker with a backoff of 60 s, whose provider answers 429 with a Retry-After
+    mock_llm.configure(rate_429=1.0, retry_after_s=retry_after_s)
     task_id = worker.submit("refused")
-    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=100)
-    before = time.time()
-    worker.run(worker.queued(), pacer=pacer, retry_base_delay_s=60.0)
-    # Then the task retries after the Retry-After, with no backoff of its own on top
-    task = worker.task(task_id)
-    assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "llm_rate_limited")
-    assert before + 3 <= task.next_attempt_at <= time.time() + 4
-    # And no other worker's call starts before the provider said it may
-    assert pacer.reserve(now=time.time()) >= before + 3
-
-
-def test_a_429_under_a_pace_that_says_retry_now_takes_the_pace_s_next_slot_at_once(
-    worker: Worker, mock_llm: RunningMock
-) -> None:
-    # Given a paced worker whose provider answers 429 with Retry-After: 0, and a backoff of 60 s
-    mock_llm.configure(rate_429=1.0, retry_after_s=0)
-    task_id = worker.submit("refused, come straight back")
     pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=100)
     now = time.time()
     worker.clock = lambda: now
     worker.run(worker.queued(), pacer=pacer, retry_base_delay_s=60.0)
-    # Then the retry is due now: the pace spaces the calls, the task adds no wait of its own
+    # Then the task retries when the provider said (at once for 0: the pace spaces the calls),
+    # with no backoff of its own on top
     task = worker.task(task_id)
     assert (task.status, task.last_error_code, task.next_attempt_at) == (
         TaskStatus.PENDING,
         "llm_rate_limited",
-        now,
+        now + retry_after_s,
     )
+    # And no other worker's call starts before the provider said it may
+    assert pacer.reserve(now=now) >= now + retry_after_s
 
 
 def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(worker: Worker) -> None:
@@ -286,24 +272,12 @@ def test_a_permanent_error_fails_at_once(worker: Worker, mock_llm: RunningMock) 
     assert worker.queued() == []
 
 
-class TopOfSpan(random.Random):
-    """Jitter drawn at the top of its span, with the spans asked for."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.spans: list[tuple[float, float]] = []
-
-    def uniform(self, a: float, b: float) -> float:
-        self.spans.append((a, b))
-        return b
-
-
 def test_the_retry_backoff_doubles_from_its_base_to_its_cap_with_full_jitter(worker: Worker) -> None:
     defaults = Settings.model_fields
     settings = worker.settings.model_copy(
         update={name: defaults[name].default for name in ("retry_base_delay_s", "retry_max_delay_s")}
     )
-    rng = TopOfSpan()
+    rng = SpanJitter(at=1.0)  # the top of each span
     llm = OpenAIChat(base_url=worker.llm_url, api_key=None, default_model="mock-model")
     runner = TaskRunner(settings, worker.store, worker.lanes, llm, rng=rng, results=blobs(settings))
     # 2 s, doubled each attempt, up to 5 minutes; each delay drawn from zero to that ceiling
