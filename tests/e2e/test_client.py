@@ -159,7 +159,9 @@ def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningSt
     assert failed.returncode == 1
     assert "llm_http_5" in failed.stdout
     # A wait that runs out: exit 3; a wrong id: exit 2 with the problem's words
-    fresh_mock.configure_mock(rate_500=0.0, latency_s=10)
+    # (a minute's call: under a loaded CI machine the three CLI processes before the cancel took
+    # more than 10 s, and the task had completed)
+    fresh_mock.configure_mock(rate_500=0.0, latency_s=60)
     slow = fresh_mock.run_cli("submit", "cli slow").stdout.strip()
     assert fresh_mock.run_cli("wait", slow, "--timeout", "1").returncode == 3
     assert fresh_mock.run_cli("cancel", slow).returncode == 0
