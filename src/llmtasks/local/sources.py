@@ -67,9 +67,8 @@ class SqsPoller:
     ) -> None:
         self.source = source
         self._runtime = runtime
-        self._sqs = sqs
-        self._queue_url = queue_url
-        self._queue = Queue(queue_url, sqs)  # receives and deletes as the worker's refill makes them
+        # Receives, deletes and releases as the worker's refill makes them.
+        self._queue = Queue(queue_url, sqs)
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
         self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
