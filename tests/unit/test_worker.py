@@ -28,7 +28,7 @@ from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import SpanJitter, blobs, emf_records, free_port, pending_task, task_lanes
+from tests.helpers import SpanJitter, blobs, emf_records, eventually, free_port, pending_task, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -674,6 +674,24 @@ def test_a_call_that_trickles_forever_is_cut_at_the_worker_s_deadline(mock_llm: 
     # Real time is the point (a deadline fires): it ends long before the 30 s trickle would
     assert time.monotonic() - started < 15
     assert mock_llm.stats.outcomes_by_prompt == {"hang": ["hang"]}
+
+
+def test_a_call_given_up_before_its_answer_is_counted_gone_at_the_mock(mock_llm: RunningMock) -> None:
+    # Given calls slower than the caller's deadline, one drawn to succeed and one to fail
+    llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
+    for prompt, rate_500 in (("slow ok", 0.0), ("slow 500", 1.0)):
+        mock_llm.configure(latency_s=30, rate_500=rate_500)
+        with pytest.raises(LLMError) as error:
+            asyncio.run(llm.complete(LLMRequest(prompt=prompt), timeout_s=0.5))
+        assert error.value.code == "llm_timeout"
+    # Then the mock counts neither as what was drawn: the caller never saw an answer, so a retry
+    # after it is no second charge (the fault suite's double-charge count reads this)
+    eventually(
+        lambda: dict(mock_llm.stats.outcomes_by_prompt),
+        lambda seen: seen == {"slow ok": ["gone"], "slow 500": ["gone"]},
+        timeout_s=10,
+        what="both calls counted gone",
+    )
 
 
 def test_the_provider_keeps_one_http_client_per_live_event_loop(mock_llm: RunningMock) -> None:

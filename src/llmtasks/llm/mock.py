@@ -66,7 +66,11 @@ class MockConfig(BaseSettings):
         return self
 
 
-Outcome = Literal["ok", "429", "500", "hang", "rps"]
+# "gone": the caller hung up before its answer (its own timeout fired first), so it never saw
+# what was drawn for it.
+Outcome = Literal["ok", "429", "500", "hang", "rps", "gone"]
+# Where one call's outcome is written: its prompt's list and its place there.
+OutcomeSlot = tuple[list[Outcome], int]
 
 
 class MockStats(BaseModel):
@@ -119,7 +123,7 @@ class MockLLM:
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
         self._rate_limit = _RateLimit()
 
-    def _decide(self, prompt: str) -> tuple[Outcome, float | None, float]:
+    def _decide(self, prompt: str) -> tuple[Outcome, float | None, float, OutcomeSlot]:
         """This call's fate and its time, drawn and counted under the lock."""
         config = self.config
         with self._lock:
@@ -146,12 +150,18 @@ class MockLLM:
                 self.stats.hangs += 1
             else:
                 outcome = "ok"
-            self.stats.outcomes_by_prompt.setdefault(prompt, []).append(outcome)
+            record = self.stats.outcomes_by_prompt.setdefault(prompt, [])
+            record.append(outcome)
             if outcome not in ("rps", "hang"):  # the calls that take their drawn time
                 self.stats.latency_total_s += latency
             self.stats.in_flight += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
-        return outcome, wait, latency
+        return outcome, wait, latency, (record, len(record) - 1)
+
+    def _hung_up(self, slot: OutcomeSlot) -> None:
+        with self._lock:
+            record, index = slot
+            record[index] = "gone"
 
     def _leave(self) -> None:
         with self._lock:
@@ -166,7 +176,7 @@ class MockLLM:
             return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
         if body.get("stream") and self.config.refuse_stream:
             return JSONResponse({"error": {"message": "stream is not supported (mock)"}}, 400)
-        outcome, wait, latency = self._decide(prompt)
+        outcome, wait, latency, slot = self._decide(prompt)
         if request.headers.get("authorization", "").startswith("Bearer "):
             with self._lock:
                 self.stats.calls_with_key += 1
@@ -179,7 +189,7 @@ class MockLLM:
             # the whole call ends it.
             return StreamingResponse(self._trickle(body, messages, prompt), media_type="application/json")
         try:
-            return await self._answer(request, outcome, wait, latency, body, messages, prompt)
+            return await self._answer(request, outcome, wait, latency, body, messages, prompt, slot)
         finally:
             self._leave()
 
@@ -192,10 +202,12 @@ class MockLLM:
         body: dict[str, Any],
         messages: list[Any],
         prompt: str,
+        slot: OutcomeSlot,
     ) -> Response:
         if outcome == "rps":
             return _error(429, "requests per second limit (mock)", retry_after=wait)
         if latency and not await _stay_connected(request, latency):
+            self._hung_up(slot)
             return Response(status_code=499)  # nobody is listening any more
         if outcome in ("429", "500"):
             said = f"{'rate limited' if outcome == '429' else 'internal error'} (mock)"
