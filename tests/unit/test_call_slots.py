@@ -14,7 +14,14 @@ from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.domain.models import TaskStatus
 from llmtasks.records import sqs_record
-from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full, run_in_lambda_loop
+from llmtasks.worker.call_slots import (
+    RECHECK_S,
+    CallSlots,
+    QueueLooks,
+    TakenRecord,
+    keep_slots_full,
+    run_in_lambda_loop,
+)
 from tests.conftest import Aws, RunningMock
 from tests.unit.test_worker import Worker
 
@@ -236,6 +243,76 @@ def test_while_calls_run_an_empty_queue_is_looked_at_once_a_second(aws: Aws, que
     # four; a loop that looked on every turn would make hundreds (real time is the point here:
     # the spacing is in seconds of the invocation's clock)
     assert 2 <= len(receives) <= 6
+
+
+# When an invocation looks at its queue, at set times on its loop's clock (it began at 100)
+T0 = 100.0
+
+
+def looks(**state: Any) -> QueueLooks:
+    return QueueLooks(started=T0, **state)
+
+
+@pytest.mark.parametrize(
+    ("state", "now", "due"),
+    [
+        ({}, T0, False),  # the event source has just looked
+        ({}, T0 + RECHECK_S - 0.01, False),
+        ({}, T0 + RECHECK_S, True),  # the first look, a RECHECK_S in
+        ({"received_at": T0 + 1.5}, T0 + 1.5 + RECHECK_S - 0.01, False),  # looked just now
+        ({"received_at": T0 + 1.5}, T0 + 1.5 + RECHECK_S, True),  # and again a RECHECK_S on
+        ({"received_at": T0 + 1.5, "call_ended": True}, T0 + 1.6, True),  # at once as a call ends
+        ({"call_ended": True}, T0 + 0.5, False),  # but never in the first RECHECK_S
+    ],
+)
+def test_the_queue_is_due_a_look_a_second_in_then_each_second_and_as_calls_end(
+    state: dict[str, Any], now: float, due: bool
+) -> None:
+    assert looks(**state).due(now) is due
+
+
+@pytest.mark.parametrize(
+    ("state", "now", "running", "finished"),
+    [
+        ({}, T0 + 0.5, {}, True),  # calls shorter than a RECHECK_S: the event source serves more
+        ({}, T0 + 0.5, {"call": 1}, False),
+        ({}, T0 + 5, {}, False),  # calls that ran long, the queue never looked at: one look
+        ({"drained": True}, T0 + 5, {}, True),  # the last look found nothing
+        ({"drained": True, "call_ended": True}, T0 + 5, {}, False),  # a call ended since: once more
+        ({"drained": False}, T0 + 5, {}, False),  # the last look found work: again
+        ({"drained": True}, T0 + 5, {"call": 1}, False),  # calls running: never done
+    ],
+)
+def test_an_invocation_is_done_when_no_call_runs_and_the_queue_has_nothing_more(
+    state: dict[str, Any], now: float, running: dict[str, int], finished: bool
+) -> None:
+    assert looks(**state).finished(now, running) is finished
+
+
+@pytest.mark.parametrize(
+    ("state", "now", "free", "wait"),
+    [
+        ({}, T0, 1, RECHECK_S),  # one free slot is enough to look
+        ({}, T0 + 0.25, 3, RECHECK_S - 0.25),  # the first look's time, counted from the start
+        ({"received_at": T0 + 2}, T0 + 2.5, 3, RECHECK_S - 0.5),  # then from the last look
+        ({"received_at": T0 + 2}, T0 + 4, 3, 0.0),  # overdue: at once, never a wait below zero
+        ({}, T0, 0, None),  # no free slot: wait for a call to end, however long
+    ],
+)
+def test_a_free_slot_waits_for_a_call_to_end_until_the_next_look_is_due(
+    state: dict[str, Any], now: float, free: int, wait: float | None
+) -> None:
+    assert looks(**state).next_in(now, free=free) == (None if wait is None else pytest.approx(wait))
+
+
+def test_a_look_resets_the_ended_call_and_its_answer_sets_drained() -> None:
+    state = looks(call_ended=True)
+    state.receiving(T0 + 3)
+    assert (state.received_at, state.call_ended) == (T0 + 3, False)
+    state.received(0)
+    assert state.drained is True
+    state.received(2)
+    assert state.drained is False
 
 
 def test_a_single_slot_refills_one_message_at_a_time(aws: Aws, queue: Queue) -> None:

@@ -19,8 +19,9 @@ event's own records are reported in `batchItemFailures`, as before.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sized
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -55,6 +56,44 @@ class CallSlots:
     queue: Queue
     slots: int
     min_remaining_s: float
+
+
+@dataclass
+class QueueLooks:
+    """When an invocation looks at its queue, on the event loop's clock (`now` is given, so the
+    rules are checked at set times). The event source has just looked when the invocation
+    begins: its first look is RECHECK_S away, so calls shorter than that never refill (the event
+    source's batches serve them at no receive more). Then it looks at once when a call ends and
+    every RECHECK_S while slots are free."""
+
+    started: float
+    received_at: float = -math.inf  # the last receive's start; none yet
+    drained: bool = False  # the last receive found nothing
+    call_ended: bool = False  # a slot came free since the last receive
+
+    def warm(self, now: float) -> bool:
+        return now - self.started >= RECHECK_S
+
+    def due(self, now: float) -> bool:
+        return self.warm(now) and (self.call_ended or now - self.received_at >= RECHECK_S)
+
+    def finished(self, now: float, running: Sized) -> bool:
+        """With no call running, the invocation is done, unless a call that ran past the first
+        RECHECK_S just ended or the queue was never looked at: then it is looked at once more."""
+        return not running and (not self.warm(now) or (self.drained and not self.call_ended))
+
+    def next_in(self, now: float, *, free: int) -> float | None:
+        """How long to wait for a call to end before looking again; None (until one ends) when
+        no slot is free."""
+        if free <= 0:
+            return None
+        return max(0.0, max(self.started, self.received_at) + RECHECK_S - now)
+
+    def receiving(self, now: float) -> None:
+        self.received_at, self.call_ended = now, False
+
+    def received(self, count: int) -> None:
+        self.drained = count == 0
 
 
 @dataclass
@@ -95,43 +134,31 @@ class _Invocation:
         loop = asyncio.get_running_loop()
         receiving: asyncio.Task[list[Any]] | None = None
         deleting: list[str] = []  # the receipts the pending receive deletes first
-        drained = False  # the last receive found nothing
-        call_ended = False  # a slot came free since the last receive
-        # The event source has just looked at the queue: this invocation's first look is a
-        # RECHECK_S away. Calls shorter than that never refill: the event source's batches serve
-        # them at no receive more.
-        started = received_at = loop.time()
+        looks = QueueLooks(started=loop.time())
         while True:
             limit = self.free()
             now = loop.time()
-            warm = now - started >= RECHECK_S
-            due = warm and (call_ended or now - received_at >= RECHECK_S)
-            # With no call running, the invocation is done, unless a call that ran past the first
-            # second just ended: then the queue is looked at once more.
-            finished = not self.running and (not warm or (drained and not call_ended))
-            if receiving is None and limit > 0 and due and not finished:
+            if receiving is None and limit > 0 and looks.due(now) and not looks.finished(now, self.running):
                 deleting, self.handled = self.handled, []
                 receiving = loop.create_task(asyncio.to_thread(self._delete_and_receive, deleting, limit))
-                received_at, call_ended = now, False
+                looks.receiving(now)
             waiting: set[asyncio.Task[Any]] = set(self.running)
             if receiving is not None:
                 waiting.add(receiving)
             if not waiting:
                 break
-            recheck_in = None
-            if receiving is None and limit > 0:
-                recheck_in = max(0.0, max(started, received_at) + RECHECK_S - loop.time())
+            recheck_in = None if receiving is not None else looks.next_in(loop.time(), free=limit)
             done, _ = await asyncio.wait(waiting, timeout=recheck_in, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is receiving:
                     receiving = None
                     records = self._received(task, deleting)
-                    drained = not records
+                    looks.received(len(records))
                     for record in records:
                         self.start(record)
                 else:
                     self.ended(task)
-                    call_ended = True
+                    looks.call_ended = True
         if self.handled:
             await asyncio.to_thread(self.slots.queue.delete_many, self.handled)
 
