@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmtasks.llm.mock import MockConfig
@@ -23,6 +24,19 @@ def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
 
 
 AUTH_CACHE_S = 1
+
+
+def still_running(client: httpx.Client) -> list[str]:
+    """The client's tenant's tasks not yet ended (pending or processing) as the listing shows
+    them: a request or two, however many tasks there are, so that a wait on hundreds of tasks
+    does not load the stack it waits on with a read of each. A task that moves between the two
+    reads can be missed: gate a full read with it, never replace one."""
+    running = []
+    for status in ("processing", "pending"):
+        reply = client.get("/tasks", params={"status": status, "limit": 100})
+        assert reply.status_code == 200, reply.text
+        running += [task["task_id"] for task in reply.json()["data"]]
+    return running
 
 
 def derived_template(directory: Path, replacements: dict[str, str]) -> Path:
