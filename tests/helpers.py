@@ -196,6 +196,16 @@ def emf_records(output: str) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def emf_units(output: str) -> dict[str, set[str]]:
+    """The units the EMF records in captured stdout declare, by metric name."""
+    units: dict[str, set[str]] = {}
+    for line in output.splitlines():
+        if line.startswith('{"_aws"'):
+            for metric in json.loads(line)["_aws"]["CloudWatchMetrics"][0]["Metrics"]:
+                units.setdefault(metric["Name"], set()).add(metric["Unit"])
+    return units
+
+
 def local_client(service: str, endpoint_url: str) -> Any:
     """A boto3 client of a local endpoint, with moto's fixed keys: never a real account's."""
     return boto3.client(

@@ -410,13 +410,18 @@ def test_a_cancelled_batch_cancels_its_pending_items_and_those_not_yet_fanned_ou
 
 
 def test_a_worker_runs_no_item_of_a_batch_being_cancelled_even_before_the_sweep(
-    rig: Rig, mock_llm: RunningMock
+    rig: Rig, mock_llm: RunningMock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     batch_id = rig.submit([{"prompt": f"w{i}"} for i in range(4)])["batch_id"]
     rig.fan_out()
     assert rig.api.call("POST", f"/batches/{batch_id}/cancel")["statusCode"] == 200
+    capsys.readouterr()
     assert rig.run_items() == 4  # before the cancel sweep's messages are handled
     assert mock_llm.stats.calls == 0
+    # Each counted cancelled by the worker, with a task's dimensions as every task metric
+    model = rig.settings.llm_model
+    cancelled = emf_records(capsys.readouterr().out)["TasksCancelled"]
+    assert cancelled == [{"service": "llmtasks", "model": model, "priority": "normal", "value": 1}] * 4
     tasks = rig.store.get_many([batch_task_id(batch_id, i) for i in range(4)])
     assert {task.status for task in tasks.values()} == {TaskStatus.CANCELLED}
     rig.fan_out()  # the sweep now finds nothing left to cancel

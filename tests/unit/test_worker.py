@@ -15,7 +15,7 @@ from llmtasks.aws.limits import Caller, RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
-from llmtasks.domain.messages import Completion
+from llmtasks.domain.messages import Completion, Usage
 from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.llm import LLMProvider
@@ -28,7 +28,16 @@ from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import SpanJitter, blobs, emf_records, eventually, free_port, pending_task, task_lanes
+from tests.helpers import (
+    SpanJitter,
+    blobs,
+    emf_records,
+    emf_units,
+    eventually,
+    free_port,
+    pending_task,
+    task_lanes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -181,6 +190,7 @@ def test_a_call_the_pace_cannot_fit_into_this_invocation_waits_in_the_queue(work
     assert worker.run(worker.queued(), pacer=pacer) == {"batchItemFailures": []}
     task = worker.task(task_id)
     assert (task.status, task.last_error_code) == (TaskStatus.PENDING, "paced")
+    assert task.last_error == "The LLM call pace is full."  # what GET /tasks shows as its error
     assert task.attempts == 0  # no call left, so none of its retries is spent
     assert task.attempt_log == []  # nor is an attempt shown in its timeline
     assert task.next_attempt_at == pytest.approx(time.time() + 900, abs=5)  # SQS's longest delay
@@ -428,16 +438,18 @@ def test_a_result_too_large_for_the_item_goes_to_s3_and_reads_back_whole(
     assert task.result == reply_text("x" * 150_000, 300_000)
 
 
-def test_a_result_under_the_threshold_stays_in_the_item(
+def test_a_result_up_to_the_threshold_stays_in_the_item(
     worker: Worker, mock_llm: RunningMock, aws: Aws
 ) -> None:
-    mock_llm.configure(reply_chars=1000)
+    threshold = worker.settings.max_inline_result_bytes
+    mock_llm.configure(reply_chars=threshold)  # ASCII: as many bytes
     task_id = worker.submit("small")
     worker.run_queued()
     item = aws.dynamodb.get_item(
         TableName=worker.settings.tasks_table_name, Key={"pk": {"S": f"task#{task_id}"}}
     )
-    assert len(item["Item"]["result"]["S"]) == 1000
+    assert len(item["Item"]["result"]["S"].encode()) == threshold
+    assert "result_ref" not in item["Item"]
     bucket = worker.settings.results_bucket
     assert aws_objects(aws, bucket) == []
 
@@ -841,6 +853,84 @@ def test_one_task_s_life_writes_its_metrics_as_emf(
     assert "measured" not in json.dumps(emf)  # no prompt text in a metric
 
 
+class TimedLLM:
+    """An LLM whose every call takes `call_s` on the worker's clock (it moves the clock), and
+    that keeps the timeout each call was given."""
+
+    def __init__(self, now: list[float], call_s: float) -> None:
+        self.now = now
+        self.call_s = call_s
+        self.timeouts: list[float] = []
+
+    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+        self.timeouts.append(timeout_s)
+        self.now[0] += self.call_s
+        return Completion(text="timed", model="m", usage=Usage(total_tokens=3))
+
+
+def test_a_task_s_wait_call_and_whole_time_are_measured_on_the_worker_s_clock(
+    worker: Worker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a task claimed 7 s after its submit, whose call takes 2.5 s
+    task_id = worker.submit("timed", priority="high")
+    now = [worker.task(task_id).created_at + 7]
+    worker.clock = lambda: now[0]
+    capsys.readouterr()
+    worker.run(worker.queued(Lane.HIGH), llm=TimedLLM(now, call_s=2.5), lane=Lane.HIGH)
+    output = capsys.readouterr().out
+    # Then each is one record, by model and priority, in its unit
+    dimensions = {"service": "llmtasks", "model": worker.settings.llm_model, "priority": "high"}
+    emf, units = emf_records(output), emf_units(output)
+    for metric, value, unit in [
+        ("QueueWait", 7, "Seconds"),
+        ("LlmLatency", 2500, "Milliseconds"),
+        ("EndToEndLatency", 9.5, "Seconds"),
+        ("LlmTokens", 3, "Count"),
+        ("TasksCompleted", 1, "Count"),
+    ]:
+        assert emf[metric] == [{**dimensions, "value": pytest.approx(value, abs=0.001)}], metric
+        assert units[metric] == {unit}, metric
+
+
+@pytest.mark.parametrize(
+    ("remaining_s", "deadline_in_s", "timeout_s"),
+    [
+        (30.0, None, 5.0),  # the provider's whole timeout
+        (12.5, None, 2.5),  # the time left less the 10 s the outcome's write keeps
+        (10.5, None, 1.0),  # never under a second
+        (3.0, None, 1.0),
+        (30.0, 3.0, 3.0),  # nor past the task's own deadline
+    ],
+)
+def test_a_call_gets_the_time_left_less_the_outcome_s_within_the_task_s_deadline(
+    worker: Worker, remaining_s: float, deadline_in_s: float | None, timeout_s: float
+) -> None:
+    # Given LLM_TIMEOUT_S of 5 s and 10 s kept for writing the outcome
+    now = [time.time()]
+    worker.clock = lambda: now[0]
+    task_id = worker.submit("timed", timeout_s=deadline_in_s)
+    llm = TimedLLM(now, call_s=0.1)
+    delivery = Delivery(message_id="m", receive_count=1, sent_at=now[0])
+    asyncio.run(worker.runner(llm, llm_timeout_s=5.0).run(task_id, delivery, remaining_s=lambda: remaining_s))
+    # (the deadline counts from the submit, a moment after the clock was read)
+    assert llm.timeouts == [pytest.approx(timeout_s, abs=0.5 if deadline_in_s else 1e-9)]
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+
+
+def test_the_wait_for_a_paced_slot_comes_out_of_the_call_s_timeout(worker: Worker) -> None:
+    # Given a pace of one call a second and two tasks in one invocation, LLM_TIMEOUT_S 120 s
+    ids = [worker.submit(f"paced {i}") for i in range(2)]
+    pacer = CallPacer(worker.settings.tasks_table_name, worker.aws.dynamodb, calls_per_second=1)
+    llm = TimedLLM([0.0], call_s=0)
+    worker.run(worker.queued(), llm=llm, pacer=pacer, llm_timeout_s=120.0)
+    assert all(worker.task(i).status is TaskStatus.COMPLETED for i in ids)
+    # Then the first call has its whole timeout, and the second, which waited its slot a second
+    # on (1.05 s with the pace's slack), the rest of it (real time: the pace waits on the clock)
+    first, second = sorted(llm.timeouts, reverse=True)
+    assert first == pytest.approx(120.0, abs=0.1)
+    assert second <= 120.0 - 0.9
+
+
 def test_a_task_s_last_delivery_failing_counts_it_dead_lettered(
     worker: Worker, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -864,7 +954,7 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
     worker.clock = lambda: time.time() + 5  # past the retry's backoff
     worker.run_queued()
     mock_llm.configure(rate_500=1.0)
-    worker.submit("doomed", max_retries=0)
+    doomed = worker.submit("doomed", max_retries=0)
     worker.run_queued()
     dead, message = worker.crashed("poison")
     for receive in range(2, worker.settings.task_max_receive_count + 1):
@@ -882,7 +972,11 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
         (1, "retry", "llm_http_500"),
         (2, "completed", None),
     ]
-    assert all(a["ended_at"] >= a["started_at"] for a in log)
+    # Each attempt from its claim to its end: an HTTP call between them, so never the same instant
+    assert all(a["ended_at"] > a["started_at"] for a in log)
+    [failed] = timeline[doomed]["attempt_log"]
+    assert (failed["attempt"], failed["outcome"], failed["error_code"]) == (1, "failed", "llm_http_500")
+    assert failed["ended_at"] > failed["started_at"]
     assert timeline[dead]["status"] == "dead_lettered"
     llm = view["latency"]["llm_s"]
     assert llm["n"] == 1
