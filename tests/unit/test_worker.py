@@ -218,6 +218,7 @@ def test_a_task_taken_for_a_whole_call_goes_back_unattempted_when_that_time_ran_
     assert mock_llm.stats.calls == 0
     task = worker.task(task_id)
     assert (task.status, task.attempts, task.last_error_code) == (TaskStatus.PENDING, 0, "invocation_ending")
+    assert task.last_error == "The invocation that took the task no longer had the time for a whole call."
     [retry] = worker.queued()  # a message of its own (the one taken is done with)
     assert json.loads(retry["Body"]) == {"task_id": task_id}
     # With the time there, the task runs on that message
@@ -392,12 +393,28 @@ def test_one_message_twice_in_a_batch_calls_the_llm_once(worker: Worker, mock_ll
 def test_a_task_past_its_deadline_fails_without_calling_the_llm(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
+    # Claimed at its deadline to the second: no time is left for a call
     task_id = worker.submit("too late", timeout_s=30)
-    worker.clock = lambda: time.time() + 31
+    deadline = worker.task(task_id).created_at + 30
+    worker.clock = lambda: deadline
     worker.run_queued()
     task = worker.task(task_id)
     assert (task.status, task.error_code) == (TaskStatus.FAILED, "deadline_exceeded")
+    assert task.error == "The task's deadline passed before it could run."
     assert mock_llm.stats.calls == 0
+
+
+def test_a_claim_s_lease_outlasts_the_invocation_by_the_lease_margin(worker: Worker) -> None:
+    # Given a claim at a known moment by an invocation with 42 s left
+    now = time.time()
+    worker.clock = lambda: now
+    task_id = worker.submit("leased")
+    delivery = Delivery(message_id="m", receive_count=1, sent_at=now)
+    with pytest.raises(RuntimeError):
+        asyncio.run(worker.runner(CrashingLLM()).run(task_id, delivery, remaining_s=lambda: 42.0))
+    # Then its lease runs to the invocation's end and the margin after it: no other delivery
+    # takes the task over while the invocation could still be writing its outcome
+    assert worker.task(task_id).lease_until - now == pytest.approx(42.0 + worker.settings.lease_margin_s)
 
 
 def test_a_malformed_message_is_reported_failed_so_it_ends_in_the_dlq(worker: Worker) -> None:
