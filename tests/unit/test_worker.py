@@ -888,20 +888,21 @@ class TimedLLM:
 def test_a_task_s_wait_call_and_whole_time_are_measured_on_the_worker_s_clock(
     worker: Worker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Given a task claimed 7 s after its submit, whose call takes 2.5 s
+    # Given a task claimed 0.25 s after its submit, whose call takes 0.5 s (under a second
+    # each: no floor of a second hides them)
     task_id = worker.submit("timed", priority="high")
-    now = [worker.task(task_id).created_at + 7]
+    now = [worker.task(task_id).created_at + 0.25]
     worker.clock = lambda: now[0]
     capsys.readouterr()
-    worker.run(worker.queued(Lane.HIGH), llm=TimedLLM(now, call_s=2.5), lane=Lane.HIGH)
+    worker.run(worker.queued(Lane.HIGH), llm=TimedLLM(now, call_s=0.5), lane=Lane.HIGH)
     output = capsys.readouterr().out
     # Then each is one record, by model and priority, in its unit
     dimensions = {"service": "llmtasks", "model": worker.settings.llm_model, "priority": "high"}
     emf, units = emf_records(output), emf_units(output)
     for metric, value, unit in [
-        ("QueueWait", 7, "Seconds"),
-        ("LlmLatency", 2500, "Milliseconds"),
-        ("EndToEndLatency", 9.5, "Seconds"),
+        ("QueueWait", 0.25, "Seconds"),
+        ("LlmLatency", 500, "Milliseconds"),
+        ("EndToEndLatency", 0.75, "Seconds"),
         ("LlmTokens", 3, "Count"),
         ("TasksCompleted", 1, "Count"),
     ]:
