@@ -204,8 +204,23 @@ def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
 def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:
     new_task(store)
     store.cancel("t1", tenant_id="acme", now=NOW)
-    with pytest.raises(TaskConflict, match="already cancelled"):
+    with pytest.raises(TaskConflict) as conflict:
         store.cancel("t1", tenant_id="acme", now=NOW + 1)
+    assert str(conflict.value) == "Task 't1' is already cancelled."  # the 409's detail
+
+
+def test_many_tasks_are_read_a_hundred_keys_a_request(store: TaskStore, aws: Aws) -> None:
+    ids = [f"t{i}" for i in range(250)]
+    for task_id in ids:
+        new_task(store, task_id)
+    requests: list[int] = []
+    aws.dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.BatchGetItem",
+        lambda params, **_: requests.append(len(params["RequestItems"][store.table_name]["Keys"])),
+    )
+    found = store.get_many([*ids, "missing"])
+    assert sorted(found) == sorted(ids)  # every one, the missing one left out
+    assert sorted(requests) == [51, 100, 100]  # BatchGetItem's limit, no key asked twice
 
 
 @pytest.mark.parametrize(
