@@ -201,6 +201,20 @@ def test_cancel_wins_over_a_late_result(store: TaskStore) -> None:
     assert store.get("t1", now=NOW + 3).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
 
 
+def test_a_created_item_holds_the_set_fields_alone_and_the_metadata_exactly(
+    store: TaskStore, aws: Aws
+) -> None:
+    task = pending_task(
+        "t2", tenant="acme", now=NOW, ttl_s=3600, request=LLMRequest(prompt="x"), metadata={"k": None}
+    )
+    store.create(task)
+    item = aws.dynamodb.get_item(TableName=store.table_name, Key={"pk": {"S": "task#t2"}})["Item"]
+    # No attribute for a field never set (an item's size is what DynamoDB bills and caps)
+    assert set(item) == {"pk", *task.model_dump(exclude_none=True)}
+    assert item["metadata"] == {"M": {"k": {"NULL": True}}}  # the client's nulls kept
+    assert store.get("t2", now=NOW) == task
+
+
 def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:
     new_task(store)
     store.cancel("t1", tenant_id="acme", now=NOW)
