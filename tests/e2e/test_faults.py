@@ -5,7 +5,7 @@ Faults: the mock LLM answers 20% 500s and 10% 429s and hangs on 2% of calls (pas
 Timeout); the worker dies in 5% of invocations (at start, after a claim, or before replying)
 and 5% of messages are delivered twice; a few poison tasks fail on every delivery until they
 are dead-lettered, and are redriven with `llmtasks dlq redrive` once the faults stop.
-Timings are compressed through template parameters (Timeout and visibility 20 s).
+Timings are compressed through template parameters (Timeout 20 s, visibility 30 s).
 """
 
 from __future__ import annotations
@@ -57,11 +57,15 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
         # from its queue for its first 5 s, so the faults also meet that path (call_slots.py).
         "LLM_TIMEOUT_S": "5",
     }
+    # Visibility 30 s against a Timeout of 20 s (AWS advises 6x): a redelivery of the same
+    # message takes the task over at once, on the rule that SQS redelivers only once the earlier
+    # delivery's invocation is over. Under CI's load one waited 20 s for its sandbox's cold start
+    # before it claimed, so with visibility equal to Timeout its redelivery came while it ran.
     stack = start_stack(
         "-t",
         str(faulty_template(directory)),
         "--parameter-overrides",
-        "WorkerTimeoutSeconds=20 TaskVisibilityTimeoutSeconds=20",
+        "WorkerTimeoutSeconds=20 TaskVisibilityTimeoutSeconds=30",
         env=env,
     )
     try:
