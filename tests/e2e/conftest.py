@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from llmtasks.llm.mock import MockConfig
 from llmtasks.local.launcher import LaunchedStack, launch
-from tests.helpers import ROOT, WebhookReceiver, serve
+from tests.helpers import ROOT, WebhookReceiver, eventually, serve
 
 RunningStack = LaunchedStack
 
@@ -37,6 +38,19 @@ def still_running(client: httpx.Client) -> list[str]:
         assert reply.status_code == 200, reply.text
         running += [task["task_id"] for task in reply.json()["data"]]
     return running
+
+
+def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    """The task once it has ended. Long polls of 5 s: each reply comes well inside the client's
+    and the API's 30 s, however slow a loaded machine makes the stack's start and cold starts."""
+
+    def read() -> dict[str, Any]:
+        task: dict[str, Any] = client.get(f"/tasks/{task_id}", params={"wait": 5}).json()
+        return task
+
+    return eventually(
+        read, lambda t: t["status"] in ("completed", "failed", "cancelled"), timeout_s=timeout_s, every_s=0.2
+    )
 
 
 def derived_template(directory: Path, replacements: dict[str, str]) -> Path:

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from standardwebhooks import Webhook
 from starlette.applications import Starlette
@@ -20,20 +19,10 @@ from starlette.routing import Route
 
 from llmtasks.llm.mock import reply_text
 from llmtasks.sam.provision import local_name
-from tests.e2e.conftest import RunningStack, derived_template, start_stack
+from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal
 from tests.helpers import ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = 30) -> dict[str, Any]:
-    def read() -> dict[str, Any]:
-        task: dict[str, Any] = client.get(f"/tasks/{task_id}").json()
-        return task
-
-    return eventually(
-        read, lambda t: t["status"] in ("completed", "failed", "cancelled"), timeout_s=timeout_s, every_s=0.2
-    )
 
 
 def test_a_curl_style_submit_is_polled_to_completion(fresh_mock: RunningStack) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from llmtasks.llm.mock import MockConfig, MockLLM, reply_text
 from llmtasks.local.launcher import descendants
-from tests.e2e.conftest import derived_template, start_stack
+from tests.e2e.conftest import derived_template, start_stack, wait_terminal
 from tests.helpers import eventually, serve
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
     try:
         assert second.api_key == first.api_key  # its keys table was kept too
         with second.client() as client:
-            tasks = [client.get(f"/tasks/{task_id}", params={"wait": 25}).json() for task_id in ids]
+            tasks = [wait_terminal(client, task_id, timeout_s=90) for task_id in ids]
     finally:
         second.stop(timeout_s=60)
     assert [task["status"] for task in tasks] == ["completed"] * TASKS
@@ -114,7 +114,7 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
     second = start_stack(*args, env={"LLM_BASE_URL": url})
     try:
         with second.client() as client:
-            tasks = [client.get(f"/tasks/{task_id}", params={"wait": 25}).json() for task_id in ids]
+            tasks = [wait_terminal(client, task_id, timeout_s=90) for task_id in ids]
     finally:
         second.stop(timeout_s=60)
     # At once, not after TaskQueue's visibility timeout: the message came back, and its next
