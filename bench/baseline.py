@@ -126,21 +126,30 @@ def running_baseline(llm_base_url: str, *, threads: int = 100) -> Iterator[Basel
                 "warning",
             ],
         )
-        web = start(
-            "gunicorn",
-            [
-                str(BIN / "gunicorn"),
-                "-w",
-                "2",
-                "--threads",
-                "16",
-                "-b",
-                f"127.0.0.1:{web_port}",
-                "baseline_app:web",
-            ],
-        )
-        url = f"http://127.0.0.1:{web_port}"
-        _wait_for(url + "/tasks/none", "gunicorn", web, work / "gunicorn.log")
+        # A free port is free when probed; another process on the machine may bind it before
+        # gunicorn does (seen in a parallel test run): then gunicorn tries new ones.
+        for tries_left in reversed(range(3)):
+            web = start(
+                "gunicorn",
+                [
+                    str(BIN / "gunicorn"),
+                    "-w",
+                    "2",
+                    "--threads",
+                    "16",
+                    "-b",
+                    f"127.0.0.1:{web_port}",
+                    "baseline_app:web",
+                ],
+            )
+            url = f"http://127.0.0.1:{web_port}"
+            try:
+                _wait_for(url + "/tasks/none", "gunicorn", web, work / "gunicorn.log")
+                break
+            except RuntimeError:
+                if not tries_left or "Address already in use" not in (work / "gunicorn.log").read_text():
+                    raise
+                web_port = _free_port()
         if worker.poll() is not None:
             raise RuntimeError(f"the Celery worker exited:\n{(work / 'celery.log').read_text()[-2000:]}")
         yield Baseline(url, env["BASELINE_REDIS_URL"], processes)

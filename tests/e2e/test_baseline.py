@@ -5,6 +5,7 @@ after a 500, and read back from Redis hashes that expire."""
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -47,3 +48,21 @@ def test_the_baseline_runs_tasks_through_celery_and_redis(mock_llm: RunningMock)
         assert task["result"] == reply_text("retried")
         assert client.get("/tasks/" + "0" * 32).status_code == 404
         assert client.post("/tasks", json={"nope": 1}).status_code == 422
+
+
+def test_the_baseline_takes_another_port_when_another_process_took_its_own(
+    mock_llm: RunningMock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the web port the baseline probed taken by another process before gunicorn binds it
+    import baseline as module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([module._free_port(), taken.getsockname()[1]])
+        real = module._free_port
+        monkeypatch.setattr(module, "_free_port", lambda: next(ports, None) or real())
+        # Then it starts on another, and answers there
+        with running_baseline(mock_llm.url, threads=2) as baseline, baseline.client() as client:
+            assert not baseline.api.endswith(f":{taken.getsockname()[1]}")
+            assert client.get("/tasks/none").status_code == 404
