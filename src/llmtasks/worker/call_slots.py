@@ -70,7 +70,6 @@ class QueueLooks:
     received_at: float = -math.inf  # the last receive's start; none yet
     drained: bool = False  # the last receive found nothing
     call_ended: bool = False  # a slot came free since the last receive
-    receive_pending: bool = False  # a receive is on its way: no other until it returns
 
     def warm(self, now: float) -> bool:
         return now - self.started >= RECHECK_S
@@ -83,21 +82,22 @@ class QueueLooks:
         RECHECK_S just ended or the queue was never looked at: then it is looked at once more."""
         return not running and (not self.warm(now) or (self.drained and not self.call_ended))
 
-    def may_look(self, now: float, *, free: int, running: Sized) -> bool:
-        return not self.receive_pending and free > 0 and self.due(now) and not self.finished(now, running)
+    def may_look(self, now: float, *, free: int, running: Sized, receiving: bool) -> bool:
+        """One receive at a time, into free slots, when due and not finished."""
+        return not receiving and free > 0 and self.due(now) and not self.finished(now, running)
 
-    def next_in(self, now: float, *, free: int) -> float | None:
+    def next_in(self, now: float, *, free: int, receiving: bool) -> float | None:
         """How long to wait for a call to end before looking again; None (until a call ends or
         the receive returns) when no slot is free or a receive is on its way."""
-        if free <= 0 or self.receive_pending:
+        if free <= 0 or receiving:
             return None
         return max(0.0, max(self.started, self.received_at) + RECHECK_S - now)
 
     def receiving(self, now: float) -> None:
-        self.received_at, self.call_ended, self.receive_pending = now, False, True
+        self.received_at, self.call_ended = now, False
 
     def received(self, count: int) -> None:
-        self.drained, self.receive_pending = count == 0, False
+        self.drained = count == 0
 
 
 @dataclass
@@ -142,7 +142,7 @@ class _Invocation:
         while True:
             limit = self.free()
             now = loop.time()
-            if looks.may_look(now, free=limit, running=self.running):
+            if looks.may_look(now, free=limit, running=self.running, receiving=receiving is not None):
                 deleting, self.handled = self.handled, []
                 receiving = loop.create_task(asyncio.to_thread(self._delete_and_receive, deleting, limit))
                 looks.receiving(now)
@@ -151,7 +151,7 @@ class _Invocation:
                 waiting.add(receiving)
             if not waiting:
                 break
-            recheck_in = looks.next_in(loop.time(), free=limit)
+            recheck_in = looks.next_in(loop.time(), free=limit, receiving=receiving is not None)
             done, _ = await asyncio.wait(waiting, timeout=recheck_in, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is receiving:
