@@ -2,16 +2,18 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PROJECTS := pyproject.toml client/pyproject.toml local/pyproject.toml
+STAMP  := $(VENV)/.installed-$(shell cat $(PROJECTS) | cksum | cut -d' ' -f1)
 
 .PHONY: up venv test test-fast lint template format e2e faults localstack bench mutation clean
 
-$(STAMP): pyproject.toml
+$(STAMP): $(PROJECTS)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "Error: llmtasks needs Python 3.11 or newer ($(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo missing)): run make with PYTHON=python3.12 or another 3.11+" >&2; exit 2; }
 	@$(PYTHON) -m venv $(VENV) || { echo "Error: $(PYTHON) could not make the virtual environment $(VENV) (on Debian: apt-get install python3-venv)" >&2; exit 1; }
-	@echo "Installing llmtasks and its development tools into $(VENV) ..."
-	@$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-	@$(BIN)/python -m pip install -q -e '.[dev]' >$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: pip could not install llmtasks into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
+	@echo "Installing llmtasks (service, client, local tools) and its development tools into $(VENV) ..."
+	@# uv (a PyPI wheel) resolves and installs in seconds what pip takes minutes for.
+	@$(BIN)/python -m pip install -q uv >$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: pip could not install uv into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
+	@$(BIN)/uv pip install -q --python $(BIN)/python -e . -e ./client -e ./local --group dev >>$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: could not install llmtasks into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
 	@rm -f $(VENV)/.installed-*; touch $@
 	@echo "The CLI is $(BIN)/llmtasks (the README calls it so; or: export PATH=\"$$PWD/$(BIN):\$$PATH\")"
 
@@ -19,7 +21,7 @@ venv: $(STAMP)
 
 ## The whole local stack: moto, the API on 127.0.0.1:3000, the functions' event sources, the mock LLM.
 up: $(STAMP)
-	$(BIN)/llmtasks up $(ARGS)
+	$(BIN)/llmtasks up --warm-containers eager $(ARGS)
 
 ## Every check CI runs, phase by phase with their times (scripts/test): system packages, the
 ## venvs, format, lint, types, the template (cfn-lint, sam validate --lint, sam build), all tests
@@ -52,7 +54,8 @@ bench: $(STAMP)
 lint: $(STAMP)
 	@$(BIN)/ruff format --check . || { echo "Error: ruff format would change the files above: make format rewrites them" >&2; exit 1; }
 	@$(BIN)/ruff check . || { echo "Error: ruff check found the problems above (make format fixes some)" >&2; exit 1; }
-	@$(BIN)/mypy || { echo "Error: mypy found the type errors above in src/" >&2; exit 1; }
+	@$(BIN)/mypy || { echo "Error: mypy found the type errors above in src/, client/ or local/" >&2; exit 1; }
+	@$(BIN)/lint-imports --no-cache || { echo "Error: an import breaks a layer rule above (the contracts: [tool.importlinter] in pyproject.toml)" >&2; exit 1; }
 	@for handler in functions/*/app.py; do $(BIN)/mypy $$handler >/dev/null || { $(BIN)/mypy $$handler; echo "Error: mypy found the type errors above in $$handler" >&2; exit 1; }; done
 	@$(BIN)/mypy bench/run.py || { echo "Error: mypy found the type errors above in bench/run.py" >&2; exit 1; }
 	@$(BIN)/cfn-lint template.yaml || { echo "Error: cfn-lint found the problems above in template.yaml" >&2; exit 1; }
@@ -74,4 +77,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .aws-sam mutants
+	rm -rf $(VENV) .pytest_cache .import_linter_cache .mypy_cache .ruff_cache .aws-sam mutants

@@ -12,8 +12,7 @@ import os
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from llmtasks import verify_webhook
-from llmtasks.client import WebhookVerificationError
+from llmtasks_client import WebhookVerificationError, verify_webhook
 
 SECRET = os.environ.get("LLMTASKS_WEBHOOK_SECRET", "")
 

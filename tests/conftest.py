@@ -11,11 +11,6 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from llmtasks import moto_patches
-from llmtasks.llm.mock import MockConfig, MockLLM, MockStats
-from llmtasks.sam.function_spec import FunctionSpec
-from llmtasks.sam.provision import LocalResources, provision
-from llmtasks.sam.template import Template
 from llmtasks.settings import (
     ApiResources,
     AuthorizerResources,
@@ -24,6 +19,11 @@ from llmtasks.settings import (
     WebhookResources,
     WorkerResources,
 )
+from llmtasks_local import moto_patches
+from llmtasks_local.mock_llm import MockConfig, MockLLM, MockStats
+from llmtasks_local.sam.function_spec import FunctionSpec
+from llmtasks_local.sam.provision import LocalResources, provision
+from llmtasks_local.sam.template import Template
 from tests.helpers import TEMPLATE, HandlerContext, WebhookReceiver, load_handler, serve
 
 # The in-process moto behaves as the local stack's moto server does (and as AWS, where it matters).

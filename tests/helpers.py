@@ -31,8 +31,8 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.domain.rules import Lane
-from llmtasks.sam.function_spec import FunctionSpec
 from llmtasks.settings import Settings
+from llmtasks_local.sam.function_spec import FunctionSpec
 
 T = TypeVar("T")
 # A claim's dead_letter_at in tests about other rules: the task never counts as dead-lettered.
@@ -119,7 +119,9 @@ class WebhookReceiver:
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])
 
-    def wait_for(self, count: int, timeout_s: float = 20) -> list[Delivery]:
+    def wait_for(self, count: int, timeout_s: float = 90) -> list[Delivery]:
+        # The wait ends on the deliveries; the cap is for a hang (a first delivery waits for the
+        # task's run and two cold starts, past 20 s on a loaded clean-clone run).
         return eventually(
             lambda: self.deliveries, lambda d: len(d) >= count, timeout_s=timeout_s, every_s=0.05
         )
@@ -128,10 +130,11 @@ class WebhookReceiver:
 @contextmanager
 def moto_endpoint() -> Iterator[str]:
     """A moto server in its own process, as the local stack embeds it; yields its URL."""
-    from llmtasks.local.processes import spawn_moto_server, stop
+    from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
 
-    port = free_port()
-    server = spawn_moto_server(port)
+    listener = listen_on("127.0.0.1", 0, "--moto-port", "a test's moto server")
+    port = listener.getsockname()[1]
+    server = spawn_moto_server(listener)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

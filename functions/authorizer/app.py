@@ -17,14 +17,12 @@ from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event i
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks import wiring
 from llmtasks.aws.apikeys import ApiKeys, presented_key
-from llmtasks.aws.limits import caller_context
 from llmtasks.observability import logger
-from llmtasks.settings import AuthorizerResources
+from llmtasks.wiring import authorizer as wiring
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
-wiring.cold_start(AuthorizerResources)
+wiring.cold_start()
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
@@ -38,4 +36,4 @@ def lambda_handler(
         return APIGatewayAuthorizerResponseV2(authorize=False).asdict()
     key = decision.key
     logger.info("authorized", route=request.route_arn, tenant_id=key.tenant_id, key_id=key.key_id)
-    return APIGatewayAuthorizerResponseV2(authorize=True, context=caller_context(key)).asdict()
+    return APIGatewayAuthorizerResponseV2(authorize=True, context=key.authorizer_context()).asdict()

@@ -17,17 +17,16 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks import wiring
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
-from llmtasks.settings import BatchResources
+from llmtasks.wiring import batch as wiring
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
-wiring.cold_start(BatchResources)
+wiring.cold_start()
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -7,17 +7,16 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks import wiring
 from llmtasks.api.app import build_app, handle
 from llmtasks.observability import logger, tracer
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
-from llmtasks.settings import ApiResources
+from llmtasks.wiring import api as wiring
 
 app = build_app(commands=True)
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
-wiring.cold_start(ApiResources)
+wiring.cold_start()
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)

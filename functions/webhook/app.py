@@ -16,16 +16,15 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks import wiring
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
-from llmtasks.settings import WebhookResources
+from llmtasks.wiring import webhook as wiring
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
-wiring.cold_start(WebhookResources)
+wiring.cold_start()
 
 
 @logger.inject_lambda_context(clear_state=True)

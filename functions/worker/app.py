@@ -9,17 +9,16 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from llmtasks import wiring
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import process_sqs_concurrently, receive_count
-from llmtasks.settings import WorkerResources
+from llmtasks.wiring import worker as wiring
 from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full
 from llmtasks.worker.runner import Delivery, TaskRunner
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
-wiring.cold_start(WorkerResources)
+wiring.cold_start()
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -35,7 +34,10 @@ def lambda_handler(
     # The lane's queue the records came from: more come from there as calls end.
     source = str((event.get("Records") or [{}])[0].get("eventSourceARN", ""))
     queue = queue or wiring.task_lanes().of_source(source)
-    slots = wiring.worker_call_slots() if call_slots is None else call_slots
+    slots = wiring.call_slots() if call_slots is None else call_slots
+    # The event's records were handed over with the function's whole Timeout: when that can hold
+    # a whole call, each is promised one, as the records the invocation takes itself are.
+    began_whole = context.get_remaining_time_in_millis() / 1000 >= runner.whole_call_s
 
     async def run_one(record: SQSRecord) -> None:
         message = TaskMessage.model_validate_json(record.body)
@@ -43,7 +45,7 @@ def lambda_handler(
             message_id=record.message_id,
             receive_count=receive_count(record),
             sent_at=int(record.attributes.sent_timestamp) / 1000,
-            whole_call=isinstance(record, TakenRecord),
+            whole_call=began_whole or isinstance(record, TakenRecord),
         )
         await runner.run(
             message.task_id, delivery, remaining_s=lambda: context.get_remaining_time_in_millis() / 1000

@@ -1,40 +1,10 @@
-"""llmtasks: long LLM calls run asynchronously on AWS serverless.
+"""llmtasks, the service: what the Lambda functions run (the layer carries this package whole).
 
-The client side is importable from here: `Client`, `AsyncClient`, `verify_webhook`.
+The SDK is its own distribution (`llmtasks-client`, imported as `llmtasks_client`), and so are
+the local tools (`llmtasks-local`: the emulator, the mock LLM, the CLI); this package imports
+neither.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-__version__ = "0.1.0"
-
-__all__ = [
-    "AsyncClient",
-    "Client",
-    "ProblemError",
-    "TaskFailedError",
-    "WaitTimeoutError",
-    "__version__",
-    "verify_webhook",
-]
-
-if TYPE_CHECKING:
-    from llmtasks.client import (
-        AsyncClient,
-        Client,
-        ProblemError,
-        TaskFailedError,
-        WaitTimeoutError,
-        verify_webhook,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    """The client on first use: the Lambda functions import this package too, and its HTTP
-    client's imports would be a fifth of their cold start."""
-    if name in __all__:
-        from llmtasks import client
-
-        return getattr(client, name)
-    raise AttributeError(f"module 'llmtasks' has no attribute {name!r}")
+# The service's release (semantic versioning, CHANGELOG.md): /health answers it. The
+# distribution's version is read from here (pyproject.toml), so the two cannot differ.
+__version__ = "0.2.0"

@@ -1,22 +1,26 @@
 """The one place where configuration is read from the environment.
 
-Two kinds of model. `Settings`: how the service behaves (limits, retries, the LLM, webhooks),
-every field with a default, the same for every function. And one resource model per function
-(`WorkerResources`, `ApiResources`, ...): the tables, queues and bucket that function uses and
-nothing more, every name required. Each handler module validates both when it is imported
-(`wiring.cold_start`), so a deploy that lacks a variable fails the cold start with a message
-naming it, never the first request, and a function is never asked for names it does not use.
+Two kinds of model. Settings sections: how a part of the service behaves (`SubmitSettings` for
+the API's services, `RunnerSettings` and `LlmSettings` for the worker, `WebhookSettings`,
+`FanoutSettings`), every field with a default; `Settings` holds them all. And one resource
+model per function (`WorkerResources`, `ApiResources`, ...): the tables, queues and bucket that
+function uses and nothing more, every name required. Each handler module validates its own
+models when it is imported (`wiring.cold_start`), so a deploy that lacks a variable fails the
+cold start with a message naming it, never the first request; each part is given only the
+section it uses, and a function never reads variables of parts it does not run.
 template.yaml sets the variables (Globals for the shared resources, per function for the rest);
 the local stack sets the same names.
 """
 
 from __future__ import annotations
 
-from functools import cache, lru_cache
+from functools import cache
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from llmtasks.domain.rules import SizeLimits
 
 KIB = 1024
 
@@ -91,10 +95,17 @@ class MissingConfiguration(RuntimeError):
     """A function started without a variable it needs (a cold start's error)."""
 
 
-@cache
 def resources(model: type[Resources]) -> Resources:
     """`model` read from the environment, once per process; MissingConfiguration names every
     variable that is missing or wrong."""
+    read: Resources = _read_once(model)  # functools.cache keeps no type variable: typed here
+    return read
+
+
+Model = TypeVar("Model", bound=BaseSettings)
+
+
+def _read(model: type[Model]) -> Model:
     try:
         return model()
     except ValidationError as error:
@@ -104,42 +115,83 @@ def resources(model: type[Resources]) -> Resources:
         raise MissingConfiguration(f"{model.__name__} cannot start: {problems}") from None
 
 
-# --- how the service behaves ----------------------------------------------------------------------
+# One read per model and process.
+_read_once = cache(_read)
 
 
-class Settings(BaseSettings):
+def forget_configuration() -> None:
+    """The next read of each model reads the environment again (tests that change it)."""
+    _read_once.cache_clear()
+
+
+# --- how the service behaves: a section for each part, read by the functions that run it ------------
+
+
+class SettingsSection(BaseSettings):
+    """Variables one part of the service reads; each has a default. A field two parts read lives
+    in a small base of its own, so that it is declared once."""
+
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
 
-    # How long an Idempotency-Key's record lasts (SubmitFunction).
-    idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
 
-    # Task lifecycle
-    task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
-    max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
-    max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
-    # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.
-    max_inline_result_bytes: int = Field(default=100 * KIB, ge=0)
-    # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
-    retry_base_delay_s: float = Field(default=2.0, ge=0)
-    # Both at most 900 s: a retry is an SQS message delay, and SQS delays go up to 15 minutes.
-    retry_max_delay_s: float = Field(default=300.0, ge=0, le=900)
-    # A provider's Retry-After beyond this fails the task instead of parking it for hours.
-    retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
+class ModelDefault(SettingsSection):
+    # The model of a task that names none: the calls', and the metrics' dimension.
+    llm_model: str = "gpt-4o-mini"
+
+
+class CallTimeout(SettingsSection):
+    llm_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class SubmitGrace(SettingsSection):
     # Submit sends the message before it writes the item; a worker that finds no item waits this
     # long (from the message's send time) before it takes the message for an abandoned submit.
     unwritten_task_grace_s: float = Field(default=60.0, ge=0)
-    # How much longer than the invocation's remaining time a claim's lease lives.
-    lease_margin_s: float = Field(default=30.0, ge=0)
-    # TaskQueue's maxReceiveCount and visibility timeout (template.yaml: TaskMaxReceiveCount,
-    # TaskVisibilityTimeoutSeconds): when a message's last delivery is due.
-    task_max_receive_count: int = Field(default=5, ge=2)
-    task_visibility_timeout_s: float = Field(default=5400.0, gt=0)
-    # How late a due redelivery may reach the worker before its task counts as dead-lettered.
-    dead_letter_grace_s: float = Field(default=60.0, ge=0)
+
+
+class WebhookTargets(SettingsSection):
+    """Which webhook URLs pass the SSRF guard: at submit, and again at each delivery."""
+
+    # Hosts allowed past the SSRF guard (and over plain http): the local stack allows 127.0.0.1.
+    webhook_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
+    # False: webhook hosts are never looked up in DNS (only allowed hosts and literal addresses
+    # pass); the test suites run so, so that fuzzed URLs cannot send a packet off the machine.
+    webhook_resolve_names: bool = True
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+        return value
+
+
+class SubmitSettings(ModelDefault, WebhookTargets):
+    """The API's submits and reads (TaskService, BatchService): SubmitFunction, StatusFunction."""
+
+    # How long an Idempotency-Key's record lasts (SubmitFunction).
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
+    task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+    max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
+    max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
     # Items a fan-out message creates (or cancels): one BatchFunction invocation's work.
     batch_chunk_size: int = Field(default=100, ge=1, le=1000)
+    # After a rotation, the previous secret still signs (beside the new one) this long.
+    webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
 
-    # LLM provider
+    @property
+    def size_limits(self) -> SizeLimits:
+        """The part of these the submit rules apply (domain.rules)."""
+        return SizeLimits(max_prompt_bytes=self.max_prompt_bytes, max_metadata_bytes=self.max_metadata_bytes)
+
+
+class FanoutSettings(ModelDefault, SubmitGrace):
+    """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
+
+
+class LlmSettings(ModelDefault, CallTimeout):
+    """The LLM provider and its keys (llm/): WorkerFunction."""
+
     # openai: any OpenAI-compatible server (the mock included); bedrock: Converse, LLM_MODEL is
     # the model id and the function's role must be allowed to invoke it.
     llm_provider: Literal["openai", "mock", "bedrock"] = "openai"
@@ -151,8 +203,33 @@ class Settings(BaseSettings):
     llm_keys_file: str | None = None
     # In AWS the key lives in Secrets Manager; the worker reads it at cold start.
     llm_api_key_secret_arn: str | None = None
-    llm_model: str = "gpt-4o-mini"
-    llm_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("llm_api_key_secret_arn", "llm_api_key", "llm_keys", "llm_keys_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        # CloudFormation cannot omit a variable conditionally without ceremony; "" means unset.
+        return None if value == "" else value
+
+
+class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace):
+    """A task's run (TaskRunner, call slots, the pace): WorkerFunction."""
+
+    # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.
+    max_inline_result_bytes: int = Field(default=100 * KIB, ge=0)
+    # Backoff between LLM attempts: full jitter over base * 2**attempt, capped.
+    retry_base_delay_s: float = Field(default=2.0, ge=0)
+    # Both at most 900 s: a retry is an SQS message delay, and SQS delays go up to 15 minutes.
+    retry_max_delay_s: float = Field(default=300.0, ge=0, le=900)
+    # A provider's Retry-After beyond this fails the task instead of parking it for hours.
+    retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
+    # How much longer than the invocation's remaining time a claim's lease lives.
+    lease_margin_s: float = Field(default=30.0, ge=0)
+    # TaskQueue's maxReceiveCount and visibility timeout (template.yaml: TaskMaxReceiveCount,
+    # TaskVisibilityTimeoutSeconds): when a message's last delivery is due.
+    task_max_receive_count: int = Field(default=5, ge=2)
+    task_visibility_timeout_s: float = Field(default=5400.0, gt=0)
+    # How late a due redelivery may reach the worker before its task counts as dead-lettered.
+    dead_letter_grace_s: float = Field(default=60.0, ge=0)
     # A shared pace for LLM calls across all worker sandboxes (template: LlmRequestsPerSecond);
     # 0 is no pace, the provider's 429s and their Retry-After alone hold the calls back.
     llm_requests_per_second: float = Field(default=0.0, ge=0)
@@ -167,18 +244,14 @@ class Settings(BaseSettings):
     # readers see `partial_result`); 0 turns streaming off (one write fewer per interval).
     progress_interval_s: float = Field(default=2.0, ge=0)
 
-    # Webhooks
+
+class WebhookSettings(WebhookTargets):
+    """Webhook deliveries (WebhookSender, WebhookDelivery): WebhookFunction."""
+
     webhook_timeout_s: float = Field(default=15.0, gt=0)
     # Seconds to wait before each retry (Svix's schedule: 5 s, 5 min, 30 min, 2 h, 5 h): an event
     # gets one attempt more than the schedule has entries, then goes to WebhookDLQ.
     webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0, 18000.0)
-    # After a rotation, the previous secret still signs (beside the new one) this long.
-    webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
-    # Hosts allowed past the SSRF guard (and over plain http): the local stack allows 127.0.0.1.
-    webhook_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
-    # False: webhook hosts are never looked up in DNS (only allowed hosts and literal addresses
-    # pass); the test suites run so, so that fuzzed URLs cannot send a packet off the machine.
-    webhook_resolve_names: bool = True
 
     @property
     def webhook_attempts(self) -> int:
@@ -191,20 +264,17 @@ class Settings(BaseSettings):
             return tuple(float(part) for part in value.split(",") if part.strip())
         return value
 
-    @field_validator("webhook_allowed_hosts", mode="before")
-    @classmethod
-    def _split_hosts(cls, value: object) -> object:
-        if isinstance(value, str):
-            return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
-        return value
 
-    @field_validator("llm_api_key_secret_arn", "llm_api_key", "llm_keys", "llm_keys_file", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        # CloudFormation cannot omit a variable conditionally without ceremony; "" means unset.
-        return None if value == "" else value
+class Settings(SubmitSettings, FanoutSettings, LlmSettings, RunnerSettings, WebhookSettings):
+    """Every section in one: the whole list of variables, and what tests build services from.
+    A function reads only its own sections (wiring)."""
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
+Section = TypeVar("Section", bound=SettingsSection)
+
+
+def section(model: type[Section]) -> Section:
+    """One section read from the environment, once per process; MissingConfiguration names each
+    variable that is wrong."""
+    read: Section = _read_once(model)
+    return read

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.llm.mock import MockConfig
-from llmtasks.local.launcher import LaunchedStack, launch
+from llmtasks_local.emulator.launcher import LaunchedStack, launch
+from llmtasks_local.mock_llm import MockConfig
 from tests.helpers import ROOT, WebhookReceiver, eventually, serve
 
 RunningStack = LaunchedStack

@@ -66,7 +66,7 @@ def test_no_key_is_api_gateway_s_401_and_the_authorizer_never_runs(
     auth_stack: RunningStack, headers: dict[str, str]
 ) -> None:
     before = settled(auth_stack)
-    with httpx.Client(base_url=auth_stack.api, headers=headers) as client:
+    with httpx.Client(base_url=auth_stack.api, headers=headers, timeout=30.0) as client:
         for reply in (
             client.post("/tasks", json={"prompt": "p"}),
             client.get("/tasks"),
@@ -87,7 +87,12 @@ def test_a_bad_key_is_the_authorizer_s_403_and_the_route_s_function_never_runs(
     auth_stack: RunningStack, authorization: str
 ) -> None:
     before = settled(auth_stack)
-    with httpx.Client(base_url=auth_stack.api, headers={"Authorization": authorization}) as client:
+    # API Gateway's own 30 s, not httpx's default 5 s: the first of these runs the authorizer's cold
+    # start, which a loaded clean-clone run took past 5 s.
+    client_timeout = httpx.Timeout(30.0)
+    with httpx.Client(
+        base_url=auth_stack.api, headers={"Authorization": authorization}, timeout=client_timeout
+    ) as client:
         refused_by_the_gateway(client.post("/tasks", json={"prompt": "p"}), 403, "Forbidden")
         # A bad body tells a refused caller nothing either
         refused_by_the_gateway(client.post("/tasks", content=b"{not json"), 403, "Forbidden")
@@ -113,7 +118,7 @@ def test_a_good_key_s_decision_is_cached_for_the_ttl(auth_stack: RunningStack) -
 
 
 def test_health_and_the_docs_need_no_key(auth_stack: RunningStack) -> None:
-    with httpx.Client(base_url=auth_stack.api) as client:
+    with httpx.Client(base_url=auth_stack.api, timeout=30.0) as client:  # a cold start, loaded
         assert client.get("/health").json()["status"] == "ok"
         assert client.get("/docs").status_code == 200
         assert "/tasks" in client.get("/openapi.json").json()["paths"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import redis
 
-from llmtasks.llm.mock import reply_text
+from llmtasks_local.mock_llm import reply_text
 from tests.conftest import RunningMock
 from tests.helpers import ROOT, eventually
 

@@ -1,4 +1,4 @@
-"""The SDK (`llmtasks.Client`, `llmtasks.AsyncClient`) and the CLI against the local stack."""
+"""The SDK (`llmtasks_client.Client`, `llmtasks_client.AsyncClient`) and the CLI against the local stack."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-import llmtasks
-from llmtasks.llm.mock import reply_text
+import llmtasks_client
+from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
 from tests.helpers import WebhookReceiver, serve
 
@@ -68,12 +68,12 @@ def proxy(fresh_mock: RunningStack) -> Iterator[tuple[FlakyProxy, str]]:
 
 
 def test_submit_and_wait_sync_and_async(fresh_mock: RunningStack) -> None:
-    with llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
         task = client.wait(client.submit("sync hello").task_id, timeout=30)
     assert task.result == reply_text("sync hello")
 
-    async def run() -> llmtasks.client.TaskView:
-        async with llmtasks.AsyncClient(fresh_mock.api, fresh_mock.api_key) as client:
+    async def run() -> llmtasks_client.TaskView:
+        async with llmtasks_client.AsyncClient(fresh_mock.api, fresh_mock.api_key) as client:
             submitted = await client.submit(messages=[{"role": "user", "content": "async hello"}])
             return await client.wait(submitted.task_id, timeout=30)
 
@@ -82,11 +82,11 @@ def test_submit_and_wait_sync_and_async(fresh_mock: RunningStack) -> None:
 
 def test_a_failed_task_raises_with_its_error_code(fresh_mock: RunningStack) -> None:
     fresh_mock.configure_mock(rate_500=1.0)
-    with llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
         submitted = client.submit("always 500", max_retries=0)
-        with pytest.raises(llmtasks.TaskFailedError) as failed:
+        with pytest.raises(llmtasks_client.TaskFailedError) as failed:
             client.wait(submitted.task_id, timeout=30)
-        with pytest.raises(llmtasks.ProblemError) as problem:
+        with pytest.raises(llmtasks_client.ProblemError) as problem:
             client.get("0" * 32)
     assert failed.value.error_code == "llm_http_500"
     assert (problem.value.status, problem.value.title) == (404, "Task not found")
@@ -95,7 +95,10 @@ def test_a_failed_task_raises_with_its_error_code(fresh_mock: RunningStack) -> N
 def test_api_gateway_s_own_refusals_are_the_same_clear_sdk_error(fresh_mock: RunningStack) -> None:
     refusals = {}
     for key in (None, "lt_0123456789ab_notthesecret"):
-        with llmtasks.Client(fresh_mock.api, key) as client, pytest.raises(llmtasks.ProblemError) as refused:
+        with (
+            llmtasks_client.Client(fresh_mock.api, key) as client,
+            pytest.raises(llmtasks_client.ProblemError) as refused,
+        ):
             client.submit("refused at the edge")
         refusals[key] = refused.value
     missing, denied = refusals[None], refusals["lt_0123456789ab_notthesecret"]
@@ -107,7 +110,7 @@ def test_api_gateway_s_own_refusals_are_the_same_clear_sdk_error(fresh_mock: Run
 
 def test_wait_survives_two_503s_on_reads(fresh_mock: RunningStack, proxy: tuple[FlakyProxy, str]) -> None:
     flaky, url = proxy
-    with llmtasks.Client(url, fresh_mock.api_key) as client:
+    with llmtasks_client.Client(url, fresh_mock.api_key) as client:
         submitted = client.submit("through a flaky proxy")
         flaky.fail_reads = 2
         task = client.wait(submitted.task_id, timeout=30)
@@ -121,7 +124,7 @@ def test_a_submit_whose_reply_is_lost_is_retried_into_the_same_task(
     flaky, url = proxy
     tenant_key = fresh_mock.cli("keys", "create", "--tenant", "lost-reply").strip()
     flaky.lose_submits = 1
-    with llmtasks.Client(url, tenant_key) as client:
+    with llmtasks_client.Client(url, tenant_key) as client:
         task = client.submit("exactly once")
         listed = client.list(limit=10).data
     assert flaky.seen.count("POST /tasks") == 2  # the first reply was lost; the retry replayed
@@ -130,16 +133,18 @@ def test_a_submit_whose_reply_is_lost_is_retried_into_the_same_task(
 
 def test_verify_webhook_accepts_a_delivery_and_refuses_a_tampered_one(fresh_mock: RunningStack) -> None:
     hook = WebhookReceiver()
-    with serve(hook.app()) as receiver, llmtasks.Client(fresh_mock.api, fresh_mock.api_key) as client:
+    with serve(hook.app()) as receiver, llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
         secret = httpx.get(
             f"{fresh_mock.api}/webhooks/secret", headers={"Authorization": f"Bearer {fresh_mock.api_key}"}
         ).json()["key"]
         task = client.submit("hook me", webhook_url=receiver + "/hook")
         [delivery] = hook.wait_for(1)
-    event = llmtasks.verify_webhook(delivery.body, delivery.headers, secret)
+    event = llmtasks_client.verify_webhook(delivery.body, delivery.headers, secret)
     assert (event.type, event.data.task_id) == ("task.completed", task.task_id)
-    with pytest.raises(llmtasks.client.WebhookVerificationError):
-        llmtasks.verify_webhook(delivery.body.replace(b"hook me", b"hook ME"), delivery.headers, secret)
+    with pytest.raises(llmtasks_client.WebhookVerificationError):
+        llmtasks_client.verify_webhook(
+            delivery.body.replace(b"hook me", b"hook ME"), delivery.headers, secret
+        )
 
 
 def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningStack) -> None:
@@ -147,7 +152,7 @@ def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningSt
     assert (done.returncode, done.stdout) == (0, reply_text("cli hello") + "\n")
     piped = fresh_mock.run_cli("submit", "-", "--wait", "--json", stdin="from stdin")
     assert piped.returncode == 0
-    task = llmtasks.client.TaskView.model_validate_json(piped.stdout)
+    task = llmtasks_client.TaskView.model_validate_json(piped.stdout)
     assert task.result == reply_text("from stdin")
     status = fresh_mock.run_cli("status", task.task_id)
     assert status.stdout.strip() == reply_text("from stdin")
@@ -194,7 +199,7 @@ def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {"LLMTASKS_API_URL": fresh_mock.api, "LLMTASKS_API_KEY": fresh_mock.api_key or ""}
     cli = subprocess.Popen(
-        [sys.executable, "-m", "llmtasks.cli", "submit", "cli stream", "--wait"],
+        [sys.executable, "-m", "llmtasks_local.cli", "submit", "cli stream", "--wait"],
         stdout=subprocess.PIPE,
         env=env,
     )

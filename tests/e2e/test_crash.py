@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.llm.mock import MockConfig, MockLLM
+from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.e2e.conftest import start_stack, still_running
 from tests.helpers import WebhookReceiver, eventually, serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load]
 
 TASKS = 300
 ITEMS = 1000

@@ -5,7 +5,7 @@ Faults: the mock LLM answers 20% 500s and 10% 429s and hangs on 2% of calls (pas
 Timeout); the worker dies in 5% of invocations (at start, after a claim, or before replying)
 and 5% of messages are delivered twice; a few poison tasks fail on every delivery until they
 are dead-lettered, and are redriven with `llmtasks dlq redrive` once the faults stop.
-Timings are compressed through template parameters (Timeout 20 s, visibility 30 s).
+Timings are compressed through template parameters (Timeout 30 s, visibility 45 s).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.llm.mock import reply_text
+from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack, still_running
 from tests.helpers import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load]
 
 TASKS = 300
 POISONED = 3
@@ -53,19 +53,25 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
         "LEASE_MARGIN_S": "2",
         "RETRY_BASE_DELAY_S": "0.5",
         "RETRY_MAX_DELAY_S": "4",
-        # A call's whole time: with WorkerTimeoutSeconds=20 an invocation takes more messages
-        # from its queue for its first 5 s, so the faults also meet that path (call_slots.py).
-        "LLM_TIMEOUT_S": "5",
+        # A call's whole time: with WorkerTimeoutSeconds=30 an invocation takes more messages
+        # from its queue for its first 10 s, so the faults also meet that path (call_slots.py).
+        # 10 s for the mock's 1.5 s: a loaded run's calls went unanswered for 5 s while the mock
+        # counted them answered, and their retries paid twice.
+        "LLM_TIMEOUT_S": "10",
     }
-    # Visibility 30 s against a Timeout of 20 s (AWS advises 6x): a redelivery of the same
-    # message takes the task over at once, on the rule that SQS redelivers only once the earlier
+    # Timeout 30 s: a call gets its whole 10 s when it starts within 10 s of its invocation. At
+    # 20 s (5 s of slack), a loaded CI run's calls began with under 12 s of their invocation
+    # left and got 1.4-1.9 s for the mock's 1.5 s: the mock answered as the worker gave up, and
+    # the retries paid twice (six tasks).
+    # Visibility 45 s against that Timeout (AWS advises 6x): a redelivery of the same message
+    # takes the task over at once, on the rule that SQS redelivers only once the earlier
     # delivery's invocation is over. Under CI's load one waited 20 s for its sandbox's cold start
     # before it claimed, so with visibility equal to Timeout its redelivery came while it ran.
     stack = start_stack(
         "-t",
         str(faulty_template(directory)),
         "--parameter-overrides",
-        "WorkerTimeoutSeconds=20 TaskVisibilityTimeoutSeconds=30",
+        "WorkerTimeoutSeconds=30 TaskVisibilityTimeoutSeconds=45",
         env=env,
     )
     try:

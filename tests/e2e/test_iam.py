@@ -23,8 +23,8 @@ from typing import Any
 import boto3
 import pytest
 
-from llmtasks.sam.provision import provision
-from llmtasks.sam.template import Template
+from llmtasks_local.sam.provision import provision
+from llmtasks_local.sam.template import Template
 from tests.e2e.conftest import ROOT, RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import WebhookReceiver, eventually, serve

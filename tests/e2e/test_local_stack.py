@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -17,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from llmtasks.llm.mock import reply_text
-from llmtasks.sam.provision import local_name
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal
 from tests.helpers import ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
 
@@ -171,7 +172,7 @@ def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
 def test_a_start_that_loses_its_port_to_another_process_is_tried_again_on_new_ports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from llmtasks.local import launcher
+    from llmtasks_local.emulator import launcher
 
     # Another process takes the API's port between the probe and the stack's bind
     taken = socket.socket()
@@ -254,3 +255,44 @@ def stack_records(stack: RunningStack) -> list[dict[str, Any]]:
             except ValueError:
                 continue
     return records
+
+
+def test_warm_containers_eager_starts_every_function_ahead_so_the_first_task_pays_no_cold_start() -> None:
+    """SAM CLI's --warm-containers EAGER: a sandbox of each function starts while the stack
+    starts, each reported as the cold start it is, and the stack is Ready once they are; the
+    first task's invocations then find them and report no Init Duration of their own."""
+    stack = start_stack("--warm-containers", "eager", "--report")
+    try:
+        functions = {
+            "AuthorizerFunction",
+            "SubmitFunction",
+            "StatusFunction",
+            "WorkerFunction",
+            "WebhookFunction",
+            "BatchFunction",
+        }
+        # Given every function warmed before Ready
+        before_ready = stack.log.read_text().split("Ready.")[0]
+        warmed = re.findall(r"^warm container: (\w+) \(Init Duration: [\d.]+ ms\)$", before_ready, re.M)
+        assert sorted(warmed) == sorted(functions)
+        # When the first task runs
+        with stack.client() as client:
+            task_id = client.post("/tasks", json={"prompt": "warm"}).json()["task_id"]
+            assert wait_terminal(client, task_id)["status"] == "completed"
+        # Then none of its invocations was a cold start
+        reports = eventually(
+            lambda: [
+                line for line in stack.log.read_text().splitlines() if line.startswith("REPORT RequestId:")
+            ],
+            lambda lines: (
+                {"SubmitFunction", "WorkerFunction", "StatusFunction"}
+                <= {re.search(r"Function: (\w+)", line)[1] for line in lines}
+            ),  # type: ignore[index]
+            timeout_s=10,
+            what="the first task's REPORT lines",
+        )
+        assert [line for line in reports if "Init Duration" in line] == []
+        # And the warm-up started one sandbox a function, no more
+        assert stack.log.read_text().count("warm container:") == len(functions)
+    finally:
+        stack.stop()

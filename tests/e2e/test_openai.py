@@ -14,7 +14,7 @@ from openai.types import Batch
 from openai.types.responses import Response
 from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedWebhookEvent
 
-from llmtasks.llm.mock import reply_text
+from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
 from tests.helpers import WebhookReceiver, eventually
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmtasks.llm.mock import MockConfig, MockLLM
+from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.helpers import serve
 

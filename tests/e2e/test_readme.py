@@ -12,7 +12,8 @@ README shows them.
 
 Commands that cannot run here are run in the nearest form that can, each listed in NEAR:
 `make test` (this very suite) and `make bench` (minutes) as make's dry run of their target,
-`sam deploy` (needs an AWS account) as its --help.
+`sam deploy` (needs an AWS account) as its --help, `pip install ./client` into a venv of its
+own, offline.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from llmtasks.local.launcher import free_port
+from llmtasks_local.emulator.launcher import free_port
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,12 @@ NEAR = {
     "make bench ARGS=--quick": "make -n bench ARGS=--quick",
     "sam build": "scripts/check-template install >/dev/null && .venv-sam/bin/sam build --help",
     "sam deploy --guided": "scripts/check-template install >/dev/null && .venv-sam/bin/sam deploy --help",
+    # Into a venv of its own, from the wheels `make venv` cached: the test downloads nothing.
+    # At the dev venv's versions, whose wheels the cache holds (a dev tool may cap one below the newest).
+    "pip install ./client": 'd=$(mktemp -d) && .venv/bin/uv venv -q "$d"'
+    ' && .venv/bin/uv pip freeze --python .venv/bin/python | grep == > "$d/constraints.txt"'
+    ' && .venv/bin/uv pip install -q --offline --python "$d/bin/python" -c "$d/constraints.txt" ./client'
+    ' && "$d/bin/python" -c "import llmtasks_client"',
 }
 
 
@@ -209,7 +216,11 @@ class Reader:
         line = re.split(r"\s+#", line, maxsplit=1)[0]  # the comment, not the ports, ends the line
         line = re.sub(r'ARGS="', f'ARGS="{ports} ', line) if "ARGS=" in line else f'{line} ARGS="{ports}"'
         process = self.spawn(line, stack=True)
-        printed = wait_ready(process)
+        try:
+            printed = wait_ready(process)
+        except BaseException:  # not ready, or the test's timeout: the stack must not outlive it
+            stop(process)
+            raise
         # Its logs go on: read them, or the pipe fills and the stack blocks on its next line.
         threading.Thread(target=process.communicate, daemon=True).start()
         key = re.search(r"API key\s+(lt_\S+)", printed)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtasks.llm.mock import MockConfig, MockLLM, reply_text
-from llmtasks.local.launcher import descendants
+from llmtasks_local.emulator.launcher import descendants
+from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
 from tests.e2e.conftest import derived_template, start_stack, wait_terminal
 from tests.helpers import eventually, serve
 

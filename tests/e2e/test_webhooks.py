@@ -12,7 +12,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from llmtasks.client import verify_webhook
+from llmtasks_client import verify_webhook
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.helpers import WebhookReceiver, eventually
 
@@ -38,7 +38,7 @@ def submit_with_hook(client: httpx.Client, url: str, prompt: str) -> str:
     return task_id
 
 
-def webhook_of(client: httpx.Client, task_id: str, status: str, timeout_s: float = 20) -> dict[str, Any]:
+def webhook_of(client: httpx.Client, task_id: str, status: str, timeout_s: float = 90) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         webhook: dict[str, Any] = client.get(f"/tasks/{task_id}").json()["webhook"]
         return webhook

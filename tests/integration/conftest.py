@@ -13,8 +13,8 @@ from typing import Any
 import boto3
 import pytest
 
-from llmtasks.sam.provision import LocalResources, provision
-from llmtasks.sam.template import Template
+from llmtasks_local.sam.provision import LocalResources, provision
+from llmtasks_local.sam.template import Template
 from tests.helpers import TEMPLATE, endpoint_or_moto
 
 

@@ -24,14 +24,14 @@ import pytest
 
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
-from llmtasks.local import hot_reload
-from llmtasks.local.hot_reload import CodeWatch
-from llmtasks.local.runtime import FunctionRuntime
-from llmtasks.local.sources import SqsPoller, StreamPoller, queue_destination
-from llmtasks.local.ttl import TtlSweeper, TtlTable
-from llmtasks.sam.function_spec import SqsSource, StreamSource
-from llmtasks.sam.provision import LocalResources
-from llmtasks.sam.template import Template
+from llmtasks_local.emulator import hot_reload
+from llmtasks_local.emulator.hot_reload import CodeWatch
+from llmtasks_local.emulator.runtime import FunctionRuntime
+from llmtasks_local.emulator.sources import SqsPoller, StreamPoller, queue_destination
+from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
+from llmtasks_local.sam.function_spec import SqsSource, StreamSource
+from llmtasks_local.sam.provision import LocalResources
+from llmtasks_local.sam.template import Template
 from tests.helpers import TEMPLATE, eventually, process_exists, toy_function
 
 pytestmark = pytest.mark.integration
@@ -210,15 +210,16 @@ def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_
     when the queue is drained."""
     poller, stop = held_poller(remote, tmp_path, monkeypatch, 60, 1.0, batch_size=1, maximum_concurrency=12)
     assert poller.active == 5
-    seen: set[int] = set()
+    seen: list[tuple[float, int]] = []  # (monotonic time, pollers active)
     watching = threading.Event()
 
     def watch() -> None:
         while not watching.is_set():
-            seen.add(poller.active)
+            seen.append((time.monotonic(), poller.active))
             watching.wait(0.05)
 
     watcher = threading.Thread(target=watch)
+    began = time.monotonic()
     watcher.start()
     try:
         poller.start()
@@ -230,10 +231,11 @@ def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_
         stop.set()
         for thread in poller.threads:
             thread.join(timeout=5)
-    assert max(seen) == 12  # grown to MaximumConcurrency, never past it
-    starts = sorted(c["at"] for c in calls_of(tmp_path))
-    # The first step up comes a second after work began (a lower bound: a slow machine only delays it)
-    assert sum(at < starts[0] + 0.9 for at in starts) == 5
+    assert max(active for _, active in seen) == 12  # grown to MaximumConcurrency, never past it
+    # The first step up comes a second after work began: none before, whatever the machine's
+    # load (read on the pollers' own count; the calls' start times also carry each sandbox's
+    # cold start, and a loaded run's first five started later than a sixth).
+    assert all(active == 5 for at, active in seen if at < began + 0.95)
 
 
 def test_sqs_partial_batch_response_returns_only_the_reported_records(

@@ -19,11 +19,10 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from llmtasks.local import journal
-from llmtasks.local.launcher import free_port
-from llmtasks.local.moto_server import STATE_PATH
-from llmtasks.local.processes import spawn_moto_server, stop
-from llmtasks.tool_errors import ToolError
+from llmtasks_local.emulator import journal
+from llmtasks_local.emulator.moto_server import STATE_PATH
+from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
+from llmtasks_local.tool_errors import ToolError
 from tests.helpers import local_client
 
 pytestmark = pytest.mark.integration
@@ -35,14 +34,18 @@ class Endpoint:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.port = free_port()
+        # A free port bound at once (a restart binds the same one again).
+        self.listener = listen_on("127.0.0.1", 0, "--moto-port", "the test's moto server")
+        self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.notes: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Endpoint:
         self.notes.clear()
-        self.process = spawn_moto_server(self.port, state_dir=self.state_dir, say=self.notes.append)
+        if self.listener.fileno() == -1:  # handed to the last server, closed here since
+            self.listener = listen_on("127.0.0.1", self.port, "--moto-port", "the test's moto server")
+        self.process = spawn_moto_server(self.listener, state_dir=self.state_dir, say=self.notes.append)
         return self
 
     def crash(self) -> None:

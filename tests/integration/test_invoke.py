@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from llmtasks.aws.store import TaskStore
-from llmtasks.client import verify_webhook
 from llmtasks.domain.models import LLMRequest
-from llmtasks.llm.mock import reply_text
-from llmtasks.local.invoke import InvokeResult, function_environment, ignored_variables, invoke
-from llmtasks.local.runtime import Invocation
-from llmtasks.sam.provision import local_name
-from llmtasks.sam.template import Template
+from llmtasks_client import verify_webhook
+from llmtasks_local.emulator.invoke import InvokeResult, function_environment, ignored_variables, invoke
+from llmtasks_local.emulator.runtime import Invocation
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.provision import local_name
+from llmtasks_local.sam.template import Template
 from tests.conftest import RunningMock
 from tests.helpers import (
     EVENTS,
@@ -58,7 +58,7 @@ class Invoker:
         command = [
             sys.executable,
             "-m",
-            "llmtasks.cli",
+            "llmtasks_local.cli",
             "invoke",
             function_id,
             "-e",
@@ -233,6 +233,10 @@ TOY_HANDLER = """
 import os, time
 import boto3
 
+# At init, as Lambda's own advice has it: a client's creation (its service model read) is a few
+# hundred ms of CPU, which on a loaded machine took the handler past its 1 s Timeout.
+dynamodb = boto3.client("dynamodb")
+
 def handler(event, context):
     here = os.path.dirname(__file__)
     if event.get("sleep"):
@@ -242,7 +246,7 @@ def handler(event, context):
     if event.get("grow"):
         kept = [bytearray(2**20) for _ in range(event["grow"])]  # past its 128 MB
         time.sleep(2)
-    table = boto3.client("dynamodb").describe_table(TableName=os.environ["TOY_TABLE"])["Table"]
+    table = dynamodb.describe_table(TableName=os.environ["TOY_TABLE"])["Table"]
     return {"table": table["TableStatus"], "pid": os.getpid(), "memory": context.memory_limit_in_mb}
 """
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmtasks.local.launcher import LaunchedStack, launch
+from llmtasks_local.emulator.launcher import LaunchedStack, launch
 from tests.helpers import ROOT, endpoint_or_moto, local_client
 
 pytestmark = pytest.mark.integration

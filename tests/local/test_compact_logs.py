@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from llmtasks.local.logs import CompactStdout, compact
+from llmtasks_local.emulator.logs import CompactStdout, compact
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmtasks.cli.options import endpoint_for
-from llmtasks.local.endpoints import LOCALSTACK, localstack_endpoint, resolved
+from llmtasks_local.cli.options import endpoint_for
+from llmtasks_local.emulator.endpoints import LOCALSTACK, localstack_endpoint, resolved
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from llmtasks.local import journal
-from llmtasks.local.journal import Journal, StateError
+from llmtasks_local.emulator import journal
+from llmtasks_local.emulator.journal import Journal, StateError
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.unit
@@ -144,7 +144,7 @@ def test_a_missing_segment_is_a_gap_in_the_numbers(tmp_path: Path) -> None:
 _FULL_DISK = """
 import json, resource, signal, sys
 from pathlib import Path
-from llmtasks.local.journal import Journal, JournalUnavailable
+from llmtasks_local.emulator.journal import Journal, JournalUnavailable
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 writer = Journal(Path(sys.argv[1]), next_seq=1)
 writer.append("before")
@@ -189,7 +189,7 @@ def test_a_journal_grown_past_its_bound_is_folded_into_the_snapshot(
 ) -> None:
     from moto import mock_aws
 
-    from llmtasks.local import moto_state
+    from llmtasks_local.emulator import moto_state
 
     moto_state.install()
     monkeypatch.setattr(moto_state, "COMPACT_AFTER_BYTES", 4096)

@@ -12,12 +12,12 @@ from typing import Any
 import boto3
 import pytest
 
-from llmtasks.local.gateway import http_event, http_response
-from llmtasks.local.moto_server import CALLS_PATH, CPU_PATH, CallCounter
-from llmtasks.local.runtime import FunctionRuntime, Invocation
-from llmtasks.local.sources import failed_ids
-from llmtasks.sam.function_spec import HttpRoute
-from llmtasks.sam.template import Template, TemplateError
+from llmtasks_local.emulator.gateway import http_event, http_response
+from llmtasks_local.emulator.moto_server import CALLS_PATH, CPU_PATH, CallCounter
+from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
+from llmtasks_local.emulator.sources import failed_ids
+from llmtasks_local.sam.function_spec import HttpRoute
+from llmtasks_local.sam.template import Template, TemplateError
 from tests.helpers import eventually, toy_function
 
 pytestmark = pytest.mark.unit
@@ -175,7 +175,7 @@ def test_a_function_s_first_sandbox_starts_while_other_functions_hold_every_cold
     import concurrent.futures
     import os
 
-    from llmtasks.local import runtime as runtime_module
+    from llmtasks_local.emulator import runtime as runtime_module
 
     spec = toy_function(
         tmp_path,
@@ -189,7 +189,7 @@ def test_a_function_s_first_sandbox_starts_while_other_functions_hold_every_cold
     )
     slots = runtime_module._cold_starts
     held = 0
-    while slots.acquire(blocking=False):  # other functions' scale-out holds every slot
+    while slots.try_take(synchronous=True):  # other functions' scale-out holds every slot
         held += 1
     runtime = FunctionRuntime(spec, concurrency=2)
     pool = concurrent.futures.ThreadPoolExecutor(2)
@@ -205,15 +205,31 @@ def test_a_function_s_first_sandbox_starts_while_other_functions_hold_every_cold
         assert len(runtime.sandboxes) == 1
     finally:
         for _ in range(held):
-            slots.release()
+            slots.give_back()
         pool.shutdown()
         runtime.close()
+
+
+def test_a_waiting_synchronous_invocation_takes_the_next_cold_start_slot_before_an_event_source() -> None:
+    """A client waits on an HTTP invocation (API Gateway gives up at 30 s); a poller's batch
+    can wait a little longer."""
+    from llmtasks_local.emulator.runtime import ColdStartSlots
+
+    slots = ColdStartSlots(1)
+    assert slots.try_take(synchronous=False)  # an event source's scale-out holds the only slot
+    slots.wait_as_synchronous(True)  # a status request waits for one
+    slots.give_back()
+    assert not slots.try_take(synchronous=False)  # the next poller's start does not jump it
+    assert slots.try_take(synchronous=True)
+    slots.wait_as_synchronous(False)
+    slots.give_back()
+    assert slots.try_take(synchronous=False)  # with no one waiting, event sources take slots again
 
 
 def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:
     import httpx
 
-    from llmtasks.local.gateway import HttpGateway
+    from llmtasks_local.emulator.gateway import HttpGateway
     from tests.helpers import serve
 
     spec = toy_function(
@@ -346,3 +362,40 @@ def test_a_send_does_not_scan_the_queue_yet_its_counts_stay_exact(monkeypatch: p
             "48",
             "3",
         )
+
+
+def test_an_invocation_during_a_warm_up_waits_for_that_sandbox_instead_of_starting_another(
+    tmp_path: Path,
+) -> None:
+    import concurrent.futures
+
+    spec = toy_function(
+        tmp_path,
+        """
+        import os, time
+        time.sleep(1.0)  # a slow init: the invocation below comes while it runs
+        def handler(event, context):
+            return os.getpid()
+    """,
+        timeout_s=10,
+    )
+    runtime = FunctionRuntime(spec, concurrency=4)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        # Given a warm-up under way (--warm-containers eager)
+        warming = pool.submit(runtime.prewarm)
+        eventually(lambda: runtime.sandboxes or runtime._warming, bool, timeout_s=30, every_s=0.01)
+        # When an invocation arrives before that sandbox is ready
+        invocation = pool.submit(runtime.invoke, {}).result(timeout=60)
+        # Then it ran in the warmed sandbox: one sandbox, whose init the warm-up reported
+        init_s = warming.result(timeout=60)
+        assert init_s is not None
+        assert init_s >= 1.0
+        assert invocation.init_s is None  # not a cold start of its own
+        assert len(runtime.sandboxes) == 1
+        # And a function with a sandbox already is not warmed again
+        assert runtime.prewarm() is None
+        assert len(runtime.sandboxes) == 1
+    finally:
+        pool.shutdown()
+        runtime.close()

@@ -11,9 +11,10 @@ from botocore.exceptions import EndpointConnectionError
 
 from llmtasks.aws.apikeys import ApiKeys, presented_key
 from llmtasks.aws.batch_store import BatchStore
-from llmtasks.aws.limits import UNSTORED_GRACE_S, Caller, Held, KeyLimits, caller_of, work_ended
+from llmtasks.aws.limits import UNSTORED_GRACE_S, Held, KeyLimits, work_ended
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import BatchStatus
+from llmtasks.domain.caller import Caller, caller_of
 from llmtasks.domain.errors import InvalidInput, TooManyRequests
 from llmtasks.domain.models import Lease, SubmitTaskRequest, TaskStatus
 from llmtasks.services.tasks import TaskService

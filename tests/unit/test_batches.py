@@ -21,17 +21,17 @@ from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
 from llmtasks.domain.messages import FanoutMessage, WebhookMessage
 from llmtasks.domain.models import TaskStatus
-from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.ops.deployment import Deployment
-from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
-from llmtasks.sam.events import pattern_matcher, stream_record
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.services.batches import BatchService, batch_task_id
 from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.ops.deployment import Deployment
+from llmtasks_local.ops.stats import overview
+from llmtasks_local.sam.events import pattern_matcher, stream_record
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, emf_records, eventually, load_event, task_lanes
 from tests.unit.test_api import Api, assert_problem, task_service
@@ -521,6 +521,22 @@ def test_a_batch_lists_its_items_among_the_tenants_tasks_but_not_itself(rig: Rig
     assert sorted(task["batch_id"] for task in listed["json"]["data"]) == [batch_id] * 3
 
 
+def test_a_fan_out_queue_that_refuses_is_a_503_and_no_batch_exists(
+    aws: Aws, handler: Any, settings: Settings
+) -> None:
+    # The submit sequence tasks share (services/submits.py): an outage says nothing was kept.
+    store = TaskStore(settings.tasks_table_name, aws.dynamodb)
+    gone = Queue(settings.batch_fanout_queue_url + "-gone", aws.sqs)
+    batches = BatchStore(settings.tasks_table_name, aws.dynamodb)
+    service = BatchService(settings, store, batches, gone, results=blobs(settings))
+    api = Api(aws, handler, task_service(aws, settings), batches=service)
+    reply = api.call("POST", "/batches", {"items": [{"prompt": "a"}, {"prompt": "b"}]})
+    problem = assert_problem(reply, 503)
+    assert problem["detail"] == "The batch could not be stored or queued; nothing was kept. Retry."
+    assert reply["headers"]["Retry-After"] == "1"
+    assert aws.dynamodb.scan(TableName=settings.tasks_table_name)["Count"] == 0
+
+
 def test_another_tenants_or_an_unknown_batch_is_404(rig: Rig) -> None:
     batch_id = rig.submit([{"prompt": "mine"}])["batch_id"]
     for path in (f"/batches/{'f' * 32}", "/batches/not-an-id", f"/batches/{'f' * 32}/results"):
@@ -554,7 +570,12 @@ def test_results_page_in_submission_order_and_as_json_lines(rig: Rig) -> None:
     assert lines["body"].count("\n") == 5
     assert 'rel="next"' in lines["headers"]["Link"]
     foreign = rig.api.call("GET", f"/batches/{batch_id}/results", query="cursor=bm90LWEtY3Vyc29y")
-    assert_problem(foreign, 422)
+    assert_problem(foreign, 422)  # off the cursor's pattern
+    # A cursor is an item's index: from any, the page goes on from there; past the last, none
+    from_five = rig.api.call("GET", f"/batches/{batch_id}/results", query="cursor=5")["json"]
+    assert ([r["custom_id"] for r in from_five["data"]], from_five["next_cursor"]) == (["id-5", "id-6"], None)
+    past = rig.api.call("GET", f"/batches/{batch_id}/results", query="cursor=99")["json"]
+    assert (past["data"], past["next_cursor"]) == ([], None)
 
 
 def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Rig) -> None:

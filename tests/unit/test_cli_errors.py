@@ -31,7 +31,7 @@ def llmtasks(
 ) -> subprocess.CompletedProcess[str]:
     given = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LLMTASKS_"))}
     return subprocess.run(
-        [sys.executable, "-m", "llmtasks.cli", *args],
+        [sys.executable, "-m", "llmtasks_local.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -132,8 +132,14 @@ def test_a_template_that_does_not_parse_names_file_line_and_column(tmp_path: Pat
         ),
         ("CodeUri: functions/submit/", "CodeUri: functions/submitt/", ["submitt", "CodeUri"]),
         ("!Ref TasksTable", "!Ref TasksTabel", ["a Ref to 'TasksTabel'"]),
+        # CreateEventSourceMapping refuses a queue whose messages would come back mid-invocation.
+        (
+            "VisibilityTimeout: 360",
+            "VisibilityTimeout: 5",
+            ["Queue visibility timeout: 5 seconds is less than Function timeout: 60 seconds", "WebhookQueue"],
+        ),
     ],
-    ids=["unknown-type", "missing-handler", "missing-codeuri", "ref-to-nothing"],
+    ids=["unknown-type", "missing-handler", "missing-codeuri", "ref-to-nothing", "visibility-under-timeout"],
 )
 def test_a_template_that_names_what_does_not_exist_is_refused_before_anything_starts(
     template_with: Any, old: str, new: str, words: list[str]

@@ -13,8 +13,8 @@ from botocore.stub import Stubber
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
 from llmtasks.domain.models import Lease, TaskStatus, WebhookStatus
-from llmtasks.ops.deadletters import DeadLetters
-from llmtasks.ops.deployment import QUEUES, Deployment, QueueName
+from llmtasks_local.ops.deadletters import DeadLetters
+from llmtasks_local.ops.deployment import QUEUES, Deployment, QueueName
 from tests.conftest import Aws
 from tests.helpers import pending_task
 

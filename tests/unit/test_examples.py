@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtasks.domain.messages import WebhookEvent
+from llmtasks.domain.events import WebhookEvent
+from llmtasks.domain.messages import new_webhook_secret
 from llmtasks.domain.models import TaskView
-from llmtasks.services.webhooks import WebhookSender, new_webhook_secret
+from llmtasks.services.webhooks import WebhookSender
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit

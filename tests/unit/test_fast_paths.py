@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from llmtasks.moto_patches import fast_paths
+from llmtasks_local.moto_patches import fast_paths
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,9 @@ import pytest
 from llmtasks.domain.models import TaskStatus
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.keys import KeyPool, LlmEndpoint, endpoints_from_settings, parse_keys
-from llmtasks.llm.mock import MockConfig, MockLLM
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.settings import Settings
+from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.conftest import Aws
 from tests.helpers import eventually, serve
 from tests.unit.test_worker import Worker

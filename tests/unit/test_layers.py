@@ -1,6 +1,6 @@
 """The unit suite tests the service, not the emulator: it runs on in-process moto (with
-llmtasks.moto_patches) and the template as AWS reads it (llmtasks.sam), and imports nothing of
-the local stack's runtime (llmtasks.local: the gateway, the sandboxes, the pollers, the journal).
+llmtasks_local.moto_patches) and the template as AWS reads it (llmtasks_local.sam), and imports nothing of
+the local stack's runtime (llmtasks_local.emulator: the gateway, the sandboxes, the pollers, the journal).
 The emulator's own tests are tests/local."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ pytestmark = pytest.mark.unit
 
 UNIT = ROOT / "tests" / "unit"
 
-# Imports every unit test module with llmtasks.local made unimportable; prints what was refused.
+# Imports every unit test module with llmtasks_local.emulator made unimportable; prints what was refused.
 PROBE = """
 import importlib, importlib.abc, pathlib, sys
 refused = []
 class NoLocal(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "llmtasks.local" or name.startswith("llmtasks.local."):
+        if name == "llmtasks_local.emulator" or name.startswith("llmtasks_local.emulator."):
             refused.append(name)
             raise ImportError(f"{name} is the local emulator's")
         return None
@@ -48,7 +48,9 @@ def test_no_unit_test_imports_the_local_emulator_inside_a_function() -> None:
         path.name
         for path in [*UNIT.glob("*.py"), ROOT / "tests" / "conftest.py", ROOT / "tests" / "helpers.py"]
         if path.name != "test_layers.py"
-        and ("llmtasks.local" in path.read_text() or "from llmtasks import local" in path.read_text())
+        and (
+            "llmtasks_local.emulator" in path.read_text() or "from llmtasks import local" in path.read_text()
+        )
     ]
     # helpers.py's moto_endpoint starts the stack's moto server, for the integration suites.
     assert naming == ["helpers.py"]

@@ -9,7 +9,13 @@ import sys
 
 import pytest
 
-from llmtasks.settings import MissingConfiguration, WebhookResources, WorkerResources, resources
+from llmtasks.settings import (
+    MissingConfiguration,
+    WebhookResources,
+    WorkerResources,
+    forget_configuration,
+    resources,
+)
 from tests.helpers import ROOT, resource_variables
 
 WORKER_ENV = {
@@ -60,7 +66,7 @@ def test_every_missing_or_bad_variable_is_named_at_once(monkeypatch: pytest.Monk
     for name in resource_variables():
         monkeypatch.delenv(name)
     monkeypatch.setenv("TASKS_TABLE_NAME", "")
-    resources.cache_clear()
+    forget_configuration()
     try:
         with pytest.raises(MissingConfiguration) as refused:
             resources(WebhookResources)
@@ -73,4 +79,4 @@ def test_every_missing_or_bad_variable_is_named_at_once(monkeypatch: pytest.Monk
             monkeypatch.setenv(name, value)
         assert resources(WorkerResources).high_task_queue_url == "https://sqs/1/high"
     finally:
-        resources.cache_clear()
+        forget_configuration()

@@ -211,8 +211,22 @@ def test_a_created_item_holds_the_set_fields_alone_and_the_metadata_exactly(
     item = aws.dynamodb.get_item(TableName=store.table_name, Key={"pk": {"S": "task#t2"}})["Item"]
     # No attribute for a field never set (an item's size is what DynamoDB bills and caps)
     assert set(item) == {"pk", *task.model_dump(exclude_none=True)}
-    assert item["metadata"] == {"M": {"k": {"NULL": True}}}  # the client's nulls kept
+    assert item["metadata"] == {"S": '{"k":null}'}  # as JSON text: the client's nulls kept
     assert store.get("t2", now=NOW) == task
+
+
+def test_metadata_written_as_a_map_before_reads_as_it_was(store: TaskStore, aws: Aws) -> None:
+    task = pending_task("t3", tenant="acme", now=NOW, ttl_s=3600, request=LLMRequest(prompt="x"))
+    store.create(task)
+    aws.dynamodb.update_item(
+        TableName=store.table_name,
+        Key={"pk": {"S": "task#t3"}},
+        UpdateExpression="SET metadata = :m",
+        ExpressionAttributeValues={":m": {"M": {"k": {"S": "v"}}}},
+    )
+    read = store.get("t3", now=NOW)
+    assert read is not None
+    assert read.metadata == {"k": "v"}
 
 
 def test_cancel_of_a_terminal_task_is_a_conflict(store: TaskStore) -> None:

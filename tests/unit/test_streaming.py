@@ -14,8 +14,8 @@ import pytest
 from llmtasks.domain.errors import LLMError
 from llmtasks.domain.models import LLMRequest, TaskStatus, TaskView
 from llmtasks.llm.bedrock import BedrockConverse
-from llmtasks.llm.mock import reply_text
-from llmtasks.sam.events import pattern_matcher
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.events import pattern_matcher
 from tests.conftest import Aws, RunningMock
 from tests.helpers import eventually, load_event
 from tests.unit.test_worker import Worker

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from llmtasks.observability import NAMESPACE, Metric
-from llmtasks.sam.function_spec import FunctionSpec
 from llmtasks.settings import (
     ApiResources,
     AuthorizerResources,
@@ -21,8 +20,9 @@ from llmtasks.settings import (
     Settings,
     WebhookResources,
     WorkerResources,
-    resources,
+    forget_configuration,
 )
+from llmtasks_local.sam.function_spec import FunctionSpec
 from tests.conftest import Aws
 from tests.helpers import ROOT, load_handler, resource_variables
 
@@ -48,16 +48,6 @@ RESOURCES: dict[str, type[FunctionResources]] = {
 ENV_READ = re.compile(r"""os\.(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z0-9_]+)["']""")
 
 
-def not_in_lambda() -> tuple[str, ...]:
-    """What the layer leaves out (src/Makefile's NOT_IN_LAMBDA), as paths in the package: code
-    no handler imports, so the variables it reads are no function's."""
-    makefile = (ROOT / "src" / "Makefile").read_text().replace("\\\n", " ")
-    line = next(line for line in makefile.splitlines() if line.startswith("NOT_IN_LAMBDA :="))
-    return tuple(
-        path.removeprefix("llmtasks/") + ("" if path.endswith(".py") else "/") for path in line.split()[2:]
-    )
-
-
 def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
     """What would fail in Lambda: a handler missing where the template says, a variable set that
     no setting reads (a typo), a variable the function's resources require (its cold start fails
@@ -68,7 +58,7 @@ def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
     for logical_id, spec in functions.items():
         model = RESOURCES[logical_id]
         required = {name.upper() for name, field in model.model_fields.items() if field.is_required()}
-        resources.cache_clear()
+        forget_configuration()
         try:
             # Imported as Lambda imports it: in the function's own environment and no other.
             with pytest.MonkeyPatch.context() as environment:
@@ -82,7 +72,7 @@ def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
         except MissingConfiguration as error:
             problems.append(f"{logical_id}'s cold start fails: {error}")
         finally:
-            resources.cache_clear()
+            forget_configuration()
         variables = set(spec.environment)
         ours = {v for v in variables if not v.startswith("POWERTOOLS_")}
         problems += [f"{logical_id} sets {name}, which no setting reads" for name in sorted(ours - known)]
@@ -97,12 +87,8 @@ def template_problems(functions: dict[str, FunctionSpec]) -> list[str]:
 
 
 def handler_imports() -> list[Path]:
-    package = ROOT / "src" / "llmtasks"
-    return [
-        path
-        for path in package.rglob("*.py")
-        if not str(path.relative_to(package)).startswith(not_in_lambda())
-    ]
+    """The service package, which the layer carries whole: every module a handler may import."""
+    return sorted((ROOT / "src" / "llmtasks").rglob("*.py"))
 
 
 def test_every_function_has_its_handler_and_the_settings_it_needs(aws: Aws) -> None:
@@ -237,3 +223,18 @@ def test_the_dashboard_is_json_and_charts_every_metric_the_code_writes(aws: Aws)
     written = {value for name, value in vars(Metric).items() if not name.startswith("_")}
     assert written <= charted, written - charted
     assert set(names) == {"TaskQueueName", "BatchTaskQueueName", "TaskDLQName", "WebhookDLQName"}
+
+
+def test_libyaml_reads_the_template_as_the_pure_python_parser_does() -> None:
+    # The emulator parses with libyaml for speed (sam/template.py); its result must be the same.
+    import yaml
+
+    from llmtasks_local.sam import template
+
+    class PurePython(yaml.SafeLoader):
+        pass
+
+    PurePython.add_multi_constructor("!", template._short_form)
+    text = (ROOT / "template.yaml").read_text()
+    assert template._CfnLoader.__mro__[1] is yaml.CSafeLoader
+    assert yaml.load(text, Loader=template._CfnLoader) == yaml.load(text, Loader=PurePython)

@@ -16,28 +16,29 @@ from standardwebhooks import Webhook
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
-from llmtasks.client import WebhookVerificationError, verify_webhook
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import InvalidInput, RetryLater
-from llmtasks.domain.messages import Completion, WebhookMessage
+from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_secret
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
-from llmtasks.llm.mock import reply_text
 from llmtasks.observability import trace_id
 from llmtasks.records import sqs_record
-from llmtasks.sam.events import pattern_matcher, stream_record
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_urls import (
+    check_webhook_url,
+    no_lookups,
+    resolver_from_settings,
+    system_resolver,
+)
 from llmtasks.services.webhooks import (
     WebhookDelivery,
     WebhookRelay,
     WebhookSender,
-    check_webhook_url,
-    new_webhook_secret,
-    no_lookups,
-    resolver_from_settings,
-    system_resolver,
     webhook_id,
 )
 from llmtasks.settings import Settings
+from llmtasks_client import WebhookVerificationError, verify_webhook
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.events import pattern_matcher, stream_record
 from tests.conftest import Aws
 from tests.helpers import NEVER, SpanJitter, WebhookReceiver, blobs, emf_records, load_event, task_lanes
 
@@ -249,7 +250,7 @@ def test_submit_refuses_a_webhook_resolving_inside_with_a_422_problem_and_stores
 def test_a_host_that_resolves_inside_by_send_time_gets_nothing(address: str) -> None:
     import asyncio
 
-    from llmtasks.domain.messages import WebhookEvent
+    from llmtasks.domain.events import WebhookEvent
     from llmtasks.domain.models import TaskView
 
     # A recording fake transport: even a broken check could not send a packet anywhere

@@ -11,22 +11,23 @@ from typing import Any
 
 import pytest
 
-from llmtasks.aws.limits import Caller, RunningCalls
+from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion, Usage
 from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.llm import LLMProvider
-from llmtasks.llm.mock import reply_text
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.ops.deployment import Deployment
-from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
+from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.ops.deployment import Deployment
+from llmtasks_local.ops.stats import overview
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import (
     SpanJitter,
@@ -228,6 +229,56 @@ def test_a_task_taken_for_a_whole_call_goes_back_unattempted_when_that_time_ran_
     fresh = Delivery(message_id="m2", receive_count=1, sent_at=time.time(), whole_call=True)
     asyncio.run(runner.run(other, fresh, remaining_s=lambda: 15.0))
     assert worker.task(other).status is TaskStatus.COMPLETED
+
+
+class ScriptedTime:
+    """A Lambda context whose time left reads `first_s` at the handler's start, then `later_s`:
+    an invocation whose records waited on a loaded machine."""
+
+    def __init__(self, context: Any, first_s: float, later_s: float) -> None:
+        self._context = context
+        self._reads = iter([first_s])
+        self._later_s = later_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(next(self._reads, self._later_s) * 1000)
+
+
+@pytest.mark.parametrize(
+    ("began_with_s", "status", "calls"),
+    [
+        (30.0, TaskStatus.PENDING, 0),  # Timeout holds a whole call (15 s): none is cut short
+        (14.0, TaskStatus.COMPLETED, 1),  # it never could: the call gets what is left
+    ],
+)
+def test_an_event_record_whose_claim_waited_past_the_time_for_a_whole_call_goes_back_unattempted(
+    worker: Worker, mock_llm: RunningMock, began_with_s: float, status: TaskStatus, calls: int
+) -> None:
+    # Given LLM_TIMEOUT_S 5 s (a whole call: 15 s with the outcome's write), and an event record
+    # whose invocation had 14 s left by the time its claim was done
+    task_id = worker.submit("claimed late")
+    [message] = worker.queued()
+    arn = worker.aws.resources.attributes[("TaskQueue", "Arn")]
+    context = ScriptedTime(worker.context, first_s=began_with_s, later_s=14.0)
+    reply = worker.fn(
+        {"Records": [sqs_record(message, arn)]},  # type: ignore[arg-type]
+        context,
+        runner=worker.runner(llm_timeout_s=5.0),
+        queue=worker.queue,
+        call_slots=0,
+    )
+    assert reply == {"batchItemFailures": []}
+    # Then it goes back unattempted when the function could have given it a whole call, and runs
+    # on what is left when it never could (so a short Timeout never leaves a task stuck)
+    task = worker.task(task_id)
+    assert (task.status, mock_llm.stats.calls) == (status, calls)
+    if status is TaskStatus.PENDING:
+        assert (task.attempts, task.last_error_code) == (0, "invocation_ending")
+        [retry] = worker.queued()
+        assert json.loads(retry["Body"]) == {"task_id": task_id}
 
 
 def test_a_transient_error_schedules_a_retry_through_the_queue_then_completes(

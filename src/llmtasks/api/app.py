@@ -36,8 +36,8 @@ from llmtasks.api.routes import (
     service_of,
     tenant_of,
 )
-from llmtasks.aws.limits import Caller
-from llmtasks.aws.limits import caller_of as caller_of_event
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.caller import caller_of as caller_of_event
 from llmtasks.domain.errors import ApiError, BackendError, Unauthorized
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -75,24 +75,31 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
         )
     )
     if docs:
-        description = "Long LLM calls, asynchronously: submit, then poll or receive a signed webhook."
-        app.enable_swagger(
-            path="/docs",
-            title="llmtasks",
-            version=__version__,
-            description=description,
-            security_schemes=SECURITY_SCHEMES,
-        )
 
-        @app.get("/openapi.json", include_in_schema=False)
-        def openapi_json() -> Response[str]:
+        def document_text() -> str:
+            from llmtasks.api import document  # the document's alone
+
             schema = app.get_openapi_json_schema(
                 title="llmtasks",
                 version=__version__,
-                description=description,
+                description="Long LLM calls, asynchronously: submit, then poll or receive a signed webhook.",
                 security_schemes=SECURITY_SCHEMES,
             )
-            return Response(status_code=200, content_type="application/json", body=schema)
+            return json.dumps(document.complete(json.loads(schema)), separators=(",", ":"))
+
+        @app.get("/openapi.json", include_in_schema=False)
+        def openapi_json() -> Response[str]:
+            return Response(status_code=200, content_type="application/json", body=document_text())
+
+        @app.get("/docs", include_in_schema=False)
+        def swagger_ui() -> Response[str]:
+            # Powertools' Swagger UI page (its script and style inlined: no CDN), on the same
+            # document /openapi.json serves, so both say the same.
+            from llmtasks.api import document
+
+            return Response(
+                status_code=200, content_type="text/html", body=document.swagger_page(document_text())
+            )
 
     return app
 
@@ -108,8 +115,9 @@ def handle(
     batch routes alone) from the resolver's context."""
     headers = event.get("headers") or {}
     openai_shaped = openai_api.is_openai_path(event.get("rawPath") or "")
-    if event.get("body") and event.get("isBase64Encoded"):
-        # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8.
+    if event.get("body") and event.get("isBase64Encoded") and event.get("rawPath") != UPLOAD_PATH:
+        # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8 (an
+        # upload's multipart body is bytes, read as such by its route).
         try:
             event = {**event, "body": base64.b64decode(event["body"]).decode(), "isBase64Encoded": False}
         except (ValueError, UnicodeDecodeError):

@@ -11,24 +11,23 @@ SDK raises its own exception types.
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import time
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Protocol
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Header
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
 
-from llmtasks.domain.batches import BatchStatus, BatchView
-from llmtasks.domain.errors import RATE_LIMITED, ApiError, InvalidInput, TaskNotFound, Unauthorized
-from llmtasks.domain.models import ChatMessage, SubmitTaskRequest, Task, TaskStatus, TaskView
+from llmtasks.api.openai_requests import CreateBatch, CreateResponse
+from llmtasks.domain.errors import RATE_LIMITED, ApiError, TaskNotFound, Unauthorized
+from llmtasks.domain.events import response_id, task_id_of
+from llmtasks.domain.models import Task, TaskStatus
 
 PREFIX = "/v1/"
-RESPONSE_ID_PREFIX = "resp_"
-BATCH_ID_PREFIX = "batch_"
 _STATUSES = {
     TaskStatus.PENDING: "queued",
     TaskStatus.PROCESSING: "in_progress",
@@ -36,107 +35,13 @@ _STATUSES = {
     TaskStatus.FAILED: "failed",
     TaskStatus.CANCELLED: "cancelled",
 }
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
 def is_openai_path(path: str) -> bool:
     return path.startswith(PREFIX)
 
 
-# --- requests -------------------------------------------------------------------------------------
-
-
-class _Closed(BaseModel):
-    # Every field OpenAI has that a task cannot serve is refused, by name.
-    model_config = ConfigDict(extra="forbid")
-
-
-class InputText(_Closed):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[Any] | None = None  # on an earlier response's output_text: ignored
-
-
-class InputMessage(_Closed):
-    type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText] = Field(min_length=1)
-    id: str | None = None  # an earlier response's output message, sent back as history
-    status: str | None = None
-
-    def chat(self) -> ChatMessage:
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return ChatMessage(role=_ROLES[self.role], content=text)
-
-
-class CreateResponse(_Closed):
-    """`POST /v1/responses`: the fields of OpenAI's request that map onto a task."""
-
-    model: str | None = Field(default=None, max_length=200)
-    input: str | list[InputMessage] = Field(min_length=1)
-    instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
-    background: bool | None = None
-    store: bool | None = None
-    # llmtasks' extension (the SDK's extra_body): where OpenAI's webhook events for this response go.
-    webhook_url: str | None = Field(default=None, max_length=2048)
-
-    def task_request(self) -> SubmitTaskRequest:
-        if not self.background:
-            raise InvalidInput(
-                "llmtasks serves background responses only: send background=true and poll"
-                " responses.retrieve, or call the native API (POST /tasks with ?wait= on GET /tasks/{id})",
-                field="background",
-            )
-        if self.store is False:
-            raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
-        try:
-            asked: dict[str, Any] = (
-                {"prompt": self.input}
-                if isinstance(self.input, str)
-                else {"messages": [message.chat() for message in self.input]}
-            )
-            return SubmitTaskRequest(
-                **asked,
-                model=self.model,
-                system=self.instructions,
-                max_tokens=self.max_output_tokens,
-                temperature=self.temperature,
-                metadata=self.metadata,
-                webhook_url=self.webhook_url,
-                webhook_format="openai" if self.webhook_url else None,
-            )
-        except ValidationError as invalid:
-            # A value OpenAI's schema allows that a task's does not (an empty model, a lone
-            # surrogate): refused under OpenAI's name for the field.
-            first = invalid.errors()[0]
-            where = [str(part) for part in first.get("loc", ())]
-            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]]) if where else "input"
-            raise InvalidInput(f"Invalid '{field}': {first.get('msg', 'invalid')}.", field=field) from None
-
-
-# A task's field names, as OpenAI's request calls them.
-_OPENAI_NAMES = {
-    "prompt": "input",
-    "messages": "input",
-    "system": "instructions",
-    "max_tokens": "max_output_tokens",
-    "role": "input",
-    "content": "input",
-}
-
-
 # --- the Response object --------------------------------------------------------------------------
-
-
-def response_id(task_id: str) -> str:
-    return RESPONSE_ID_PREFIX + task_id
-
-
-def task_id_of(response_id: str) -> str:
-    return response_id.removeprefix(RESPONSE_ID_PREFIX)
 
 
 def response_object(task: Task) -> dict[str, Any]:
@@ -188,24 +93,6 @@ def response_object(task: Task) -> dict[str, Any]:
         "tool_choice": "auto",
         "tools": [],
         "usage": usage,
-    }
-
-
-def webhook_event(webhook_id: str, subject: TaskView | BatchView) -> dict[str, Any]:
-    """OpenAI's webhook event for a response or a batch that ended (response.completed, .failed,
-    .cancelled; batch.completed, .cancelled), signed like llmtasks' own (Standard Webhooks), as
-    OpenAI signs its."""
-    if isinstance(subject, TaskView):
-        kind, object_id = "response." + subject.status.value, response_id(subject.task_id)
-    else:
-        ended = "cancelled" if subject.status is BatchStatus.CANCELLED else "completed"
-        kind, object_id = "batch." + ended, BATCH_ID_PREFIX + subject.batch_id
-    return {
-        "object": "event",
-        "id": "evt_" + webhook_id.removeprefix("msg_"),
-        "type": kind,
-        "created_at": int(time.time()),
-        "data": {"id": object_id},
     }
 
 
@@ -267,7 +154,13 @@ DOCUMENTED: dict[int, OpenAPIResponse] = {
     },
 }
 
-_IDEMPOTENCY_KEY = Header(alias="idempotency-key", min_length=1, max_length=255)
+IDEMPOTENCY_KEY = Header(
+    alias="idempotency-key",
+    min_length=1,
+    max_length=255,
+    description="Sent again with the same body, it returns the same resource instead of a new one;"
+    " sent with another body, it is refused (422, or 400 on /v1).",
+)
 
 
 @contextlib.contextmanager
@@ -286,27 +179,42 @@ class ResponseNotFound(ApiError):
 def _openai_batches(app: APIGatewayHttpResolver, batches_of: Any) -> Any:
     from llmtasks.api.openai_batches import OpenAIBatches  # the batch routes' alone
 
-    batches = batches_of(app)
-    return OpenAIBatches(batches, batches.blobs)
+    return OpenAIBatches(batches_of(app))
 
 
 def _body_bytes(app: APIGatewayHttpResolver) -> bytes:
     body = app.current_event.body or ""
+    if app.current_event.is_base64_encoded:
+        return base64.b64decode(body)
     return body.encode() if isinstance(body, str) else bytes(body)
 
 
 _Handler = Callable[..., Response[Any]]
+_CONTENT: dict[int, OpenAPIResponse] = {
+    **DOCUMENTED,
+    200: {
+        "description": "The file's bytes, as uploaded or written",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+}
 
 
-def _routes(
-    app: APIGatewayHttpResolver, method: str, security: Any
-) -> Callable[[str, str], Callable[[_Handler], _Handler]]:
-    """A route decorator of the /v1 surface: tagged, secured and documented alike."""
+class _Route(Protocol):
+    def __call__(
+        self, path: str, summary: str, responses: dict[int, OpenAPIResponse] = ...
+    ) -> Callable[[_Handler], _Handler]: ...
+
+
+def _routes(app: APIGatewayHttpResolver, method: str, security: Any) -> _Route:
+    """A route decorator of the /v1 surface: tagged, secured and documented alike (its replies
+    as DOCUMENTED says, unless `responses` says otherwise)."""
     register = getattr(app, method)
 
-    def route(path: str, summary: str) -> Callable[[_Handler], _Handler]:
+    def route(
+        path: str, summary: str, responses: dict[int, OpenAPIResponse] = DOCUMENTED
+    ) -> Callable[[_Handler], _Handler]:
         decorate: Callable[[_Handler], _Handler] = register(
-            path, summary=summary, tags=["OpenAI"], responses=DOCUMENTED, security=security
+            path, summary=summary, tags=["OpenAI"], responses=responses, security=security
         )
         return decorate
 
@@ -328,10 +236,9 @@ def add_commands(
         return _reply(_openai_batches(app, batches_of).upload(tenant_of(app), content_type, _body_bytes(app)))
 
     @post("/v1/batches", "OpenAI: create a batch from an uploaded file")
-    def create_batch(idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None) -> Response[Any]:
-        body = app.current_event.json_body
-        if not isinstance(body, dict):
-            raise InvalidInput("the body must be a JSON object")
+    def create_batch(
+        body: CreateBatch, idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None
+    ) -> Response[Any]:
         batches = _openai_batches(app, batches_of)
         return _reply(batches.create(caller_of(app), body, idempotency_key=idempotency_key))
 
@@ -341,7 +248,7 @@ def add_commands(
 
     @post("/v1/responses", "OpenAI: create a background response")
     def create_response(
-        body: CreateResponse, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
+        body: CreateResponse, idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None
     ) -> Response[Any]:
         caller = caller_of(app)
         submission = service_of(app).submit(
@@ -373,10 +280,16 @@ def add_queries(
     def retrieve_file(file_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).file(tenant_of(app), file_id))
 
-    @get("/v1/files/<file_id>/content", "OpenAI: a file's content")
+    @get("/v1/files/<file_id>/content", "OpenAI: a file's content", _CONTENT)
     def file_content(file_id: str) -> Response[Any]:
         data = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
-        return Response(status_code=200, content_type="application/octet-stream", body=data.decode())
+        # The bytes, whatever they hold, base64-encoded for API Gateway (as Powertools would do
+        # with a bytes body, had its response validation not read the body as UTF-8 first).
+        reply: Response[Any] = Response(
+            status_code=200, content_type="application/octet-stream", body=base64.b64encode(data).decode()
+        )
+        reply.base64_encoded = True
+        return reply
 
     @get("/v1/batches/<batch_id>", "OpenAI: a batch's status, counts and files")
     def retrieve_batch(batch_id: str) -> Response[Any]:
@@ -420,8 +333,12 @@ def from_validation_error(exc: RequestValidationError) -> Response[Any]:
     first = exc.errors()[0]
     if first.get("type") == "json_invalid":
         return error(400, "The request body is not valid JSON.", code="invalid_json")
+    # The field's path as a client names it: not where it came from (body, query), nor which
+    # member of a union pydantic tried (constrained-str, list[InputMessage]).
     param = ".".join(
-        str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")
+        str(part)
+        for part in first.get("loc", ())
+        if part not in ("body", "query", "path", "header") and (isinstance(part, int) or part.isidentifier())
     )
     if first.get("type") == "extra_forbidden":
         return error(

@@ -15,19 +15,19 @@ import email.policy
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from llmtasks.api.openai import BATCH_ID_PREFIX, CreateResponse, InputMessage, response_id
-from llmtasks.aws.limits import Caller
-from llmtasks.aws.results import ResultBlobs, StoredFile
-from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest
+from llmtasks.api.openai_requests import CreateBatch, CreateResponse, Endpoint, InputMessage
+from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, StoredFile, SubmitBatchRequest
+from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
+from llmtasks.domain.events import BATCH_ID_PREFIX, response_id
 from llmtasks.domain.models import TaskStatus
 from llmtasks.services.batches import BatchService
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
+ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB
 RESULTS_PAGE = 1000
 _STATUSES = {
@@ -131,9 +131,8 @@ def _chat_item(custom_id: str, body: dict[str, Any]) -> BatchItem:
 class OpenAIBatches:
     """The Batch API for one request: files in the results bucket, batches as native batches."""
 
-    def __init__(self, batches: BatchService, files: ResultBlobs, *, clock: Any = time.time) -> None:
+    def __init__(self, batches: BatchService, *, clock: Any = time.time) -> None:
         self._batches = batches
-        self._files = files
         self._clock = clock
 
     # --- files ---
@@ -151,11 +150,11 @@ class OpenAIBatches:
         if len(data) > MAX_FILE_BYTES:
             raise InvalidInput(f"a file holds at most {MAX_FILE_BYTES} bytes here", field="file")
         file_id = f"file-{uuid.uuid4().hex}"
-        self._files.put_file(tenant_id, file_id, data, filename=filename or "batch.jsonl", purpose=purpose)
+        self._batches.put_file(tenant_id, file_id, data, filename=filename or "batch.jsonl", purpose=purpose)
         return file_object(self._file(tenant_id, file_id))
 
     def _file(self, tenant_id: str, file_id: str) -> StoredFile:
-        stored = self._files.file(tenant_id, file_id)
+        stored = self._batches.file(tenant_id, file_id)
         if stored is None:
             raise FileNotFound(f"No file found with id '{file_id[:80]}'.")
         return stored
@@ -165,26 +164,16 @@ class OpenAIBatches:
 
     def content(self, tenant_id: str, file_id: str) -> bytes:
         self._file(tenant_id, file_id)
-        return self._files.file_content(tenant_id, file_id)
+        return self._batches.file_content(tenant_id, file_id)
 
     # --- batches ---
 
-    def create(self, caller: Caller, body: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    def create(self, caller: Caller, body: CreateBatch, *, idempotency_key: str | None) -> dict[str, Any]:
         tenant_id = caller.tenant_id
-        # webhook_url is llmtasks' extension (the SDK's extra_body): OpenAI's batch events go there.
-        served = {"input_file_id", "endpoint", "completion_window", "metadata", "webhook_url"}
-        for name in body:
-            if name not in served:
-                raise InvalidInput(f"Unsupported parameter: '{name}' is not served by llmtasks.", field=name)
-        endpoint = body.get("endpoint")
-        if endpoint not in ENDPOINTS:
-            raise InvalidInput(f"endpoint must be one of {', '.join(ENDPOINTS)}", field="endpoint")
-        if body.get("completion_window") != "24h":
-            raise InvalidInput("completion_window must be '24h'", field="completion_window")
-        input_file_id = str(body.get("input_file_id") or "")
-        if self._files.file(tenant_id, input_file_id) is None:
+        endpoint, input_file_id = body.endpoint, body.input_file_id
+        if self._batches.file(tenant_id, input_file_id) is None:
             raise InvalidInput(f"No file found with id '{input_file_id[:80]}'.", field="input_file_id")
-        items, invalid = self._read_lines(self._files.file_content(tenant_id, input_file_id), endpoint)
+        items, invalid = self._read_lines(self._batches.file_content(tenant_id, input_file_id), endpoint)
         if not items:
             raise InvalidInput(
                 "no line of the input file can be served; see each line's format", field="input_file_id"
@@ -193,11 +182,11 @@ class OpenAIBatches:
             "openai": {
                 "endpoint": endpoint,
                 "input_file_id": input_file_id,
-                "metadata": body.get("metadata"),
+                "metadata": body.metadata,
                 "invalid": len(invalid),
             }
         }
-        webhook_url = body.get("webhook_url")
+        webhook_url = body.webhook_url
         try:
             request = SubmitBatchRequest(
                 items=items,
@@ -211,7 +200,7 @@ class OpenAIBatches:
         batch = submission.batch
         if invalid and not submission.replayed:
             lines = b"".join(json.dumps(line).encode() + b"\n" for line in invalid)
-            self._files.put_file(
+            self._batches.put_file(
                 tenant_id,
                 _file_id(batch.batch_id, "invalid"),
                 lines,
@@ -304,12 +293,12 @@ class OpenAIBatches:
         """The ended batch's output and error files, written on the first read that needs them."""
         tenant = batch.tenant_id
         output_id, error_id = _file_id(batch.batch_id, "output"), _file_id(batch.batch_id, "errors")
-        if self._files.file(tenant, output_id) is None:
+        if self._batches.file(tenant, output_id) is None:
             endpoint = (batch.metadata or {})["openai"]["endpoint"]
             outputs: list[bytes] = []
             errors: list[bytes] = []
             if invalid:
-                errors.append(self._files.file_content(tenant, _file_id(batch.batch_id, "invalid")))
+                errors.append(self._batches.file_content(tenant, _file_id(batch.batch_id, "invalid")))
             for row in self._rows(batch):
                 if row.status is TaskStatus.COMPLETED:
                     outputs.append(_json_line(_output_line(row, endpoint, batch)))
@@ -323,14 +312,14 @@ class OpenAIBatches:
                         _json_line(_error_line(row.custom_id, code, row.error or "The request was not run."))
                     )
             if errors:
-                self._files.put_file(
+                self._batches.put_file(
                     tenant, error_id, b"".join(errors), filename="errors.jsonl", purpose="batch_output"
                 )
             # The output file last: its presence says both were written.
-            self._files.put_file(
+            self._batches.put_file(
                 tenant, output_id, b"".join(outputs), filename="output.jsonl", purpose="batch_output"
             )
-        has_errors = self._files.file(tenant, error_id) is not None
+        has_errors = self._batches.file(tenant, error_id) is not None
         return output_id, error_id if has_errors else None
 
     def _rows(self, batch: Batch) -> list[BatchResult]:

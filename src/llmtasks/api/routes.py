@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer, SecurityScheme
-from aws_lambda_powertools.event_handler.openapi.params import Header, Query
+from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.event_handler.openapi.types import (
     OpenAPIResponse,
 )
@@ -23,8 +23,9 @@ from llmtasks.api import openai as openai_api
 from llmtasks.api.problems import (
     openapi_problem,
 )
-from llmtasks.aws.limits import Caller
 from llmtasks.domain.batches import Batch, BatchAccepted, BatchResults, BatchView, SubmitBatchRequest
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.cursors import RESULTS_CURSOR_PATTERN, TASKS_CURSOR_PATTERN
 from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import (
     Health,
@@ -129,14 +130,6 @@ def _batch_reply(batch: Batch) -> Response[BatchView]:
     return _polled(BatchView.of(batch), ended=batch.status.is_terminal)
 
 
-_IDEMPOTENCY_KEY = Header(
-    alias="idempotency-key",
-    min_length=1,
-    max_length=255,
-    description="Sent again with the same body, it returns the same resource instead of a new one",
-)
-
-
 def add_commands(app: APIGatewayHttpResolver) -> None:
     """Routes that change state (SubmitFunction)."""
 
@@ -158,7 +151,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         },
     )
     def submit_task(
-        body: SubmitTaskRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
+        body: SubmitTaskRequest, idempotency_key: Annotated[str | None, openai_api.IDEMPOTENCY_KEY] = None
     ) -> Response[TaskAccepted]:
         trace = trace_header(app.current_event.headers)
         caller = caller_of(app)
@@ -195,7 +188,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         },
     )
     def submit_batch(
-        body: SubmitBatchRequest, idempotency_key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
+        body: SubmitBatchRequest, idempotency_key: Annotated[str | None, openai_api.IDEMPOTENCY_KEY] = None
     ) -> Response[BatchAccepted]:
         trace = trace_header(app.current_event.headers)
         caller = caller_of(app)
@@ -235,7 +228,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             **_AUTH,
             200: {"description": "A page of tasks", "content": {"application/json": {"model": TaskList}}},
             422: openapi_problem(
-                "An invalid parameter (an unknown status, a limit out of range, a foreign cursor)"
+                "An invalid parameter (an unknown status, a limit out of range, a cursor off its pattern)"
             ),
         },
     )
@@ -243,7 +236,8 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         status: Annotated[TaskStatus | None, Query(description="Only tasks in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description="Tasks per page")] = 20,
         cursor: Annotated[
-            str | None, Query(max_length=2048, description="next_cursor of the previous page")
+            str | None,
+            Query(pattern=TASKS_CURSOR_PATTERN, description="next_cursor of the previous page (opaque)"),
         ] = None,
     ) -> Response[TaskList]:
         tasks, next_cursor = service_of(app).list_tasks(
@@ -296,7 +290,8 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         batch_id: str,
         limit: Annotated[int, Query(ge=1, le=MAX_RESULTS_LIMIT, description="Items per page")] = 100,
         cursor: Annotated[
-            str | None, Query(max_length=2048, description="next_cursor of the previous page")
+            str | None,
+            Query(pattern=RESULTS_CURSOR_PATTERN, description="next_cursor of the previous page (opaque)"),
         ] = None,
         format: Annotated[
             Literal["json", "jsonl"], Query(description="jsonl: one JSON object a line")

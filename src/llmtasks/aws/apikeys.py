@@ -14,12 +14,13 @@ import hmac
 import secrets
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
 from llmtasks.aws.dynamo import deserialize, is_condition_failure, serialize
+from llmtasks.domain.caller import authorizer_context
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -44,6 +45,16 @@ class ApiKey(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
     # LLM calls of its tasks running at once, whatever is queued (TenantMaxRunning caps them all).
     max_running: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
+
+    def authorizer_context(self) -> dict[str, Any]:
+        """What the authorizer hands the functions for this key (domain/caller.py reads it)."""
+        return authorizer_context(
+            self.tenant_id,
+            self.key_id,
+            rps=self.rps,
+            max_in_flight=self.max_in_flight,
+            max_running=self.max_running,
+        )
 
 
 class Authentication(BaseModel):

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.aws.dynamo import deserialize, is_condition_failure, scan_by_prefix, serialize, stream_change
+from llmtasks.aws.dynamo import (
+    deserialize,
+    from_json_text,
+    is_condition_failure,
+    json_text,
+    scan_by_prefix,
+    serialize,
+    stream_change,
+)
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BackendError
@@ -48,6 +56,8 @@ def batch_from_item(item: Mapping[str, Any]) -> Batch:
 
 def _batch_of(fields: dict[str, Any]) -> Batch:
     fields["tenant_id"] = fields.pop(_TENANT)
+    if "metadata" in fields:
+        fields["metadata"] = from_json_text(fields["metadata"])
     return Batch.model_validate(fields)
 
 
@@ -102,7 +112,7 @@ class BatchStore:
     def create(self, batch: Batch) -> None:
         """Raises BatchExists with the stored batch when its id is taken (a retried submit)."""
         # As for a task: unset fields are left out, the client's metadata is kept exactly.
-        fields = batch.model_dump(mode="json", exclude_none=True) | {"metadata": batch.metadata}
+        fields = batch.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(batch.metadata)}
         fields[_TENANT] = fields.pop("tenant_id")
         item = serialize({"pk": f"batch#{batch.batch_id}", **fields})
         try:

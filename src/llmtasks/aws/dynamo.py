@@ -4,6 +4,7 @@ condition that did not hold told apart from an outage."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -55,6 +56,17 @@ def _from_dynamo(value: Any) -> Any:
     if isinstance(value, list):
         return [_from_dynamo(v) for v in value]
     return value
+
+
+def json_text(value: dict[str, Any] | None) -> str | None:
+    """A client's JSON object (metadata) as an item holds it: its text, so that any JSON object
+    is kept exactly (a map refuses empty keys, nesting past 32, numbers past 38 digits)."""
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def from_json_text(value: Any) -> Any:
+    """The object back; an item written when metadata was a map reads as it is."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def serialize(values: Mapping[str, Any]) -> dict[str, AttributeValueTypeDef]:

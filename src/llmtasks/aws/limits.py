@@ -1,6 +1,6 @@
 """Per-key limits: requests a second, tasks in flight, and per tenant its running calls (LimitsTable).
 
-The authorizer passes the caller's key, tenant and limits in its context (`caller_context`);
+The authorizer passes the caller's key, tenant and limits in its context (domain/caller.py);
 API Gateway caches that answer, so the limits are counted here, by the functions, on every
 request. Each counter is one item of LimitsTable (no stream, so counting costs no stream reads):
 
@@ -19,19 +19,19 @@ request. Each counter is one item of LimitsTable (no stream, so counting costs n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from llmtasks.aws.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
+from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import InvalidInput, TooManyRequests
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
-    from llmtasks.aws.apikeys import ApiKey
     from llmtasks.aws.batch_store import BatchStore
     from llmtasks.aws.store import TaskStore
 
@@ -40,48 +40,6 @@ RATE_WINDOW_TTL_S = 60
 IN_FLIGHT_RETRY_AFTER_S = 10
 # An entry whose task or batch is not stored yet may be a submit still under way.
 UNSTORED_GRACE_S = 120
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who sent a request, as the authorizer decided: the key's tenant, id and limits."""
-
-    tenant_id: str
-    key_id: str | None = None  # None: the local gateway's --no-auth
-    rps: int | None = None
-    max_in_flight: int | None = None
-    max_running: int | None = None
-
-
-def caller_context(key: ApiKey) -> dict[str, Any]:
-    """The authorizer's context for a valid key (strings and numbers only, as API Gateway wants)."""
-    context: dict[str, Any] = {"tenant_id": key.tenant_id, "key_id": key.key_id}
-    if key.rps is not None:
-        context["rps"] = key.rps
-    if key.max_in_flight is not None:
-        context["max_in_flight"] = key.max_in_flight
-    if key.max_running is not None:
-        context["max_running"] = key.max_running
-    return context
-
-
-def caller_of(event: Mapping[str, Any]) -> Caller | None:
-    """The caller the route's authorizer let through, None when no authorizer ran."""
-    context = ((event.get("requestContext") or {}).get("authorizer") or {}).get("lambda") or {}
-    if not context.get("tenant_id"):
-        return None
-
-    def number(name: str) -> int | None:
-        value = context.get(name)
-        return None if value is None else int(value)
-
-    return Caller(
-        tenant_id=str(context["tenant_id"]),
-        key_id=str(context["key_id"]) if context.get("key_id") else None,
-        rps=number("rps"),
-        max_in_flight=number("max_in_flight"),
-        max_running=number("max_running"),
-    )
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtasks.domain.batches import StoredFile
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task
 
@@ -27,15 +27,6 @@ def _s3(action: str) -> Iterator[None]:
         yield
     except (BotoCoreError, ClientError) as exc:
         raise BackendError(f"S3 {action} failed: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class StoredFile:
-    file_id: str
-    filename: str
-    purpose: str
-    size: int
-    created_at: float
 
 
 class ResultBlobs:

@@ -17,17 +17,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 from llmtasks.aws.dynamo import (
     BATCH_GET_KEYS,
     batch_get,
-    deserialize,
     dynamodb_errors,
     is_condition_failure,
+    json_text,
     serialize,
 )
 from llmtasks.aws.task_items import failed_task, task_from_item, task_key
 from llmtasks.aws.tenant_secrets import TenantSecrets
+from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import DEAD_LETTERED, AttemptRecord, Lease, Task, TaskStatus, WebhookStatus
-from llmtasks.domain.rules import is_task_id
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -69,8 +69,8 @@ class TaskStore:
     def create(self, task: Task) -> bool:
         """Writes a new task; False when a task with its id exists already (a batch item's id
         follows from its batch and index, so a repeated fan-out finds its own tasks)."""
-        # Unset fields are left out of the item, but the client's metadata is kept exactly, nulls too.
-        fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": task.metadata}
+        # Unset fields are left out of the item, but the client's metadata is kept exactly, as text.
+        fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(task.metadata)}
         item = serialize({"pk": f"task#{task.task_id}", **fields})
         try:
             self._client.put_item(
@@ -108,30 +108,24 @@ class TaskStore:
         task = task_from_item(item)
         return None if task.is_expired(now) else task
 
-    @staticmethod
-    def is_page_start(start: Any, tenant_id: str) -> bool:
-        """Whether `start` is a continuation tenant_tasks could have returned for this tenant: a
-        key of its by_tenant index (the layout is this adapter's business alone)."""
-        return (
-            isinstance(start, dict)
-            and set(start) == {"pk", "tenant_id", "created_at"}
-            and start["tenant_id"] == tenant_id
-            and isinstance(start["pk"], str)
-            and is_task_id(start["pk"].removeprefix("task#"))
-            and isinstance(start["created_at"], int | float)
-        )
-
     def tenant_tasks(
-        self, tenant_id: str, *, limit: int, start: Mapping[str, Any] | None = None
-    ) -> tuple[list[Task], dict[str, Any] | None]:
+        self, tenant_id: str, *, limit: int, start: TaskPosition | None = None
+    ) -> tuple[list[Task], TaskPosition | None]:
         """One page of a tenant's tasks, newest first, and where the next starts.
 
         The by_tenant index holds keys only (so a task's updates never write to it): the page's
-        keys come from it, the tasks from one BatchGetItem. `start` is the previous page's
-        continuation, as returned; expired items are included (DynamoDB deletes them late), so
-        callers filter.
+        keys come from it, the tasks from one BatchGetItem. `start` is a position in the index
+        (the previous page's, or any: DynamoDB continues after a key whether or not an item has
+        it, and the tenant is always the caller's); expired items are included (DynamoDB deletes
+        them late), so callers filter.
         """
-        extra: dict[str, Any] = {"ExclusiveStartKey": serialize(start)} if start else {}
+        extra: dict[str, Any] = {}
+        if start is not None:
+            extra["ExclusiveStartKey"] = {
+                **task_key(start.task_id),
+                "tenant_id": {"S": tenant_id},
+                "created_at": {"N": start.created_at},
+            }
         with dynamodb_errors("query"):
             reply = self._client.query(
                 TableName=self.table_name,
@@ -147,7 +141,13 @@ class TaskStore:
         following = reply.get("LastEvaluatedKey")
         # In the index's order; a task deleted between the query and the read is left out.
         tasks = [task_from_item(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
-        return tasks, deserialize(following) if following else None
+        if not following:
+            return tasks, None
+        position = TaskPosition(
+            created_at=str(following["created_at"]["N"]),
+            task_id=str(following["pk"]["S"]).removeprefix("task#"),
+        )
+        return tasks, position
 
     def claim(self, task_id: str, lease: Lease, *, now: float) -> Task:
         """pending (and due, when a retry is scheduled) -> processing under a new lease; also

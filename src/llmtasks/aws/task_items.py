@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.aws.dynamo import deserialize, scan_by_prefix, stream_change
+from llmtasks.aws.dynamo import deserialize, from_json_text, scan_by_prefix, stream_change
 from llmtasks.domain.models import Task
 
 if TYPE_CHECKING:
@@ -23,7 +23,10 @@ def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
 
 def task_from_item(item: Mapping[str, Any]) -> Task:
     """A task from a DynamoDB item (GetItem, UpdateItem or a stream image)."""
-    return Task.model_validate(deserialize(item))
+    fields = deserialize(item)
+    if "metadata" in fields:
+        fields["metadata"] = from_json_text(fields["metadata"])
+    return Task.model_validate(fields)
 
 
 def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[dict[str, Any]]:

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
+from llmtasks.domain.json_schema import alternatives, exactly_one_of
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
+    WEBHOOK_URL,
+    WEBHOOK_URL_RULE,
     BatchEventType,
     EventType,
+    JsonObject,
     Priority,
-    StorableJson,
     Task,
     TaskOptions,
     TaskStatus,
@@ -51,6 +56,8 @@ class BatchStatus(StrEnum):
 class BatchItem(TaskOptions):
     """One item of `POST /batches`: a task body, without webhook fields (the batch has one)."""
 
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("prompt", "messages"))
+
     custom_id: Text | None = Field(
         default=None,
         min_length=1,
@@ -62,9 +69,13 @@ class BatchItem(TaskOptions):
 class SubmitBatchRequest(_Strict):
     """`POST /batches`."""
 
+    model_config = ConfigDict(json_schema_extra=alternatives(WEBHOOK_URL))
+
     items: list[BatchItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
     webhook_url: Text | None = Field(
-        default=None, max_length=2048, description="https URL that receives `batch.completed`, signed."
+        default=None,
+        max_length=2048,
+        description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE,
     )
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
     webhook_format: WebhookFormat | None = Field(
@@ -72,7 +83,7 @@ class SubmitBatchRequest(_Strict):
         description="'openai': OpenAI's webhook events (batch.completed, batch.cancelled, with data.id"
         " the OpenAI batch id) instead of llmtasks' own (the default).",
     )
-    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+    metadata: JsonObject | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
     priority: Priority | None = Field(
         default=None, description="The items' priority, for those that do not give their own."
     )
@@ -270,3 +281,15 @@ class BatchResults(BaseModel):
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; absent on the last page."
     )
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file a tenant uploaded for the OpenAI Batch API (or one a batch wrote: its output, its
+    errors), as the results bucket keeps it."""
+
+    file_id: str
+    filename: str
+    purpose: str
+    size: int
+    created_at: float

@@ -3,6 +3,8 @@ LLM's reply."""
 
 from __future__ import annotations
 
+import base64
+import os
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -10,11 +12,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    field_serializer,
 )
 
-from llmtasks.domain.batches import BatchView
-from llmtasks.domain.models import EventType, TaskView, Usage, _utc
+from llmtasks.domain.models import EventType, Usage, _utc
 
 
 class WebhookSecrets(BaseModel):
@@ -33,6 +33,10 @@ class WebhookSecrets(BaseModel):
         if previous and self.previous_secret_until is not None and self.previous_secret_until > now:
             return [self.webhook_secret, previous]
         return [self.webhook_secret]
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 class WebhookSecret(BaseModel):
@@ -77,18 +81,6 @@ class WebhookMessage(BaseModel):
     event_type: EventType
     task_id: str | None = None
     batch_id: str | None = None
-
-
-class WebhookEvent(BaseModel):
-    """The body POSTed to a webhook receiver."""
-
-    type: EventType
-    timestamp: datetime
-    data: TaskView | BatchView
-
-    @field_serializer("timestamp")
-    def _iso(self, value: datetime) -> str:
-        return value.isoformat().replace("+00:00", "Z")
 
 
 # --- the LLM ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ The OpenAPI document is generated from these, so a field added here shows up in 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,10 +16,14 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
+
+from llmtasks.domain.json_schema import Ways, alternatives
 
 
 class TaskStatus(StrEnum):
@@ -77,12 +82,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# DynamoDB's limits on what an item may hold: numbers of 38 digits between 1e-130 and 1e126,
-# maps nested 32 deep (the task item is the first level), names of at least one character.
-_MAX_DEPTH = 31
-_MAX_ABS_INT = 10**38
-
-
 def _utf8(text: str) -> str:
     try:
         text.encode()
@@ -91,35 +90,74 @@ def _utf8(text: str) -> str:
     return text
 
 
-def _storable(value: Any, depth: int = 1) -> Any:
-    """JSON that DynamoDB can store as it is; anything else is refused with 422, not a 5xx."""
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"nests deeper than {_MAX_DEPTH} levels")
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value) or (value != 0 and not 1e-130 < abs(value) < 1e125):
-            raise ValueError("numbers must be finite and between 1e-130 and 1e125")
-    elif isinstance(value, int) and abs(value) >= _MAX_ABS_INT:
-        raise ValueError("integers must have at most 38 digits")
-    elif isinstance(value, str):
-        _utf8(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if not key:
-                raise ValueError("keys must not be empty")
-            _utf8(key)
-            _storable(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            _storable(item, depth + 1)
+def _dynamodb_number(value: float) -> float:
+    """A float of the request that goes into the item as a number: DynamoDB's are finite, and
+    0 or between 1e-130 and 1e126 in magnitude (2.2e-311 is a float, not a DynamoDB number)."""
+    if not math.isfinite(value) or (value != 0 and not 1e-130 < abs(value) < 1e125):
+        raise ValueError("numbers must be finite and between 1e-130 and 1e125")
+    return value
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    """A client's JSON object, kept as JSON text (any key, nesting and number JSON has): only
+    what is not JSON is refused, non-finite numbers (NaN, 1e400) and lone surrogates."""
+    try:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise ValueError("must be JSON: finite numbers, and text without lone surrogates") from exc
+    return value
+
+
+def _not_a_bool(value: Any) -> Any:
+    """JSON's true is not the number 1, as pydantic's lax mode would take it (the document's
+    integers and numbers refuse it)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
     return value
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
-StorableJson = Annotated[dict[str, Any], AfterValidator(_storable)]
-# A float of the request that goes into the item (2.2e-311 is a valid float, not a DynamoDB number).
-StorableFloat = Annotated[float, AfterValidator(_storable)]
+# Whole numbers: 3 and 3.0 (JSON Schema's integers both), not true.
+MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_not_a_bool)]
+Retries = Annotated[int, Field(ge=0, le=10), BeforeValidator(_not_a_bool)]
+# Any JSON object (its size is checked against MAX_METADATA_BYTES). In the document, one named
+# schema (api/document.py adds it): client generators make one type of it, not one a body.
+JsonObject = Annotated[
+    dict[str, Any], AfterValidator(_json_object), WithJsonSchema({"$ref": "#/components/schemas/Metadata"})
+]
+# The bounds come before the validator, so that the document carries them.
+Temperature = Annotated[
+    float,
+    Field(ge=0, le=2),
+    BeforeValidator(_not_a_bool),
+    AfterValidator(_dynamodb_number),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": 0},
+                {"type": "number", "exclusiveMinimum": 1e-130, "maximum": 2},
+            ]
+        }
+    ),
+]
+TimeoutSeconds = Annotated[
+    float, Field(ge=1, le=7 * 24 * 3600), BeforeValidator(_not_a_bool), AfterValidator(_dynamodb_number)
+]
+
+
+# The rules between fields (the validators below enforce them; json_schema.py writes them into the
+# document): exactly one of prompt and messages, ...
+ONE_INPUT: Ways = [{"prompt": True, "messages": False}, {"prompt": False, "messages": True}]
+# What a webhook URL must be, beyond its length: a property of the network, said in words.
+WEBHOOK_URL_RULE = (
+    "https, and its host must resolve to public addresses only (a host of the deployment's"
+    " WEBHOOK_ALLOWED_HOSTS may be anything, over http too); refused with 422 otherwise."
+)
+# ... and the webhook's fields only beside its URL.
+WEBHOOK_URL: Ways = [
+    {"webhook_url": False, "webhook_events": False, "webhook_format": False},
+    {"webhook_url": True},
+]
 
 
 class ChatMessage(_Strict):
@@ -130,12 +168,14 @@ class ChatMessage(_Strict):
 class LLMRequest(_Strict):
     """What the provider is asked: exactly one of `prompt` or `messages`, plus optional parameters."""
 
+    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT))
+
     prompt: Text | None = Field(default=None, description="A single user prompt.")
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="A chat history.")
     model: Text | None = Field(default=None, max_length=200, description="The provider's model id.")
     system: Text | None = Field(default=None, description="A system prompt placed before the conversation.")
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: StorableFloat | None = Field(default=None, ge=0, le=2)
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> LLMRequest:
@@ -160,12 +200,12 @@ class TaskOptions(LLMRequest):
     """What a task is asked to do and how: the LLM request plus its retries, deadline and metadata.
     A task body (`POST /tasks`) and a batch item share these."""
 
-    max_retries: int = Field(default=3, ge=0, le=10, description="Retries of transient LLM errors.")
-    timeout_s: StorableFloat | None = Field(
-        default=None, ge=1, le=7 * 24 * 3600, description="Deadline for the whole task, from submission."
+    max_retries: Retries = Field(default=3, description="Retries of transient LLM errors.")
+    timeout_s: TimeoutSeconds | None = Field(
+        default=None, description="Deadline for the whole task, from submission."
     )
     priority: Priority = "normal"
-    metadata: StorableJson | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
+    metadata: JsonObject | None = Field(default=None, description="Up to 2 KiB of JSON, echoed back.")
 
     def llm_request(self) -> LLMRequest:
         return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
@@ -174,8 +214,12 @@ class TaskOptions(LLMRequest):
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
+    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT, WEBHOOK_URL))
+
     webhook_url: Text | None = Field(
-        default=None, max_length=2048, description="https URL that receives the terminal event, signed."
+        default=None,
+        max_length=2048,
+        description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE,
     )
     webhook_events: list[TaskEventType] | None = Field(
         default=None,
@@ -290,6 +334,52 @@ class Task(BaseModel):
     llm_key_index: int | None = None
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
+
+    @classmethod
+    def submitted(
+        cls,
+        options: TaskOptions,
+        *,
+        task_id: str,
+        tenant_id: str,
+        created_at: float,
+        expires_at: int,
+        trace_header: str | None = None,
+        max_running: int | None = None,
+        batch_id: str | None = None,
+        batch_index: int | None = None,
+        custom_id: str | None = None,
+        cancelled_at: float | None = None,
+    ) -> Task:
+        """The one place a task's options become a Task, a submit's body or a batch item alike:
+        what it asks of the LLM and how (retries, deadline, priority, metadata), and for a body
+        with a webhook where its events go. A new option is a field of TaskOptions, one of Task
+        and a line here. An item of a batch cancelled before it existed is created cancelled."""
+        webhook = options if isinstance(options, SubmitTaskRequest) and options.webhook_url else None
+        return cls(
+            task_id=task_id,
+            tenant_id=tenant_id,
+            status=TaskStatus.PENDING if cancelled_at is None else TaskStatus.CANCELLED,
+            request=options.llm_request(),
+            webhook_url=webhook.webhook_url if webhook else None,
+            webhook_events=sorted(set(webhook.webhook_events))
+            if webhook and webhook.webhook_events
+            else None,
+            webhook_format=webhook.webhook_format if webhook else None,
+            webhook_status=WebhookStatus.PENDING if webhook else None,
+            max_retries=options.max_retries,
+            timeout_s=options.timeout_s,
+            priority=options.priority,
+            metadata=options.metadata,
+            batch_id=batch_id,
+            batch_index=batch_index,
+            custom_id=custom_id,
+            created_at=created_at,
+            expires_at=expires_at,
+            completed_at=cancelled_at,
+            trace_header=trace_header,
+            max_running=max_running,
+        )
 
     @property
     def deadline(self) -> float | None:

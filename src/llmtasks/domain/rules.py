@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -17,7 +18,6 @@ from llmtasks.domain.models import (
     Task,
     TaskOptions,
 )
-from llmtasks.settings import Settings
 
 Clock = Callable[[], float]
 
@@ -32,28 +32,37 @@ def is_task_id(text: str) -> bool:
     return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
 
 
-def check_limits(body: TaskOptions, settings: Settings, *, where: str = "") -> None:
+@dataclass(frozen=True)
+class SizeLimits:
+    """How large a task's text and metadata may be (MAX_PROMPT_BYTES, MAX_METADATA_BYTES)."""
+
+    max_prompt_bytes: int
+    max_metadata_bytes: int
+
+
+def check_limits(body: TaskOptions, limits: SizeLimits, *, where: str = "") -> None:
     """The size limits of one task body; `where` names its place in a bigger body (items[3])."""
     size = body.text_bytes()
-    if size > settings.max_prompt_bytes:
+    if size > limits.max_prompt_bytes:
         of = f" of {where}" if where else ""
         raise PayloadTooLarge(
-            f"The prompt{of} is {size} bytes; the limit is {settings.max_prompt_bytes} bytes."
+            f"The prompt{of} is {size} bytes; the limit is {limits.max_prompt_bytes} bytes."
         )
     if body.metadata is not None:
-        check_metadata(body.metadata, settings, field=f"{where}.metadata" if where else "metadata")
+        check_metadata(body.metadata, limits, field=f"{where}.metadata" if where else "metadata")
 
 
-def check_metadata(metadata: dict[str, Any], settings: Settings, *, field: str = "metadata") -> None:
+def check_metadata(metadata: dict[str, Any], limits: SizeLimits, *, field: str = "metadata") -> None:
     size = len(json.dumps(metadata, separators=(",", ":")).encode())
-    if size > settings.max_metadata_bytes:
-        limit = settings.max_metadata_bytes
+    if size > limits.max_metadata_bytes:
+        limit = limits.max_metadata_bytes
         raise InvalidInput(f"{field} is {size} bytes; the limit is {limit}.", field=field)
 
 
-def dimensions_of(task: Task, settings: Settings) -> dict[str, str]:
-    """A task's metric dimensions besides the service: few values each, as CloudWatch wants."""
-    return {"model": task.request.model or settings.llm_model, "priority": task.priority}
+def dimensions_of(task: Task, default_model: str) -> dict[str, str]:
+    """A task's metric dimensions besides the service: few values each, as CloudWatch wants;
+    `default_model` is the provider's (LLM_MODEL), for a task that names none."""
+    return {"model": task.request.model or default_model, "priority": task.priority}
 
 
 class Lane(StrEnum):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from llmtasks.domain.messages import Completion
     from llmtasks.domain.models import LLMRequest
-    from llmtasks.settings import Settings
+    from llmtasks.settings import LlmSettings
 
 # Called as the reply streams in: the text so far, and how many chunks (about tokens) it took.
 OnProgress = Callable[[str, int], Coroutine[Any, Any, None]]
@@ -39,7 +39,7 @@ def http_error_code(status: int) -> str:
     return RATE_LIMITED if status == 429 else f"llm_http_{status}"
 
 
-def provider_from_settings(settings: Settings) -> LLMProvider:
+def provider_from_settings(settings: LlmSettings) -> LLMProvider:
     if settings.llm_provider == "bedrock":
         from llmtasks.llm.bedrock import BedrockConverse, bedrock_client
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llmtasks.settings import Settings
+    from llmtasks.settings import LlmSettings
 
 # How long a key rests after a 429 that named no Retry-After.
 REST_S = 5.0
@@ -55,7 +55,7 @@ def parse_keys(text: str, *, base_url: str) -> list[LlmEndpoint]:
     return [LlmEndpoint(base_url, key) for key in keys if key]
 
 
-def endpoints_from_settings(settings: Settings) -> list[LlmEndpoint]:
+def endpoints_from_settings(settings: LlmSettings) -> list[LlmEndpoint]:
     base_url = settings.llm_base_url
     if settings.llm_keys is not None:
         return parse_keys(settings.llm_keys.get_secret_value(), base_url=base_url)

@@ -29,7 +29,7 @@ from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.observability import Metric, emit, logger
 from llmtasks.services.batches import batch_task_id, read_chunk
-from llmtasks.settings import Settings
+from llmtasks.settings import FanoutSettings
 
 # Tasks written between two SendMessageBatch calls: a message follows its item closely.
 SEND_GROUP = 10
@@ -40,23 +40,18 @@ COUNT_ATTEMPTS = 8
 
 def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float | None) -> Task:
     """The task of one batch item; created cancelled when the batch was cancelled before it."""
-    return Task(
+    return Task.submitted(
+        item,
         task_id=batch_task_id(batch.batch_id, index),
         tenant_id=batch.tenant_id,
-        status=TaskStatus.PENDING if cancelled_at is None else TaskStatus.CANCELLED,
-        request=item.llm_request(),
-        max_retries=item.max_retries,
-        timeout_s=item.timeout_s,
-        priority=item.priority,
-        metadata=item.metadata,
+        created_at=batch.created_at,
+        expires_at=batch.expires_at,
+        trace_header=batch.trace_header,
+        max_running=batch.max_running,
         batch_id=batch.batch_id,
         batch_index=index,
         custom_id=item.custom_id,
-        created_at=batch.created_at,
-        expires_at=batch.expires_at,
-        completed_at=cancelled_at,
-        trace_header=batch.trace_header,
-        max_running=batch.max_running,
+        cancelled_at=cancelled_at,
     )
 
 
@@ -65,7 +60,7 @@ class BatchFanout:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: FanoutSettings,
         store: TaskStore,
         batches: BatchStore,
         lanes: TaskLanes,
@@ -114,7 +109,9 @@ class BatchFanout:
             if not cancelling:
                 self._lanes.send_many(stored)
         if not cancelling:
-            submitted = Counter(tuple(dimensions_of(task, self._settings).items()) for task in created)
+            submitted = Counter(
+                tuple(dimensions_of(task, self._settings.llm_model).items()) for task in created
+            )
             for dimensions, count in submitted.items():
                 emit(Metric.SUBMITTED, count, MetricUnit.Count, **dict(dimensions))
         if unclaimed and not cancelling:

@@ -14,25 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmtasks.aws.batch_store import BatchExists, BatchStore
-from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
-from llmtasks.aws.limits import Caller, KeyLimits
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, SubmitBatchRequest
-from llmtasks.domain.cursors import decode_cursor, encode_cursor
+from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, StoredFile, SubmitBatchRequest
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.cursors import results_cursor, results_index
 from llmtasks.domain.errors import (
-    BackendError,
     BatchNotFound,
-    ServiceUnavailable,
     TaskConflict,
 )
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import TaskStatus, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.observability import logger
-from llmtasks.services.webhooks import Resolver, check_webhook_url, resolver_from_settings
-from llmtasks.settings import Settings
+from llmtasks.services.submits import Held, SubmitSequence
+from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
+from llmtasks.settings import SubmitSettings
 
 Clock = Callable[[], float]
 _BATCH_NAMESPACE = uuid.UUID("0f5b7a4e-3c1d-4f7e-9a2b-6d8c5e4f3a21")
@@ -52,19 +52,9 @@ def batch_task_id(batch_id: str, index: int) -> str:
     return uuid.uuid5(_BATCH_NAMESPACE, f"{batch_id}/{index}").hex
 
 
-def _results_scope(batch_id: str) -> str:
-    return f"results of {batch_id}"
-
-
 def _results_start(cursor: str | None, batch: Batch) -> int:
-    """Where a results page starts: the item index a cursor of this batch carries."""
-    if cursor is None:
-        return 0
-
-    def valid(index: object) -> bool:
-        return isinstance(index, int) and 0 <= index <= batch.total
-
-    return int(decode_cursor(cursor, _results_scope(batch.batch_id), valid))
+    """Where a results page starts: the item index a cursor carries (past the end: the end)."""
+    return 0 if cursor is None else min(results_index(cursor), batch.total)
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ class BatchService:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SubmitSettings,
         store: TaskStore,
         batches: BatchStore,
         fanout_queue: Queue,
@@ -96,13 +86,20 @@ class BatchService:
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
-        self._idempotency = idempotency
-        self._limits = limits
+        self._submits = SubmitSequence(idempotency, limits)
 
-    @property
-    def blobs(self) -> ResultBlobs:
-        """The results bucket's adapter (the OpenAI surface keeps its files there)."""
-        return self._results
+    # The OpenAI surface's files (uploaded inputs, a batch's output and errors), kept per tenant
+    # in the results bucket beside the results.
+
+    def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
+        self._results.put_file(tenant_id, file_id, data, filename=filename, purpose=purpose)
+
+    def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
+        """The tenant's file, or None (another tenant's files are none of its own)."""
+        return self._results.file(tenant_id, file_id)
+
+    def file_content(self, tenant_id: str, file_id: str) -> bytes:
+        return self._results.file_content(tenant_id, file_id)
 
     def submit(
         self,
@@ -116,21 +113,23 @@ class BatchService:
         """A new batch (its items count against the caller key's max_in_flight until it ends)."""
         self._check(body)
         batch_id = new_batch_id(tenant_id, idempotency_key)
-        batch, replayed = once_per_key(
-            self._idempotency,
+        batch, replayed = self._submits.run(
             lambda: self._create(tenant_id, batch_id, body, trace_header, caller),
             Batch,
+            what="batch",
             tenant=tenant_id,
             key=None if idempotency_key is None else f"batch\n{idempotency_key}",  # never a task's
             body=body,
+            caller=caller,
+            held=Held("b", batch_id, weight=len(body.items)),
         )
         return BatchSubmission(batch, replayed=replayed)
 
     def _check(self, body: SubmitBatchRequest) -> None:
         for index, item in enumerate(body.items):
-            check_limits(item, self._settings, where=f"items[{index}]")
+            check_limits(item, self._settings.size_limits, where=f"items[{index}]")
         if body.metadata is not None:
-            check_metadata(body.metadata, self._settings)
+            check_metadata(body.metadata, self._settings.size_limits)
         if body.webhook_url is not None:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
@@ -144,8 +143,6 @@ class BatchService:
         trace_header: str | None,
         caller: Caller | None,
     ) -> Batch:
-        if caller is not None and self._limits is not None:
-            self._limits.hold(caller, "b", batch_id, weight=len(body.items))
         now = self._clock()
         chunk_size = self._settings.batch_chunk_size
         lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items]
@@ -182,9 +179,6 @@ class BatchService:
             # The same Idempotency-Key after its record lapsed: the batch it began already.
             logger.info("batch exists", batch_id=batch_id)
             return exists.batch
-        except BackendError as exc:
-            logger.exception("batch submit failed", batch_id=batch_id)
-            raise ServiceUnavailable("The batch could not be stored or queued. Retry.") from exc
         logger.info("batch submitted", batch_id=batch_id, tenant_id=tenant_id, total=batch.total)
         return batch
 
@@ -241,7 +235,7 @@ class BatchService:
                 break
             rows.append(row)
         following = start + len(rows)
-        return rows, encode_cursor(_results_scope(batch_id), following) if following < batch.total else None
+        return rows, results_cursor(following) if following < batch.total else None
 
     def _custom_ids(self, batch: Batch, indexes: list[int]) -> dict[int, str | None]:
         found: dict[int, str | None] = {}

@@ -11,32 +11,28 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
-from llmtasks.aws.limits import Caller, KeyLimits
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.cursors import decode_cursor, encode_cursor
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import (
-    BackendError,
-    ServiceUnavailable,
     TaskNotFound,
 )
-from llmtasks.domain.messages import WebhookSecret
-from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, WebhookStatus
+from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
-from llmtasks.services.webhooks import Resolver, check_webhook_url, new_webhook_secret, resolver_from_settings
-from llmtasks.settings import Settings
+from llmtasks.services.submits import Held, SubmitSequence
+from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
+from llmtasks.settings import SubmitSettings
 
 WAIT_POLL_S = 0.5
 WAIT_FIRST_POLL_S = 0.05
 # Queries one listing may make to fill a page when a status filter skips most tasks.
 MAX_LIST_PAGES = 10
-
-
-def _tenant_scope(tenant_id: str) -> str:
-    return f"tasks of {tenant_id}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +46,7 @@ class TaskService:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SubmitSettings,
         store: TaskStore,
         lanes: TaskLanes,
         *,
@@ -66,8 +62,11 @@ class TaskService:
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
+        # The API registers each invocation's context with these, and counts each request
+        # against the limits (api/app.py).
         self.idempotency = idempotency
         self.limits = limits
+        self._submits = SubmitSequence(idempotency, limits)
 
     def submit(
         self,
@@ -81,57 +80,48 @@ class TaskService:
         """A new task; with an Idempotency-Key, the task this key already made (a replay). A
         caller's key with a max_in_flight holds the task (none: no limit)."""
         # Before the key is recorded: a refused body leaves no trace.
-        check_limits(body, self._settings)
+        check_limits(body, self._settings.size_limits)
         if body.webhook_url is not None:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
-        task, replayed = once_per_key(
-            self.idempotency,
-            lambda: self._create(tenant_id, body, trace_header, caller),
+        task_id = new_task_id()  # unused by a replay, which returns the task the key made
+        task, replayed = self._submits.run(
+            lambda: self._create(task_id, tenant_id, body, trace_header, caller),
             Task,
+            what="task",
             tenant=tenant_id,
             key=idempotency_key,
             body=body,
+            caller=caller,
+            held=Held("t", task_id),
         )
         return Submission(task, replayed=replayed)
 
     def _create(
-        self, tenant_id: str, body: SubmitTaskRequest, trace_header: str | None, caller: Caller | None
+        self,
+        task_id: str,
+        tenant_id: str,
+        body: SubmitTaskRequest,
+        trace_header: str | None,
+        caller: Caller | None,
     ) -> Task:
         now = self._clock()
-        task = Task(
-            task_id=new_task_id(),
+        task = Task.submitted(
+            body,
+            task_id=task_id,
             tenant_id=tenant_id,
-            status=TaskStatus.PENDING,
-            request=body.llm_request(),
-            webhook_url=body.webhook_url,
-            webhook_events=sorted(set(body.webhook_events)) if body.webhook_events else None,
-            webhook_format=body.webhook_format,
-            webhook_status=WebhookStatus.PENDING if body.webhook_url else None,
-            max_retries=body.max_retries,
-            timeout_s=body.timeout_s,
-            priority=body.priority,
-            metadata=body.metadata,
             created_at=now,
             expires_at=int(now + self._settings.task_ttl_seconds),
             trace_header=trace_header,
             max_running=caller.max_running if caller is not None else None,
         )
-        if caller is not None and self.limits is not None:
-            self.limits.hold(caller, "t", task.task_id)
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.
-        try:
-            self._lanes.send(task)
-            self._store.create(task)
-        except BackendError as exc:
-            logger.exception("submit failed", task_id=task.task_id)
-            raise ServiceUnavailable(
-                "The task could not be stored or queued; nothing was kept. Retry."
-            ) from exc
+        self._lanes.send(task)
+        self._store.create(task)
         logger.info("submitted", **task_keys(task))
-        emit(Metric.SUBMITTED, **dimensions_of(task, self._settings))
+        emit(Metric.SUBMITTED, **dimensions_of(task, self._settings.llm_model))
         return task
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
@@ -159,10 +149,7 @@ class TaskService:
         """Up to `limit` of the tenant's tasks, newest first, as clients read them, and the cursor
         of the next page (None on the last). The status filter applies to the status as read,
         so dead-lettered tasks count as failed; a page may come back short when few match."""
-        start = None
-        if cursor is not None:
-            scope = _tenant_scope(tenant_id)
-            start = decode_cursor(cursor, scope, lambda key: self._store.is_page_start(key, tenant_id))
+        start = TaskPosition.of(cursor) if cursor is not None else None
         now = self._clock()
         found: list[Task] = []
         for _ in range(MAX_LIST_PAGES):
@@ -173,7 +160,7 @@ class TaskService:
                     found.append(task)
             if start is None or len(found) >= limit:
                 break
-        return found, encode_cursor(_tenant_scope(tenant_id), start) if start else None
+        return found, start.cursor if start else None
 
     def cancel(self, tenant_id: str, task_id: str) -> Task:
         if not is_task_id(task_id):
@@ -184,7 +171,7 @@ class TaskService:
             now=self._clock(),
         )
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
-        emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
+        emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
         return task
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:

@@ -38,7 +38,7 @@ from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
-from llmtasks.settings import Settings
+from llmtasks.settings import RunnerSettings
 from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
 
@@ -60,10 +60,13 @@ class Delivery:
     message_id: str
     receive_count: int  # SQS ApproximateReceiveCount: 1 on the first delivery
     sent_at: float  # epoch s
-    # Received by the invocation itself when a slot came free, on the promise of a whole call's
-    # time (call_slots.py): its call starts only if that time is still left after the receive
-    # and the claim, else the task goes back to its queue unattempted. A call cut short by the
-    # invocation's end is a call the provider bills and nobody gets.
+    # Promised a whole call's time: an event's record when the function's Timeout holds one, or
+    # a record the invocation received itself when a slot came free (call_slots.py). Its call
+    # starts only if that time is still left after the receive and the claim, else the task goes
+    # back to its queue unattempted. A call cut short by the invocation's end is a call the
+    # provider bills and nobody gets: under load, an event's last record could wait out most of
+    # the invocation on its claim. Without the promise (a Timeout shorter than a whole call) the
+    # call gets what is left, at least a second.
     whole_call: bool = False
 
 
@@ -72,7 +75,7 @@ class TaskRunner:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: RunnerSettings,
         store: TaskStore,
         lanes: TaskLanes,
         llm: LLMProvider,
@@ -125,7 +128,7 @@ class TaskRunner:
             self._refused(task_id, delivery, refused, now)
             return
         logger.info("claimed", attempt=task.attempts, receive_count=delivery.receive_count, **task_keys(task))
-        dimensions = dimensions_of(task, self._settings)
+        dimensions = dimensions_of(task, self._settings.llm_model)
         if task.attempts == 1:
             emit(Metric.QUEUE_WAIT, max(0.0, now - task.created_at), MetricUnit.Seconds, **dimensions)
         if task.batch_id and self._cancellations is not None:
@@ -177,7 +180,7 @@ class TaskRunner:
     ) -> None:
         """The claimed task's LLM call, within its time, and its outcome stored."""
         deadline = task.deadline
-        dimensions = dimensions_of(task, self._settings)
+        dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
         if deadline is not None:
@@ -246,7 +249,7 @@ class TaskRunner:
             logger.info("call stopped: the task moved on", **task_keys(task))
         finally:
             elapsed_ms = max(0.0, self._clock() - started) * 1000
-            dimensions = dimensions_of(task, self._settings)
+            dimensions = dimensions_of(task, self._settings.llm_model)
             emit(Metric.LLM_LATENCY, elapsed_ms, MetricUnit.Milliseconds, **dimensions)
         return None
 
@@ -417,7 +420,7 @@ class TaskRunner:
         except (TaskNotFound, TaskConflict):
             return  # the sweep cancelled it first
         logger.info("cancelled with its batch", **task_keys(task))
-        emit(Metric.CANCELLED, **dimensions_of(task, self._settings))
+        emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
 
     def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
         try:
@@ -433,4 +436,4 @@ class TaskRunner:
             logger.info("cancelled during the call", **task_keys(task))
             return
         logger.info("failed", **task_keys(task), error_code=error_code)
-        emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings))
+        emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))

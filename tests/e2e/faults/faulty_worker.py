@@ -2,7 +2,7 @@
 
 The faults are read per invocation from the JSON file named by LLMTASKS_FAULTS_FILE, so the
 suite can turn them off while the stack runs:
-- crash_rate: share of invocations that die (every 1/crash_rate-th), in turn before any
+- crash_rate: share of invocations that die (see crash_number), in turn before any
   record is touched, right after the first claim (before any token is spent), and after every
   record is done (the reply is lost, so the whole batch comes back);
 - duplicate_rate: share of first deliveries that SQS delivers twice (a copy is sent);
@@ -19,11 +19,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from llmtasks import wiring
 from llmtasks.domain.messages import Completion, TaskMessage
 from llmtasks.domain.models import LLMRequest
 from llmtasks.llm import OnProgress, provider_from_settings
-from llmtasks.settings import TaskLanesQueues, get_settings, resources
+from llmtasks.settings import LlmSettings, RunnerSettings, TaskLanesQueues, resources, section
+from llmtasks.wiring import adapters
 from llmtasks.worker.runner import TaskRunner
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,6 +59,25 @@ def injected(kind: str) -> int:
         return log.read().splitlines().count(kind)
 
 
+def crash_number(invocation: int, crash_rate: float) -> int | None:
+    """Which crash (0, 1, 2, ...) the invocation numbered `invocation` (from 1) is, or None.
+
+    The first three crashes, one at each place, come at invocations 3, 6 and 9; then every
+    1/crash_rate-th invocation dies. The suite sees every kind of crash whatever the number of
+    invocations the load makes (a loaded run's invocations take more messages each: one CI
+    run had 42, and a crash every 20th from the 3rd never reached the third kind), and whatever
+    the random draws."""
+    if not crash_rate:
+        return None
+    early = len(CRASH_POINTS) * 3
+    if invocation <= early:
+        return invocation // 3 - 1 if invocation % 3 == 0 else None
+    period = max(round(1 / crash_rate), 1)
+    if (invocation - early) % period:
+        return None
+    return len(CRASH_POINTS) + (invocation - early) // period - 1
+
+
 class InjectedCrash(SystemExit):
     """Ends the invocation as a dying process would: no record is reported, the batch returns."""
 
@@ -85,29 +104,31 @@ class FaultyLLM:
 def lambda_handler(event: dict[str, Any], context: Any) -> Any:
     now = faults()
     records = event.get("Records") or []
-    sqs, queue_url = wiring.sqs(), resources(TaskLanesQueues).task_queue_url
+    sqs, queue_url = adapters.sqs(), resources(TaskLanesQueues).task_queue_url
     for record in records:
         first = record["attributes"].get("ApproximateReceiveCount") == "1"
         if first and rng.random() < now.get("duplicate_rate", 0):
             task_id = TaskMessage.model_validate_json(record["body"]).task_id
             sqs.send_message(QueueUrl=queue_url, MessageBody=TaskMessage(task_id=task_id).model_dump_json())
             injected("duplicate delivery")
-    # Every 1/crash_rate-th invocation dies, at each of the three places in turn: the suite
-    # sees each kind of crash, whatever the random draws.
     invocation = injected("invocation")
-    period = round(1 / now["crash_rate"]) if now.get("crash_rate") else 0
-    where = None
-    if period and invocation % period == 3 % period:
-        where = CRASH_POINTS[(invocation // period) % len(CRASH_POINTS)]
+    crash = crash_number(invocation, now.get("crash_rate", 0))
+    where = CRASH_POINTS[crash % len(CRASH_POINTS)] if crash is not None else None
+    if where:
         injected(f"worker crash {where}")
     if where == "start":
         raise RuntimeError("injected: the worker died on start")
-    settings = get_settings()
     llm = FaultyLLM(
-        provider_from_settings(settings), poison=now.get("poison"), crash_on_first_call=where == "after_claim"
+        provider_from_settings(section(LlmSettings)),
+        poison=now.get("poison"),
+        crash_on_first_call=where == "after_claim",
     )
     runner = TaskRunner(
-        settings, wiring.task_store(), wiring.task_lanes(), llm, results=wiring.result_blobs()
+        section(RunnerSettings),
+        adapters.task_store(),
+        adapters.task_lanes(),
+        llm,
+        results=adapters.result_blobs(),
     )
     reply = real_handler(event, context, runner=runner)
     if where == "after_reply":

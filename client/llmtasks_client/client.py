@@ -1,0 +1,464 @@
+"""The client side of llmtasks: `Client` and `AsyncClient` for the HTTP API, and
+`verify_webhook` for receivers. Runs anywhere: it needs httpx, pydantic and standardwebhooks,
+and nothing of AWS or of the service.
+
+Both clients have the same methods. Reads and submits survive connection errors and 5xx: reads
+are retried with backoff, and `submit` sends an Idempotency-Key of its own, so a retried submit
+never makes a second task. `wait` uses the server's long-poll and its Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+from standardwebhooks import Webhook, WebhookVerificationError
+
+from llmtasks_client.models import (
+    BatchResult,
+    BatchResults,
+    BatchView,
+    TaskList,
+    TaskStatus,
+    TaskView,
+    WebhookEvent,
+)
+
+__all__ = [
+    "AsyncClient",
+    "BatchWaitTimeoutError",
+    "Client",
+    "ProblemError",
+    "TaskFailedError",
+    "WaitTimeoutError",
+    "WebhookVerificationError",
+    "verify_webhook",
+]
+
+DEFAULT_URL = "http://127.0.0.1:3000"
+LONG_POLL_S = 20  # the server holds a status read up to 25 s
+BATCH_POLL_S = 2.0  # a batch's progress is read this often while waiting
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+# API Gateway's own refusals come as {"message": ...}, not as problems: what each means here.
+_GATEWAY_REFUSALS = {
+    401: "no API key was sent (Authorization: Bearer lt_...)",
+    403: "the API key is not valid, or was revoked",
+}
+
+
+class ProblemError(Exception):
+    """The API answered with a problem (RFC 9457), or API Gateway refused the request itself
+    (401: no key; 403: a key the authorizer denied); its fields are here."""
+
+    def __init__(self, status: int, problem: Mapping[str, Any]) -> None:
+        self.status = status
+        self.type = str(problem.get("type", "about:blank"))
+        self.title = str(problem.get("title", ""))
+        self.detail = str(problem.get("detail", ""))
+        if not self.title and "message" in problem:
+            self.title = str(problem["message"])
+            self.detail = _GATEWAY_REFUSALS.get(status, self.detail)
+        self.errors = problem.get("errors")
+        super().__init__(f"{status} {self.title}: {self.detail}")
+
+
+class TaskFailedError(Exception):
+    """`wait` saw the task end without a result (failed or cancelled)."""
+
+    def __init__(self, task: TaskView) -> None:
+        self.task = task
+        self.error_code = task.error_code or task.status.value
+        super().__init__(f"task {task.task_id} {task.status.value}: {task.error_code}: {task.error}")
+
+
+class WaitTimeoutError(TimeoutError):
+    def __init__(self, task: TaskView, timeout: float) -> None:
+        self.task = task
+        super().__init__(f"task {task.task_id} still {task.status.value} after {timeout:g} s")
+
+
+class BatchWaitTimeoutError(TimeoutError):
+    def __init__(self, batch: BatchView) -> None:
+        self.batch = batch
+        done = f"{batch.finished}/{batch.total} done"
+        super().__init__(f"batch {batch.batch_id} still {batch.status.value} ({done})")
+
+
+def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -> WebhookEvent:
+    """The event of one delivery, once its Standard Webhooks signature checks out.
+
+    `body` must be the exact bytes received (not re-serialised JSON); `headers` the request's
+    headers, in any case; `secret` the `whsec_...` from `GET /webhooks/secret`. During a
+    rotation's overlap a delivery carries a signature per secret, so the old and the new one
+    both verify. Raises WebhookVerificationError for a bad signature, a missing header or a
+    timestamp more than 5 minutes off (a replay).
+    """
+    Webhook(secret).verify(body, dict(headers))
+    return WebhookEvent.model_validate_json(body)
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """The reply's Retry-After in seconds (delta-seconds, as llmtasks sends it, or an HTTP date)."""
+    value = response.headers.get("retry-after", "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+class _Policy:
+    """What both clients share: where, who, and when to try again."""
+
+    def __init__(self, base_url: str | None, api_key: str | None, max_retries: int) -> None:
+        self.base_url = (base_url or os.environ.get("LLMTASKS_API_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key or os.environ.get("LLMTASKS_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.max_retries = max_retries
+        self._rng = random.Random()  # noqa: S311 - jitter, not crypto
+
+    def delay(self, attempt: int, response: httpx.Response | None = None, cap: float = 10.0) -> float:
+        """Full jitter over 0.5 * 2**attempt (capped), never sooner than the server's Retry-After."""
+        delay = self._rng.uniform(0, min(cap, 0.5 * 2**attempt))
+        retry_after = _retry_after_s(response) if response is not None else None
+        if retry_after is not None:
+            delay = max(delay, min(cap * 6, retry_after))
+        return delay
+
+    def should_retry(self, attempt: int, response: httpx.Response | None) -> bool:
+        """Connection errors (no response) and transient statuses, while attempts remain."""
+        return attempt < self.max_retries and (response is None or response.status_code in _RETRY_STATUSES)
+
+    @staticmethod
+    def result(response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = {"title": response.reason_phrase, "detail": response.text[:500]}
+            raise ProblemError(response.status_code, problem if isinstance(problem, dict) else {})
+        return response.json()
+
+    @staticmethod
+    def submission(
+        prompt: str | None,
+        messages: list[dict[str, str]] | None,
+        idempotency_key: str | None,
+        options: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The keyword arguments of a submit's POST: its own Idempotency-Key unless one is given,
+        so that every retry of it names the same task."""
+        body = {k: v for k, v in {"prompt": prompt, "messages": messages, **options}.items() if v is not None}
+        return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def batch_submission(
+        items: Sequence[Mapping[str, Any]], idempotency_key: str | None, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A batch submit's POST, under one Idempotency-Key across its retries: a retried submit
+        fans the batch out once."""
+        body = {
+            "items": [dict(item) for item in items],
+            **{k: v for k, v in options.items() if v is not None},
+        }
+        return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def results_page(cursor: str | None, page_size: int) -> dict[str, Any]:
+        return {"limit": page_size, **({"cursor": cursor} if cursor else {})}
+
+    @staticmethod
+    def batch_done(batch: BatchView, give_up: float | None) -> bool:
+        """True once the batch has ended; raises WaitTimeoutError when time is up first."""
+        if batch.status.is_terminal:
+            return True
+        if give_up is not None and time.monotonic() >= give_up:
+            raise BatchWaitTimeoutError(batch)
+        return False
+
+    @staticmethod
+    def listing(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+        return {
+            k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
+        }
+
+
+class _Waiting:
+    """The decisions of one `wait`, so that each client only does the reads and the sleeps."""
+
+    def __init__(self, policy: _Policy, timeout: float | None) -> None:
+        self._policy = policy
+        self._timeout = timeout
+        self._give_up = None if timeout is None else time.monotonic() + timeout
+        self._attempt = 0
+        self._asked = 0.0
+
+    def _left(self) -> float:
+        return LONG_POLL_S if self._give_up is None else max(0.0, self._give_up - time.monotonic())
+
+    def poll_s(self) -> float:
+        """How long the next read may long-poll."""
+        self._asked = time.monotonic()
+        return min(LONG_POLL_S, self._left())
+
+    def pause_s(self, task: TaskView) -> float | None:
+        """None once `task` is completed; raises when it failed or time is up; else how long to
+        pause before the next read (nothing when the server held the read, as a long-poll does)."""
+        if task.status is TaskStatus.COMPLETED:
+            return None
+        if task.status.is_terminal:
+            raise TaskFailedError(task)
+        if self._give_up is not None and time.monotonic() >= self._give_up:
+            raise WaitTimeoutError(task, self._timeout or 0)
+        if time.monotonic() - self._asked >= 1:
+            return 0.0
+        self._attempt += 1
+        return min(self._policy.delay(self._attempt - 1), self._left())
+
+
+class Client:
+    """`Client(base_url, api_key)`; both default to LLMTASKS_API_URL and LLMTASKS_API_KEY."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._policy = _Policy(base_url, api_key, max_retries)
+        self._http = httpx.Client(
+            base_url=self._policy.base_url, headers=self._policy.headers, timeout=timeout, transport=transport
+        )
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                response: httpx.Response | None = self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                response = None
+            if not self._policy.should_retry(attempt, response):
+                if response is None:
+                    raise httpx.ConnectError(f"{method} {path}: no answer after {attempt + 1} attempts")
+                return self._policy.result(response)
+            time.sleep(self._policy.delay(attempt, response))
+            attempt += 1
+
+    def submit(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> TaskView:
+        """A new task (`202`); retried under one Idempotency-Key, so never two."""
+        request = self._policy.submission(prompt, messages, idempotency_key, options)
+        accepted = self._request("POST", "/tasks", **request)
+        return self.get(accepted["task_id"])
+
+    def get(self, task_id: str, *, wait: float = 0) -> TaskView:
+        params = {"wait": int(wait)} if wait else None
+        return TaskView.model_validate(self._request("GET", f"/tasks/{task_id}", params=params))
+
+    def cancel(self, task_id: str) -> TaskView:
+        return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
+
+    def list(self, *, status: str | None = None, limit: int = 20, cursor: str | None = None) -> TaskList:
+        params = self._policy.listing(status, limit, cursor)
+        return TaskList.model_validate(self._request("GET", "/tasks", params=params))
+
+    def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:
+        """The completed task; raises TaskFailedError if it failed or was cancelled,
+        WaitTimeoutError after `timeout` seconds."""
+        waiting = _Waiting(self._policy, timeout)
+        while True:
+            task = self.get(task_id, wait=waiting.poll_s())
+            pause = waiting.pause_s(task)
+            if pause is None:
+                return task
+            time.sleep(pause)
+
+    def submit_batch(
+        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+    ) -> BatchView:
+        """A new batch (`202`) of task bodies, each with an optional `custom_id`; `options`:
+        webhook_url, webhook_events, metadata. Retried under one Idempotency-Key."""
+        request = self._policy.batch_submission(items, idempotency_key, options)
+        accepted = self._request("POST", "/batches", **request)
+        return self.get_batch(accepted["batch_id"])
+
+    def get_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(self._request("GET", f"/batches/{batch_id}"))
+
+    def cancel_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    def batch_results(self, batch_id: str, *, page_size: int = 100) -> Iterator[BatchResult]:
+        """Every item of the batch in submission order, a page at a time."""
+        cursor: str | None = None
+        while True:
+            params = self._policy.results_page(cursor, page_size)
+            page = BatchResults.model_validate(
+                self._request("GET", f"/batches/{batch_id}/results", params=params)
+            )
+            yield from page.data
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    def wait_batch(
+        self,
+        batch_id: str,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[BatchView], object] | None = None,
+    ) -> BatchView:
+        """The batch once every item is terminal; `on_progress` sees each read. Raises
+        BatchWaitTimeoutError after `timeout` seconds."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if self._policy.batch_done(batch, give_up):
+                return batch
+            time.sleep(BATCH_POLL_S)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The same as `Client`, for asyncio."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._policy = _Policy(base_url, api_key, max_retries)
+        self._http = httpx.AsyncClient(
+            base_url=self._policy.base_url, headers=self._policy.headers, timeout=timeout, transport=transport
+        )
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                response: httpx.Response | None = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                response = None
+            if not self._policy.should_retry(attempt, response):
+                if response is None:
+                    raise httpx.ConnectError(f"{method} {path}: no answer after {attempt + 1} attempts")
+                return self._policy.result(response)
+            await asyncio.sleep(self._policy.delay(attempt, response))
+            attempt += 1
+
+    async def submit(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> TaskView:
+        request = self._policy.submission(prompt, messages, idempotency_key, options)
+        accepted = await self._request("POST", "/tasks", **request)
+        return await self.get(accepted["task_id"])
+
+    async def get(self, task_id: str, *, wait: float = 0) -> TaskView:
+        params = {"wait": int(wait)} if wait else None
+        return TaskView.model_validate(await self._request("GET", f"/tasks/{task_id}", params=params))
+
+    async def cancel(self, task_id: str) -> TaskView:
+        return TaskView.model_validate(await self._request("POST", f"/tasks/{task_id}/cancel"))
+
+    async def list(
+        self, *, status: str | None = None, limit: int = 20, cursor: str | None = None
+    ) -> TaskList:
+        params = self._policy.listing(status, limit, cursor)
+        return TaskList.model_validate(await self._request("GET", "/tasks", params=params))
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:  # noqa: ASYNC109 - Client.wait's twin
+        waiting = _Waiting(self._policy, timeout)
+        while True:
+            task = await self.get(task_id, wait=waiting.poll_s())
+            pause = waiting.pause_s(task)
+            if pause is None:
+                return task
+            await asyncio.sleep(pause)
+
+    async def submit_batch(
+        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+    ) -> BatchView:
+        request = self._policy.batch_submission(items, idempotency_key, options)
+        accepted = await self._request("POST", "/batches", **request)
+        return await self.get_batch(accepted["batch_id"])
+
+    async def get_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(await self._request("GET", f"/batches/{batch_id}"))
+
+    async def cancel_batch(self, batch_id: str) -> BatchView:
+        return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    async def batch_results(self, batch_id: str, *, page_size: int = 100) -> AsyncIterator[BatchResult]:
+        cursor: str | None = None
+        while True:
+            params = self._policy.results_page(cursor, page_size)
+            reply = await self._request("GET", f"/batches/{batch_id}/results", params=params)
+            page = BatchResults.model_validate(reply)
+            for row in page.data:
+                yield row
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def wait_batch(
+        self,
+        batch_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - Client.wait_batch's twin
+        on_progress: Callable[[BatchView], object] | None = None,
+    ) -> BatchView:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = await self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if self._policy.batch_done(batch, give_up):
+                return batch
+            await asyncio.sleep(BATCH_POLL_S)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()

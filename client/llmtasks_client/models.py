@@ -1,0 +1,146 @@
+"""What a caller reads from the API: tasks, batches, their results and webhook events.
+
+These are the caller's side of the wire, written for it, not imported from the service: they
+keep every field the server adds later (`extra="allow"`) and check no input rule, so an
+application built on one release keeps reading the replies of the next. The service's own
+models (which validate what it accepts) are the source of the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (TaskStatus.PENDING, TaskStatus.PROCESSING)
+
+
+class BatchStatus(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.CANCELLED)
+
+
+class Usage(_Reply):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class WebhookState(_Reply):
+    """How the subject's webhook stands: pending, retrying, delivered, failed or skipped."""
+
+    status: str
+    attempts: int
+
+
+class Progress(_Reply):
+    tokens: int
+    updated_at: datetime
+
+
+class TaskView(_Reply):
+    """A task as `GET /tasks/{id}` answers it (and a task event's `data`)."""
+
+    task_id: str
+    status: TaskStatus
+    result: str | None = None
+    partial_result: str | None = None
+    progress: Progress | None = None
+    error: str | None = None
+    error_code: str | None = None
+    attempts: int = 0
+    model: str | None = None
+    usage: Usage | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    expires_at: datetime
+    next_attempt_at: datetime | None = None
+    metadata: dict[str, Any] | None = None
+    batch_id: str | None = None
+    webhook: WebhookState | None = None
+
+
+class TaskList(_Reply):
+    """A page of `GET /tasks`, newest first; `next_cursor` is None on the last page."""
+
+    data: list[TaskView]
+    next_cursor: str | None = None
+
+
+# A batch's items by where they stand; together they make `total`.
+ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
+
+
+class BatchView(_Reply):
+    """A batch as `GET /batches/{id}` answers it (and `batch.completed`'s `data`)."""
+
+    batch_id: str
+    status: BatchStatus
+    total: int
+    pending: int = 0
+    processing: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    created_at: datetime
+    completed_at: datetime | None = None
+    expires_at: datetime
+    metadata: dict[str, Any] | None = None
+    webhook: WebhookState | None = None
+
+    @property
+    def finished(self) -> int:
+        """Items that have ended (completed, failed or cancelled)."""
+        return self.completed + self.failed + self.cancelled
+
+
+class BatchResult(_Reply):
+    """One item of `GET /batches/{id}/results`, in submission order."""
+
+    index: int
+    custom_id: str | None = None
+    task_id: str
+    status: TaskStatus
+    result: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    attempts: int = 0
+    usage: Usage | None = None
+
+
+class BatchResults(_Reply):
+    data: list[BatchResult]
+    next_cursor: str | None = None
+
+
+class WebhookEvent(_Reply):
+    """A delivery's body: `type` task.completed, task.failed, task.cancelled or batch.completed."""
+
+    type: str
+    timestamp: datetime
+    data: TaskView | BatchView

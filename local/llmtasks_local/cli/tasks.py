@@ -1,0 +1,293 @@
+"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `batch`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from llmtasks_client.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
+from llmtasks_local.cli.options import client_of, with_api
+from llmtasks_local.tool_errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
+
+if TYPE_CHECKING:
+    from llmtasks_client import Client
+
+MAX_RESULTS_PAGE = 1000  # the API's largest results page
+
+
+def _show(task: TaskView, as_json: bool) -> None:
+    if as_json:
+        click.echo(task.model_dump_json())
+    elif task.status is TaskStatus.COMPLETED and task.result is not None:
+        click.echo(task.result)
+    else:
+        reason = f"  {task.error_code}: {task.error}" if task.error_code else ""
+        click.echo(f"{task.task_id}  {task.status.value}  attempts={task.attempts}{reason}")
+
+
+def _wait_and_show(client: Client, task_id: str, timeout: float | None, as_json: bool) -> None:
+    """Waits with a spinner (status, elapsed) on a terminal, and the reply's text on stdout as it
+    streams in; prints the outcome, exits 0/1/3."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    shown = 0  # characters of the reply already printed
+    task = client.get(task_id)
+    with console.status("", spinner="dots") as spinner:
+        while not task.status.is_terminal:
+            elapsed = time.monotonic() - started
+            if timeout is not None and elapsed >= timeout:
+                _show(task, as_json)
+                raise SystemExit(EXIT_TIMEOUT)
+            if task.partial_result and not as_json and len(task.partial_result) > shown:
+                sys.stdout.write(task.partial_result[shown:])
+                sys.stdout.flush()
+                shown = len(task.partial_result)
+            tokens = f"  {task.progress.tokens} tokens" if task.progress else ""
+            spinner.update(f"{task.task_id}  {task.status.value}  {elapsed:.0f} s{tokens}")
+            # The server holds the read until the task ends or 2 s pass: the text grows between.
+            task = client.get(task_id, wait=max(1.0, min(2.0, timeout - elapsed if timeout else 2.0)))
+    if shown and task.status is TaskStatus.COMPLETED and task.result is not None and not as_json:
+        click.echo(task.result[shown:])  # the rest of what was streamed
+    else:
+        _show(task, as_json)
+    if task.status is not TaskStatus.COMPLETED:
+        raise SystemExit(EXIT_FAILED)
+
+
+@click.command()
+@click.argument("prompt")
+@click.option("--wait", "wait_", is_flag=True, help="Wait for the result and print it.")
+@click.option(
+    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds (exit 3)."
+)
+@click.option("--webhook", default=None, help="A URL to POST the outcome to (signed).")
+@click.option("--model", default=None, help="The provider's model id.")
+@click.option("--system", default=None, help="A system prompt.")
+@with_api
+def submit(
+    prompt: str,
+    wait_: bool,
+    timeout: float | None,
+    webhook: str | None,
+    model: str | None,
+    system: str | None,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Submit PROMPT (or - to read it from stdin); print the task id, or with --wait the result."""
+    text = sys.stdin.read() if prompt == "-" else prompt
+    with client_of(api_url, api_key) as client:
+        task = client.submit(text, webhook_url=webhook, model=model, system=system)
+        if wait_:
+            _wait_and_show(client, task.task_id, timeout, as_json)
+        elif as_json:
+            click.echo(task.model_dump_json())
+        else:
+            click.echo(task.task_id)
+
+
+@click.command()
+@click.argument("task_id")
+@with_api
+def status(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """A task's status (its result once completed)."""
+    with client_of(api_url, api_key) as client:
+        _show(client.get(task_id), as_json)
+
+
+@click.command("wait")
+@click.argument("task_id")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 3).")
+@with_api
+def wait_for(task_id: str, timeout: float | None, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Wait for a task and print its result (exit 1 if it failed, 3 on timeout)."""
+    with client_of(api_url, api_key) as client:
+        _wait_and_show(client, task_id, timeout, as_json)
+
+
+@click.command()
+@click.argument("task_id")
+@with_api
+def cancel(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Cancel a pending or processing task."""
+    with client_of(api_url, api_key) as client:
+        _show(client.cancel(task_id), as_json)
+
+
+@click.command("list")
+@click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus]), default=None)
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@with_api
+def list_tasks(status_: str | None, limit: int, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Your tasks, newest first."""
+    with client_of(api_url, api_key) as client:
+        page = client.list(status=status_, limit=limit)
+    for task in page.data:
+        if as_json:
+            click.echo(task.model_dump_json())
+        else:
+            created = task.created_at.strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(f"{task.task_id}  {task.status.value:10} {created}  attempts={task.attempts}")
+
+
+@click.group()
+def batch() -> None:
+    """Batches: many prompts as one job (submit a JSON Lines file, follow it, read its results)."""
+
+
+def _read_items(path: Path) -> list[dict[str, Any]]:
+    """One task body a line (blank lines skipped). A line that is not a JSON object stops the
+    command before anything is sent, naming the file and the line."""
+    items: list[dict[str, Any]] = []
+    nothing_sent = "correct it; nothing was submitted"
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as error:
+        raise ToolError(f"cannot read the batch file: {error.strerror}", where=str(path)) from error
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise ToolError(
+                f"line {number} is not JSON ({exc})", where=f"{path}:{number}", fix=nothing_sent
+            ) from exc
+        if not isinstance(item, dict):
+            raise ToolError(
+                f"line {number} is not a JSON object (a task body)",
+                where=f"{path}:{number}",
+                fix=nothing_sent,
+            )
+        items.append(item)
+    if not items:
+        raise ToolError("the batch file has no items", where=str(path), fix="give one task body a line")
+    return items
+
+
+def _show_batch(view: BatchView, as_json: bool) -> None:
+    if as_json:
+        click.echo(view.model_dump_json())
+        return
+    counts = "  ".join(f"{name}={getattr(view, name)}" for name in ITEM_COUNTS)
+    click.echo(f"{view.batch_id}  {view.status.value}  total={view.total}  {counts}")
+
+
+def _follow_batch(client: Client, batch_id: str, timeout: float | None) -> BatchView:
+    """Waits with a live progress bar on stderr: done/failed/total, rate and time left."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from llmtasks_client import BatchWaitTimeoutError
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        bar = progress.add_task(batch_id[:12], total=None, failed=0, rate="")
+        started = time.monotonic()
+
+        def show(view: BatchView) -> None:
+            rate = view.finished / max(1e-9, time.monotonic() - started)
+            progress.update(
+                bar,
+                total=view.total,
+                completed=view.finished,
+                failed=view.failed,
+                rate=f"{rate:.1f}/s",
+                description=f"{batch_id[:12]} {view.status.value}",
+            )
+
+        try:
+            return client.wait_batch(batch_id, timeout=timeout, on_progress=show)
+        except BatchWaitTimeoutError as late:
+            _show_batch(late.batch, as_json=False)
+            raise SystemExit(EXIT_TIMEOUT) from late
+
+
+@batch.command("submit")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option("--wait", "wait_", is_flag=True, help="Follow the batch with a progress bar until it ends.")
+@click.option(
+    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds (exit 3)."
+)
+@click.option("--webhook", default=None, help="A URL to POST batch.completed to (signed).")
+@click.option(
+    "--idempotency-key", default=None, help="Send the same batch again safely: it fans out only once."
+)
+@with_api
+def batch_submit(
+    file: Path,
+    wait_: bool,
+    timeout: float | None,
+    webhook: str | None,
+    idempotency_key: str | None,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Submit FILE (JSON Lines: one task body a line, each with an optional custom_id; - reads
+    stdin); print the batch id, or with --wait follow it to the end (exit 1 if items failed)."""
+    items = _read_items(file)
+    with client_of(api_url, api_key) as client:
+        view = client.submit_batch(items, idempotency_key=idempotency_key, webhook_url=webhook)
+        if not wait_:
+            click.echo(view.model_dump_json() if as_json else view.batch_id)
+            return
+        view = _follow_batch(client, view.batch_id, timeout)
+    _show_batch(view, as_json)
+    if view.status is not BatchStatus.COMPLETED:
+        raise SystemExit(EXIT_FAILED)
+
+
+@batch.command("status")
+@click.argument("batch_id")
+@with_api
+def batch_status(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """A batch's status and its counts by item status."""
+    with client_of(api_url, api_key) as client:
+        _show_batch(client.get_batch(batch_id), as_json)
+
+
+@batch.command("results")
+@click.argument("batch_id")
+@with_api
+def batch_results(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Every item in submission order as JSON Lines (custom_id, status, result or error)."""
+    with client_of(api_url, api_key) as client:
+        for row in client.batch_results(batch_id, page_size=MAX_RESULTS_PAGE):
+            click.echo(row.model_dump_json())
+
+
+@batch.command("cancel")
+@click.argument("batch_id")
+@with_api
+def batch_cancel(batch_id: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Cancel a batch: pending items are cancelled, running ones finish or are discarded."""
+    with client_of(api_url, api_key) as client:
+        _show_batch(client.cancel_batch(batch_id), as_json)
+
+
+COMMANDS = [submit, status, wait_for, cancel, list_tasks, batch]

@@ -1,0 +1,257 @@
+"""The embedded AWS endpoint: moto's server, run in its own process by `llmtasks up`.
+
+A separate process keeps moto's request handling off the functions' interpreter lock. This
+module is where the local stack adds what moto lacks, so every client sees one endpoint:
+redrive and atomic conditional writes (llmtasks_local.moto_patches), a count of the AWS API
+calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
+which the benchmark reads to count what a task costs at the backend rather than estimate it,
+and its state kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state):
+`GET /_llmtasks/state` says whether changes can be written there, `POST` takes a clean stop's
+snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+if TYPE_CHECKING:  # moto is imported by the server process alone, not by the stack that starts it
+    from llmtasks_local.emulator.moto_state import DurableState
+
+CALLS_PATH = "/_llmtasks/calls"
+CPU_PATH = "/_llmtasks/calls/cpu"
+STATE_PATH = "/_llmtasks/state"
+STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
+_SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
+
+
+def operation_of(environ: dict[str, Any]) -> str:
+    """`service.Operation` of one request: JSON protocols name it in X-Amz-Target, query
+    protocols in Action; REST ones (S3) only by method."""
+    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+    service = scope.group(1) if scope else "unknown"
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target.startswith("DynamoDBStreams"):
+        service = "dynamodbstreams"  # signed as dynamodb, billed apart (free to Lambda triggers)
+    if target:
+        return f"{service}.{target.rsplit('.', 1)[-1]}"
+    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
+    if action:
+        return f"{service}.{action[0]}"
+    return f"{service}.{environ.get('REQUEST_METHOD', 'GET')}"
+
+
+def _is_empty_receive(body: bytes) -> bool:
+    return b"Messages" not in body and b"<Message>" not in body
+
+
+class CallCounter:
+    """Counts each AWS call moto answers, and the CPU its answer took (the serving thread's, in
+    microseconds: what each operation costs the endpoint), and answers reads of both. Receives
+    that return no message are counted apart (`sqs.ReceiveMessage.empty`): pollers make them
+    while idle, at a rate set by time, not by the number of tasks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.cpu_us: Counter[str] = Counter()
+
+    def count(self, operation: str, cpu_s: float = 0.0) -> None:
+        with self._lock:
+            self.calls[operation] += 1
+            self.cpu_us[operation] += round(cpu_s * 1e6)
+
+    def read(self, *, reset: bool = False, cpu: bool = False) -> bytes:
+        with self._lock:
+            body = json.dumps(dict(self.cpu_us if cpu else self.calls)).encode()
+            if reset:
+                self.calls.clear()
+                self.cpu_us.clear()
+        return body
+
+    def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        """Answers a read of the counts at CALLS_PATH and of the CPU at CPU_PATH (DELETE zeroes
+        both); sends any other request to `app`, and counts it."""
+        if environ.get("PATH_INFO") in (CALLS_PATH, CPU_PATH):
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [
+                self.read(
+                    reset=environ.get("REQUEST_METHOD") == "DELETE", cpu=environ.get("PATH_INFO") == CPU_PATH
+                )
+            ]
+        started = time.thread_time()
+        operation = operation_of(environ)
+        reply: Iterable[bytes] = app(environ, start_response)
+        if operation.endswith(".ReceiveMessage"):
+            reply = [b"".join(reply)]  # a receive's reply is small; read it to see if it is empty
+            if _is_empty_receive(reply[0]):
+                operation += ".empty"
+        self.count(operation, time.thread_time() - started)
+        return reply
+
+
+def _install_backend_cache() -> None:
+    """moto's dispatcher finds each request's backend under one lock, by matching the request's
+    inferred host against every service's URL patterns (hundreds of regexes): in a burst of
+    submits, 73% of the server's active samples waited on that lock. A signed request's backend
+    follows from its signing scope alone, so the app found for an inferred host is kept and
+    looked up without the lock; anything else takes moto's own way."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    find = DomainDispatcherApplication.get_application
+    apps: dict[str, Any] = {}
+
+    def get_application(self: DomainDispatcherApplication, environ: dict[str, Any]) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if (
+            not isinstance(path, str)
+            or not environ.get("HTTP_AUTHORIZATION")
+            or path.startswith(_SPECIAL_PATHS)
+        ):
+            return find(self, environ)
+        host = self.infer_service_region_host(environ, path)
+        if host is None:
+            return find(self, environ)
+        app = apps.get(host)
+        if app is None:
+            app = apps[host] = find(self, environ)
+        return app
+
+    DomainDispatcherApplication.get_application = get_application  # type: ignore[method-assign]
+
+
+def _serve_lightly() -> None:
+    """Keep-alive connections and no access log. werkzeug answers HTTP/1.0 by default, so every
+    boto3 call opened a TCP connection and moto's server accepted, selected and closed one (15%
+    of its samples in a burst, beside the clients' own reconnects), and it wrote a log line per
+    request to stderr (7%)."""
+    import logging
+
+    from werkzeug.serving import WSGIRequestHandler
+
+    WSGIRequestHandler.protocol_version = "HTTP/1.1"
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+# Paths moto's dispatcher routes by path, not by the signing scope.
+_SPECIAL_PATHS = ("/moto-api", "/favicon.ico", "/latest/meta-data/", "/latest/api/")
+
+
+def _install_endpoints(state: DurableState | None) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    dispatch = DomainDispatcherApplication.__call__
+    counter = CallCounter()
+
+    def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == STATE_PATH:
+            return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
+        return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
+
+    DomainDispatcherApplication.__call__ = served  # type: ignore[method-assign]
+
+
+def _state_endpoint(state: DurableState | None, method: str, start_response: Any) -> list[bytes]:
+    """GET: whether changes can be journaled; POST: a clean stop's snapshot."""
+    if state is None:
+        start_response("409 Conflict", [("Content-Type", "application/json")])
+        return [b'{"error": "started without --state-dir"}']
+    body = state.status() if method == "GET" else {"bytes": state.save(clean=True)}
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps(body).encode()]
+
+
+def _open_state(directory: Path, report_file: Path | None) -> DurableState:
+    """The state dir loaded. What the start found is written to `report_file` for the stack to
+    say (this process's own output may go nowhere): notes, or the error that stops it."""
+    from llmtasks_local.emulator.journal import StateError
+    from llmtasks_local.emulator.moto_state import DurableState
+
+    def report(**said: Any) -> None:
+        if report_file is not None:
+            report_file.write_text(json.dumps(said))
+
+    state = DurableState(directory)
+    try:
+        loaded = state.open()
+    except (StateError, OSError) as error:
+        what, where = (
+            (error.what, str(error.path))
+            if isinstance(error, StateError)
+            else (f"the state dir cannot be used: {error.strerror}", str(error.filename or directory))
+        )
+        fix = "start empty with --reset, or move the file aside to keep it"
+        report(error={"what": what, "where": where, "fix": fix})
+        print(f"Error: {what} ({where}): {fix}", file=sys.stderr, flush=True)
+        raise SystemExit(STATE_ERROR_EXIT) from error
+    notes = []
+    if loaded.torn is not None:
+        notes.append(f"Warning: {loaded.torn}")
+    if not loaded.clean:
+        notes.append(
+            f"The last run stopped without saving: {loaded.replayed} journaled change(s) replayed;"
+            f" {loaded.released} message(s) received before the stop and not deleted are visible again"
+        )
+    report(notes=notes)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return state
+
+
+def main(argv: list[str] | None = None) -> None:
+    from moto.server import main as moto_main
+
+    from llmtasks_local.emulator import moto_state
+    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, redrive
+
+    args = list(argv if argv is not None else sys.argv[1:])
+    state_dir, report_file = _path_option(args, "--state-dir"), _path_option(args, "--report-file")
+    listening_fd = _option(args, "--fd")
+    if listening_fd is not None:
+        # The stack bound the port and handed the socket over (processes.spawn_python): werkzeug
+        # serves an inherited socket when told so, as its own reloader's child does.
+        os.environ |= {"WERKZEUG_RUN_MAIN": "true", "WERKZEUG_SERVER_FD": listening_fd}
+    # moto_patches.install()'s order, with the journal between: it records the atomic writes
+    # (so replays take the same locks), and the fair queue's bookkeeping wraps what it journals.
+    redrive.install()
+    atomic.install()
+    moto_state.install()
+    fair_queues.install()
+    fast_paths.install()
+    _install_backend_cache()
+    _serve_lightly()
+    # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
+    # a death of the endpoint (SIGXFSZ's default).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    state = None if state_dir is None else _open_state(state_dir, report_file)
+    _install_endpoints(state)
+    moto_main(args)
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """Takes `name VALUE` out of `args` (moto's own parser knows none of ours)."""
+    if name not in args:
+        return None
+    at = args.index(name)
+    value = args[at + 1]
+    del args[at : at + 2]
+    return value
+
+
+def _path_option(args: list[str], name: str) -> Path | None:
+    value = _option(args, name)
+    return None if value is None else Path(value)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Invokes a function the way Lambda does: a pool of sandboxes, each an OS process.
+
+A function gets as many sandboxes as its concurrency allows, started when an invocation finds
+none idle (a cold start), reused while warm, retired when idle too long or when its code
+changes. Each runs the handler under awslambdaric (local/sandbox.py); the handler code is
+exactly what Lambda runs, and only the event comes from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtasks_local.emulator.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
+from llmtasks_local.sam.function_spec import FunctionSpec
+
+__all__ = ["FunctionRuntime", "Invocation"]
+
+# Lambda keeps an idle environment for minutes (not documented; 5 to 15 are seen); here 10.
+IDLE_RETIRE_S = 600.0
+
+
+class ColdStartSlots:
+    """Lambda gives each new environment CPU of its own; here every cold start shares this
+    machine's cores. A burst that would start dozens of sandboxes at once (16 clients' first
+    requests reach three functions) made each import take seconds; so at most one cold start a
+    core runs at once, and an invocation waiting for one takes a sandbox that turns idle meanwhile
+    instead. A synchronous invocation (a client waits on it, and API Gateway gives up at 30 s)
+    takes the next free slot before any event source's: after a restart, the worker's scale-out
+    (a dozen starts) held a status request's second sandbox past the client's 30 s. A function's
+    first sandbox never queues at all."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._synchronous_waiting = 0
+        self._lock = threading.Lock()
+
+    def try_take(self, *, synchronous: bool) -> bool:
+        with self._lock:
+            if self._free and (synchronous or not self._synchronous_waiting):
+                self._free -= 1
+                return True
+            return False
+
+    def wait_as_synchronous(self, waiting: bool) -> None:
+        """A synchronous invocation begins (True) or stops (False) waiting for a slot."""
+        with self._lock:
+            self._synchronous_waiting += 1 if waiting else -1
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._free += 1
+
+
+COLD_START_SLOTS = max(2, os.cpu_count() or 2)
+_cold_starts = ColdStartSlots(COLD_START_SLOTS)
+_COLD_START_WAIT_S = 0.05
+# How long a closing runtime waits for its sandboxes' last lines (a killed process's pipe drains
+# in milliseconds; the bound is for a reader stuck on a machine under load).
+CLOSE_DRAIN_S = 5.0
+
+
+def print_line(line: str) -> None:
+    """A sandbox's line on the stack's stdout, in one write: print() writes the text and its
+    newline apart, and another sandbox's reader could write between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class FunctionRuntime:
+    """Invokes one function; at most `concurrency` invocations (and sandboxes) at once."""
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        *,
+        concurrency: int = 10,
+        report: bool = False,
+        environment: Mapping[str, str] | None = None,
+        on_line: Callable[[str], None] = print_line,
+        record_aws_calls: Path | None = None,
+        idle_retire_s: float = IDLE_RETIRE_S,
+    ) -> None:
+        self.spec = spec
+        self.concurrency = concurrency
+        self.report = report  # print Lambda's START, END and REPORT lines for each invocation
+        # The stack's environment beneath each sandbox's own (None: this process's, read at each
+        # cold start, so what the stack sets before its first invocation reaches the sandboxes).
+        self._environment = environment
+        self._on_line = on_line
+        self._record_aws_calls = record_aws_calls
+        self._idle_retire_s = idle_retire_s
+        self._idle: list[tuple[Sandbox, float]] = []  # with when each went idle (monotonic)
+        self._busy: set[Sandbox] = set()
+        self._count = 0
+        self._warming = 0  # sandboxes `prewarm` is starting
+        self._generation = 0
+        self._closed = False
+        self._available = threading.Condition()
+        self._cut_ms: int | None = None
+
+    # --- sandboxes ------------------------------------------------------------------------
+
+    def _acquire(self, *, synchronous: bool) -> tuple[Sandbox, bool, bool]:
+        """An idle sandbox, or a new one once there is room: (the sandbox, whether it is a cold
+        start, whether that start holds one of `_cold_starts`). A sandbox being warmed ahead
+        (`prewarm`) is waited for rather than started twice."""
+        waiting_for_slot = False
+        try:
+            with self._available:
+                while True:
+                    while self._idle:
+                        sandbox, _ = self._idle.pop()
+                        if sandbox.alive:
+                            self._busy.add(sandbox)
+                            return sandbox, False, False
+                        self._count -= 1  # ended while idle (its process exited): replaced below
+                    if self._warming:
+                        self._available.wait()  # it turns idle, or its start fails, and notifies
+                        continue
+                    if self._count < self.concurrency:
+                        throttled = self._count > 0  # a function's first sandbox does not queue
+                        if not throttled or _cold_starts.try_take(synchronous=synchronous):
+                            self._count += 1
+                            break
+                        if synchronous and not waiting_for_slot:
+                            waiting_for_slot = True
+                            _cold_starts.wait_as_synchronous(True)
+                        self._available.wait(_COLD_START_WAIT_S)  # another function's start may end
+                        continue
+                    self._available.wait()
+        finally:
+            if waiting_for_slot:
+                _cold_starts.wait_as_synchronous(False)
+        try:
+            sandbox = self._new_sandbox()
+        except BaseException:
+            if throttled:
+                _cold_starts.give_back()
+            self._forget(None)
+            raise
+        with self._available:
+            self._busy.add(sandbox)
+        return sandbox, True, throttled
+
+    def _new_sandbox(self) -> Sandbox:
+        """A sandbox process of this function, of the current code's generation (its init runs)."""
+        sandbox = Sandbox(
+            self.spec,
+            os.environ if self._environment is None else self._environment,
+            self._on_line,
+            record_aws_calls=self._record_aws_calls,
+        )
+        sandbox.generation = self._generation
+        return sandbox
+
+    def _forget(self, sandbox: Sandbox | None) -> None:
+        """A sandbox leaves the pool (None: one that failed to start), making room for another."""
+        with self._available:
+            self._count -= 1
+            if sandbox is not None:
+                self._busy.discard(sandbox)
+            self._available.notify()
+        if sandbox is not None:
+            sandbox.retire()
+
+    def _release(self, sandbox: Sandbox) -> None:
+        with self._available:
+            self._busy.discard(sandbox)
+            if sandbox.alive and not self._closed and sandbox.generation == self._generation:
+                self._idle.append((sandbox, time.monotonic()))
+                self._available.notify()
+                return
+        self._forget(sandbox)
+
+    def prewarm(self) -> float | None:
+        """Starts a sandbox before any invocation asks for one and keeps it idle, as SAM CLI's
+        `--warm-containers EAGER` does: its init seconds, or None when the function has a
+        sandbox already or the start failed (the first invocation then cold-starts as usual)."""
+        with self._available:
+            if self._closed or self._count > 0:
+                return None
+            self._count += 1
+            self._warming += 1
+        sandbox: Sandbox | None = None
+        try:
+            while not _cold_starts.try_take(synchronous=False):  # a core a start, as any scale-out
+                time.sleep(_COLD_START_WAIT_S)
+            try:
+                sandbox = self._new_sandbox()
+                sandbox.wait_ready()
+            finally:
+                _cold_starts.give_back()
+        except BaseException as failed:
+            self._forget(sandbox)
+            if isinstance(failed, SandboxDied | OSError):
+                return None
+            raise
+        else:
+            with self._available:
+                self._busy.add(sandbox)
+            self._release(sandbox)  # idle before the warm-up ends: no waiter starts a second one
+            return sandbox.init_s
+        finally:
+            with self._available:
+                self._warming -= 1
+                self._available.notify_all()  # every invocation that waited on this warm-up
+
+    def retire_idle(self, *, older_than_s: float | None = None) -> int:
+        """Retires idle sandboxes (those idle longer than `older_than_s`, or all); how many."""
+        now = time.monotonic()
+        with self._available:
+            keep: list[tuple[Sandbox, float]] = []
+            leaving: list[Sandbox] = []
+            for sandbox, since in self._idle:
+                stale = older_than_s is None or now - since > older_than_s or not sandbox.alive
+                if stale:
+                    leaving.append(sandbox)
+                else:
+                    keep.append((sandbox, since))
+            self._idle = keep
+            self._count -= len(leaving)
+            self._available.notify_all()
+        for sandbox in leaving:
+            sandbox.retire()
+        return len(leaving)
+
+    def reap(self) -> None:
+        """Retires the sandboxes idle past `idle_retire_s` (the stack calls it now and then)."""
+        self.retire_idle(older_than_s=self._idle_retire_s)
+
+    def reload(self) -> None:
+        """The function's code changed: idle sandboxes end now, busy ones after their
+        invocation; the next invocation cold-starts on the new code."""
+        with self._available:
+            self._generation += 1
+        self.retire_idle()
+
+    def cut_to(self, deadline: float) -> None:
+        """The invocations in flight have until `deadline` (monotonic): a stop's grace."""
+        deadline_ms = int((time.time() + deadline - time.monotonic()) * 1000)
+        with self._available:
+            self._cut_ms = deadline_ms
+            busy = list(self._busy)
+        for sandbox in busy:
+            sandbox.cut_to(deadline_ms)
+
+    def close(self) -> None:
+        """Ends every sandbox: the idle ones, and the busy ones (whose invocations end with an
+        error: a stop's grace is over when it closes the runtimes). Returns once each has ended
+        and its output is read to the last line (CLOSE_DRAIN_S at most): an invocation ends when
+        its response is posted, and the lines it wrote just before may still be in the pipe."""
+        with self._available:
+            self._closed = True
+            busy = list(self._busy)
+            leaving = [sandbox for sandbox, _ in self._idle] + busy
+        self.retire_idle()
+        for sandbox in busy:
+            sandbox.kill()
+        give_up = time.monotonic() + CLOSE_DRAIN_S
+        for sandbox in leaving:
+            sandbox.wait_ended(max(0.0, give_up - time.monotonic()))
+
+    def __enter__(self) -> FunctionRuntime:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def sandboxes(self) -> list[Sandbox]:
+        with self._available:
+            return [sandbox for sandbox, _ in self._idle] + list(self._busy)
+
+    # --- invocations ----------------------------------------------------------------------
+
+    def invoke(self, event: Any, *, request_id: str | None = None, synchronous: bool = False) -> Invocation:
+        """One invocation; `synchronous` when a caller waits on it (API Gateway, RequestResponse),
+        whose cold start goes ahead of the event sources'."""
+        request_id = request_id or str(uuid.uuid4())
+        sandbox, cold, throttled = self._acquire(synchronous=synchronous)
+        if self.report:
+            print(f"START RequestId: {request_id} Version: $LATEST", flush=True)
+        init_s: float | None = None
+        started = time.monotonic()
+        try:
+            if cold:
+                try:
+                    sandbox.wait_ready()
+                finally:
+                    if throttled:
+                        _cold_starts.give_back()
+                init_s = sandbox.init_s
+                started = time.monotonic()
+                if self._cut_ms is not None:
+                    sandbox.cut_to(self._cut_ms)
+            payload = sandbox.run(event, request_id, self.spec.timeout_s)
+        except TimeoutError:
+            invocation = Invocation(
+                error=f"Task timed out after {self.spec.timeout_s:.2f} seconds", timed_out=True
+            )
+        except (FunctionError, SandboxDied) as exc:
+            invocation = Invocation(error=str(exc))
+        else:
+            invocation = Invocation(payload=payload)
+        finally:
+            self._release(sandbox)
+        invocation = dataclasses.replace(
+            invocation,
+            duration_s=time.monotonic() - started,
+            init_s=init_s,
+            max_memory_mb=math.ceil(sandbox.peak_mb),
+        )
+        if self.report:
+            print(f"END RequestId: {request_id}", flush=True)
+            print(self._report_line(request_id, invocation), flush=True)
+        return invocation
+
+    def _report_line(self, request_id: str, invocation: Invocation) -> str:
+        """The line Lambda writes to CloudWatch Logs after each invocation (and `sam local
+        invoke` prints), with the function's name added: the stack serves them all."""
+        milliseconds = invocation.duration_s * 1000
+        line = (
+            f"REPORT RequestId: {request_id}\tFunction: {self.spec.logical_id}"
+            f"\tDuration: {milliseconds:.2f} ms\tBilled Duration: {math.ceil(milliseconds)} ms"
+            f"\tMemory Size: {self.spec.memory_mb} MB\tMax Memory Used: {invocation.max_memory_mb} MB"
+        )
+        if invocation.init_s is not None:
+            line += f"\tInit Duration: {invocation.init_s * 1000:.2f} ms"
+        if invocation.timed_out:
+            line += "\tStatus: timeout"
+        elif invocation.error and invocation.error.startswith("Runtime.OutOfMemory"):
+            line += "\tStatus: error\tError Type: Runtime.OutOfMemory"
+        return line
+
+
+def print_to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

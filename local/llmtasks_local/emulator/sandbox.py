@@ -1,0 +1,393 @@
+"""One Lambda execution environment: an OS process running the handler under awslambdaric.
+
+As Lambda starts an execution environment, a sandbox starts a process with the function's own
+environment (the template's variables and Lambda's reserved ones), which imports the handler
+(the cold start: its init) and then asks the Runtime API for work. The stack serves that API,
+one small HTTP server per sandbox (`/2018-06-01/runtime/invocation/next`, `.../response`,
+`.../error`, `/2018-06-01/runtime/init/error`), so the handler code and the runtime client are
+exactly what Lambda runs. What Lambda enforces from outside, this does from outside: a sandbox
+past its Timeout or its MemorySize is killed, and what it would have done afterwards never
+happens.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmtasks_local.emulator.processes import die_with_parent, status_kib
+from llmtasks_local.emulator.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
+from llmtasks_local.sam.function_spec import FunctionSpec
+from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+
+RUNTIME_API = "/2018-06-01/runtime"
+# Lambda gives an on-demand init 10 s; one that runs over is tried again within the first
+# invocation, under the function's Timeout. The same bound, both tries at once.
+INIT_GRACE_S = 10.0
+MEMORY_CHECK_S = 0.05  # how often a running sandbox's resident memory is read
+_SIGNAL_WORDS: dict[int, str] = {
+    signal.SIGKILL: "killed",
+    signal.SIGTERM: "terminated",
+    signal.SIGSEGV: "segmentation fault",
+}
+
+
+@dataclass(frozen=True)
+class Invocation:
+    payload: Any = None
+    error: str | None = None  # "ErrorType: message": the handler raised, or the runtime ended
+    timed_out: bool = False
+    duration_s: float = 0.0
+    init_s: float | None = None  # the cold start this invocation waited for, if any
+    max_memory_mb: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+@dataclass
+class _Job:
+    request_id: str
+    event: Any
+    deadline_ms: int  # epoch milliseconds, as Lambda-Runtime-Deadline-Ms says it
+    done: Future[Any] = field(default_factory=Future)
+
+
+class FunctionError(Exception):
+    """The handler raised (or its runtime failed): Lambda's error object, as `errorType: errorMessage`."""
+
+
+class SandboxDied(Exception):
+    """The sandbox's process ended: an init error, an exit, a kill."""
+
+
+def lambda_environment(spec: FunctionSpec, base: Mapping[str, str], runtime_api: str) -> dict[str, str]:
+    """What a sandbox's process sees: `base` (the stack's own environment: its AWS endpoint and
+    credentials, and the variables you start it with, beneath the template's), the function's
+    Environment, and the variables Lambda itself sets."""
+    region = PSEUDO_PARAMETERS["AWS::Region"]
+    python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return {
+        **base,
+        **spec.environment,
+        "AWS_REGION": region,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_EXECUTION_ENV": f"AWS_Lambda_{python}",
+        "AWS_LAMBDA_FUNCTION_NAME": spec.logical_id,
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
+        "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+        "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.logical_id}",
+        "AWS_LAMBDA_LOG_STREAM_NAME": f"local/{uuid.uuid4().hex}",
+        "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
+        "AWS_LAMBDA_RUNTIME_API": runtime_api,
+        "LAMBDA_TASK_ROOT": str(spec.code_dir),
+        "_HANDLER": spec.handler,
+        # The function's code, then its layers (as /var/task, then /opt/python).
+        "PYTHONPATH": os.pathsep.join(str(p) for p in (spec.code_dir, *spec.layer_dirs)),
+        "PYTHONUNBUFFERED": "1",  # each log line reaches the stack as it is written
+        "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here; the Tracer would only warn
+    }
+
+
+class _Spawner:
+    """Starts every sandbox process from one long-lived thread. Linux ends a child whose parent
+    dies (PR_SET_PDEATHSIG: a killed stack leaves no sandbox behind), but it counts the parent
+    as the *thread* that forked, and the threads that ask for sandboxes come and go."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="sandbox-spawner", daemon=True)
+                self._thread.start()
+        future: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((start, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            start, future = self._requests.get()
+            try:
+                future.set_result(start())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+_spawner = _Spawner()
+_die_with_killed = functools.partial(die_with_parent, signal.SIGKILL)  # as Lambda ends an environment
+
+
+class _RuntimeApi(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        super().__init__(("127.0.0.1", 0), _RuntimeApiHandler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A sandbox killed mid-request (a timeout, its memory, a stop) drops its connection:
+        nothing to report."""
+
+
+class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
+    """The Lambda Runtime API, as the runtime client of one sandbox calls it."""
+
+    protocol_version = "HTTP/1.1"  # the runtime client keeps its connection
+    disable_nagle_algorithm = True  # small replies: without it each waits for a delayed ACK
+    server: _RuntimeApi
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: bytes = b"{}", headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def do_GET(self) -> None:
+        if self.path != f"{RUNTIME_API}/invocation/next":
+            self._reply(404)
+            return
+        job = self.server.sandbox._next_job()
+        if job is None:  # retired: the process is being stopped
+            self._reply(410, headers={"Connection": "close"})
+            return
+        arn = "arn:aws:lambda:{}:{}:function:{}".format(
+            PSEUDO_PARAMETERS["AWS::Region"],
+            PSEUDO_PARAMETERS["AWS::AccountId"],
+            self.server.sandbox.spec.logical_id,
+        )
+        self._reply(
+            200,
+            json.dumps(job.event).encode(),
+            {
+                "Lambda-Runtime-Aws-Request-Id": job.request_id,
+                "Lambda-Runtime-Deadline-Ms": str(job.deadline_ms),
+                "Lambda-Runtime-Invoked-Function-Arn": arn,
+                "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]};Sampled=0",
+            },
+        )
+
+    def do_POST(self) -> None:
+        body = self._body()
+        parts = self.path.removeprefix(RUNTIME_API).strip("/").split("/")
+        sandbox = self.server.sandbox
+        if parts == ["init", "error"]:
+            sandbox._init_failed(_error_text(body))
+        elif len(parts) == 3 and parts[0] == "invocation" and parts[2] in ("response", "error"):
+            if parts[2] == "response":
+                sandbox._finished(parts[1], payload=json.loads(body) if body else None)
+            else:
+                sandbox._finished(parts[1], error=_error_text(body))
+        else:
+            self._reply(404)
+            return
+        self._reply(202, b'{"status":"OK"}')
+
+
+def _error_text(body: bytes) -> str:
+    """Lambda's error object as one line: `errorType: errorMessage`."""
+    try:
+        error = json.loads(body)
+        return f"{error.get('errorType') or 'Error'}: {error.get('errorMessage') or ''}".rstrip(": ")
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")
+
+
+class Sandbox:
+    """One execution environment of `spec`: its process, its Runtime API, one invocation at a
+    time. `on_line` receives each line the process writes (stdout and stderr, as CloudWatch
+    Logs would)."""
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        base_environment: Mapping[str, str],
+        on_line: Callable[[str], None],
+        *,
+        record_aws_calls: Path | None = None,
+    ) -> None:
+        self.spec = spec
+        self.generation = 0  # the code it runs: a reload retires sandboxes of older generations
+        self._peak_mb = 0.0  # the highest resident memory seen while it ran (after it ended too)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._current: _Job | None = None
+        self._lock = threading.Lock()
+        self._ready = threading.Event()  # the process asked for its first invocation: init done
+        self._ended = threading.Event()
+        self._stopped = False  # killed or retired: never handed another invocation
+        self._end_reason: str | None = None
+        self._oom = False
+        self._api = _RuntimeApi(self)
+        threading.Thread(
+            target=self._api.serve_forever, name=f"runtime-api-{spec.logical_id}", daemon=True
+        ).start()
+        self._cut_file = Path(tempfile.mkstemp(prefix="llmtasks-cut-")[1])
+        environment = lambda_environment(spec, base_environment, f"127.0.0.1:{self._api.server_address[1]}")
+        environment[CUT_FILE] = str(self._cut_file)
+        if record_aws_calls is not None:
+            environment[RECORD_AWS_CALLS] = str(record_aws_calls)
+        self.started = time.monotonic()
+        self.init_s: float | None = None
+        self.process = _spawner.spawn(
+            lambda: subprocess.Popen(  # noqa: S603
+                # The function's name last: `ps` shows whose sandbox a process is.
+                [sys.executable, "-m", "llmtasks_local.emulator.sandbox_main", spec.handler, spec.logical_id],
+                cwd=spec.code_dir,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_killed,  # noqa: PLW1509 - only calls prctl, before exec
+            )
+        )
+        self._on_line = on_line
+        threading.Thread(target=self._read_output, name=f"sandbox-log-{spec.logical_id}", daemon=True).start()
+
+    # --- the Runtime API's side -----------------------------------------------------------
+
+    def _next_job(self) -> _Job | None:
+        if not self._ready.is_set():
+            self.init_s = time.monotonic() - self.started
+            self._ready.set()
+        with self._lock:
+            self._current = None
+        job = self._jobs.get()
+        with self._lock:
+            self._current = job
+        return job
+
+    def _finished(self, request_id: str, *, payload: Any = None, error: str | None = None) -> None:
+        with self._lock:
+            job = self._current if self._current and self._current.request_id == request_id else None
+            if job is None or job.done.done():
+                return  # an answer for an invocation already ended (timed out): it lands nowhere
+            if error is None:
+                job.done.set_result(payload)
+            else:
+                job.done.set_exception(FunctionError(error))
+
+    def _init_failed(self, error: str) -> None:
+        self._end_reason = error
+
+    def _read_output(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            # awslambdaric joins a traceback's lines with \r (one CloudWatch event); a terminal
+            # wants them on lines of their own.
+            for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
+                self._on_line(line)
+        code = self.process.wait()
+        if self._end_reason is None:
+            if self._oom:
+                self._end_reason = "Runtime.OutOfMemory: Runtime exited with error: signal: killed"
+            else:
+                # Lambda's words: "signal: killed", "exit status 1"
+                how = f"signal: {_SIGNAL_WORDS.get(-code, -code)}" if code < 0 else f"exit status {code}"
+                self._end_reason = f"Runtime.ExitError: Runtime exited with error: {how}"
+        self._ended.set()
+        with self._lock:
+            job, self._current = self._current, None
+            if job is not None and not job.done.done():
+                job.done.set_exception(SandboxDied(self._end_reason))
+        self._jobs.put(None)  # a Runtime API thread waiting for work lets go
+        self._api.shutdown()
+        self._api.server_close()
+        self._cut_file.unlink(missing_ok=True)
+
+    # --- the stack's side -----------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return not self._stopped and not self._ended.is_set()
+
+    @property
+    def peak_mb(self) -> float:
+        # What REPORT's Max Memory Used says: the process's high-water mark while it runs.
+        return max(self._peak_mb, (status_kib(self.process.pid, "VmHWM") or 0) / 1024)
+
+    def wait_ready(self) -> None:
+        """Waits for the cold start (raises SandboxDied if the process ended, or took longer
+        than Lambda allows an init)."""
+        give_up = time.monotonic() + INIT_GRACE_S + self.spec.timeout_s
+        while not self._ready.wait(MEMORY_CHECK_S):
+            if self._ended.is_set():
+                raise SandboxDied(self._end_reason or "Runtime.ExitError: Runtime exited during init")
+            self._check_memory()
+            if time.monotonic() > give_up:
+                self.kill()
+                raise SandboxDied("Runtime.InitTimeout: init did not complete in time")
+
+    def run(self, event: Any, request_id: str, timeout_s: float) -> Any:
+        """One invocation: its payload; raises FunctionError, SandboxDied or TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        job = _Job(request_id, event, int((time.time() + timeout_s) * 1000))
+        self._jobs.put(job)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()  # Lambda stops the environment: nothing the handler does next lands
+                raise TimeoutError
+            try:
+                return job.done.result(timeout=min(left, MEMORY_CHECK_S))
+            except TimeoutError:
+                self._check_memory()
+
+    def _check_memory(self) -> None:
+        resident = (status_kib(self.process.pid, "VmRSS") or 0) / 1024
+        self._peak_mb = max(self._peak_mb, resident)
+        if resident > self.spec.memory_mb:
+            self._oom = True
+            self.kill()
+
+    def cut_to(self, deadline_ms: int) -> None:
+        """A stopping stack gives the invocation in flight until `deadline_ms` (epoch). (Before
+        its init, the process has no handler for the signal yet: there is nothing to cut.)"""
+        if self.alive and self._ready.is_set():
+            self._cut_file.write_text(str(deadline_ms))
+            self.process.send_signal(CUT_SIGNAL)
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Whether the process ended and its output was read to the end within `timeout_s`."""
+        return self._ended.wait(timeout_s)
+
+    def kill(self) -> None:
+        self._stopped = True
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def retire(self) -> None:
+        """Ends an idle sandbox, as Lambda shuts an environment down: SIGTERM (the runtime
+        client sets no handler for it, so the process ends at once; its output reader reaps it)."""
+        self._stopped = True
+        if self.process.poll() is None:
+            self.process.terminate()

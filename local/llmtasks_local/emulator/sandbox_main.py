@@ -1,0 +1,67 @@
+"""The first code of a sandbox process: `python -m llmtasks_local.emulator.sandbox_main HANDLER FUNCTION`.
+
+It runs AWS's own runtime client (awslambdaric, what Lambda's Python base images run) against
+the Runtime API the stack serves for this sandbox, after two things only the emulator needs:
+`--record-aws-calls` (each AWS call the function makes, aws_calls.py) and the stop's grace (a
+stopping stack cuts the running invocation's remaining time, so the worker takes no new work it
+could not finish). Neither touches the handler: both wrap what awslambdaric does around it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+RECORD_AWS_CALLS = "LLMTASKS_RECORD_AWS_CALLS"  # a file: each AWS call appended as a JSON line
+CUT_FILE = "LLMTASKS_SANDBOX_CUT_FILE"  # where the stack writes the deadline (epoch ms) of a stop
+CUT_SIGNAL = signal.SIGUSR1  # "read the cut file": the stack is stopping
+
+
+def _cut_remaining_time(bootstrap: Any) -> None:
+    """On CUT_SIGNAL, the context of the invocation in flight ends no later than the deadline
+    the stack wrote; later invocations' contexts too."""
+    contexts: list[Any] = []
+    cut: list[int] = []
+    create = bootstrap.create_lambda_context
+
+    def create_and_keep(*args: Any) -> Any:
+        context = create(*args)
+        if cut:
+            context._epoch_deadline_time_in_ms = min(context._epoch_deadline_time_in_ms, cut[0])
+        contexts[:] = [context]
+        return context
+
+    def on_cut(_signum: int, _frame: Any) -> None:
+        try:
+            deadline_ms = int(Path(os.environ[CUT_FILE]).read_text())
+        except (KeyError, OSError, ValueError):
+            return
+        cut[:] = [deadline_ms]
+        for context in contexts:
+            context._epoch_deadline_time_in_ms = min(context._epoch_deadline_time_in_ms, deadline_ms)
+
+    bootstrap.create_lambda_context = create_and_keep
+    signal.signal(CUT_SIGNAL, on_cut)
+
+
+def main() -> None:
+    recording = os.environ.pop(RECORD_AWS_CALLS, None)
+    if recording:
+        from llmtasks_local.emulator import aws_calls
+
+        aws_calls.install(Path(recording), function=os.environ["AWS_LAMBDA_FUNCTION_NAME"])
+    from awslambdaric import __main__ as ric
+    from awslambdaric import bootstrap
+
+    _cut_remaining_time(bootstrap)
+    # The function's code comes first on sys.path, as /var/task does in Lambda (PYTHONPATH
+    # holds it too, for the modules the handler's module imports).
+    sys.path.insert(0, os.environ["LAMBDA_TASK_ROOT"])
+    ric.main(sys.argv[:2])  # the handler; the function's name is there for `ps` alone
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""Event source mappings, as Lambda runs them: SQS queues and DynamoDB streams polled into
+functions, read from the template's Events (batch size, batching window, partial batch
+responses, maximum concurrency, filters, retries, on-failure destination)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmtasks.aws.queues import Queue
+from llmtasks.records import sqs_record
+from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
+from llmtasks_local.sam.events import pattern_matcher, stream_record
+from llmtasks_local.sam.function_spec import SqsSource, StreamSource
+from llmtasks_local.tool_errors import EXIT_FAILED, ToolError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodbstreams import DynamoDBStreamsClient
+    from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
+
+# Without ScalingConfig, Lambda scales SQS pollers far beyond what one machine should run.
+DEFAULT_SQS_CONCURRENCY = 5
+# Lambda's scaling of a standard queue's pollers (its documented rules): five concurrent batches
+# when messages are available, then up to 300 more a minute while messages remain (five a
+# second here), back to five when traffic is low.
+INITIAL_SQS_POLLERS = 5
+SQS_POLLERS_ADDED_PER_S = 5
+# Long-poll slices: short enough that a stop is quick, long enough not to spin.
+POLL_WAIT_S = 1
+# While a batching window is open, how long the poller waits between receives that fill it.
+FILL_STEP_S = 0.25
+STREAM_IDLE_S = 0.25
+
+
+def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[str]) -> set[str]:
+    """Which records go back to the source, by Lambda's rules for a reply."""
+    if not invocation.ok:
+        return set(all_ids)  # an error or a timeout returns the whole batch
+    if not report_failures or not isinstance(invocation.payload, dict):
+        return set()
+    failures = invocation.payload.get("batchItemFailures") or []
+    ids = {str(f.get("itemIdentifier", "")) for f in failures if isinstance(f, dict)}
+    # An empty or unknown itemIdentifier makes Lambda treat the whole batch as failed.
+    if any(not i or i not in all_ids for i in ids) or len(ids) != len(failures):
+        return set(all_ids)
+    return ids
+
+
+class SqsPoller:
+    """One SQS event source: up to `maximum_concurrency` pollers, each invoking with its own
+    batch, scaled as Lambda scales them (`active` of them poll)."""
+
+    def __init__(
+        self,
+        source: SqsSource,
+        runtime: FunctionRuntime,
+        sqs: SQSClient,
+        queue_url: str,
+        stop: threading.Event,
+    ) -> None:
+        self.source = source
+        self._runtime = runtime
+        # Receives, deletes and releases as the worker's refill makes them.
+        self._queue = Queue(queue_url, sqs)
+        self._stop = stop
+        self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
+        self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
+        self.active = self.initial
+        self._scaled = threading.Condition()
+        self._grown_at = 0.0
+        # Nothing found and nothing running: one poller keeps looking for the others, which wait
+        # for it to find messages. Lambda's idle pollers cost no one's CPU; here five long polls a
+        # second for each of a stack's queues were a tenth of a core of an idle stack (moto's and
+        # the stack's), and the test suite runs several stacks at once.
+        self._quiet = False
+        # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
+        self._in_flight: dict[int, list[str]] = {}
+        self.threads = [
+            threading.Thread(target=self._poll, args=(i,), name=f"sqs-{source.function_id}-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def _receive(self, limit: int, wait_s: float) -> list[MessageTypeDef]:
+        return self._queue.receive(limit, wait_s=math.ceil(wait_s))
+
+    def next_batch(self) -> list[MessageTypeDef]:
+        """Up to BatchSize messages, waiting up to MaximumBatchingWindowInSeconds to fill it.
+
+        After the first message, it takes what has arrived every FILL_STEP_S rather than each
+        message as it lands: one receive per message would bill a trickle of tasks for a
+        receive each."""
+        batch = self._receive(self.source.batch_size, POLL_WAIT_S)
+        if not batch:
+            return batch
+        fill_until = time.monotonic() + self.source.batching_window_s
+        while len(batch) < self.source.batch_size and not self._stop.is_set():
+            left = fill_until - time.monotonic()
+            if left <= 0:
+                break
+            self._stop.wait(min(left, FILL_STEP_S))
+            batch += self._receive(self.source.batch_size - len(batch), 0)
+        return batch
+
+    def _poll(self, index: int) -> None:
+        while not self._stop.is_set():
+            with self._scaled:
+                if index >= self.active or (index > 0 and self._quiet):
+                    self._scaled.wait(POLL_WAIT_S)
+                    self._grow(about_to_invoke=0)
+                    continue
+            try:
+                batch = self.next_batch()
+                self._scale(found_messages=bool(batch))
+                if batch:
+                    self.deliver(batch)
+            except Exception as exc:  # a poller outlives a failed call, as Lambda's does
+                if self._stop.is_set():
+                    return  # the endpoint is going away with the stack
+                print(f"[{self.source.function_id}:{self.source.name}] poll failed: {exc!r}", flush=True)
+                self._stop.wait(1)
+
+    def _scale(self, *, found_messages: bool) -> None:
+        """One poller fewer, down to the initial five, for each receive that comes back empty;
+        a receive that finds messages while the others are busy grows the pollers."""
+        with self._scaled:
+            if not found_messages:
+                self.active = max(self.initial, self.active - 1)
+                self._quiet = self.active == self.initial and not self._in_flight
+                return
+            if self._quiet:
+                self._quiet = False
+                self._scaled.notify_all()  # the waiting pollers look at once
+            if not self._in_flight and self.active == self.initial:
+                self._grown_at = time.monotonic()  # work starts from idle: a step up is a second away
+            self._grow(about_to_invoke=1)
+
+    def _grow(self, *, about_to_invoke: int) -> None:
+        """While every active poller is busy with a batch, SQS_POLLERS_ADDED_PER_S more pollers
+        a second (the caller holds `_scaled`). Each new one's receive is the probe of whether
+        messages remain: an empty one takes it back."""
+        now = time.monotonic()
+        every_poller_busy = len(self._in_flight) + about_to_invoke >= self.active
+        if every_poller_busy and self.active < self.concurrency and now - self._grown_at >= 1:
+            self.active = min(self.concurrency, self.active + SQS_POLLERS_ADDED_PER_S)
+            self._grown_at = now
+            self._scaled.notify_all()
+
+    def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
+        records = [sqs_record(m, self.source.queue_arn) for m in batch]
+        self._in_flight[threading.get_ident()] = [r["receiptHandle"] for r in records]
+        try:
+            invocation = self._runtime.invoke({"Records": records})
+        finally:
+            self._in_flight.pop(threading.get_ident(), None)
+        if invocation.error:
+            print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+        ids = [r["messageId"] for r in records]
+        keep = failed_ids(invocation, report_failures=self.source.report_batch_item_failures, all_ids=ids)
+        done = [r for r in records if r["messageId"] not in keep]
+        self._queue.delete_many([r["receiptHandle"] for r in done])
+        return invocation
+
+    def in_flight(self) -> list[str]:
+        """The receipt handles of the messages its invocations are running now."""
+        return [handle for handles in list(self._in_flight.values()) for handle in handles]
+
+    def release(self, receipts: list[str]) -> int:
+        """Makes the messages of invocations a stop cut short (their receipts, `in_flight()` as
+        the stop began to cut them) visible again at once, so that after a restart they are
+        delivered again now, not after the queue's visibility timeout (hours for TaskQueue). The
+        next delivery of such a message takes its task over at once (the lease names the
+        message). Returns how many: a message whose invocation ended meanwhile and deleted it
+        is not one."""
+        return self._queue.make_visible(receipts)
+
+
+def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any]], None]:
+    """A stream's on-failure destination (an SQS queue): a note of each skipped batch."""
+
+    def send(note: dict[str, Any]) -> None:
+        sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(note))
+
+    return send
+
+
+class StreamPoller:
+    """One DynamoDB stream event source: shards read in order, batches retried, then skipped."""
+
+    def __init__(
+        self,
+        source: StreamSource,
+        runtime: FunctionRuntime,
+        streams: DynamoDBStreamsClient,
+        stop: threading.Event,
+        on_failure: Callable[[dict[str, Any]], None] | None = None,
+        checkpoints: dict[str, str] | None = None,
+        on_checkpoint: Callable[[dict[str, str]], None] | None = None,
+    ) -> None:
+        self.source = source
+        self._runtime = runtime
+        self._streams = streams
+        self._stop = stop
+        self._on_failure = on_failure
+        self._matches = pattern_matcher(source.filter_patterns)
+        # The last record handled per shard, as Lambda's event source mapping keeps it: a
+        # restarted stack with its state goes on from there (`checkpoints` given back).
+        self.checkpoints: dict[str, str] = dict(checkpoints or {})
+        self._on_checkpoint = on_checkpoint  # told each new position, to keep it on disk
+        self.threads = [threading.Thread(target=self._poll, name=f"stream-{source.function_id}", daemon=True)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def _iterators(self) -> dict[str, str]:
+        shards = self._streams.describe_stream(StreamArn=self.source.stream_arn)["StreamDescription"][
+            "Shards"
+        ]
+        return {shard["ShardId"]: self._iterator(shard["ShardId"]) for shard in shards}
+
+    def _iterator(self, shard_id: str) -> str:
+        after = self.checkpoints.get(shard_id)
+        position: dict[str, Any] = (
+            {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after}
+            if after
+            else {"ShardIteratorType": self.source.starting_position}
+        )
+        iterator: str = self._streams.get_shard_iterator(
+            StreamArn=self.source.stream_arn, ShardId=shard_id, **position
+        )["ShardIterator"]
+        return iterator
+
+    def _poll(self) -> None:
+        iterators: dict[str, str] = {}
+        while not self._stop.is_set():
+            try:
+                if not iterators:
+                    iterators = self._iterators()
+                busy = False
+                for shard_id, iterator in list(iterators.items()):
+                    reply = self._streams.get_records(ShardIterator=iterator, Limit=self.source.batch_size)
+                    iterators[shard_id] = reply.get("NextShardIterator") or iterator
+                    records = [
+                        stream_record(dict(r), self.source.stream_arn) for r in reply.get("Records") or []
+                    ]
+                    busy = busy or bool(records)
+                    chosen = [r for r in records if self._matches(r)]
+                    if chosen and not self.deliver(chosen):
+                        break  # stopped before the batch was handled: not checkpointed
+                    if records:
+                        self.checkpoints[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
+                        if self._on_checkpoint is not None:
+                            self._on_checkpoint(dict(self.checkpoints))
+                if not busy:
+                    self._stop.wait(STREAM_IDLE_S)
+            except Exception as exc:  # keep polling, as Lambda does
+                if self._stop.is_set():
+                    return
+                print(
+                    f"[{self.source.function_id}:{self.source.name}] stream poll failed: {exc!r}", flush=True
+                )
+                self._stop.wait(1)
+
+    def deliver(self, records: list[dict[str, Any]]) -> bool:
+        """Retries from the first failed record until MaximumRetryAttempts (a function error
+        first splits the batch in two, with BisectBatchOnFunctionError); then the on-failure
+        destination gets a note of the skipped records and the shard moves on. False when a stop
+        came first (the records are read again after a restart)."""
+        attempts = 0
+        while records and not self._stop.is_set():
+            invocation = self._runtime.invoke({"Records": records})
+            numbers = [r["dynamodb"]["SequenceNumber"] for r in records]
+            failed = failed_ids(
+                invocation, report_failures=self.source.report_batch_item_failures, all_ids=numbers
+            )
+            if not failed:
+                return True
+            if invocation.error:
+                print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+            if not invocation.ok and self.source.bisect_on_error and len(records) > 1:
+                # BisectBatchOnFunctionError: each half is retried on its own (a split does not
+                # count toward MaximumRetryAttempts), so one bad record holds up only itself.
+                half = len(records) // 2
+                return self.deliver(records[:half]) and self.deliver(records[half:])
+            first = min(numbers.index(n) for n in failed)
+            records = records[first:]
+            attempts += 1
+            limit = self.source.maximum_retry_attempts
+            if limit != -1 and attempts > limit:
+                if self._on_failure is not None:
+                    self._on_failure(
+                        {
+                            "requestContext": {"condition": "RetryAttemptsExhausted"},
+                            "DDBStreamBatchInfo": {
+                                "streamArn": self.source.stream_arn,
+                                "startSequenceNumber": records[0]["dynamodb"]["SequenceNumber"],
+                                "endSequenceNumber": records[-1]["dynamodb"]["SequenceNumber"],
+                                "batchSize": len(records),
+                            },
+                        }
+                    )
+                return True
+            self._stop.wait(min(30.0, 0.5 * 2**attempts))
+        return not records
+
+
+class StreamPositions:
+    """Each stream event source's last handled record per shard, in a file rewritten whole at
+    every step: a stack that crashes goes on from there, and delivers again at most the batch it
+    was handling (at least once, as Lambda's event source mappings do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._positions: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError) as error:
+            raise ToolError(
+                f"the streams' positions cannot be read: {error}",
+                where=str(path),
+                fix="start empty with --reset, or move the file aside to keep it",
+                exit_code=EXIT_FAILED,
+            ) from error
+
+    def of(self, source: str) -> dict[str, str]:
+        return dict(self._positions.get(source, {}))
+
+    def keeper(self, source: str) -> Callable[[dict[str, str]], None]:
+        def keep(checkpoints: dict[str, str]) -> None:
+            with self._lock:
+                self._positions[source] = checkpoints
+                partial = self.path.with_suffix(".partial")
+                # A full disk keeps the older position: a crash then delivers a few records
+                # again, which at-least-once allows; the stack reports the disk (state watch).
+                with contextlib.suppress(OSError):
+                    partial.write_text(json.dumps(self._positions))
+                    partial.replace(self.path)
+
+        return keep

@@ -1,0 +1,61 @@
+"""Where one deployment's tables and queues are: a `sam deploy`ed stack (its Outputs) or the
+stack `llmtasks up` provisioned. The operator commands (`llmtasks dlq`, `llmtasks keys`) start here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import boto3
+
+if TYPE_CHECKING:
+    from mypy_boto3_cloudformation import CloudFormationClient
+    from mypy_boto3_sqs import SQSClient
+
+QueueName = Literal["tasks", "high", "batches", "fanout", "webhooks"]
+# Each queue name's queue and dead-letter queue (logical ids in template.yaml).
+QUEUES: dict[QueueName, tuple[str, str]] = {
+    "tasks": ("TaskQueue", "TaskDLQ"),
+    "high": ("HighTaskQueue", "HighTaskDLQ"),
+    "batches": ("BatchTaskQueue", "BatchTaskDLQ"),
+    "fanout": ("BatchFanoutQueue", "BatchFanoutDLQ"),
+    "webhooks": ("WebhookQueue", "WebhookDLQ"),
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where one deployment's tables and queues are."""
+
+    tasks_table: str
+    api_keys_table: str
+    queue_urls: dict[QueueName, str]
+    dlq_urls: dict[QueueName, str]
+
+    @classmethod
+    def of_stack(cls, stack_name: str, cloudformation: CloudFormationClient | None = None) -> Deployment:
+        """A `sam deploy`ed stack, from its Outputs."""
+        client = cloudformation or boto3.client("cloudformation")
+        [stack] = client.describe_stacks(StackName=stack_name)["Stacks"]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+        return cls(
+            tasks_table=outputs["TasksTableName"],
+            api_keys_table=outputs["ApiKeysTableName"],
+            queue_urls={name: outputs[f"{queue}Url"] for name, (queue, _) in QUEUES.items()},
+            dlq_urls={name: outputs[f"{dlq}Url"] for name, (_, dlq) in QUEUES.items()},
+        )
+
+    @classmethod
+    def local(cls, sqs: SQSClient) -> Deployment:
+        """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
+        from llmtasks_local.sam.provision import local_name
+
+        def url(logical_id: str) -> str:
+            return sqs.get_queue_url(QueueName=local_name(logical_id))["QueueUrl"]
+
+        return cls(
+            tasks_table=local_name("TasksTable"),
+            api_keys_table=local_name("ApiKeysTable"),
+            queue_urls={name: url(queue) for name, (queue, _) in QUEUES.items()},
+            dlq_urls={name: url(dlq) for name, (_, dlq) in QUEUES.items()},
+        )

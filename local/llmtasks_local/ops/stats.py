@@ -1,0 +1,203 @@
+"""What a deployment's tasks, batches and queues look like right now: `llmtasks stats` prints it,
+the local console (`llmtasks up`, /console) draws it. Both read the tables and queues the
+functions use; there is no second store.
+
+Tasks are read with one Scan of TasksTable (prompts and results left out), up to MAX_ITEMS
+items: cheap on a local stack, a bounded read on a deployed one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from llmtasks.aws.batch_store import scan_batches
+from llmtasks.aws.task_items import scan_tasks
+from llmtasks.domain.batches import BatchView
+from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+    from llmtasks_local.ops.deployment import Deployment
+
+HOUR_S = 3600
+BUCKET_S = 300  # the charts' resolution: five minutes
+MAX_ITEMS = 20_000
+RECENT = 25  # tasks shown with their timeline
+BATCHES = 10
+# What the Scan reads of a task: never its prompt, result or webhook URL.
+_TASK_FIELDS = [
+    "pk",
+    "task_id",
+    "tenant_id",
+    "status",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "attempts",
+    "max_retries",
+    "error_code",
+    "batch_id",
+    "priority",
+    "webhook_status",
+    "webhook_attempts",
+    "dead_letter_at",
+    "lease_until",
+    "expires_at",
+    "request.model",
+    "attempt_log",
+]
+_BATCH_FIELDS = [
+    "pk",
+    "batch_id",
+    "owner_tenant",
+    "status",
+    "total",
+    "pending",
+    "processing",
+    "completed",
+    "failed",
+    "cancelled",
+    "manifest_ref",
+    "chunk_size",
+    "chunk_offsets",
+    "created_at",
+    "expires_at",
+    "completed_at",
+    "cancel_requested_at",
+]
+
+
+def percentiles(values: list[float]) -> dict[str, Any]:
+    """p50, p95 and p99 (seconds, two decimals) and how many values they come from."""
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
+    if len(values) == 1:
+        only = round(values[0], 2)
+        return {"p50": only, "p95": only, "p99": only, "n": 1}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": round(cuts[49], 2), "p95": round(cuts[94], 2), "p99": round(cuts[98], 2), "n": len(values)}
+
+
+def queue_depths(sqs: SQSClient, deployment: Deployment) -> dict[str, int]:
+    """Messages waiting or in flight in each queue and DLQ."""
+    urls: dict[str, str] = {str(name): url for name, url in deployment.queue_urls.items()}
+    urls |= {f"{name}_dlq": url for name, url in deployment.dlq_urls.items()}
+    depths: dict[str, int] = {}
+    for name, url in urls.items():
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        depths[name] = sum(int(value) for value in attributes.values())
+    return depths
+
+
+def _status(task: dict[str, Any], now: float) -> str:
+    """As a client reads it, with a dead-lettered task told apart from the other failures."""
+    status = TaskStatus(task["status"])
+    if is_dead_lettered(status, task.get("dead_letter_at"), now):
+        return DEAD_LETTERED
+    return status.value
+
+
+def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
+    return {
+        "task_id": task["task_id"],
+        "tenant_id": task.get("tenant_id"),
+        "status": status,
+        "model": (task.get("request") or {}).get("model"),
+        "priority": task.get("priority"),
+        "batch_id": task.get("batch_id"),
+        "submitted_at": task.get("created_at"),
+        "claimed_at": task.get("started_at"),
+        "attempts": task.get("attempts", 0),
+        "attempt_log": task.get("attempt_log") or [],
+        "ended_at": task.get("completed_at") if status != DEAD_LETTERED else task.get("lease_until"),
+        "error_code": DEAD_LETTERED if status == DEAD_LETTERED else task.get("error_code"),
+        "webhook_status": task.get("webhook_status"),
+        "webhook_attempts": task.get("webhook_attempts", 0),
+    }
+
+
+def scheduling(tasks: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
+    """What waits (backlog: pending) and what runs (in flight: processing), per tenant (the
+    busiest first) and per priority."""
+    tenants: dict[str, Counter[str]] = {}
+    priorities: dict[str, Counter[str]] = {p: Counter() for p in ("high", "normal", "low")}
+    for task, status in zip(tasks, statuses, strict=True):
+        column = {TaskStatus.PENDING.value: "backlog", TaskStatus.PROCESSING.value: "in_flight"}.get(status)
+        if column is None:
+            continue
+        tenants.setdefault(str(task.get("tenant_id")), Counter())[column] += 1
+        priorities.setdefault(str(task.get("priority") or "normal"), Counter())[column] += 1
+
+    def row(counts: Counter[str]) -> dict[str, int]:
+        return {"backlog": counts["backlog"], "in_flight": counts["in_flight"]}
+
+    busiest = sorted(tenants.items(), key=lambda pair: (-sum(pair[1].values()), pair[0]))
+    return {
+        "tenants": [{"tenant_id": tenant, **row(counts)} for tenant, counts in busiest],
+        "priorities": {priority: row(counts) for priority, counts in priorities.items()},
+    }
+
+
+def llm_time(task: dict[str, Any]) -> float:
+    """The time its attempts took, each from its claim to its end (the LLM's call, mostly),
+    without the waits between them."""
+    return float(sum(entry["ended_at"] - entry["started_at"] for entry in task.get("attempt_log") or []))
+
+
+def overview(
+    dynamodb: DynamoDBClient, sqs: SQSClient, deployment: Deployment, *, now: float
+) -> dict[str, Any]:
+    """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
+    over the last hour, as percentiles and per five minutes; the newest
+    tasks with their timelines; queue and DLQ depths; backlog and in flight per tenant and per
+    priority; the newest batches with their counts."""
+    scanned = scan_tasks(dynamodb, deployment.tasks_table, _TASK_FIELDS, limit=MAX_ITEMS)
+    tasks = [task for task in scanned if task["expires_at"] > now]
+    statuses = [_status(task, now) for task in tasks]
+    by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus} | {DEAD_LETTERED: 0})
+    by_status.update(statuses)
+    since = now - HOUR_S
+    buckets = int(HOUR_S / BUCKET_S)
+    measured: dict[str, list[list[float]]] = {
+        name: [[] for _ in range(buckets)] for name in ("queue_wait_s", "llm_s", "end_to_end_s")
+    }
+
+    def add(name: str, at: float | None, value: float) -> None:
+        if at is not None and since <= at <= now:
+            measured[name][min(buckets - 1, math.floor((at - since) / BUCKET_S))].append(max(0.0, value))
+
+    for task, status in zip(tasks, statuses, strict=True):
+        created, started, ended = task["created_at"], task.get("started_at"), task.get("completed_at")
+        if started is not None:
+            add("queue_wait_s", started, started - created)
+        if status == TaskStatus.COMPLETED.value and ended is not None:
+            add("llm_s", ended, llm_time(task))
+            add("end_to_end_s", ended, ended - created)
+    latency = {name: percentiles([v for bucket in rows for v in bucket]) for name, rows in measured.items()}
+    series = [
+        {"at": since + i * BUCKET_S, **{name: percentiles(rows[i]) for name, rows in measured.items()}}
+        for i in range(buckets)
+    ]
+    newest = sorted(zip(tasks, statuses, strict=True), key=lambda pair: -pair[0]["created_at"])[:RECENT]
+    stored = scan_batches(dynamodb, deployment.tasks_table, _BATCH_FIELDS, limit=MAX_ITEMS)
+    newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
+    views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
+    batches = [{**view.model_dump(mode="json"), "finished": view.finished} for view in views]
+    return {
+        "generated_at": now,
+        "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},
+        "latency": latency,
+        "series": series,
+        "recent": [_timeline(task, status) for task, status in newest],
+        "queues": queue_depths(sqs, deployment),
+        "scheduling": scheduling(tasks, statuses),
+        "batches": batches,
+    }

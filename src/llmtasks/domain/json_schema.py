@@ -1,0 +1,63 @@
+"""Rules between a model's fields, written into its JSON Schema (pydantic's json_schema_extra),
+in the forms that both validators and schemathesis' generator read as meant. The models name
+the fields (domain/models.py); the validators that enforce the rules stay beside them.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import ChainMap
+from collections.abc import Callable
+from typing import Any
+
+Ways = list[dict[str, bool]]  # each way: field -> given (non-null, required) or not (null or absent)
+
+
+def _non_null(field: dict[str, Any]) -> dict[str, Any]:
+    """An optional field's schema when it is given: its one form that is not null."""
+    given: dict[str, Any]
+    [given] = [option for option in field.get("anyOf", [field]) if option != {"type": "null"}]
+    described: dict[str, Any] = {key: value for key, value in field.items() if key not in ("anyOf", "type")}
+    return described | given
+
+
+def exactly_one_of(*fields: str) -> Callable[[dict[str, Any]], None]:
+    """Exactly one of `fields`, for an object nested in another's array (a batch's items), in the
+    form schemathesis' generator handles there: the nullable properties as they are, and `oneOf`
+    each given. (Nested, the whole-object form of `alternatives` is what it gives up on.)"""
+
+    def add(schema: dict[str, Any]) -> None:
+        schema["oneOf"] = [
+            {
+                "required": [name],
+                "properties": {name: _non_null(schema["properties"][name])},
+            }
+            for name in fields
+        ]
+
+    return add
+
+
+def alternatives(*choices: Ways) -> Callable[[dict[str, Any]], None]:
+    """A json_schema_extra that makes the model's schema an anyOf: one whole object per way of
+    each choice taken together. (`oneOf` over partial schemas beside the properties, or an `allOf`
+    there, is what schemathesis' generator gives up on at the top of a body, or reads wrong.)"""
+    ways = [dict(ChainMap(*combination)) for combination in itertools.product(*choices)]
+
+    def split(schema: dict[str, Any]) -> None:
+        keys = ("type", "properties", "required", "additionalProperties")
+        whole = {key: schema.pop(key) for key in keys if key in schema}
+        branches = []
+        for way in ways:
+            branch = copy.deepcopy(whole)
+            for name, given in way.items():
+                if not given:
+                    branch["properties"][name] = {"type": "null"}
+                    continue
+                branch["properties"][name] = _non_null(branch["properties"][name])
+                branch["required"] = [*branch.get("required", []), name]
+            branches.append(branch)
+        schema["anyOf"] = branches
+
+    return split

@@ -1,0 +1,66 @@
+"""The AWS clients and the adapters that several functions share, each built once per sandbox."""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+
+from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.queues import TaskLanes
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import TaskStore
+from llmtasks.settings import TaskLanesQueues, TasksTable, resources
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+
+# boto3's default session is not safe to create clients from concurrently (the local stack runs
+# several sandboxes in threads of one process).
+_client_lock = threading.Lock()
+
+
+# One client per service serves every thread of a sandbox: the worker's concurrent records
+# (and, locally, every sandbox of the process). botocore's pool of 10 connections would make the
+# eleventh concurrent call open, and then drop, a connection of its own.
+_CLIENT_CONFIG = Config(max_pool_connections=64)
+
+
+def _client(service: str) -> Any:
+    with _client_lock:
+        return boto3.session.Session().client(service, config=_CLIENT_CONFIG)  # type: ignore[call-overload]
+
+
+@lru_cache(maxsize=1)
+def dynamodb() -> DynamoDBClient:
+    client: DynamoDBClient = _client("dynamodb")
+    return client
+
+
+@lru_cache(maxsize=1)
+def sqs() -> SQSClient:
+    client: SQSClient = _client("sqs")
+    return client
+
+
+def task_store() -> TaskStore:
+    return TaskStore(resources(TasksTable).tasks_table_name, dynamodb())
+
+
+@lru_cache(maxsize=1)
+def task_lanes() -> TaskLanes:
+    return TaskLanes.of(resources(TaskLanesQueues), sqs())
+
+
+def batch_store() -> BatchStore:
+    return BatchStore(resources(TasksTable).tasks_table_name, dynamodb())
+
+
+@lru_cache(maxsize=1)
+def result_blobs() -> ResultBlobs:
+    return ResultBlobs(resources(TasksTable).results_bucket)

@@ -1,0 +1,66 @@
+"""SubmitFunction's and StatusFunction's parts: the task and batch services."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.limits import KeyLimits, work_ended
+from llmtasks.aws.queues import Queue
+from llmtasks.services.batches import BatchService
+from llmtasks.services.tasks import TaskService
+from llmtasks.settings import ApiResources, BatchFanoutQueue, Limits, SubmitSettings, resources, section
+from llmtasks.wiring import check_configuration
+from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, sqs, task_lanes, task_store
+
+
+def cold_start() -> None:
+    check_configuration(ApiResources, SubmitSettings)
+
+
+@lru_cache(maxsize=1)
+def task_service() -> TaskService:
+    return TaskService(
+        section(SubmitSettings),
+        task_store(),
+        task_lanes(),
+        results=result_blobs(),
+        idempotency=idempotency_keys(),
+        limits=key_limits(),
+    )
+
+
+@lru_cache(maxsize=1)
+def batch_service() -> BatchService:
+    return BatchService(
+        section(SubmitSettings),
+        task_store(),
+        batch_store(),
+        # SubmitFunction sends to it, BatchFunction reads it: both resource models name it.
+        Queue(resources(BatchFanoutQueue).batch_fanout_queue_url, sqs()),
+        results=result_blobs(),
+        idempotency=idempotency_keys(),
+        limits=key_limits(),
+    )
+
+
+@lru_cache(maxsize=1)
+def key_limits() -> KeyLimits | None:
+    """The per-key limits' counters; None where LimitsTable is not configured (no limits)."""
+    table = resources(Limits).limits_table_name
+    if table is None:
+        return None
+    return KeyLimits(table, dynamodb(), ended=work_ended(task_store(), batch_store()))
+
+
+@lru_cache(maxsize=1)
+def idempotency_keys() -> IdempotencyKeys | None:
+    """One for both services: the API registers each invocation's context with it (Powertools
+    reads the time left from it), batches' submits included."""
+    table = resources(ApiResources).idempotency_table_name
+    if table is None:
+        return None  # a function that takes no submits (StatusFunction)
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
+    persistence = DynamoDBPersistenceLayer(table_name=table, boto3_client=dynamodb())
+    return IdempotencyKeys(persistence, ttl_s=section(SubmitSettings).idempotency_ttl_s)

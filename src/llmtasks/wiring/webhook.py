@@ -1,0 +1,39 @@
+"""WebhookFunction's parts: the relay of ended tasks and batches, and the delivery."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from llmtasks.aws.queues import Queue
+from llmtasks.services.webhook_urls import resolver_from_settings
+from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender
+from llmtasks.settings import WebhookResources, WebhookSettings, resources, section
+from llmtasks.wiring import check_configuration
+from llmtasks.wiring.adapters import batch_store, result_blobs, sqs, task_store
+
+
+def cold_start() -> None:
+    check_configuration(WebhookResources, WebhookSettings)
+
+
+def webhook_queue() -> Queue:
+    return Queue(resources(WebhookResources).webhook_queue_url, sqs())
+
+
+@lru_cache(maxsize=1)
+def webhook_relay() -> WebhookRelay:
+    return WebhookRelay(webhook_queue())
+
+
+@lru_cache(maxsize=1)
+def webhook_delivery() -> WebhookDelivery:
+    settings = section(WebhookSettings)
+    sender = WebhookSender(
+        timeout_s=settings.webhook_timeout_s,
+        allowed_hosts=settings.webhook_allowed_hosts,
+        resolve=resolver_from_settings(settings),
+    )
+    dead_letters = Queue(resources(WebhookResources).webhook_dlq_url, sqs())
+    return WebhookDelivery(
+        settings, task_store(), dead_letters, sender, results=result_blobs(), batches=batch_store()
+    )

@@ -1,0 +1,66 @@
+"""WorkerFunction's parts: the task runner, its LLM provider and pace, the running calls."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.limits import RunningCalls
+from llmtasks.aws.pacing import CallPacer
+from llmtasks.llm import provider_from_settings
+from llmtasks.settings import (
+    Limits,
+    LlmSettings,
+    RunnerSettings,
+    TasksTable,
+    WorkerResources,
+    resources,
+    section,
+)
+from llmtasks.wiring import check_configuration
+from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, task_lanes, task_store
+from llmtasks.worker.runner import TaskRunner
+
+__all__ = ["call_slots", "cold_start", "task_lanes", "task_runner"]
+
+
+def cold_start() -> None:
+    check_configuration(WorkerResources, RunnerSettings, LlmSettings)
+
+
+def call_slots() -> int:
+    return section(RunnerSettings).worker_call_slots
+
+
+@lru_cache(maxsize=1)
+def task_runner() -> TaskRunner:
+    settings = section(RunnerSettings)
+    pacer = None
+    if settings.llm_requests_per_second > 0:
+        pacer = CallPacer(
+            resources(TasksTable).tasks_table_name,
+            dynamodb(),
+            calls_per_second=settings.llm_requests_per_second,
+        )
+    return TaskRunner(
+        settings,
+        task_store(),
+        task_lanes(),
+        provider_from_settings(section(LlmSettings)),
+        results=result_blobs(),
+        pacer=pacer,
+        cancellations=BatchCancellations(batch_store()),
+        running=running_calls(),
+    )
+
+
+def running_calls() -> RunningCalls | None:
+    """The tenants' running calls, counted where a cap can apply (LimitsTable configured)."""
+    table = resources(Limits).limits_table_name
+    if table is None:
+        if section(RunnerSettings).tenant_max_running:
+            raise RuntimeError(
+                "TENANT_MAX_RUNNING needs LIMITS_TABLE_NAME: the running calls are counted there"
+            )
+        return None
+    return RunningCalls(table, dynamodb())

@@ -1,0 +1,66 @@
+"""schemathesis hooks for the contract test (SCHEMATHESIS_HOOKS names this module): the rules
+the document cannot state (about state, the network, and sizes in bytes) are kept out of the
+generated requests, so that every other refusal is checked.
+
+- A webhook_url is refused unless its host resolves to a public address (or is one of the
+  stack's WEBHOOK_ALLOWED_HOSTS): a property of the network, not of the string. A generated one
+  that the document allows (any string up to 2048 characters) goes to the test's receiver.
+- A metadata object is refused over MAX_METADATA_BYTES (2 KiB) of JSON text: a size JSON Schema
+  cannot measure (the document says it in words). A generated one over it is replaced by a small
+  object, of a task body and of each batch item.
+- A batch's custom_ids are unique within it: JSON Schema's uniqueItems compares whole items. A
+  generated batch whose items repeat one has the repeats made unique.
+- An Idempotency-Key is bound to the first body sent with it: sent again with another body, it
+  is refused (422, as the IETF draft has it). A generated key that the document allows (1 to 255
+  characters) is made unique to its request.
+
+Each edit swaps a value the document allows for another it allows, so the request is as valid,
+or as invalid, as it was generated: the edit is taken as the case's own (no revalidation, which
+would relabel a case generated without its Authorization header and send it with the run's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import schemathesis
+
+RECEIVER = os.environ["LLMTASKS_TEST_WEBHOOK"]  # the test's receiver on 127.0.0.1, an allowed host
+MAX_URL = 2048
+MAX_KEY = 255
+MAX_METADATA_BYTES = 2048
+MAX_CUSTOM_ID = 256
+
+
+def _small_metadata(body: dict[str, Any]) -> None:
+    metadata = body.get("metadata")
+    if (
+        isinstance(metadata, dict)
+        and len(json.dumps(metadata, separators=(",", ":")).encode()) > MAX_METADATA_BYTES
+    ):
+        body["metadata"] = {"replaced": "generated over 2 KiB"}
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    body = case.body
+    if isinstance(body, dict):
+        url = body.get("webhook_url")
+        if isinstance(url, str) and len(url) <= MAX_URL:
+            body["webhook_url"] = RECEIVER
+        _small_metadata(body)
+        seen: set[str] = set()
+        for index, item in enumerate(body.get("items") or []):
+            if isinstance(item, dict):
+                _small_metadata(item)
+                custom_id = item.get("custom_id")
+                if isinstance(custom_id, str) and custom_id in seen and len(custom_id) < MAX_CUSTOM_ID - 8:
+                    item["custom_id"] = f"{custom_id}~{index}"
+                seen.add(str(item.get("custom_id")))
+    for name, value in list((case.headers or {}).items()):
+        if name.lower() == "idempotency-key" and isinstance(value, str) and 1 <= len(value) <= MAX_KEY:
+            case.headers[name] = uuid.uuid4().hex
+    case._sync_validated_hashes()  # see the docstring

@@ -1,0 +1,120 @@
+"""The stack's child servers (moto, the mock LLM) serve a socket the stack bound itself: no other
+process can take the port between a check and the child's bind, and a child that dies before it
+answers is said so, never mistaken for whatever else listens there."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from llmtasks_local.emulator.moto_server import CALLS_PATH
+from llmtasks_local.emulator.processes import (
+    die_with_parent,
+    listen_on,
+    spawn_moto_server,
+    spawn_python,
+    stop,
+)
+from llmtasks_local.tool_errors import ServiceDownError, ToolError
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_port_is_held_from_the_bind_on_so_a_second_claimant_is_refused() -> None:
+    listener = listen_on("127.0.0.1", 0, "--moto-port", "the embedded moto server")
+    port = listener.getsockname()[1]
+    server = spawn_moto_server(listener)
+    try:
+        with pytest.raises(ToolError, match=f"port {port} is in use by another `llmtasks up`"):
+            listen_on("127.0.0.1", port, "--moto-port", "the embedded moto server")
+        # What answers there is the child that was handed the socket.
+        assert httpx.get(f"http://127.0.0.1:{port}{CALLS_PATH}").status_code == 200
+        assert listener.fileno() == -1  # this process's copy is closed: the socket is the child's
+    finally:
+        stop(server)
+
+
+def test_a_child_that_exits_before_it_answers_is_an_error_not_a_ready_server() -> None:
+    # The listener accepts connections from the bind on: only an answer tells readiness.
+    listener = listen_on("127.0.0.1", 0, "--port", "a server")
+    with pytest.raises(ServiceDownError, match="exited with 3 before it answered"):
+        spawn_python("-c", "import sys; sys.exit(3)", listener=listener, probe_path="/")
+
+
+def test_a_port_another_program_listens_on_is_refused_with_the_option_that_changes_it() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(ToolError) as refused:
+            listen_on("127.0.0.1", port, "--mock-port", "the mock LLM")
+    assert refused.value.what == f"port {port} is in use by another program"
+    assert "--mock-port" in str(refused.value.fix)
+
+
+def test_the_mock_llm_serves_a_handed_socket() -> None:
+    listener = listen_on("127.0.0.1", 0, "--mock-port", "the mock LLM")
+    port = listener.getsockname()[1]
+    mock = spawn_python(
+        "-m",
+        "llmtasks_local.cli",
+        "mock-llm",
+        "--port",
+        str(port),
+        listener=listener,
+        probe_path="/_mock/stats",
+    )
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/_mock/stats").json()["calls"] == 0
+    finally:
+        stop(mock)
+
+
+def test_the_preexec_function_imports_and_loads_nothing() -> None:
+    # It runs between fork and exec, where an import or a dlopen can wait for good on a lock that
+    # another thread of the stack held at the fork (a warm-up's sandbox was left a fork, never
+    # exec'd, and the stack never said Ready).
+    import builtins
+    import ctypes
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("die_with_parent imported or loaded a library")
+
+    imports, loads = builtins.__import__, ctypes.CDLL
+    builtins.__import__, ctypes.CDLL = refuse, refuse  # type: ignore[assignment,misc]
+    try:
+        die_with_parent(0)  # 0: no signal (clears this test process's own setting)
+    finally:
+        builtins.__import__, ctypes.CDLL = imports, loads  # type: ignore[misc]
+
+
+def test_a_child_gets_the_signal_when_its_parent_dies() -> None:
+    # A parent process spawns a sleeping child with die_with_parent, prints its pid, then is killed.
+    script = (
+        "import subprocess, sys\n"
+        "from llmtasks_local.emulator.processes import die_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " preexec_fn=die_with_parent)\n"
+        "print(child.pid, flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    eventually(lambda: _gone(child_pid), bool, timeout_s=30, what="the child ended with its parent")
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended (reaped by init, or a zombie waiting to be)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
