@@ -11,7 +11,7 @@ import pytest
 
 from llmtasks_local.emulator.launcher import LaunchedStack, launch
 from llmtasks_local.mock_llm import MockConfig
-from tests.helpers import ROOT, WebhookReceiver, eventually, serve
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, serve
 
 RunningStack = LaunchedStack
 
@@ -40,7 +40,7 @@ def still_running(client: httpx.Client) -> list[str]:
     return running
 
 
-def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = 30) -> dict[str, Any]:
+def wait_terminal(client: httpx.Client, task_id: str, timeout_s: float = HANG_S) -> dict[str, Any]:
     """The task once it has ended. Long polls of 5 s: each reply comes well inside the client's
     and the API's 30 s, however slow a loaded machine makes the stack's start and cold starts."""
 

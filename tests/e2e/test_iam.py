@@ -116,6 +116,22 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
         stack.stop()
 
 
+def hold_a_lapsed_running_place(stack: RunningStack, tenant: str) -> None:
+    """The tenant's running-calls item (aws/limits.py RunningCalls) as a crash leaves it: one
+    place taken by a task whose lease ended long ago."""
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=stack.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    dynamodb.put_item(
+        TableName="llmtasks-local-LimitsTable",
+        Item={"pk": {"S": f"running#{tenant}"}, "t_crashed": {"N": "1"}, "n": {"N": "1"}},
+    )
+
+
 def drive(stack: RunningStack) -> None:
     """A workload that takes every function down each of its usual paths."""
     capped = stack.cli(
@@ -138,14 +154,17 @@ def drive(stack: RunningStack) -> None:
         stack.configure_mock(reply_chars=0, rate_500=1.0)  # a retry through the queue, then a failure
         failing = client.post("/tasks", json={"prompt": "failing", "max_retries": 1}).json()
         wait_terminal(client, failing["task_id"])
-        # 5 s calls: long enough that the second capped task below reaches a worker while the
-        # first still runs, even when it waits for a sandbox's cold start.
+        # 5 s calls: past a second, so an invocation looks at its queue for more (below).
         stack.configure_mock(rate_500=0.0, latency_s=5)
         cancelled = client.post("/tasks", json={"prompt": "cancel me"}).json()
         client.post(f"/tasks/{cancelled['task_id']}/cancel")
         client.get("/tasks", params={"limit": 5})
-        # The third is refused: the ended ones are looked up and released. The two taken run
-        # their calls at once: the second finds its key's one running place held (and waits queued).
+        # A place held by a sandbox that died mid-call, its lease lapsed: the first capped task's
+        # take is refused, reads who holds the places (GetItem), clears the lapsed one and takes
+        # it. Set up here rather than left to two calls overlapping, which a loaded machine's
+        # cold starts can keep apart.
+        hold_a_lapsed_running_place(stack, tenant="iam")
+        # The third is refused: the ended ones are looked up and released.
         for i in range(3):
             limited.post("/tasks", json={"prompt": f"capped {i}"})
         # A call past a second: its invocation looks at its queue for more (worker/call_slots.py)

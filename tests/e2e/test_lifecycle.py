@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.conftest import RunningStack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import eventually
+from tests.helpers import HANG_S, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def test_a_rate_limited_task_shows_its_retry_then_completes(fresh_mock: RunningS
         task = eventually(
             read_task(client, task_id),
             lambda t: t["attempts"] >= 1 and t["status"] == "pending",
-            timeout_s=15,
+            timeout_s=HANG_S,
         )
         retry_at = datetime.fromisoformat(task["next_attempt_at"]).timestamp()
         # At least Retry-After after the submit (the 429 came later), at most that from now: a
@@ -46,7 +46,7 @@ def test_a_rate_limited_task_shows_its_retry_then_completes(fresh_mock: RunningS
         assert retry_at - sent_at >= 2
         assert retry_at - time.time() <= 4
         fresh_mock.configure_mock(reset=False, rate_429=0.0)
-        done = wait_terminal(client, task_id, timeout_s=15)
+        done = wait_terminal(client, task_id)
     assert (done["status"], done["attempts"]) == ("completed", 2)
     assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"retry me": ["429", "ok"]}
 
@@ -65,7 +65,7 @@ def test_cancelling_a_pending_task_keeps_it_from_the_llm(fresh_mock: RunningStac
     fresh_mock.configure_mock(rate_429=1.0, retry_after_s=2)
     with fresh_mock.client() as client:
         task_id = client.post("/tasks", json={"prompt": "cancel while waiting"}).json()["task_id"]
-        eventually(read_task(client, task_id), lambda t: t["attempts"] >= 1, timeout_s=15)
+        eventually(read_task(client, task_id), lambda t: t["attempts"] >= 1, timeout_s=HANG_S)
         wait_for(client, task_id, "pending")
         fresh_mock.configure_mock(reset=False, rate_429=0.0)
         # When it is cancelled
@@ -84,7 +84,7 @@ def test_cancelling_a_processing_task_discards_its_late_result(fresh_mock: Runni
         wait_for(client, task_id, "processing")
         assert client.post(f"/tasks/{task_id}/cancel").json()["status"] == "cancelled"
         # the provider answers after all
-        eventually(fresh_mock.mock_stats, lambda stats: stats["completed"] >= 1, timeout_s=10)
+        eventually(fresh_mock.mock_stats, lambda stats: stats["completed"] >= 1, timeout_s=HANG_S)
         time.sleep(0.5)
         task = client.get(f"/tasks/{task_id}").json()
     assert (task["status"], task["result"]) == ("cancelled", None)
@@ -95,7 +95,7 @@ def test_a_task_that_cannot_finish_in_time_fails_with_deadline_exceeded(fresh_mo
     started = time.monotonic()
     with fresh_mock.client() as client:
         task_id = client.post("/tasks", json={"prompt": "hurry", "timeout_s": 2}).json()["task_id"]
-        task = wait_terminal(client, task_id, timeout_s=15)
+        task = wait_terminal(client, task_id)
     assert (task["status"], task["error_code"]) == ("failed", "deadline_exceeded")
     assert time.monotonic() - started < 6  # the call was cut at the deadline, not at the mock's 10 s
     assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"hurry": ["ok"]}

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal
-from tests.helpers import ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -163,7 +163,7 @@ def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
             return {item["pk"]["S"] for item in reply["Responses"][table]}
 
         eventually(
-            present, lambda left: left == {"task#alive"}, timeout_s=10, what="the expired item deleted"
+            present, lambda left: left == {"task#alive"}, timeout_s=HANG_S, what="the expired item deleted"
         )
     finally:
         stack.stop()
@@ -213,11 +213,11 @@ def test_each_function_runs_in_its_own_environment_and_a_changed_handler_is_relo
     try:
         with stack.client() as client:
             task_id = client.post("/tasks", json={"prompt": "hello"}).json()["task_id"]
-            assert client.get(f"/tasks/{task_id}", params={"wait": 10}).json()["status"] == "completed"
+            assert wait_terminal(client, task_id)["status"] == "completed"
             submits = eventually(
                 lambda: [r for r in stack_records(stack) if r.get("function_name") == "SubmitFunction"],
                 bool,
-                timeout_s=10,
+                timeout_s=HANG_S,
                 what="SubmitFunction's log lines",
             )
             assert {record["service"] for record in submits} == {"llmtasks"}
@@ -235,7 +235,7 @@ def test_each_function_runs_in_its_own_environment_and_a_changed_handler_is_relo
             eventually(
                 lambda: "Reloaded StatusFunction" in stack.log.read_text(),
                 bool,
-                timeout_s=10,
+                timeout_s=HANG_S,
                 what="the stack saying it reloaded StatusFunction",
             )
             # The new code runs, and it sees StatusFunction's own value, not SubmitFunction's.
@@ -288,7 +288,7 @@ def test_warm_containers_eager_starts_every_function_ahead_so_the_first_task_pay
                 {"SubmitFunction", "WorkerFunction", "StatusFunction"}
                 <= {re.search(r"Function: (\w+)", line)[1] for line in lines}
             ),  # type: ignore[index]
-            timeout_s=10,
+            timeout_s=HANG_S,
             what="the first task's REPORT lines",
         )
         assert [line for line in reports if "Init Duration" in line] == []

@@ -70,10 +70,13 @@ class LaunchedStack:
         return f"http://127.0.0.1:{self.moto_port}"
 
     def client(self, api_key: str | None = None, **options: Any) -> httpx.Client:
-        """A client that sends the dev key (or `api_key`)."""
+        """A client that sends the dev key (or `api_key`). Its read timeout is past any reply's
+        time: the first request to a function waits for its cold start, which on a loaded
+        machine, behind the other functions' cold starts, has taken over 30 s (a restarted
+        stack's first listing, with hundreds of tasks redelivered at once)."""
         key = api_key or self.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.api, headers=headers, **{"timeout": 30, **options})
+        return httpx.Client(base_url=self.api, headers=headers, **{"timeout": 120, **options})
 
     def run_cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """`llmtasks ARGS` as a user of this stack runs it: API URL and dev key from the
