@@ -21,7 +21,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.records import is_stream_event, process_sqs_concurrently
+from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.wiring import batch as wiring
 
@@ -45,7 +45,7 @@ def lambda_handler(
     fanout = fanout or wiring.batch_fanout()
 
     async def fan_out_one(record: SQSRecord) -> None:
-        message = FanoutMessage.model_validate_json(record.body)
+        message = read_message(FanoutMessage, record)
         await asyncio.to_thread(fanout.handle, message, sent_at=int(record.attributes.sent_timestamp) / 1000)
 
     return process_sqs_concurrently(event, context, fan_out_one, queue or wiring.batch_fanout_queue())

@@ -19,7 +19,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.records import is_stream_event, process_sqs_concurrently, process_stream, receive_count
+from llmtasks.records import (
+    is_stream_event,
+    process_sqs_concurrently,
+    process_stream,
+    read_message,
+    receive_count,
+)
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
 from llmtasks.wiring import webhook as wiring
 
@@ -47,6 +53,6 @@ def lambda_handler(
     delivery = delivery or wiring.webhook_delivery()
 
     async def deliver_one(record: SQSRecord) -> None:
-        await delivery.deliver(WebhookMessage.model_validate_json(record.body), attempt=receive_count(record))
+        await delivery.deliver(read_message(WebhookMessage, record), attempt=receive_count(record))
 
     return process_sqs_concurrently(event, context, deliver_one, queue or wiring.webhook_queue())

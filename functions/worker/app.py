@@ -12,7 +12,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.records import process_sqs_concurrently, receive_count
+from llmtasks.records import process_sqs_concurrently, read_message, receive_count
 from llmtasks.wiring import worker as wiring
 from llmtasks.worker.call_slots import CallSlots, TakenRecord, keep_slots_full
 from llmtasks.worker.runner import Delivery, TaskRunner
@@ -40,7 +40,7 @@ def lambda_handler(
     began_whole = context.get_remaining_time_in_millis() / 1000 >= runner.whole_call_s
 
     async def run_one(record: SQSRecord) -> None:
-        message = TaskMessage.model_validate_json(record.body)
+        message = read_message(TaskMessage, record)
         delivery = Delivery(
             message_id=record.message_id,
             receive_count=receive_count(record),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aws_lambda_powertools.utilities.batch import (
     AsyncBatchProcessor,
@@ -23,10 +23,38 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ValidationError
 
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
+
+Message = TypeVar("Message", bound=BaseModel)
+
+
+class UnreadableMessage(ValueError):
+    """A message whose body is not what its function reads: the reason, in a sentence. It fails
+    its record like any error (retried to maxReceiveCount, then its DLQ holds it), but is logged
+    as one line: what was wrong with which message, the traceback only at DEBUG."""
+
+
+def read_message(model: type[Message], record: SQSRecord) -> Message:
+    """The record's body as `model`, or UnreadableMessage saying why not."""
+    try:
+        return model.model_validate_json(record.body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            why = f"its body is not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+        else:
+            where = ".".join(str(part) for part in first["loc"]) or "the body"
+            why = f"{where}: {first['msg']}"
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise UnreadableMessage(f"not a {model.__name__}: {why}{more}") from error
+
+
+def queue_name(queue_arn: str) -> str:
+    return queue_arn.rsplit(":", 1)[-1]
 
 
 def receive_count(record: SQSRecord) -> int:
@@ -79,6 +107,17 @@ def pushing_retries_out(
             await handle(record)
         except RetryLater as later:
             await asyncio.to_thread(queue.retry_later, record.receipt_handle, later.delay_s)
+            raise
+        except UnreadableMessage as error:
+            # pragma: no mutate start, what a log line says
+            logger.warning(
+                "message unreadable",
+                message_id=record.message_id,
+                queue=queue_name(record.event_source_arn),
+                reason=str(error),
+            )
+            logger.debug("message unreadable", message_id=record.message_id, exc_info=error)
+            # pragma: no mutate end
             raise
 
     return record_handler

@@ -238,3 +238,82 @@ def test_libyaml_reads_the_template_as_the_pure_python_parser_does() -> None:
     text = (ROOT / "template.yaml").read_text()
     assert template._CfnLoader.__mro__[1] is yaml.CSafeLoader
     assert yaml.load(text, Loader=template._CfnLoader) == yaml.load(text, Loader=PurePython)
+
+
+# What each AWS namespace's metrics are measured by: the dimension an alarm must name, and the
+# kind of resource its value must be. IteratorAge exists only for stream event sources.
+ALARMED_NAMESPACES = {
+    "AWS/SQS": ("QueueName", "AWS::SQS::Queue"),
+    "AWS/Lambda": ("FunctionName", "AWS::Serverless::Function"),
+}
+LAMBDA_METRICS = {"Errors", "Throttles", "IteratorAge"}
+SQS_METRICS = {"ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage"}
+
+
+def alarmed_metrics(alarm: dict[str, object]) -> list[dict[str, object]]:
+    """The metrics an alarm reads: its one metric, or each MetricStat of its metric math."""
+    if "MetricName" in alarm:
+        return [alarm]
+    return [m["MetricStat"]["Metric"] for m in alarm["Metrics"] if "MetricStat" in m]  # type: ignore[attr-defined,index]
+
+
+def test_every_alarm_reads_a_metric_of_a_resource_the_template_has(aws: Aws) -> None:
+    template = aws.template
+    alarms = template.resources("AWS::CloudWatch::Alarm")
+    written = {value for name, value in vars(Metric).items() if not name.startswith("_")}
+    for name, alarm in alarms.items():
+        assert alarm["AlarmActions"] == {
+            "Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]
+        }, name
+        assert alarm["TreatMissingData"] == "notBreaching", name  # no traffic is no stall
+        for metric in alarmed_metrics(alarm):
+            namespace, metric_name = metric["Namespace"], metric["MetricName"]
+            [dimension] = metric["Dimensions"]  # type: ignore[misc]
+            if namespace == NAMESPACE:
+                assert metric_name in written, (name, metric_name)
+                assert dimension == {"Name": "service", "Value": "llmtasks"}, name
+                continue
+            dimension_name, kind = ALARMED_NAMESPACES[namespace]  # type: ignore[index]
+            assert metric_name in (LAMBDA_METRICS if namespace == "AWS/Lambda" else SQS_METRICS), name
+            assert dimension["Name"] == dimension_name, name
+            value = dimension["Value"]
+            # A queue is named by its QueueName attribute, a function by its Ref (its name)
+            logical_id = value["Fn::GetAtt"][0] if kind == "AWS::SQS::Queue" else value["Ref"]
+            if kind == "AWS::SQS::Queue":
+                assert value["Fn::GetAtt"][1] == "QueueName", name
+            assert logical_id in template.resources(kind), (name, logical_id)
+
+
+def test_each_function_s_errors_and_throttles_and_each_stream_consumer_s_lag_are_alarmed(aws: Aws) -> None:
+    template = aws.template
+    alarms = template.resources("AWS::CloudWatch::Alarm")
+    watched = {
+        (metric["MetricName"], metric["Dimensions"][0]["Value"].get("Ref"))  # type: ignore[index]
+        for alarm in alarms.values()
+        for metric in alarmed_metrics(alarm)
+        if metric["Namespace"] == "AWS/Lambda"
+    }
+    functions = template.resources("AWS::Serverless::Function")
+    consumers = {
+        name
+        for name, props in functions.items()
+        if any(event["Type"] in ("DynamoDB", "Kinesis") for event in props.get("Events", {}).values())
+    }
+    assert consumers == {"WebhookFunction", "BatchFunction"}
+    expected = {(metric, name) for name in functions for metric in ("Errors", "Throttles")}
+    expected |= {("IteratorAge", name) for name in consumers}
+    assert expected <= watched, expected - watched
+    assert {name for metric, name in watched if metric == "IteratorAge"} == consumers
+
+    # The composite names alarms of this template: the backlog and every consumer's lag
+    [stalled] = template.resources("AWS::CloudWatch::CompositeAlarm").values()
+    rule = stalled["AlarmRule"]["Fn::Sub"]
+    named = set(re.findall(r'ALARM\("\$\{(\w+)\}"\)', rule))
+    assert named <= set(alarms), named - set(alarms)
+    lag_alarms = {
+        name
+        for name, alarm in alarms.items()
+        if any(m["MetricName"] == "IteratorAge" for m in alarmed_metrics(alarm))
+    }
+    assert lag_alarms | {"TaskBacklogAlarm"} <= named
+    assert stalled["AlarmActions"]["Fn::If"][0] == "HasAlarmTopic"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -468,10 +469,27 @@ def test_a_claim_s_lease_outlasts_the_invocation_by_the_lease_margin(worker: Wor
     assert worker.task(task_id).lease_until - now == pytest.approx(42.0 + worker.settings.lease_margin_s)
 
 
-def test_a_malformed_message_is_reported_failed_so_it_ends_in_the_dlq(worker: Worker) -> None:
-    worker.aws.sqs.send_message(QueueUrl=worker.settings.task_queue_url, MessageBody="not json")
-    reply = worker.run_queued()
-    assert len(reply["batchItemFailures"]) == 1
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("not json", "not a TaskMessage: its body is not JSON (expected ident at line 1 column 2)"),
+        ('{"task": "x"}', "not a TaskMessage: task_id: Field required"),
+    ],
+)
+def test_a_malformed_message_is_reported_failed_so_it_ends_in_the_dlq_logged_in_one_line(
+    worker: Worker, caplog: pytest.LogCaptureFixture, body: str, reason: str
+) -> None:
+    sent = worker.aws.sqs.send_message(QueueUrl=worker.settings.task_queue_url, MessageBody=body)
+    with caplog.at_level(logging.INFO, logger="llmtasks"):
+        reply = worker.run_queued()
+    assert reply["batchItemFailures"] == [{"itemIdentifier": sent["MessageId"]}]
+    # One line says which message, from which queue, and what was wrong with it; no traceback
+    failures = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert [(f.getMessage(), f.message_id, f.reason) for f in failures] == [  # type: ignore[attr-defined]
+        ("message unreadable", sent["MessageId"], reason)
+    ]
+    assert failures[0].queue == worker.settings.task_queue_url.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+    assert failures[0].exc_info is None
 
 
 def test_the_sample_event_runs(worker: Worker) -> None:

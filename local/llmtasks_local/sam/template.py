@@ -79,6 +79,7 @@ EMULATED_TYPES = frozenset(
 IGNORED_TYPES = frozenset(
     {
         "AWS::CloudWatch::Alarm",
+        "AWS::CloudWatch::CompositeAlarm",
         "AWS::CloudWatch::Dashboard",
         "AWS::SNS::Topic",
         "AWS::SNS::Subscription",

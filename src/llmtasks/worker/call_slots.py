@@ -32,7 +32,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
-from llmtasks.records import each_message_once, pushing_retries_out, sqs_record
+from llmtasks.records import UnreadableMessage, each_message_once, pushing_retries_out, sqs_record
 
 # While calls run and slots are free, the queue is looked at this often (and at once whenever a
 # call ends), from this long after the invocation began. Short receives, not long polls: a long
@@ -119,7 +119,7 @@ class _Invocation:
         record = self.running.pop(task)
         error = task.exception()
         # pragma: no mutate start, whether a log line is written
-        if error is not None and not isinstance(error, RetryLater):
+        if error is not None and not isinstance(error, RetryLater | UnreadableMessage):  # said already
             logger.warning("record failed", message_id=record.message_id, exc_info=error)
         # pragma: no mutate end
         if not isinstance(record, TakenRecord):  # the event's: reported, the event source deletes it
