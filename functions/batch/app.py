@@ -21,7 +21,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
-from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message
+from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message, read_stream_record
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.wiring import batch as wiring
 
@@ -39,7 +39,8 @@ def lambda_handler(
     queue: Queue | None = None,
 ) -> PartialItemFailureResponse | None:
     if is_stream_event(event):
-        (progress or wiring.batch_progress()).apply([task_change(r) for r in event["Records"]])
+        changes = (read_stream_record(record, {"task"}, task_change) for record in event["Records"])
+        (progress or wiring.batch_progress()).apply([change for change in changes if change is not None])
         return None
 
     fanout = fanout or wiring.batch_fanout()

@@ -16,6 +16,7 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from llmtasks.aws.batch_store import change_of
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
@@ -24,6 +25,7 @@ from llmtasks.records import (
     process_sqs_concurrently,
     process_stream,
     read_message,
+    read_stream_record,
     receive_count,
 )
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
@@ -46,7 +48,9 @@ def lambda_handler(
         relay = relay or wiring.webhook_relay()
 
         def relay_one(record: DynamoDBRecord) -> None:
-            relay.relay_record(record.raw_event)
+            change = read_stream_record(record.raw_event, ("task", "batch"), change_of)
+            if change is not None:
+                relay.relay_change(*change)
 
         return process_stream(event, context, relay_one)
 

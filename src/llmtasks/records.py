@@ -9,8 +9,8 @@ comes twice in one batch runs once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Literal, TypeVar
 
 from aws_lambda_powertools.utilities.batch import (
     AsyncBatchProcessor,
@@ -30,6 +30,9 @@ from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
 
 Message = TypeVar("Message", bound=BaseModel)
+Change = TypeVar("Change")
+# The items of TasksTable a stream consumer reads, by their key's prefix (`task#<id>`, `batch#<id>`).
+StreamItem = Literal["task", "batch"]
 
 
 class UnreadableMessage(ValueError):
@@ -151,3 +154,39 @@ def process_stream(
 def is_stream_event(event: dict[str, Any]) -> bool:
     records = event.get("Records") or [{}]
     return bool(records[0].get("eventSource") == "aws:dynamodb")
+
+
+def stream_item(record: Mapping[str, Any]) -> StreamItem | None:
+    """Whose change a TasksTable stream record is, by its key: a task's, a batch's, or None for a
+    record that is not of this table's items (another table's shape, as SAM CLI's generic
+    DynamoDB sample event is, or a delete, which has no new image)."""
+    images = record.get("dynamodb") or {}
+    if "NewImage" not in images:
+        return None
+    kind = str((images.get("Keys") or {}).get("pk", {}).get("S", "")).partition("#")[0]
+    return "task" if kind == "task" else "batch" if kind == "batch" else None
+
+
+def read_stream_record(
+    record: Mapping[str, Any], wanted: Collection[StreamItem], decode: Callable[[Mapping[str, Any]], Change]
+) -> Change | None:
+    """The change `decode` reads from a record of a `wanted` item; None, logged once, for any other
+    record (passed over: it is not this consumer's). A record of a wanted item that does not
+    decode is logged in one line (its sequence number, key and the error) and raised: its retries
+    hold the shard, and each round says which record holds it."""
+    if stream_item(record) not in wanted:
+        logger.info("stream record not this function's; passed over", event_id=record.get("eventID"))
+        return None
+    try:
+        return decode(record)
+    except (KeyError, TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+        images = record.get("dynamodb") or {}
+        # pragma: no mutate start, what a log line says
+        logger.error(
+            "stream record unreadable; its shard waits on it",
+            sequence_number=images.get("SequenceNumber"),
+            key=images.get("Keys"),
+            error=" ".join(str(error).split())[:500],
+        )
+        # pragma: no mutate end
+        raise

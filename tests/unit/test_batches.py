@@ -4,6 +4,7 @@ counters and the batch webhook, on moto in-process with the mock LLM over HTTP."
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -613,3 +614,22 @@ def test_the_sample_events_drive_the_batch_function(rig: Rig) -> None:
     batch = rig.batch(batch_id)
     # The sample is the item's claim: one item moves from pending to processing.
     assert (batch.pending, batch.processing, batch.completed) == (1, 1, 0)
+
+
+def test_the_counter_passes_over_another_table_s_records_and_says_which_of_its_own_holds_the_shard(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SAM's generic stream sample (another table's items): nothing to count, nothing failed
+    assert rig.batch_fn(load_event("foreign_stream.json"), rig.batch_ctx) is None
+    # A batch item's record that cannot be read: the invocation fails (the stream retries it, and
+    # the shard waits), and each round says which record in one line
+    stream = load_event("batch_stream.json")
+    [record] = stream["Records"]
+    record["dynamodb"]["NewImage"]["status"] = {"S": "exploded"}
+    with caplog.at_level(logging.ERROR, logger="llmtasks"), pytest.raises(ValueError, match="status"):
+        rig.batch_fn(stream, rig.batch_ctx)
+    [line] = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "llmtasks"]
+    assert line.getMessage() == "stream record unreadable; its shard waits on it"
+    assert line.sequence_number == record["dynamodb"]["SequenceNumber"]  # type: ignore[attr-defined]
+    assert line.key == record["dynamodb"]["Keys"]  # type: ignore[attr-defined]
+    assert "status" in line.error  # type: ignore[attr-defined]

@@ -835,3 +835,13 @@ def test_a_redirect_is_a_failed_attempt_and_is_not_followed(
     assert len(hook.deliveries) == 1
     task = hooks.store.get(task_id, now=time.time())
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.RETRYING, 1)
+
+
+def test_sam_s_generic_stream_sample_is_passed_over_not_failed(hooks: Hooks, aws: Aws) -> None:
+    # `sam local generate-event dynamodb update`: an insert, a modify and a remove of another
+    # table's items (key `Id`). Reported failed, a stream would retry them and hold the shard.
+    reply = hooks.fn(
+        load_event("foreign_stream.json"), hooks.context, relay=WebhookRelay(hooks.webhook_queue)
+    )
+    assert reply == {"batchItemFailures": []}
+    assert aws.messages("WebhookQueue") == []

@@ -121,7 +121,10 @@ class WebhookRelay:
 
     def relay_record(self, raw: dict[str, Any]) -> bool:
         """One stream record (view type NEW_AND_OLD_IMAGES) of a task or of a batch."""
-        old, new = change_of(raw)
+        return self.relay_change(*change_of(raw))
+
+    def relay_change(self, old: Task | Batch | None, new: Task | Batch) -> bool:
+        """A task's or a batch's change, as one stream record shows it."""
         if isinstance(new, Batch):
             return self.relay_batch(old if isinstance(old, Batch) else None, new)
         return self.relay(old if isinstance(old, Task) else None, new)
