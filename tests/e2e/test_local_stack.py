@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,39 @@ def test_a_curl_style_submit_is_polled_to_completion(fresh_mock: RunningStack) -
     assert task["status"] == "completed"
     assert task["result"] == reply_text("hello")
     assert task["attempts"] == 1
+
+
+def test_the_endpoint_s_cloudwatch_holds_the_functions_metrics_as_aws_would(fresh_mock: RunningStack) -> None:
+    with fresh_mock.client() as client:
+        task = wait_terminal(client, client.post("/tasks", json={"prompt": "metered"}).json()["task_id"])
+    assert task["status"] == "completed"
+    cloudwatch = local_client("cloudwatch", fresh_mock.endpoint)
+
+    def total(namespace: str, name: str, dimensions: dict[str, str]) -> float:
+        now = datetime.now(UTC)
+        points = cloudwatch.get_metric_statistics(
+            Namespace=namespace,
+            MetricName=name,
+            Dimensions=[{"Name": key, "Value": value} for key, value in dimensions.items()],
+            StartTime=now - timedelta(hours=1),
+            EndTime=now + timedelta(minutes=1),
+            Period=3600,
+            Statistics=["Sum"],
+        )["Datapoints"]
+        return float(sum(point["Sum"] for point in points))
+
+    # The worker's EMF line (namespace llmtasks), and Lambda's own count of each function's runs
+    functions = ("SubmitFunction", "WorkerFunction", "StatusFunction")
+    eventually(
+        lambda: (
+            [total("llmtasks", "TasksCompleted", {"service": "llmtasks"})]
+            + [total("AWS/Lambda", "Invocations", {"FunctionName": name}) for name in functions]
+        ),
+        lambda counts: min(counts) >= 1,
+        timeout_s=HANG_S,
+        every_s=1,
+        what="TasksCompleted and the functions' Invocations on the endpoint's CloudWatch",
+    )
 
 
 def test_a_task_with_a_webhook_gets_one_signed_post(fresh_mock: RunningStack) -> None:

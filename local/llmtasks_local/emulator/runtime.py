@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
 from llmtasks_local.sam.function_spec import FunctionSpec
 
@@ -88,14 +89,16 @@ class FunctionRuntime:
         on_line: Callable[[str], None] = print_line,
         record_aws_calls: Path | None = None,
         idle_retire_s: float = IDLE_RETIRE_S,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.spec = spec
+        self._metrics = metrics  # Lambda's own metrics of each invocation, if the stack keeps them
         self.concurrency = concurrency
         self.report = report  # print Lambda's START, END and REPORT lines for each invocation
         # The stack's environment beneath each sandbox's own (None: this process's, read at each
         # cold start, so what the stack sets before its first invocation reaches the sandboxes).
         self._environment = environment
-        self._on_line = on_line
+        self._on_line = on_line if metrics is None else _metered(on_line, metrics)
         self._record_aws_calls = record_aws_calls
         self._idle_retire_s = idle_retire_s
         self._idle: list[tuple[Sandbox, float]] = []  # with when each went idle (monotonic)
@@ -319,6 +322,10 @@ class FunctionRuntime:
             init_s=init_s,
             max_memory_mb=math.ceil(sandbox.peak_mb),
         )
+        if self._metrics is not None:
+            self._metrics.invoked(
+                self.spec.logical_id, ok=invocation.ok, duration_ms=invocation.duration_s * 1000
+            )
         if self.report:
             print(f"END RequestId: {request_id}", flush=True)
             print(self._report_line(request_id, invocation), flush=True)
@@ -340,6 +347,17 @@ class FunctionRuntime:
         elif invocation.error and invocation.error.startswith("Runtime.OutOfMemory"):
             line += "\tStatus: error\tError Type: Runtime.OutOfMemory"
         return line
+
+
+def _metered(on_line: Callable[[str], None], metrics: MetricsSink) -> Callable[[str], None]:
+    """`on_line`, with the EMF lines' metrics added to `metrics` first (the line is kept whole,
+    as CloudWatch Logs keeps it)."""
+
+    def each(line: str) -> None:
+        metrics.line(line)
+        on_line(line)
+
+    return each
 
 
 def print_to_stderr(line: str) -> None:

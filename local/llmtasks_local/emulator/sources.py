@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.queues import Queue
 from llmtasks.records import sqs_record
+from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
@@ -206,8 +207,14 @@ class StreamPoller:
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         checkpoints: dict[str, str] | None = None,
         on_checkpoint: Callable[[dict[str, str]], None] | None = None,
+        metrics: MetricsSink | None = None,
+        stuck_after_s: float | None = None,
     ) -> None:
         self.source = source
+        self._metrics = metrics  # each invocation's IteratorAge, as Lambda measures it
+        # A record failing for longer than this is said once (the template's StreamLagAlarmSeconds:
+        # the alarm that would fire in AWS); None says nothing.
+        self._stuck_after_s = stuck_after_s
         self._runtime = runtime
         self._streams = streams
         self._stop = stop
@@ -278,8 +285,11 @@ class StreamPoller:
         destination gets a note of the skipped records and the shard moves on. False when a stop
         came first (the records are read again after a restart)."""
         attempts = 0
+        said_stuck = False
         while records and not self._stop.is_set():
             invocation = self._runtime.invoke({"Records": records})
+            if self._metrics is not None:
+                self._metrics.iterator_age(self.source.function_id, record_age_s(records[-1]) * 1000)
             numbers = [r["dynamodb"]["SequenceNumber"] for r in records]
             failed = failed_ids(
                 invocation, report_failures=self.source.report_batch_item_failures, all_ids=numbers
@@ -288,6 +298,16 @@ class StreamPoller:
                 return True
             if invocation.error:
                 print(f"[{self.source.function_id}] {invocation.error}", flush=True)
+            held_s = record_age_s(records[min(numbers.index(n) for n in failed)])
+            if not said_stuck and self._stuck_after_s is not None and held_s > self._stuck_after_s:
+                said_stuck = True
+                source = f"{self.source.function_id}'s stream source {self.source.name}"
+                print(
+                    f"Warning: {source} is stuck: its failing record is {held_s:.0f} s old"
+                    f" (StreamLagAlarmSeconds: {self._stuck_after_s:g} s); the records behind it"
+                    " wait, and the function's ERROR lines name it",
+                    flush=True,
+                )
             if not invocation.ok and self.source.bisect_on_error and len(records) > 1:
                 # BisectBatchOnFunctionError: each half is retried on its own (a split does not
                 # count toward MaximumRetryAttempts), so one bad record holds up only itself.
@@ -313,6 +333,12 @@ class StreamPoller:
                 return True
             self._stop.wait(min(30.0, 0.5 * 2**attempts))
         return not records
+
+
+def record_age_s(record: dict[str, Any]) -> float:
+    """How long ago the stream took the record (its ApproximateCreationDateTime)."""
+    created = (record.get("dynamodb") or {}).get("ApproximateCreationDateTime")
+    return max(0.0, time.time() - float(created)) if isinstance(created, int | float) else 0.0
 
 
 class StreamPositions:

@@ -30,6 +30,7 @@ from llmtasks_local.emulator.console import Console
 from llmtasks_local.emulator.gateway import HttpGateway
 from llmtasks_local.emulator.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks_local.emulator.journal import state_files
+from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import STATE_PATH
 from llmtasks_local.emulator.processes import (
     check_answers,
@@ -237,6 +238,8 @@ class LocalStack:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
         positions = self._stream_positions()
+        metrics = self._start_metrics()
+        lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
         http = self._http_functions()
         for spec in self.functions.values():
             serves_http = spec.logical_id in http
@@ -247,6 +250,7 @@ class LocalStack:
                 concurrency=max(1, concurrency),
                 report=self.options.report_invocations,
                 record_aws_calls=self.options.record_aws_calls,
+                metrics=metrics,
             )
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
@@ -265,6 +269,8 @@ class LocalStack:
                         self._failure_sink(stream_source),
                         checkpoints=positions.of(name) if positions else None,
                         on_checkpoint=positions.keeper(name) if positions else None,
+                        metrics=metrics,
+                        stuck_after_s=float(lag_alarm) if lag_alarm else None,
                     )
         warming = self._warm_up()
         self._start_ttl(resources)
@@ -281,6 +287,15 @@ class LocalStack:
             self._threads.extend(poller.threads)
         if warming is not None:
             warming.join()  # Ready once every function has its warm sandbox, as SAM CLI's EAGER
+
+    def _start_metrics(self) -> MetricsSink:
+        """Lambda's metrics of each function and the functions' EMF lines, on the endpoint's
+        CloudWatch (emulator/metrics.py), sent every few seconds by a thread of their own."""
+        sink = MetricsSink(boto3.client("cloudwatch"))
+        thread = threading.Thread(target=sink.run, args=(self._stop,), name="metrics", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return sink
 
     def _start_ttl(self, resources: LocalResources) -> None:
         tables = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from moto.events.models import EventPattern, EventPatternParser
@@ -18,8 +19,15 @@ from llmtasks_local.sam.template import PSEUDO_PARAMETERS
 
 
 def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
-    """A DynamoDB Streams record as Lambda hands it to a function."""
-    record = json.loads(json.dumps(record, default=str))  # datetimes to text, as on the wire
+    """A DynamoDB Streams record as Lambda hands it to a function: its ApproximateCreationDateTime
+    in epoch seconds, a number, as Lambda's events carry it (boto3 reads it as a datetime)."""
+    created = (record.get("dynamodb") or {}).get("ApproximateCreationDateTime")
+    if isinstance(created, datetime):
+        record = {
+            **record,
+            "dynamodb": {**record["dynamodb"], "ApproximateCreationDateTime": created.timestamp()},
+        }
+    record = json.loads(json.dumps(record, default=str))  # other datetimes to text, as on the wire
     record["eventSourceARN"] = stream_arn
     record.setdefault("awsRegion", PSEUDO_PARAMETERS["AWS::Region"])
     return record

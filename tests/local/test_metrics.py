@@ -1,0 +1,133 @@
+"""The local endpoint's CloudWatch metrics (emulator/metrics.py): Lambda's own per invocation, the
+functions' EMF lines, a stream source's IteratorAge, and the stuck source said once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools import Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from moto import mock_aws
+
+from llmtasks_local.emulator.metrics import MetricsSink
+from llmtasks_local.emulator.runtime import FunctionRuntime
+from llmtasks_local.emulator.sources import StreamPoller
+from llmtasks_local.sam.function_spec import StreamSource
+from tests.helpers import toy_function
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def cloudwatch() -> Any:
+    with mock_aws():
+        yield boto3.client("cloudwatch", region_name="us-east-1")
+
+
+def statistics(cloudwatch: Any, namespace: str, name: str, dimensions: dict[str, str]) -> dict[str, float]:
+    now = datetime.now(UTC)
+    [point] = cloudwatch.get_metric_statistics(
+        Namespace=namespace,
+        MetricName=name,
+        Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
+        StartTime=now - timedelta(minutes=5),
+        EndTime=now + timedelta(minutes=1),
+        Period=600,
+        Statistics=["SampleCount", "Sum", "Maximum"],
+    )["Datapoints"]
+    return {key: point[key] for key in ("SampleCount", "Sum", "Maximum")}
+
+
+def emf_line(capsys: pytest.CaptureFixture[str], name: str, value: float, **dimensions: str) -> str:
+    """The line Powertools' Metrics writes for one metric (the service's own EMF writer)."""
+    metrics = Metrics(namespace="llmtasks", service="llmtasks")
+    for key, dimension in dimensions.items():
+        metrics.add_dimension(name=key, value=dimension)
+    capsys.readouterr()
+    metrics.add_metric(name=name, unit=MetricUnit.Milliseconds, value=value)
+    metrics.flush_metrics()
+    [line] = capsys.readouterr().out.splitlines()
+    return line
+
+
+def test_emf_lines_and_invocations_become_the_metrics_cloudwatch_would_hold(
+    cloudwatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sink = MetricsSink(cloudwatch)
+    for value in (120.0, 80.0):
+        sink.line(emf_line(capsys, "LlmLatency", value, model="m"))
+    sink.line("START RequestId: 1 Version: $LATEST")  # not EMF: nothing
+    sink.line('{"level": "INFO", "message": "no _aws here"}')
+    sink.invoked("WorkerFunction", ok=True, duration_ms=30)
+    sink.invoked("WorkerFunction", ok=False, duration_ms=50)
+    sink.flush()
+    assert statistics(cloudwatch, "llmtasks", "LlmLatency", {"service": "llmtasks", "model": "m"}) == {
+        "SampleCount": 2,
+        "Sum": 200.0,
+        "Maximum": 120.0,
+    }
+    worker = {"FunctionName": "WorkerFunction"}
+    assert statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
+    assert statistics(cloudwatch, "AWS/Lambda", "Errors", worker)["Sum"] == 1
+    assert statistics(cloudwatch, "AWS/Lambda", "Duration", worker)["Maximum"] == 50
+    # What was sent is not sent again
+    sink.flush()
+    assert statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
+
+
+def test_a_stream_record_that_keeps_failing_is_said_stuck_once_and_its_age_is_the_iterator_age(
+    cloudwatch: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = toy_function(
+        tmp_path,
+        """
+        def handler(event, context):
+            raise RuntimeError("cannot count it")
+        """,
+    )
+    sink = MetricsSink(cloudwatch)
+    source = StreamSource("F", "Progress", "arn:stream", maximum_retry_attempts=2)
+    skipped: list[dict[str, Any]] = []
+    # A record the stream took 90 s ago, past a lag alarm of 60 s
+    record = {"dynamodb": {"SequenceNumber": "7", "ApproximateCreationDateTime": time.time() - 90}}
+    with FunctionRuntime(spec) as runtime:
+        poller = StreamPoller(
+            source,
+            runtime,
+            None,
+            threading.Event(),
+            skipped.append,
+            metrics=sink,
+            stuck_after_s=60,  # type: ignore[arg-type]
+        )
+        capsys.readouterr()
+        assert poller.deliver([record]) is True  # retried twice, then given up on
+    output = capsys.readouterr().out
+    assert output.count("is stuck") == 1
+    [warning] = [line for line in output.splitlines() if "is stuck" in line]
+    assert warning.startswith("Warning: F's stream source Progress is stuck: its failing record is 9")
+    assert "StreamLagAlarmSeconds: 60 s" in warning
+    assert len(skipped) == 1
+    sink.flush()
+    age = statistics(cloudwatch, "AWS/Lambda", "IteratorAge", {"FunctionName": "F"})
+    assert age["SampleCount"] == 3  # the first try and two retries
+    assert age["Maximum"] >= 90_000
+
+
+def test_a_record_younger_than_the_lag_alarm_is_not_said_stuck(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = toy_function(tmp_path, "def handler(event, context):\n    raise RuntimeError('no')\n")
+    source = StreamSource("F", "Progress", "arn:stream", maximum_retry_attempts=1)
+    record = {"dynamodb": {"SequenceNumber": "7", "ApproximateCreationDateTime": time.time()}}
+    with FunctionRuntime(spec) as runtime:
+        poller = StreamPoller(source, runtime, None, threading.Event(), stuck_after_s=60)  # type: ignore[arg-type]
+        capsys.readouterr()
+        poller.deliver([record])
+    assert "is stuck" not in capsys.readouterr().out
