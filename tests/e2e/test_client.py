@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -157,7 +158,12 @@ def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningSt
     status = fresh_mock.run_cli("status", task.task_id)
     assert status.stdout.strip() == reply_text("from stdin")
     assert task.task_id in fresh_mock.run_cli("list", "--limit", "5").stdout
-    assert "tasks      " in fresh_mock.cli("stats")
+    stats = fresh_mock.cli("stats")
+    assert "tasks      " in stats
+    # Each function's errors and throttles, and the stream consumers' lag, from the endpoint's
+    # CloudWatch (the worker's line is there once its invocations' metrics were sent)
+    assert re.search(r"^function   BatchFunction +errors=\d+  throttles=0  stream lag=", stats, re.M)
+    assert re.search(r"^function   SubmitFunction +errors=0  throttles=0  \(", stats, re.M)
     # A task that fails: exit 1, with its error code
     fresh_mock.configure_mock(rate_500=1.0)
     failed = fresh_mock.run_cli("submit", "cli fails", "--wait")

@@ -18,6 +18,8 @@ from moto import mock_aws
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.runtime import FunctionRuntime
 from llmtasks_local.emulator.sources import StreamPoller
+from llmtasks_local.ops.deployment import Deployment
+from llmtasks_local.ops.stats import function_health
 from llmtasks_local.sam.function_spec import StreamSource
 from tests.helpers import toy_function
 
@@ -131,3 +133,18 @@ def test_a_record_younger_than_the_lag_alarm_is_not_said_stuck(
         capsys.readouterr()
         poller.deliver([record])
     assert "is stuck" not in capsys.readouterr().out
+
+
+def test_stats_reads_each_function_s_errors_and_throttles_and_each_consumer_s_lag(cloudwatch: Any) -> None:
+    sink = MetricsSink(cloudwatch)
+    sink.invoked("WorkerFunction", ok=False, duration_ms=10)
+    sink.invoked("WorkerFunction", ok=False, duration_ms=10)
+    sink.invoked("BatchFunction", ok=True, duration_ms=10)
+    sink.iterator_age("BatchFunction", 4_000)
+    sink.iterator_age("BatchFunction", 12_500)
+    sink.flush()
+    deployment = Deployment("t", "k", {}, {}, functions={f: f for f in ("WorkerFunction", "BatchFunction")})
+    assert function_health(cloudwatch, deployment, now=time.time()) == {
+        "WorkerFunction": {"errors": 2, "throttles": 0},
+        "BatchFunction": {"errors": 0, "throttles": 0, "lag_s": 12.5},
+    }

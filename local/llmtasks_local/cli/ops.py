@@ -93,10 +93,12 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
     """Tasks by status, queue and DLQ depths, backlog and in flight per priority and per tenant,
     latency p50/p95/p99 over the last hour, batches:
     the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
-    from llmtasks_local.ops.stats import overview
+    from llmtasks_local.ops.stats import function_health, overview
 
     target = target_of(stack_name, endpoint_url)
-    summary = overview(target.dynamodb, target.sqs, target.deployment, now=time.time())
+    now = time.time()
+    summary = overview(target.dynamodb, target.sqs, target.deployment, now=now)
+    summary["functions"] = function_health(target.cloudwatch, target.deployment, now=now)
     if as_json:
         click.echo(json.dumps(summary))
         return
@@ -119,6 +121,12 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
     for batch in summary["batches"]:
         progress = f"{batch['finished']}/{batch['total']}  failed={batch['failed']}"
         click.echo(f"batch      {batch['batch_id']}  {batch['status']}  {progress}")
+    for function, health in summary["functions"].items():
+        line = f"function   {function:18} errors={health['errors']}  throttles={health['throttles']}"
+        if "lag_s" in health:  # a stream consumer: how far behind its stream it is
+            lag = "-" if health["lag_s"] is None else f"{health['lag_s']} s"
+            line += f"  stream lag={lag}"
+        click.echo(line + "  (last 15 minutes)")
 
 
 @click.group()

@@ -18,6 +18,7 @@ import click
 from llmtasks_local.tool_errors import EXIT_FAILED, EXIT_USAGE, ServiceDownError, ToolError
 
 if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
@@ -78,6 +79,7 @@ class Target:
     deployment: Deployment
     sqs: SQSClient
     dynamodb: DynamoDBClient
+    cloudwatch: CloudWatchClient
 
 
 def endpoint_for(service: str, endpoint_url: str | None) -> str:
@@ -98,7 +100,7 @@ def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
 
     if stack_name:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
-        return Target(Deployment.of_stack(stack_name), sqs, dynamodb)
+        return Target(Deployment.of_stack(stack_name), sqs, dynamodb, boto3.client("cloudwatch"))
     # The local stack: moto's keys are fixed, and a real account's must never reach it.
     session = boto3.session.Session(
         aws_access_key_id="testing",
@@ -107,7 +109,8 @@ def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     )
     sqs = session.client("sqs", endpoint_url=endpoint_for("sqs", endpoint_url))
     dynamodb = session.client("dynamodb", endpoint_url=endpoint_for("dynamodb", endpoint_url))
-    return Target(Deployment.local(sqs), sqs, dynamodb)  # `targeted` says a silent endpoint
+    cloudwatch = session.client("cloudwatch", endpoint_url=endpoint_for("cloudwatch", endpoint_url))
+    return Target(Deployment.local(sqs), sqs, dynamodb, cloudwatch)  # `targeted` says a silent endpoint
 
 
 @contextmanager

@@ -3,7 +3,7 @@ stack `llmtasks up` provisioned. The operator commands (`llmtasks dlq`, `llmtask
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import boto3
@@ -22,15 +22,28 @@ QUEUES: dict[QueueName, tuple[str, str]] = {
     "webhooks": ("WebhookQueue", "WebhookDLQ"),
 }
 
+# The template's functions (logical ids), and those that read TasksTable's stream.
+FUNCTIONS = (
+    "AuthorizerFunction",
+    "SubmitFunction",
+    "StatusFunction",
+    "WorkerFunction",
+    "WebhookFunction",
+    "BatchFunction",
+)
+STREAM_CONSUMERS = ("WebhookFunction", "BatchFunction")
+
 
 @dataclass(frozen=True)
 class Deployment:
-    """Where one deployment's tables and queues are."""
+    """Where one deployment's tables and queues are, and its functions' names (CloudWatch's
+    FunctionName dimension) by logical id."""
 
     tasks_table: str
     api_keys_table: str
     queue_urls: dict[QueueName, str]
     dlq_urls: dict[QueueName, str]
+    functions: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of_stack(cls, stack_name: str, cloudformation: CloudFormationClient | None = None) -> Deployment:
@@ -43,6 +56,8 @@ class Deployment:
             api_keys_table=outputs["ApiKeysTableName"],
             queue_urls={name: outputs[f"{queue}Url"] for name, (queue, _) in QUEUES.items()},
             dlq_urls={name: outputs[f"{dlq}Url"] for name, (_, dlq) in QUEUES.items()},
+            # A stack deployed before the functions' names were Outputs has none to give
+            functions={f: outputs[f"{f}Name"] for f in FUNCTIONS if f"{f}Name" in outputs},
         )
 
     @classmethod
@@ -58,4 +73,5 @@ class Deployment:
             api_keys_table=local_name("ApiKeysTable"),
             queue_urls={name: url(queue) for name, (queue, _) in QUEUES.items()},
             dlq_urls={name: url(dlq) for name, (_, dlq) in QUEUES.items()},
+            functions={function: function for function in FUNCTIONS},  # named as their logical ids
         )

@@ -17,8 +17,10 @@ from llmtasks.aws.batch_store import scan_batches
 from llmtasks.aws.task_items import scan_tasks
 from llmtasks.domain.batches import BatchView
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
+from llmtasks_local.ops.deployment import STREAM_CONSUMERS
 
 if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
@@ -28,6 +30,8 @@ HOUR_S = 3600
 BUCKET_S = 300  # the charts' resolution: five minutes
 MAX_ITEMS = 20_000
 RECENT = 25  # tasks shown with their timeline
+HEALTH_S = 900  # the window of the functions' errors and throttles: the alarms' 5 minutes, thrice
+LAG_S = 300  # the window of a stream consumer's lag (its largest IteratorAge)
 BATCHES = 10
 # What the Scan reads of a task: never its prompt, result or webhook URL.
 _TASK_FIELDS = [
@@ -201,3 +205,51 @@ def overview(
         "scheduling": scheduling(tasks, statuses),
         "batches": batches,
     }
+
+
+def function_health(cloudwatch: CloudWatchClient, deployment: Deployment, *, now: float) -> dict[str, Any]:
+    """Each function's errors and throttles over the last HEALTH_S, and each stream consumer's
+    lag (its largest IteratorAge in the newest LAG_S period, in seconds; None without one),
+    from CloudWatch's AWS/Lambda metrics: the local endpoint's or the deployed account's, one
+    GetMetricData request."""
+    from datetime import UTC, datetime
+
+    queries: list[Any] = []
+    for index, (logical_id, name) in enumerate(deployment.functions.items()):
+        wanted = [("errors", "Errors", "Sum", HEALTH_S), ("throttles", "Throttles", "Sum", HEALTH_S)]
+        if logical_id in STREAM_CONSUMERS:
+            wanted.append(("lag", "IteratorAge", "Maximum", LAG_S))
+        for key, metric, stat, window in wanted:
+            queries.append(
+                {
+                    "Id": f"{key}{index}",
+                    "Label": f"{logical_id} {key}",
+                    "MetricStat": {
+                        "Metric": {
+                            "Namespace": "AWS/Lambda",
+                            "MetricName": metric,
+                            "Dimensions": [{"Name": "FunctionName", "Value": name}],
+                        },
+                        "Period": window,
+                        "Stat": stat,
+                    },
+                }
+            )
+    if not queries:
+        return {}
+    reply = cloudwatch.get_metric_data(
+        MetricDataQueries=queries,
+        StartTime=datetime.fromtimestamp(now - HEALTH_S, UTC),
+        EndTime=datetime.fromtimestamp(now + 60, UTC),
+    )
+    health: dict[str, Any] = {}
+    for result in reply["MetricDataResults"]:
+        logical_id, key = str(result["Label"]).split(" ")
+        values = result.get("Values") or []
+        entry = health.setdefault(logical_id, {"errors": 0, "throttles": 0})
+        if key == "lag":
+            # The newest period's (GetMetricData lists the newest first)
+            entry["lag_s"] = round(values[0] / 1000, 1) if values else None
+        else:
+            entry[key] = int(sum(values))
+    return health
