@@ -18,12 +18,14 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks.aws.queues import Queue
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message, read_stream_record
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.wiring import batch as wiring
+from llmtasks.wiring.adapters import stream_skips
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
 wiring.cold_start()
@@ -37,9 +39,13 @@ def lambda_handler(
     fanout: BatchFanout | None = None,
     progress: BatchProgress | None = None,
     queue: Queue | None = None,
+    skips: StreamSkips | None = None,
 ) -> PartialItemFailureResponse | None:
     if is_stream_event(event):
-        changes = (read_stream_record(record, {"task"}, task_change) for record in event["Records"])
+        changes = (
+            read_stream_record(record, {"task"}, task_change, lambda: skips or stream_skips())
+            for record in event["Records"]
+        )
         (progress or wiring.batch_progress()).apply([change for change in changes if change is not None])
         return None
 

@@ -18,6 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks.aws.batch_store import change_of
 from llmtasks.aws.queues import Queue
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.domain.messages import WebhookMessage
 from llmtasks.observability import logger, tracer
 from llmtasks.records import (
@@ -30,6 +31,7 @@ from llmtasks.records import (
 )
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay
 from llmtasks.wiring import webhook as wiring
+from llmtasks.wiring.adapters import stream_skips
 
 # What this function needs, checked as Lambda imports it: a missing variable fails the cold start.
 wiring.cold_start()
@@ -43,12 +45,15 @@ def lambda_handler(
     relay: WebhookRelay | None = None,
     delivery: WebhookDelivery | None = None,
     queue: Queue | None = None,
+    skips: StreamSkips | None = None,
 ) -> PartialItemFailureResponse:
     if is_stream_event(event):
         relay = relay or wiring.webhook_relay()
 
         def relay_one(record: DynamoDBRecord) -> None:
-            change = read_stream_record(record.raw_event, ("task", "batch"), change_of)
+            change = read_stream_record(
+                record.raw_event, ("task", "batch"), change_of, lambda: skips or stream_skips()
+            )
             if change is not None:
                 relay.relay_change(*change)
 

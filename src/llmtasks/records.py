@@ -26,6 +26,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.aws.queues import Queue
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.domain.errors import RetryLater
 from llmtasks.observability import logger
 
@@ -168,12 +169,16 @@ def stream_item(record: Mapping[str, Any]) -> StreamItem | None:
 
 
 def read_stream_record(
-    record: Mapping[str, Any], wanted: Collection[StreamItem], decode: Callable[[Mapping[str, Any]], Change]
+    record: Mapping[str, Any],
+    wanted: Collection[StreamItem],
+    decode: Callable[[Mapping[str, Any]], Change],
+    skips: Callable[[], StreamSkips],
 ) -> Change | None:
     """The change `decode` reads from a record of a `wanted` item; None, logged once, for any other
     record (passed over: it is not this consumer's). A record of a wanted item that does not
     decode is logged in one line (its sequence number, key and the error) and raised: its retries
-    hold the shard, and each round says which record holds it."""
+    hold the shard, and each round says which record holds it, until an operator marks it to be
+    skipped (`llmtasks streams skip`): then it is passed over, and the log says who asked why."""
     if stream_item(record) not in wanted:
         logger.info("stream record not this function's; passed over", event_id=record.get("eventID"))
         return None
@@ -181,10 +186,21 @@ def read_stream_record(
         return decode(record)
     except (KeyError, TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
         images = record.get("dynamodb") or {}
+        sequence_number = str(images.get("SequenceNumber"))
+        mark = skips().marked(sequence_number)  # built only here: a consumer rarely needs it
         # pragma: no mutate start, what a log line says
+        if mark is not None:
+            logger.warning(
+                "stream record skipped, as an operator asked",
+                sequence_number=sequence_number,
+                key=images.get("Keys"),
+                reason=mark.reason,
+                marked_at=mark.marked_at,
+            )
+            return None
         logger.error(
             "stream record unreadable; its shard waits on it",
-            sequence_number=images.get("SequenceNumber"),
+            sequence_number=sequence_number,
             key=images.get("Keys"),
             error=" ".join(str(error).split())[:500],
         )

@@ -7,8 +7,10 @@ once, and the calls the mock counted are one per item plus the failures it injec
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +21,9 @@ import pytest
 
 from llmtasks_client import verify_webhook
 from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, start_stack, wait_terminal
-from tests.helpers import WebhookReceiver
+from tests.helpers import HANG_S, WebhookReceiver, eventually, local_client
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +35,12 @@ ENDED = ("completed", "completed_with_errors", "cancelled")
 @pytest.fixture(scope="module")
 def batch_stack() -> Iterator[RunningStack]:
     # Retries of the injected 500s come back within about a second, not the default 2 s and up.
-    stack = start_stack(env={"RETRY_BASE_DELAY_S": "0.25", "RETRY_MAX_DELAY_S": "2"})
+    # A stream record stuck past 5 s is said stuck (the test of the operator's skip waits no longer).
+    stack = start_stack(
+        "--parameter-overrides",
+        "StreamLagAlarmSeconds=5",
+        env={"RETRY_BASE_DELAY_S": "0.25", "RETRY_MAX_DELAY_S": "2"},
+    )
     try:
         yield stack
     finally:
@@ -254,3 +262,86 @@ def test_the_cli_submits_follows_and_reads_a_batch(batch_stack: RunningStack) ->
     refused_file = batch_stack.run_cli("batch", "submit", str(bad))
     assert refused_file.returncode == 2
     assert "line 2" in refused_file.stderr
+
+
+def test_a_record_the_counter_cannot_read_stalls_it_loudly_until_an_operator_skips_it(
+    batch_stack: RunningStack,
+) -> None:
+    dynamodb = local_client("dynamodb", batch_stack.endpoint)
+    table = local_name("TasksTable")
+    # Given a batch item's change the counter cannot read (an item a bug wrote without its
+    # request), ahead of a batch's own changes on the table's stream
+    poison = {"S": f"task#poison{uuid.uuid4().hex}"}
+    now = time.time()
+    dynamodb.put_item(
+        TableName=table,
+        Item={
+            "pk": poison,
+            "task_id": {"S": poison["S"][5:]},
+            "batch_id": {"S": "b" * 32},
+            "status": {"S": "pending"},
+            "created_at": {"N": str(now)},
+            "expires_at": {"N": str(int(now) + 3600)},
+        },
+    )
+    dynamodb.update_item(
+        TableName=table,
+        Key={"pk": poison},
+        UpdateExpression="SET #s = :s",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":s": {"S": "processing"}},
+    )
+    try:
+        with batch_stack.client() as client:
+            batch = client.post(
+                "/batches", json={"items": [{"prompt": "held 1"}, {"prompt": "held 2"}]}
+            ).json()
+            # Then the counter holds: the stack says it is stuck, and stats shows its lag
+            eventually(
+                lambda: (
+                    "Warning: BatchFunction's stream source Progress is stuck" in batch_stack.log.read_text()
+                ),
+                bool,
+                timeout_s=HANG_S,
+                what="the stuck warning",
+            )
+            assert client.get(f"/batches/{batch['batch_id']}").json()["status"] != "completed"
+            health = eventually(
+                lambda: json.loads(batch_stack.cli("stats", "--json"))["functions"]["BatchFunction"],
+                lambda h: (h["lag_s"] or 0) > 0 and h["errors"] > 0,
+                timeout_s=HANG_S,
+                what="BatchFunction's lag and errors in stats",
+            )
+            assert health["throttles"] == 0
+            # When the operator skips the record the ERROR lines name
+            [sequence_number] = unreadable_records(batch_stack, poison["S"])
+            said = batch_stack.cli("streams", "skip", sequence_number, "--reason", "written by a bug")
+            assert f"stream record {sequence_number} marked to be skipped" in said
+            # Then the batch's own changes are counted, exactly
+            ended = eventually(
+                lambda: client.get(f"/batches/{batch['batch_id']}").json(),
+                lambda view: view["status"] in ENDED,
+                timeout_s=HANG_S,
+                what="the batch ended",
+            )
+        assert (ended["status"], ended["completed"], ended["failed"], ended["pending"]) == (
+            "completed",
+            2,
+            0,
+            0,
+        )
+        assert "stream record skipped, as an operator asked" in batch_stack.log.read_text()
+    finally:
+        dynamodb.delete_item(TableName=table, Key={"pk": poison})
+
+
+def unreadable_records(stack: RunningStack, key: str) -> set[str]:
+    """The sequence numbers the counter's ERROR lines give for the item `key`, as an operator
+    reads them from its log (each retry round says it again)."""
+    numbers = set()
+    for line in stack.log.read_text().splitlines():
+        if "stream record unreadable" in line and key in line:
+            found = re.search(r'"sequence_number": ?"(\d+)"', line)
+            assert found, line
+            numbers.add(found[1])
+    return numbers

@@ -17,6 +17,7 @@ from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChan
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
@@ -97,7 +98,12 @@ class Rig:
     def batch_fn(self, event: dict[str, Any], context: Any) -> Any:
         """BatchFunction's handler, with this rig's collaborators."""
         return self._batch_fn(
-            event, context, fanout=self.fanout, progress=self.progress, queue=self.fanout_queue
+            event,
+            context,
+            fanout=self.fanout,
+            progress=self.progress,
+            queue=self.fanout_queue,
+            skips=StreamSkips(self.settings.tasks_table_name, self.aws.dynamodb),
         )
 
     def _sqs_event(self, logical_id: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -616,7 +622,7 @@ def test_the_sample_events_drive_the_batch_function(rig: Rig) -> None:
     assert (batch.pending, batch.processing, batch.completed) == (1, 1, 0)
 
 
-def test_the_counter_passes_over_another_table_s_records_and_says_which_of_its_own_holds_the_shard(
+def test_the_counter_passes_over_foreign_records_names_its_own_that_holds_the_shard_and_skips_it_when_told(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     # SAM's generic stream sample (another table's items): nothing to count, nothing failed
@@ -633,3 +639,14 @@ def test_the_counter_passes_over_another_table_s_records_and_says_which_of_its_o
     assert line.sequence_number == record["dynamodb"]["SequenceNumber"]  # type: ignore[attr-defined]
     assert line.key == record["dynamodb"]["Keys"]  # type: ignore[attr-defined]
     assert "status" in line.error  # type: ignore[attr-defined]
+    # When an operator marks it to be skipped (`llmtasks streams skip`), the next round passes it
+    # over and says so, with the operator's reason
+    skips = StreamSkips(rig.settings.tasks_table_name, rig.aws.dynamodb)
+    skips.mark(record["dynamodb"]["SequenceNumber"], reason="written by the 1.4 bug", now=time.time())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="llmtasks"):
+        assert rig.batch_fn(stream, rig.batch_ctx) is None
+    [skipped] = [r for r in caplog.records if r.name == "llmtasks"]
+    assert skipped.getMessage() == "stream record skipped, as an operator asked"
+    assert skipped.reason == "written by the 1.4 bug"  # type: ignore[attr-defined]
+    assert skipped.sequence_number == record["dynamodb"]["SequenceNumber"]  # type: ignore[attr-defined]

@@ -52,6 +52,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config).",
     ),
     "dlq": ("ops", "dlq", "Dead-letter queues: what is in them, and replaying them."),
+    "streams": ("ops", "streams", "TasksTable's stream consumers: unblocking one held on a record."),
     "stats": (
         "ops",
         "stats",

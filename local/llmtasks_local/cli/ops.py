@@ -69,6 +69,32 @@ def dlq_list(
             )
 
 
+@click.group()
+def streams() -> None:
+    """TasksTable's stream consumers: unblocking one held on a record."""
+
+
+@streams.command("skip")
+@click.argument("sequence_number")
+@click.option(
+    "--reason", required=True, help="Why: kept with the mark, and logged when the record is passed over."
+)
+@targeted
+def streams_skip(sequence_number: str, reason: str, stack_name: str | None, endpoint_url: str | None) -> None:
+    """Let the stream consumers pass over the record SEQUENCE_NUMBER, which they cannot read (the
+    `stream record unreadable` ERROR line names it): its retries hold their shard until then."""
+    from llmtasks.aws.stream_skips import StreamSkips
+
+    target = target_of(stack_name, endpoint_url)
+    mark = StreamSkips(target.deployment.tasks_table, target.dynamodb).mark(
+        sequence_number, reason=reason, now=time.time()
+    )
+    click.echo(
+        f"stream record {mark.sequence_number} marked to be skipped ({mark.reason}); the consumer"
+        " passes it over at its next retry and logs `stream record skipped, as an operator asked`"
+    )
+
+
 @dlq.command("redrive")
 @click.option(
     "--queue", type=click.Choice(QUEUE_NAMES), default="tasks", show_default=True, help="Which DLQ to replay."

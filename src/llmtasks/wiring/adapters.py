@@ -13,6 +13,7 @@ from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.settings import TaskLanesQueues, TasksTable, resources
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ def sqs() -> SQSClient:
 
 def task_store() -> TaskStore:
     return TaskStore(resources(TasksTable).tasks_table_name, dynamodb())
+
+
+def stream_skips() -> StreamSkips:
+    return StreamSkips(resources(TasksTable).tasks_table_name, dynamodb())
 
 
 @lru_cache(maxsize=1)
