@@ -183,6 +183,29 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     assert waiting == {"high": ["0", "0"], "normal": ["0", "0"], "low": ["0", "0"]}
     assert "nothing waiting or running" in shown(browser, lambda d: d.find_element(By.ID, "tenants").text)
     assert stats["scheduling"]["tenants"] == []
+    # Each function's row, from the endpoint's CloudWatch as `llmtasks stats` reads it; the
+    # stream consumers with their lag
+    functions = shown(
+        browser,
+        lambda d: {
+            row.get_attribute("data-function"): row.find_element(By.CSS_SELECTOR, "[data-role=lag]").text
+            for row in d.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")
+        },
+    )
+    assert (
+        set(functions)
+        == set(stats["functions"])
+        == {
+            "AuthorizerFunction",
+            "SubmitFunction",
+            "StatusFunction",
+            "WorkerFunction",
+            "WebhookFunction",
+            "BatchFunction",
+        }
+    )
+    assert functions["WorkerFunction"] == ""  # not a stream consumer
+    assert functions["BatchFunction"] != ""
     if os.environ.get("LLMTASKS_SCREENSHOT"):
         browser.save_screenshot(str(ROOT / "docs" / "console.png"))
 

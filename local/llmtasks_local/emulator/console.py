@@ -24,9 +24,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks.aws.apikeys import presented_key
 from llmtasks_local.ops.deadletters import QUEUE_NAMES, DeadLetters
-from llmtasks_local.ops.stats import overview
+from llmtasks_local.ops.stats import function_health, overview
 
 if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
@@ -47,6 +48,7 @@ class Console:
         deployment: Deployment,
         dead_letters: DeadLetters,
         *,
+        cloudwatch: CloudWatchClient | None = None,
         token: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -55,11 +57,16 @@ class Console:
         self._sqs = sqs
         self._deployment = deployment
         self._dead_letters = dead_letters
+        self._cloudwatch = cloudwatch  # the functions' errors, throttles and stream lag, if given
         self._clock = clock
         self._page = resources.files("llmtasks_local.emulator").joinpath("console.html").read_text()
 
     def overview(self) -> dict[str, Any]:
-        return overview(self._dynamodb, self._sqs, self._deployment, now=self._clock())
+        now = self._clock()
+        view = overview(self._dynamodb, self._sqs, self._deployment, now=now)
+        if self._cloudwatch is not None:
+            view["functions"] = function_health(self._cloudwatch, self._deployment, now=now)
+        return view
 
     def letters(self) -> dict[str, Any]:
         return {

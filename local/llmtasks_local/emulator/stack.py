@@ -419,7 +419,14 @@ class LocalStack:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
         deployment = Deployment.local(sqs)
         dead_letters = DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
-        return Console(dynamodb, sqs, deployment, dead_letters, token=self.console_token)
+        return Console(
+            dynamodb,
+            sqs,
+            deployment,
+            dead_letters,
+            cloudwatch=boto3.client("cloudwatch"),
+            token=self.console_token,
+        )
 
     def _serve_http(self, app: ASGIApp) -> None:
         config = uvicorn.Config(
