@@ -32,7 +32,7 @@ from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
 from llmtasks_local.sam.provision import LocalResources
 from llmtasks_local.sam.template import Template
-from tests.helpers import TEMPLATE, eventually, process_exists, toy_function
+from tests.helpers import HANG_S, TEMPLATE, eventually, process_exists, toy_function
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def visible(remote: dict[str, Any], url: str) -> list[str]:
 
 
 def run_pollers(
-    poller: SqsPoller | StreamPoller, stop: threading.Event, until: Any, timeout_s: float = 20
+    poller: SqsPoller | StreamPoller, stop: threading.Event, until: Any, timeout_s: float = HANG_S
 ) -> None:
     if poller.threads[0].ident is None:  # not started yet
         poller.start()
@@ -223,8 +223,8 @@ def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_
     watcher.start()
     try:
         poller.start()
-        eventually(lambda: sum(c["n"] for c in calls_of(tmp_path)) == 60, bool, timeout_s=30, what="60 calls")
-        eventually(lambda: poller.active, lambda active: active == 5, timeout_s=20, what="a scale back to 5")
+        eventually(lambda: sum(c["n"] for c in calls_of(tmp_path)) == 60, bool, timeout_s=HANG_S, what="60 calls")
+        eventually(lambda: poller.active, lambda active: active == 5, timeout_s=HANG_S, what="a scale back to 5")
     finally:
         watching.set()
         watcher.join()
@@ -318,7 +318,7 @@ def test_sqs_a_timed_out_invocation_s_messages_reappear_and_its_late_writes_neve
     assert remote["sqs"].receive_message(QueueUrl=url).get("Messages", []) == []  # still invisible
     # The sandbox's process is gone: nothing of it runs on to write the file.
     pid = int((tmp_path / "app.py.pid").read_text())
-    eventually(lambda: not process_exists(pid), bool, timeout_s=5, what="the timed-out sandbox stopped")
+    eventually(lambda: not process_exists(pid), bool, timeout_s=HANG_S, what="the timed-out sandbox stopped")
     assert not (tmp_path / "app.py.late").exists()
     [back] = remote["sqs"].receive_message(QueueUrl=url, WaitTimeSeconds=3)["Messages"]
     assert back["Body"] == "slow"
@@ -608,7 +608,7 @@ def test_streams_retries_then_the_on_failure_destination_gets_the_batch(
     )
     poller.start()
     # The first try and two retries
-    eventually(lambda: stream_keys(tmp_path).count("poison"), lambda n: n == 3, timeout_s=20)
+    eventually(lambda: stream_keys(tmp_path).count("poison"), lambda n: n == 3, timeout_s=HANG_S)
     put(remote, "next")
     run_pollers(poller, stop, lambda: "next" in stream_keys(tmp_path))
     assert stream_keys(tmp_path) == ["poison"] * 3 + ["next"]
@@ -731,7 +731,7 @@ def test_lambda_module_globals_live_as_long_as_their_sandbox_and_are_never_share
     release = tmp_path / "release"
     with FunctionRuntime(spec, concurrency=2) as runtime, ThreadPoolExecutor(2) as pool:
         held = [pool.submit(runtime.invoke, {"hold": str(release)}) for _ in range(2)]
-        eventually(lambda: len(runtime.sandboxes) == 2, bool, timeout_s=20, what="two sandboxes")
+        eventually(lambda: len(runtime.sandboxes) == 2, bool, timeout_s=HANG_S, what="two sandboxes")
         release.touch()
         (count_a, pid_a), (count_b, pid_b) = (future.result().payload for future in held)
         assert (count_a, count_b) == (1, 1)
@@ -810,6 +810,8 @@ def test_lambda_hot_reload_a_changed_handler_runs_at_the_next_cold_start(tmp_pat
     code = """
         import os, time
         def handler(event, context):
+            if event.get("hold"):
+                open(event["hold"] + ".held", "w").close()  # this sandbox runs this version's code
             while event.get("hold") and not os.path.exists(event["hold"]):
                 time.sleep(0.01)  # held until the test lets go: a busy sandbox
             return ["{version}", os.getpid()]
@@ -821,7 +823,11 @@ def test_lambda_hot_reload_a_changed_handler_runs_at_the_next_cold_start(tmp_pat
     release = tmp_path / "release"
     with FunctionRuntime(spec, concurrency=3) as runtime, ThreadPoolExecutor(1) as pool:
         busy = pool.submit(runtime.invoke, {"hold": str(release)})
-        eventually(lambda: len(runtime.sandboxes) == 1, bool, timeout_s=20, what="a busy sandbox")
+        # Its handler running, not only its sandbox started: a cold start that had not imported
+        # the module yet when v2 was written (a loaded clean-clone run) ran v2
+        held = tmp_path / "release.held"
+        eventually(held.exists, bool, timeout_s=HANG_S, what="a busy sandbox in v1's handler")
+        assert len(runtime.sandboxes) == 1
         version, idle_pid = runtime.invoke({}).payload  # a second sandbox, idle after this
         assert version == "v1"
         toy_function(tmp_path / "code", code.format(version="v2"))
