@@ -223,8 +223,12 @@ def test_sqs_pollers_start_at_five_add_five_a_second_while_messages_remain_then_
     watcher.start()
     try:
         poller.start()
-        eventually(lambda: sum(c["n"] for c in calls_of(tmp_path)) == 60, bool, timeout_s=HANG_S, what="60 calls")
-        eventually(lambda: poller.active, lambda active: active == 5, timeout_s=HANG_S, what="a scale back to 5")
+        eventually(
+            lambda: sum(c["n"] for c in calls_of(tmp_path)) == 60, bool, timeout_s=HANG_S, what="60 calls"
+        )
+        eventually(
+            lambda: poller.active, lambda active: active == 5, timeout_s=HANG_S, what="a scale back to 5"
+        )
     finally:
         watching.set()
         watcher.join()
