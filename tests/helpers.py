@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -212,6 +213,28 @@ def emf_units(output: str) -> dict[str, set[str]]:
             for metric in json.loads(line)["_aws"]["CloudWatchMetrics"][0]["Metrics"]:
                 units.setdefault(metric["Name"], set()).add(metric["Unit"])
     return units
+
+
+def metric_statistics(
+    cloudwatch: Any, namespace: str, name: str, dimensions: dict[str, str]
+) -> dict[str, float]:
+    """One metric's SampleCount, Sum and Maximum over the last hour (zeros without datapoints),
+    as GetMetricStatistics gives them."""
+    now = datetime.now(UTC)
+    points = cloudwatch.get_metric_statistics(
+        Namespace=namespace,
+        MetricName=name,
+        Dimensions=[{"Name": key, "Value": value} for key, value in dimensions.items()],
+        StartTime=now - timedelta(hours=1),
+        EndTime=now + timedelta(minutes=1),
+        Period=3900,
+        Statistics=["SampleCount", "Sum", "Maximum"],
+    )["Datapoints"]
+    return {
+        "SampleCount": float(sum(p["SampleCount"] for p in points)),
+        "Sum": float(sum(p["Sum"] for p in points)),
+        "Maximum": max((float(p["Maximum"]) for p in points), default=0.0),
+    }
 
 
 def local_client(service: str, endpoint_url: str) -> Any:

@@ -21,6 +21,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from llmtasks_local.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import ROOT, eventually
@@ -192,18 +193,7 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
             for row in d.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")
         },
     )
-    assert (
-        set(functions)
-        == set(stats["functions"])
-        == {
-            "AuthorizerFunction",
-            "SubmitFunction",
-            "StatusFunction",
-            "WorkerFunction",
-            "WebhookFunction",
-            "BatchFunction",
-        }
-    )
+    assert set(functions) == set(stats["functions"]) == set(FUNCTIONS)
     assert functions["WorkerFunction"] == ""  # not a stream consumer
     assert functions["BatchFunction"] != ""
     if os.environ.get("LLMTASKS_SCREENSHOT"):

@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,19 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.ops.deployment import FUNCTIONS
 from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal
-from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, local_client, moto_endpoint, serve
+from tests.helpers import (
+    HANG_S,
+    ROOT,
+    WebhookReceiver,
+    eventually,
+    local_client,
+    metric_statistics,
+    moto_endpoint,
+    serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -53,17 +62,7 @@ def test_the_endpoint_s_cloudwatch_holds_the_functions_metrics_as_aws_would(fres
     cloudwatch = local_client("cloudwatch", fresh_mock.endpoint)
 
     def total(namespace: str, name: str, dimensions: dict[str, str]) -> float:
-        now = datetime.now(UTC)
-        points = cloudwatch.get_metric_statistics(
-            Namespace=namespace,
-            MetricName=name,
-            Dimensions=[{"Name": key, "Value": value} for key, value in dimensions.items()],
-            StartTime=now - timedelta(hours=1),
-            EndTime=now + timedelta(minutes=1),
-            Period=3600,
-            Statistics=["Sum"],
-        )["Datapoints"]
-        return float(sum(point["Sum"] for point in points))
+        return metric_statistics(cloudwatch, namespace, name, dimensions)["Sum"]
 
     # The worker's EMF line (namespace llmtasks), and Lambda's own count of each function's runs
     functions = ("SubmitFunction", "WorkerFunction", "StatusFunction")
@@ -297,14 +296,7 @@ def test_warm_containers_eager_starts_every_function_ahead_so_the_first_task_pay
     first task's invocations then find them and report no Init Duration of their own."""
     stack = start_stack("--warm-containers", "eager", "--report")
     try:
-        functions = {
-            "AuthorizerFunction",
-            "SubmitFunction",
-            "StatusFunction",
-            "WorkerFunction",
-            "WebhookFunction",
-            "BatchFunction",
-        }
+        functions = set(FUNCTIONS)
         # Given every function warmed before Ready
         before_ready = stack.log.read_text().split("Ready.")[0]
         warmed = re.findall(r"^warm container: (\w+) \(Init Duration: [\d.]+ ms\)$", before_ready, re.M)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from llmtasks_local.emulator.sources import StreamPoller
 from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.ops.stats import function_health
 from llmtasks_local.sam.function_spec import StreamSource
-from tests.helpers import toy_function
+from tests.helpers import metric_statistics, toy_function
 
 pytestmark = pytest.mark.unit
 
@@ -30,20 +29,6 @@ pytestmark = pytest.mark.unit
 def cloudwatch() -> Any:
     with mock_aws():
         yield boto3.client("cloudwatch", region_name="us-east-1")
-
-
-def statistics(cloudwatch: Any, namespace: str, name: str, dimensions: dict[str, str]) -> dict[str, float]:
-    now = datetime.now(UTC)
-    [point] = cloudwatch.get_metric_statistics(
-        Namespace=namespace,
-        MetricName=name,
-        Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
-        StartTime=now - timedelta(minutes=5),
-        EndTime=now + timedelta(minutes=1),
-        Period=600,
-        Statistics=["SampleCount", "Sum", "Maximum"],
-    )["Datapoints"]
-    return {key: point[key] for key in ("SampleCount", "Sum", "Maximum")}
 
 
 def emf_line(capsys: pytest.CaptureFixture[str], name: str, value: float, **dimensions: str) -> str:
@@ -69,18 +54,18 @@ def test_emf_lines_and_invocations_become_the_metrics_cloudwatch_would_hold(
     sink.invoked("WorkerFunction", ok=True, duration_ms=30)
     sink.invoked("WorkerFunction", ok=False, duration_ms=50)
     sink.flush()
-    assert statistics(cloudwatch, "llmtasks", "LlmLatency", {"service": "llmtasks", "model": "m"}) == {
+    assert metric_statistics(cloudwatch, "llmtasks", "LlmLatency", {"service": "llmtasks", "model": "m"}) == {
         "SampleCount": 2,
         "Sum": 200.0,
         "Maximum": 120.0,
     }
     worker = {"FunctionName": "WorkerFunction"}
-    assert statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
-    assert statistics(cloudwatch, "AWS/Lambda", "Errors", worker)["Sum"] == 1
-    assert statistics(cloudwatch, "AWS/Lambda", "Duration", worker)["Maximum"] == 50
+    assert metric_statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
+    assert metric_statistics(cloudwatch, "AWS/Lambda", "Errors", worker)["Sum"] == 1
+    assert metric_statistics(cloudwatch, "AWS/Lambda", "Duration", worker)["Maximum"] == 50
     # What was sent is not sent again
     sink.flush()
-    assert statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
+    assert metric_statistics(cloudwatch, "AWS/Lambda", "Invocations", worker)["Sum"] == 2
 
 
 def test_a_stream_record_that_keeps_failing_is_said_stuck_once_and_its_age_is_the_iterator_age(
@@ -117,7 +102,7 @@ def test_a_stream_record_that_keeps_failing_is_said_stuck_once_and_its_age_is_th
     assert "StreamLagAlarmSeconds: 60 s" in warning
     assert len(skipped) == 1
     sink.flush()
-    age = statistics(cloudwatch, "AWS/Lambda", "IteratorAge", {"FunctionName": "F"})
+    age = metric_statistics(cloudwatch, "AWS/Lambda", "IteratorAge", {"FunctionName": "F"})
     assert age["SampleCount"] == 3  # the first try and two retries
     assert age["Maximum"] >= 90_000
 
