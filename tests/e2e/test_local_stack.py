@@ -21,6 +21,7 @@ from starlette.routing import Route
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.ops.deployment import FUNCTIONS
 from llmtasks_local.sam.provision import local_name
+from llmtasks_local.sam.template import Template
 from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal
 from tests.helpers import (
     HANG_S,
@@ -64,6 +65,21 @@ def test_the_endpoint_s_cloudwatch_holds_the_functions_metrics_as_aws_would(fres
     def total(namespace: str, name: str, dimensions: dict[str, str]) -> float:
         return metric_statistics(cloudwatch, namespace, name, dimensions)["Sum"]
 
+    # The template's metric alarms are there with their definitions (moto keeps, not evaluates)
+    alarms = {
+        alarm["AlarmName"]: alarm
+        for page in cloudwatch.get_paginator("describe_alarms").paginate()
+        for alarm in page["MetricAlarms"]
+    }
+    template = Template.load(ROOT / "template.yaml")
+    assert set(alarms) >= {local_name(name) for name in template.resources("AWS::CloudWatch::Alarm")}
+    backlog = alarms[local_name("TaskBacklogAlarm")]
+    assert (backlog["Namespace"], backlog["MetricName"], backlog["Threshold"]) == (
+        "AWS/SQS",
+        "ApproximateAgeOfOldestMessage",
+        900.0,
+    )
+    assert backlog["Dimensions"] == [{"Name": "QueueName", "Value": local_name("TaskQueue")}]
     # The worker's EMF line (namespace llmtasks), and Lambda's own count of each function's runs
     functions = ("SubmitFunction", "WorkerFunction", "StatusFunction")
     eventually(

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import boto3
 import httpx
 import uvicorn
+from botocore.exceptions import BotoCoreError, ClientError
 from starlette.types import ASGIApp
 
 from llmtasks.aws.apikeys import ApiKeys
@@ -46,7 +47,7 @@ from llmtasks_local.emulator.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks_local.ops.deadletters import DeadLetters
 from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.sam.function_spec import FunctionSpec, StreamSource
-from llmtasks_local.sam.provision import LocalResources, provision
+from llmtasks_local.sam.provision import LocalResources, provision, provision_alarms
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS, Template
 from llmtasks_local.tool_errors import ToolError
 
@@ -231,6 +232,7 @@ class LocalStack:
         self.resources = resources = provision(
             template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
         )
+        self._provision_alarms(template, resources)
         # Each function's sandboxes get its own Environment (local/sandbox.py), on top of this
         # process's: the endpoint and credentials set above, and what the stack was started with.
         self.functions = template.functions(resources.refs, resources.attributes)
@@ -287,6 +289,14 @@ class LocalStack:
             self._threads.extend(poller.threads)
         if warming is not None:
             warming.join()  # Ready once every function has its warm sandbox, as SAM CLI's EAGER
+
+    def _provision_alarms(self, template: Template, resources: LocalResources) -> None:
+        """The template's alarms on the endpoint's CloudWatch (listed, not evaluated). An
+        endpoint without CloudWatch gets a line saying so, and the stack runs without them."""
+        try:
+            provision_alarms(template, resources, boto3.client("cloudwatch"))
+        except (BotoCoreError, ClientError) as error:
+            print(f"The template's alarms are not on the endpoint: {error}", flush=True)
 
     def _start_metrics(self) -> MetricsSink:
         """Lambda's metrics of each function and the functions' EMF lines, on the endpoint's

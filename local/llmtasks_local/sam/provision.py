@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from llmtasks_local.sam.template import Template, TemplateError
 
 if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sqs import SQSClient
@@ -185,3 +186,46 @@ def _create_queue(
     resources.attributes[(logical_id, "Arn")] = arn
     resources.attributes[(logical_id, "QueueName")] = name
     resources.attributes[(logical_id, "QueueUrl")] = url
+
+
+# What PutMetricAlarm takes of an AWS::CloudWatch::Alarm's properties (its actions aside: the local
+# stack has no SNS topic to notify).
+_ALARM_PROPERTIES = (
+    "AlarmDescription",
+    "Namespace",
+    "MetricName",
+    "Dimensions",
+    "Statistic",
+    "ExtendedStatistic",
+    "Period",
+    "Unit",
+    "EvaluationPeriods",
+    "DatapointsToAlarm",
+    "Threshold",
+    "ComparisonOperator",
+    "TreatMissingData",
+    "Metrics",
+)
+
+
+def provision_alarms(
+    template: Template, resources: LocalResources, cloudwatch: CloudWatchClient, prefix: str = LOCAL_PREFIX
+) -> list[str]:
+    """The template's metric alarms on the endpoint's CloudWatch, with their definitions (metrics,
+    dimensions naming the local resources, thresholds from the parameters), so `describe-alarms`
+    lists them. moto keeps them and does not evaluate them, and has no composite alarms: those
+    are left out. Returns the alarms' names."""
+    names = []
+    for logical_id, props in template.resources("AWS::CloudWatch::Alarm").items():
+        resolved = template.resolve(props, resources.refs, resources.attributes)
+        alarm = {key: resolved[key] for key in _ALARM_PROPERTIES if key in resolved}
+        for key, kind in (("Threshold", float), ("Period", int), ("EvaluationPeriods", int)):
+            if key in alarm:
+                alarm[key] = kind(alarm[key])
+        for query in alarm.get("Metrics") or []:
+            if "MetricStat" in query:
+                query["MetricStat"]["Period"] = int(query["MetricStat"]["Period"])
+        name = str(resolved.get("AlarmName") or local_name(logical_id, prefix))
+        cloudwatch.put_metric_alarm(AlarmName=name, **alarm)
+        names.append(name)
+    return names
