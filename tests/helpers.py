@@ -125,7 +125,7 @@ class WebhookReceiver:
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])
 
-    def wait_for(self, count: int, timeout_s: float = 90) -> list[Delivery]:
+    def wait_for(self, count: int, timeout_s: float = HANG_S) -> list[Delivery]:
         # The wait ends on the deliveries; the cap is for a hang (a first delivery waits for the
         # task's run and two cold starts, past 20 s on a loaded clean-clone run).
         return eventually(

@@ -24,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from llmtasks_local.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import ROOT, eventually
+from tests.helpers import HANG_S, ROOT, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -206,7 +206,9 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
         return True
 
     shown(browser, redrive)
-    assert shown(browser, lambda d: status_in_recent(poison)(d) == "completed" and "completed", timeout_s=60)
+    assert shown(
+        browser, lambda d: status_in_recent(poison)(d) == "completed" and "completed", timeout_s=HANG_S
+    )
     with stack.client() as client:
         assert client.get(f"/tasks/{poison}").json()["status"] == "completed"
     assert shown(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-dlq=tasks] tr[data-task-id]"))

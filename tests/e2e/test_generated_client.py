@@ -17,7 +17,7 @@ import pytest
 
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import eventually
+from tests.helpers import HANG_S, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def test_a_generated_client_submits_reads_to_completion_and_lists_a_task(fresh_m
             assert isinstance(view, models.TaskView), view
             return view if view.status == models.TaskStatus.COMPLETED else None
 
-        view = eventually(completed, bool, timeout_s=60, every_s=0.1, what="the task completed")
+        view = eventually(completed, bool, timeout_s=HANG_S, every_s=0.1, what="the task completed")
         assert view.result == reply_text("generated client")
 
         page = listing.sync(client=client, limit=100)

@@ -27,7 +27,7 @@ from llmtasks_local.sam.provision import provision
 from llmtasks_local.sam.template import Template
 from tests.e2e.conftest import ROOT, RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import WebhookReceiver, eventually, serve
+from tests.helpers import HANG_S, WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -179,7 +179,7 @@ def drive(stack: RunningStack) -> None:
         eventually(
             lambda: client.get(f"/batches/{urgent_batch['batch_id']}").json()["status"],
             lambda status: status == "completed",
-            timeout_s=60,
+            timeout_s=HANG_S,
             what="the high-priority batch completed",
         )
         items = {"items": [{"prompt": "b1"}, {"prompt": "b2"}], "webhook_url": receiver + "/hook"}
@@ -188,7 +188,7 @@ def drive(stack: RunningStack) -> None:
         eventually(
             lambda: client.get(f"/batches/{batch['batch_id']}").json()["status"],
             lambda status: status == "completed",
-            timeout_s=60,
+            timeout_s=HANG_S,
             what="the batch completed",
         )
         client.get(f"/batches/{batch['batch_id']}/results")
@@ -208,17 +208,17 @@ def drive(stack: RunningStack) -> None:
         eventually(
             lambda: client.get(f"/v1/batches/{openai_batch['id']}").json()["status"],
             lambda status: status == "completed",
-            timeout_s=60,
+            timeout_s=HANG_S,
             what="the OpenAI batch completed",
         )
         response = client.post("/v1/responses", json={"model": "m", "input": "hi", "background": True}).json()
         eventually(
             lambda: client.get(f"/v1/responses/{response['id']}").json()["status"],
             lambda status: status == "completed",
-            timeout_s=30,
+            timeout_s=HANG_S,
             what="the response completed",
         )
-        hook.wait_for(5, timeout_s=30)  # the deliveries (and the first one's retry)
+        hook.wait_for(5, timeout_s=HANG_S)  # the deliveries (and the first one's retry)
 
 
 def test_each_function_is_allowed_what_it_calls_and_calls_what_it_is_allowed(

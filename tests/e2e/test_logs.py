@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import WebhookReceiver, serve
+from tests.helpers import HANG_S, WebhookReceiver, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -71,7 +71,7 @@ def test_no_key_or_secret_reaches_a_log_a_task_an_error_or_the_console() -> None
             failed = wait_terminal(client, failed_id)
             stack.configure_mock(reset=False, rate_500=0.0, echo_key=False)
             assert "[its API key]" in failed["error"]  # the provider did quote it
-            hook.wait_for(2, timeout_s=30)  # the 500, then the retry
+            hook.wait_for(2, timeout_s=HANG_S)  # the 500, then the retry
             with stack.client(wrong) as stranger:
                 assert stranger.get(f"/tasks/{done_id}").status_code == 403
             reads = [client.get(f"/tasks/{task_id}").text for task_id in (done_id, failed_id)]

@@ -16,7 +16,7 @@ from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedW
 
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import WebhookReceiver, eventually
+from tests.helpers import HANG_S, WebhookReceiver, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def ended(client: OpenAI, response: Response) -> Response:
     return eventually(
         lambda: client.responses.retrieve(response.id),
         lambda seen: seen.status not in ("queued", "in_progress"),
-        timeout_s=60,
+        timeout_s=HANG_S,
         every_s=0.2,
         what=f"{response.id} ended",
     )
@@ -88,7 +88,10 @@ def test_a_running_response_is_cancelled_and_stays_cancelled(
     fresh_mock.configure_mock(latency_s=30)
     created = client.responses.create(model="gpt-test", input="a long essay", background=True)
     eventually(
-        fresh_mock.mock_stats, lambda stats: stats["in_flight"] == 1, timeout_s=30, what="the call running"
+        fresh_mock.mock_stats,
+        lambda stats: stats["in_flight"] == 1,
+        timeout_s=HANG_S,
+        what="the call running",
     )
 
     cancelled = client.responses.cancel(created.id)
@@ -349,7 +352,7 @@ def test_a_batch_with_a_webhook_url_gets_openais_batch_completed_which_the_sdk_v
         completion_window="24h",
         extra_body={"webhook_url": url},
     )
-    [delivery] = hook.wait_for(1, timeout_s=60)
+    [delivery] = hook.wait_for(1, timeout_s=HANG_S)
 
     event = client.webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
     assert isinstance(event, BatchCompletedWebhookEvent)

@@ -16,7 +16,7 @@ import pytest
 from llmtasks_local.emulator.launcher import descendants
 from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
 from tests.e2e.conftest import derived_template, start_stack, wait_terminal
-from tests.helpers import eventually, serve
+from tests.helpers import HANG_S, eventually, serve
 
 pytestmark = pytest.mark.e2e
 TASKS = 20
@@ -59,7 +59,7 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
     eventually(
         lambda: (mock.stats.completed, mock.stats.in_flight),
         lambda seen: seen[0] >= 6 and seen[1] > 0,
-        timeout_s=60,
+        timeout_s=HANG_S,
         every_s=0.02,
         what="six calls done and others running",
     )
@@ -103,7 +103,7 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
     first = start_stack(*args, env={"LLM_BASE_URL": url})
     with first.client() as client:
         ids = [client.post("/tasks", json={"prompt": f"cut {i}"}).json()["task_id"] for i in range(2)]
-    eventually(lambda: mock.stats.in_flight, lambda n: n == 2, timeout_s=30, what="both calls in flight")
+    eventually(lambda: mock.stats.in_flight, lambda n: n == 2, timeout_s=HANG_S, what="both calls in flight")
     first.process.send_signal(signal.SIGINT)
     time.sleep(1)
     stopped_at = time.monotonic()
@@ -138,7 +138,7 @@ def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_sa
             eventually(
                 stack.log.read_text,
                 lambda log: "Error: the state dir cannot be written" in log,
-                timeout_s=30,
+                timeout_s=HANG_S,
                 what="the stack saying the state dir cannot be written",
             )
             resource.prlimit(
@@ -148,7 +148,7 @@ def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_sa
             eventually(
                 stack.log.read_text,
                 lambda log: "The state dir can be written again" in log,
-                timeout_s=30,
+                timeout_s=HANG_S,
                 what="the stack saying the state dir takes changes again",
             )
     finally:
