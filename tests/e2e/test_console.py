@@ -86,7 +86,9 @@ def console_stack(tmp_path: Path) -> Iterator[tuple[RunningStack, Path]]:
         stack.stop()
 
 
-def shown(browser: webdriver.Chrome, find: Callable[[webdriver.Chrome], Any], timeout_s: float = HANG_S) -> Any:
+def shown(
+    browser: webdriver.Chrome, find: Callable[[webdriver.Chrome], Any], timeout_s: float = HANG_S
+) -> Any:
     """What `find` returns once it returns something truthy; the page redraws every two seconds."""
 
     def attempt(driver: webdriver.Chrome) -> Any:
