@@ -92,6 +92,20 @@ def test_the_endpoint_s_cloudwatch_holds_the_functions_metrics_as_aws_would(fres
         every_s=1,
         what="TasksCompleted and the functions' Invocations on the endpoint's CloudWatch",
     )
+    # Each function's lines in its log group, as `aws logs tail /aws/lambda/WorkerFunction` reads
+    # them: the worker's lines about this task, and Lambda's REPORT line of an invocation
+    logs = local_client("logs", fresh_mock.endpoint)
+
+    def worker_lines() -> list[str]:
+        found = logs.filter_log_events(
+            logGroupName="/aws/lambda/WorkerFunction", filterPattern=task["task_id"]
+        )
+        return [event["message"] for event in found["events"]]
+
+    lines = eventually(worker_lines, bool, timeout_s=HANG_S, what="the worker's lines about the task")
+    assert all(json.loads(line)["function_name"] == "WorkerFunction" for line in lines)
+    reports = logs.filter_log_events(logGroupName="/aws/lambda/WorkerFunction", filterPattern="REPORT")
+    assert any(event["message"].startswith("REPORT RequestId: ") for event in reports["events"])
 
 
 def test_a_task_with_a_webhook_gets_one_signed_post(fresh_mock: RunningStack) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator.log_groups import LogsSink, log_group, new_log_stream
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
 from llmtasks_local.sam.function_spec import FunctionSpec
@@ -90,9 +91,12 @@ class FunctionRuntime:
         record_aws_calls: Path | None = None,
         idle_retire_s: float = IDLE_RETIRE_S,
         metrics: MetricsSink | None = None,
+        logs: LogsSink | None = None,
     ) -> None:
         self.spec = spec
         self._metrics = metrics  # Lambda's own metrics of each invocation, if the stack keeps them
+        self._logs = logs  # each sandbox's lines in its function's log group, if the stack keeps them
+        self._log_group = log_group(spec.logical_id)
         self.concurrency = concurrency
         self.report = report  # print Lambda's START, END and REPORT lines for each invocation
         # The stack's environment beneath each sandbox's own (None: this process's, read at each
@@ -156,13 +160,17 @@ class FunctionRuntime:
 
     def _new_sandbox(self) -> Sandbox:
         """A sandbox process of this function, of the current code's generation (its init runs)."""
+        on_line, stream = self._on_line, new_log_stream(time.time())
+        if self._logs is not None:
+            on_line = _logged(on_line, self._logs, self._log_group, stream)
         sandbox = Sandbox(
             self.spec,
             os.environ if self._environment is None else self._environment,
-            self._on_line,
+            on_line,
             record_aws_calls=self._record_aws_calls,
         )
         sandbox.generation = self._generation
+        sandbox.log_stream = stream
         return sandbox
 
     def _forget(self, sandbox: Sandbox | None) -> None:
@@ -290,8 +298,7 @@ class FunctionRuntime:
         whose cold start goes ahead of the event sources'."""
         request_id = request_id or str(uuid.uuid4())
         sandbox, cold, throttled = self._acquire(synchronous=synchronous)
-        if self.report:
-            print(f"START RequestId: {request_id} Version: $LATEST", flush=True)
+        self._say(sandbox, f"START RequestId: {request_id} Version: $LATEST")
         init_s: float | None = None
         started = time.monotonic()
         try:
@@ -326,10 +333,17 @@ class FunctionRuntime:
             self._metrics.invoked(
                 self.spec.logical_id, ok=invocation.ok, duration_ms=invocation.duration_s * 1000
             )
-        if self.report:
-            print(f"END RequestId: {request_id}", flush=True)
-            print(self._report_line(request_id, invocation), flush=True)
+        self._say(sandbox, f"END RequestId: {request_id}")
+        self._say(sandbox, self._report_line(request_id, invocation))
         return invocation
+
+    def _say(self, sandbox: Sandbox, line: str) -> None:
+        """One of Lambda's own lines about an invocation (START, END, REPORT): always in the
+        sandbox's log stream, as Lambda writes them; on the stack's output with --report."""
+        if self.report:
+            print(line, flush=True)
+        if self._logs is not None:
+            self._logs.line(self._log_group, sandbox.log_stream, line)
 
     def _report_line(self, request_id: str, invocation: Invocation) -> str:
         """The line Lambda writes to CloudWatch Logs after each invocation (and `sam local
@@ -347,6 +361,16 @@ class FunctionRuntime:
         elif invocation.error and invocation.error.startswith("Runtime.OutOfMemory"):
             line += "\tStatus: error\tError Type: Runtime.OutOfMemory"
         return line
+
+
+def _logged(on_line: Callable[[str], None], logs: LogsSink, group: str, stream: str) -> Callable[[str], None]:
+    """`on_line`, each line kept in the sandbox's log stream too."""
+
+    def each(line: str) -> None:
+        logs.line(group, stream, line)
+        on_line(line)
+
+    return each
 
 
 def _metered(on_line: Callable[[str], None], metrics: MetricsSink) -> Callable[[str], None]:

@@ -238,6 +238,7 @@ class Sandbox:
     ) -> None:
         self.spec = spec
         self.generation = 0  # the code it runs: a reload retires sandboxes of older generations
+        self.log_stream = ""  # its CloudWatch Logs stream, when the stack keeps one (log_groups.py)
         self._peak_mb = 0.0  # the highest resident memory seen while it ran (after it ended too)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._current: _Job | None = None

@@ -31,6 +31,7 @@ from llmtasks_local.emulator.console import Console
 from llmtasks_local.emulator.gateway import HttpGateway
 from llmtasks_local.emulator.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks_local.emulator.journal import state_files
+from llmtasks_local.emulator.log_groups import LogsSink
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import STATE_PATH
 from llmtasks_local.emulator.processes import (
@@ -240,7 +241,7 @@ class LocalStack:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
         positions = self._stream_positions()
-        metrics = self._start_metrics()
+        metrics, logs = self._start_cloudwatch()
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
         http = self._http_functions()
         for spec in self.functions.values():
@@ -253,6 +254,7 @@ class LocalStack:
                 report=self.options.report_invocations,
                 record_aws_calls=self.options.record_aws_calls,
                 metrics=metrics,
+                logs=logs,
             )
             for sqs_source in spec.sqs_sources:
                 if sqs_source.enabled:
@@ -298,14 +300,16 @@ class LocalStack:
         except (BotoCoreError, ClientError) as error:
             print(f"The template's alarms are not on the endpoint: {error}", flush=True)
 
-    def _start_metrics(self) -> MetricsSink:
-        """Lambda's metrics of each function and the functions' EMF lines, on the endpoint's
-        CloudWatch (emulator/metrics.py), sent every few seconds by a thread of their own."""
-        sink = MetricsSink(boto3.client("cloudwatch"))
-        thread = threading.Thread(target=sink.run, args=(self._stop,), name="metrics", daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        return sink
+    def _start_cloudwatch(self) -> tuple[MetricsSink, LogsSink]:
+        """Lambda's metrics of each function and the functions' EMF lines on the endpoint's
+        CloudWatch (emulator/metrics.py), and each sandbox's lines in its function's log group
+        (emulator/log_groups.py), each sent every few seconds by a thread of its own."""
+        metrics, logs = MetricsSink(boto3.client("cloudwatch")), LogsSink(boto3.client("logs"))
+        for name, sink in (("metrics", metrics), ("logs", logs)):
+            thread = threading.Thread(target=sink.run, args=(self._stop,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return metrics, logs
 
     def _start_ttl(self, resources: LocalResources) -> None:
         tables = [

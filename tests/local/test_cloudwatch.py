@@ -1,8 +1,10 @@
-"""The local endpoint's CloudWatch metrics (emulator/metrics.py): Lambda's own per invocation, the
-functions' EMF lines, a stream source's IteratorAge, and the stuck source said once."""
+"""The local endpoint's CloudWatch: metrics (emulator/metrics.py: Lambda's own per invocation, the
+functions' EMF lines, a stream source's IteratorAge, and the stuck source said once) and logs
+(emulator/log_groups.py: a log stream per sandbox, Lambda's START, END and REPORT lines in it)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from moto import mock_aws
 
+from llmtasks_local.emulator.log_groups import LogsSink
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.runtime import FunctionRuntime
 from llmtasks_local.emulator.sources import StreamPoller
@@ -29,6 +32,12 @@ pytestmark = pytest.mark.unit
 def cloudwatch() -> Any:
     with mock_aws():
         yield boto3.client("cloudwatch", region_name="us-east-1")
+
+
+@pytest.fixture
+def logs() -> Any:
+    with mock_aws():
+        yield boto3.client("logs", region_name="us-east-1")
 
 
 def emf_line(capsys: pytest.CaptureFixture[str], name: str, value: float, **dimensions: str) -> str:
@@ -133,3 +142,52 @@ def test_stats_reads_each_function_s_errors_and_throttles_and_each_consumer_s_la
         "WorkerFunction": {"errors": 2, "throttles": 0},
         "BatchFunction": {"errors": 0, "throttles": 0, "lag_s": 12.5},
     }
+
+
+def test_each_sandbox_writes_its_own_log_stream_with_lambda_s_lines_around_each_invocation(
+    logs: Any, tmp_path: Path
+) -> None:
+    spec = toy_function(
+        tmp_path,
+        """
+        import os
+        def handler(event, context):
+            print(f"handling {event['n']} in {os.getpid()}")
+            return event["n"]
+        """,
+    )
+    sink = LogsSink(logs)
+    with FunctionRuntime(spec, logs=sink) as runtime:
+        first = runtime.invoke({"n": 1}, request_id="r1")
+        second = runtime.invoke({"n": 2}, request_id="r2")  # the warm sandbox again
+    assert (first.payload, second.payload) == (1, 2)
+    sink.flush()
+    [stream] = logs.describe_log_streams(logGroupName="/aws/lambda/F")["logStreams"]
+    assert re.fullmatch(r"\d{4}/\d{2}/\d{2}/\[\$LATEST\][0-9a-f]{32}", stream["logStreamName"])
+    events = logs.get_log_events(logGroupName="/aws/lambda/F", logStreamName=stream["logStreamName"])[
+        "events"
+    ]
+    lines = [event["message"] for event in events]
+    # Each invocation's START, then its END and REPORT, and the handler's line after its START (its
+    # output is read from the process as it comes: it may land after END, as a late line would)
+    reports = [line for line in lines if line.startswith("REPORT RequestId: ")]
+    assert [line.split("\t")[:2] for line in reports] == [
+        ["REPORT RequestId: r1", "Function: F"],
+        ["REPORT RequestId: r2", "Function: F"],
+    ]
+    for request_id, n in (("r1", 1), ("r2", 2)):
+        start = lines.index(f"START RequestId: {request_id} Version: $LATEST")
+        end = lines.index(f"END RequestId: {request_id}")
+        report = next(
+            i for i, line in enumerate(lines) if line.startswith(f"REPORT RequestId: {request_id}\t")
+        )
+        handled = next(i for i, line in enumerate(lines) if line.startswith(f"handling {n} in "))
+        assert start < end < report
+        assert start < handled
+    # Lines sent later go to the same stream, which is not made again
+    sink.line("/aws/lambda/F", stream["logStreamName"], "later")
+    sink.flush()
+    events = logs.get_log_events(logGroupName="/aws/lambda/F", logStreamName=stream["logStreamName"])[
+        "events"
+    ]
+    assert events[-1]["message"] == "later"
