@@ -254,4 +254,4 @@ def keys_revoke(key_id: str, stack_name: str | None, endpoint_url: str | None) -
     )
 
 
-COMMANDS = [dlq, stats, keys]
+COMMANDS = [dlq, streams, stats, keys]
