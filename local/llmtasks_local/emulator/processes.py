@@ -205,7 +205,9 @@ def _is_llmtasks(host: str, port: int) -> bool:
 
     for path in ("/health", CALLS_PATH, "/_mock/stats"):
         try:
-            reply = httpx.get(f"http://{host}:{port}{path}", timeout=1)
+            # Only an error's wording waits on this: a loaded machine's moto server took over 1 s
+            # to answer, and was named "another program"
+            reply = httpx.get(f"http://{host}:{port}{path}", timeout=10)
         except httpx.HTTPError:
             return False
         if reply.status_code == 200 and reply.headers.get("content-type", "").startswith("application/json"):
