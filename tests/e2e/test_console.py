@@ -134,6 +134,16 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
             timeout_s=180,  # two 15 s visibility timeouts and the grace, and cold starts under load
             what="the poison task dead-lettered",
         )
+    # The task reads as dead-lettered once its last delivery is past due (plus this stack's 1 s
+    # grace); the message moves to TaskDLQ when a poller's next receive finds it, which a loaded
+    # machine's pollers can do later than that. The refusals below are checked against the move.
+    eventually(
+        lambda: stack.cli("dlq", "list", "--queue", "tasks"),
+        lambda listed: poison in listed,
+        timeout_s=HANG_S,
+        every_s=1,
+        what="the poison task's message in TaskDLQ",
+    )
     faults_file.write_text("{}")  # the worker is fixed: a redrive will now complete it
 
     # Without its token the console shows no data, and its page says how to open it
