@@ -9,30 +9,36 @@ is not emulated.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.messages import TaskMessage
 from llmtasks_local.emulator import hot_reload
 from llmtasks_local.emulator.hot_reload import CodeWatch
+from llmtasks_local.emulator.lambda_api import EventInvocations, EventSourceMappings, LambdaApi
 from llmtasks_local.emulator.runtime import FunctionRuntime
-from llmtasks_local.emulator.sources import SqsPoller, StreamPoller, queue_destination
+from llmtasks_local.emulator.sources import POLL_WAIT_S, SqsPoller, StreamPoller, queue_destination
 from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
-from llmtasks_local.sam.function_spec import SqsSource, StreamSource
+from llmtasks_local.sam.function_spec import EventInvokeConfig, SqsSource, StreamSource
 from llmtasks_local.sam.provision import LocalResources
 from llmtasks_local.sam.template import Template
-from tests.helpers import HANG_S, TEMPLATE, eventually, process_exists, toy_function
+from tests.helpers import HANG_S, TEMPLATE, eventually, process_exists, serve, toy_function
 
 pytestmark = pytest.mark.integration
 
@@ -844,3 +850,266 @@ def test_lambda_hot_reload_a_changed_handler_runs_at_the_next_cold_start(tmp_pat
         assert runtime.invoke({}).payload == ["v2", new_pid]  # and was retired, not reused
         assert len(runtime.sandboxes) == 1
     assert watcher.changed() == []  # nothing changed since
+
+
+# --- The Lambda API ---------------------------------------------------------------------------
+# Each as https://docs.aws.amazon.com/lambda/latest/api/API_<Operation>.html states it, driven
+# with boto3's Lambda client at the API the stack serves (emulator/lambda_api.py).
+
+FLAKY = """
+    import json, os
+    def handler(event, context):
+        with open(__file__ + ".calls", "a") as calls:
+            calls.write(json.dumps({"request_id": context.aws_request_id, "event": event}) + "\\n")
+        print("handling", json.dumps(event))
+        if event.get("fail"):
+            raise ValueError("told to fail")
+        return {"echo": event}
+"""
+
+
+@contextmanager
+def lambda_api(
+    runtimes: dict[str, FunctionRuntime],
+    pollers: list[SqsPoller | StreamPoller] | None = None,
+    *,
+    journal: Path | None = None,
+    destination: Any = lambda _: None,
+    said: list[str] | None = None,
+) -> Iterator[Any]:
+    """A boto3 Lambda client of the stack's Lambda API over these runtimes and pollers."""
+    stop = threading.Event()
+    events = EventInvocations(
+        runtimes,
+        stop,
+        retry_base_s=0.05,
+        destination=destination,
+        say=(said if said is not None else []).append,
+    )
+    events.start()
+    api = LambdaApi(runtimes, EventSourceMappings(pollers or [], journal=journal), events)
+    try:
+        with serve(api.app()) as url:
+            # Unchecked on the client's side: the API's own checks are under test
+            unchecked = Config(parameter_validation=False)
+            yield boto3.client("lambda", endpoint_url=url, region_name="us-east-1", config=unchecked)
+    finally:
+        stop.set()
+        for runtime in runtimes.values():
+            runtime.close()
+
+
+def test_lambda_list_functions_and_get_function_configuration_describe_template_yaml(
+    remote: dict[str, Any],
+) -> None:
+    """ListFunctions, GetFunction and GetFunctionConfiguration (by name, ARN or partial ARN)
+    return each function's Runtime, Handler, MemorySize, Timeout, Architectures and the
+    Environment it is given; an unknown function or version is ResourceNotFoundException."""
+    functions = template_functions(remote["resources"])
+    with lambda_api({name: FunctionRuntime(spec) for name, spec in functions.items()}) as client:
+        listed = client.list_functions()["Functions"]
+        assert [f["FunctionName"] for f in listed] == list(functions)
+        paged = client.list_functions(MaxItems=2)
+        assert len(paged["Functions"]) == 2
+        assert client.list_functions(Marker=paged["NextMarker"])["Functions"] == listed[2:]
+        worker = functions["WorkerFunction"]
+        arn = f"arn:aws:lambda:us-east-1:123456789012:function:{worker.logical_id}"
+        for name in (worker.logical_id, arn, f"123456789012:function:{worker.logical_id}"):
+            config = client.get_function_configuration(FunctionName=name)
+            assert (config["FunctionArn"], config["Runtime"], config["Handler"]) == (
+                arn,
+                "python3.12",
+                worker.handler,
+            )
+            assert (config["Timeout"], config["MemorySize"]) == (worker.timeout_s, worker.memory_mb)
+            assert config["Architectures"] == ["arm64"]
+            assert config["Environment"]["Variables"] == worker.environment
+        assert client.get_function(FunctionName=arn)["Configuration"]["CodeSha256"] == config["CodeSha256"]
+        for missing in ({"FunctionName": "NoSuchFunction"}, {"FunctionName": arn, "Qualifier": "7"}):
+            with pytest.raises(client.exceptions.ResourceNotFoundException):
+                client.get_function_configuration(**missing)
+
+
+def test_lambda_invoke_request_response_returns_the_payload_or_the_error_and_tails_the_log(
+    tmp_path: Path,
+) -> None:
+    """Invoke (RequestResponse) returns the handler's reply; a handler that raises answers 200
+    with X-Amz-Function-Error: Unhandled and Lambda's error object; LogType Tail returns the
+    invocation's log, START to REPORT, base64, at most 4 KB."""
+    with lambda_api({"F": FunctionRuntime(toy_function(tmp_path, FLAKY))}) as client:
+        reply = client.invoke(FunctionName="F", Payload=json.dumps({"n": 1}), LogType="Tail")
+        assert (reply["StatusCode"], reply.get("FunctionError")) == (200, None)
+        assert json.loads(reply["Payload"].read()) == {"echo": {"n": 1}}
+        request_id = reply["ResponseMetadata"]["HTTPHeaders"]["x-amzn-requestid"]
+        log = base64.b64decode(reply["LogResult"]).decode().splitlines()
+        assert log[0] == f"START RequestId: {request_id} Version: $LATEST"
+        assert log[-1].startswith(f"REPORT RequestId: {request_id}")
+        assert f"END RequestId: {request_id}" in log
+        failed = client.invoke(
+            FunctionName="F", Payload=json.dumps({"fail": True, "pad": "x" * 5000}), LogType="Tail"
+        )
+        assert (failed["StatusCode"], failed["FunctionError"]) == (200, "Unhandled")
+        error = json.loads(failed["Payload"].read())
+        assert (error["errorType"], error["errorMessage"]) == ("ValueError", "told to fail")
+        assert error["stackTrace"]
+        tail = base64.b64decode(failed["LogResult"])
+        assert len(tail) <= 4096
+        assert tail.decode().splitlines()[-1].startswith("REPORT RequestId")
+        assert "LogResult" not in client.invoke(FunctionName="F", Payload=b"{}")
+
+
+def test_lambda_invoke_dry_run_and_bad_input_get_lambda_s_error_codes(tmp_path: Path) -> None:
+    """DryRun checks and runs nothing (204); a payload that is not JSON is
+    InvalidRequestContentException, one over 6 MB (1 MB for Event) RequestTooLargeException, an
+    unknown function ResourceNotFoundException, a LogType Tail on an Event invocation
+    InvalidParameterValueException; none runs the function."""
+    with lambda_api({"F": FunctionRuntime(toy_function(tmp_path, FLAKY))}) as client:
+        assert client.invoke(FunctionName="F", InvocationType="DryRun", Payload=b"{}")["StatusCode"] == 204
+        refusals = [
+            ("InvalidRequestContentException", {"FunctionName": "F", "Payload": b"{not json"}),
+            ("RequestTooLargeException", {"FunctionName": "F", "Payload": b'"' + b"x" * (6 * 2**20) + b'"'}),
+            (
+                "RequestTooLargeException",
+                {"FunctionName": "F", "InvocationType": "Event", "Payload": b'"' + b"x" * 2**20 + b'"'},
+            ),
+            ("ResourceNotFoundException", {"FunctionName": "G", "Payload": b"{}"}),
+            (
+                "InvalidParameterValueException",
+                {"FunctionName": "F", "InvocationType": "Event", "LogType": "Tail"},
+            ),
+        ]
+        for code, call in refusals:
+            with pytest.raises(client.exceptions.ClientError) as refused:
+                client.invoke(**call)
+            assert refused.value.response["Error"]["Code"] == code, call.keys()
+    assert calls_of(tmp_path) == []
+
+
+def test_lambda_invoke_event_is_retried_twice_then_sent_to_its_on_failure_destination(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """Invoke (Event) answers 202 at once and runs the function in the background; one that
+    raises is tried twice more under the same request id (EventInvokeConfig's
+    MaximumRetryAttempts), then its record (condition RetriesExhausted) goes to the function's
+    SQS on-failure destination; without one, a line says it was dropped."""
+    url, arn = queue(remote, "WebhookRelayDLQ")
+    spec = dataclasses.replace(toy_function(tmp_path, FLAKY), event_invoke=EventInvokeConfig(2, "SQS", arn))
+    sent: list[dict[str, Any]] = []
+    said: list[str] = []
+    kept = queue_destination(remote["sqs"], url)
+    with lambda_api(
+        {"F": FunctionRuntime(spec)},
+        destination=lambda s: (
+            (lambda note: (sent.append(note), kept(note))) if s.event_invoke.on_failure_arn else None
+        ),
+        said=said,
+    ) as client:
+        ok = client.invoke(FunctionName="F", InvocationType="Event", Payload=json.dumps({"n": 1}))
+        assert ok["StatusCode"] == 202
+        failing = client.invoke(FunctionName="F", InvocationType="Event", Payload=json.dumps({"fail": True}))
+        request_id = failing["ResponseMetadata"]["HTTPHeaders"]["x-amzn-requestid"]
+        eventually(lambda: sent, bool, timeout_s=HANG_S, what="the on-failure record")
+    tries = [call for call in calls_of(tmp_path) if call["event"].get("fail")]
+    assert [call["request_id"] for call in tries] == [request_id] * 3
+    [record] = sent
+    assert record["requestContext"]["condition"] == "RetriesExhausted"
+    assert record["requestContext"]["approximateInvokeCount"] == 3
+    assert record["requestPayload"] == {"fail": True}
+    assert record["responsePayload"]["errorMessage"] == "told to fail"
+    assert [json.loads(body)["requestContext"]["requestId"] for body in visible(remote, url)] == [request_id]
+    assert [call["event"] for call in calls_of(tmp_path) if not call["event"].get("fail")] == [{"n": 1}]
+    # Without a destination, the failure is said and the record dropped
+    (tmp_path / "app.py.calls").unlink()
+    with lambda_api({"F": FunctionRuntime(toy_function(tmp_path, FLAKY))}, said=said) as client:
+        failing = client.invoke(FunctionName="F", InvocationType="Event", Payload=json.dumps({"fail": True}))
+        request_id = failing["ResponseMetadata"]["HTTPHeaders"]["x-amzn-requestid"]
+        eventually(lambda: said, bool, timeout_s=HANG_S, what="the dropped line")
+    assert len(calls_of(tmp_path)) == 3
+    assert said == [
+        f"[F] Event invocation {request_id} failed 3 time(s) (ValueError: told to fail); dropped: the"
+        " function has no SQS on-failure destination"
+    ]
+
+
+def test_lambda_event_source_mapping_paused_takes_no_message_until_resumed(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """ListEventSourceMappings and GetEventSourceMapping show each source's settings;
+    UpdateEventSourceMapping with Enabled false pauses it (no message is taken until Enabled
+    true), and a new BatchSize reaches the running poller. Bad values are
+    InvalidParameterValueException and change nothing."""
+    url, arn = queue(remote, "WebhookQueue")
+    stop = threading.Event()
+    runtime = FunctionRuntime(toy_function(tmp_path, RECORDER))
+    poller = SqsPoller(SqsSource("F", "S", arn, maximum_concurrency=2), runtime, remote["sqs"], url, stop)
+    with lambda_api({"F": runtime}, [poller]) as client:
+        [listed] = client.list_event_source_mappings(FunctionName="F")["EventSourceMappings"]
+        assert (listed["EventSourceArn"], listed["State"], listed["BatchSize"]) == (arn, "Enabled", 10)
+        assert (
+            client.list_event_source_mappings(EventSourceArn="arn:aws:sqs:us-east-1:123456789012:other")[
+                "EventSourceMappings"
+            ]
+            == []
+        )
+        key = listed["UUID"]
+        poller.start()
+        try:
+            paused = client.update_event_source_mapping(UUID=key, Enabled=False, BatchSize=2)
+            assert (paused["State"], paused["BatchSize"]) == ("Disabled", 2)
+            send(remote, url, *[f"m{i}" for i in range(5)])
+            # Each poller goes around its loop a few times while paused: none receives
+            receives = Counter[str]()
+
+            def count(**_: Any) -> None:
+                receives.update(["r"])
+
+            remote["sqs"].meta.events.register("before-call.sqs.ReceiveMessage", count)
+            time.sleep(3 * POLL_WAIT_S)
+            remote["sqs"].meta.events.unregister("before-call.sqs.ReceiveMessage", count)
+            assert receives["r"] == 0
+            assert calls_of(tmp_path) == []
+            assert len(visible(remote, url)) == 5
+            for bad in (
+                {"BatchSize": 0},
+                {"BatchSize": 20},
+                {"ScalingConfig": {"MaximumConcurrency": 1}},
+                {"Enabled": "yes"},
+            ):
+                with pytest.raises(client.exceptions.InvalidParameterValueException):
+                    client.update_event_source_mapping(UUID=key, **bad)
+            assert client.get_event_source_mapping(UUID=key)["State"] == "Disabled"
+            with pytest.raises(client.exceptions.ResourceNotFoundException):
+                client.get_event_source_mapping(UUID=str(uuid.uuid4()))
+            assert client.update_event_source_mapping(UUID=key, Enabled=True)["State"] == "Enabled"
+            eventually(
+                lambda: sum(c["n"] for c in calls_of(tmp_path)),
+                lambda n: n == 5,
+                timeout_s=HANG_S,
+                what="the five",
+            )
+        finally:
+            stop.set()
+    assert max(c["n"] for c in calls_of(tmp_path)) <= 2  # the BatchSize set while paused
+
+
+def test_lambda_event_source_mapping_changes_are_journaled_across_a_restart(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """A mapping's UUID is the same at every start, and a change made through the API (a pause)
+    is kept in the state dir: the next start's poller begins paused."""
+    url, arn = queue(remote, "WebhookQueue")
+    journal = tmp_path / "event_source_mappings.json"
+
+    def poller() -> SqsPoller:
+        runtime = FunctionRuntime(toy_function(tmp_path, RECORDER))
+        return SqsPoller(SqsSource("F", "S", arn), runtime, remote["sqs"], url, threading.Event())
+
+    first = poller()
+    with lambda_api({}, [first], journal=journal) as client:
+        [listed] = client.list_event_source_mappings()["EventSourceMappings"]
+        client.update_event_source_mapping(UUID=listed["UUID"], Enabled=False)
+    again = poller()
+    assert again.source.enabled
+    mappings = EventSourceMappings([again], journal=journal)
+    assert mappings.get(listed["UUID"])["State"] == "Disabled"
+    assert not again.source.enabled

@@ -52,6 +52,21 @@ def _split_endpoints(values: tuple[str, ...]) -> str | None:
 )
 @click.option("--mock-port", default=8800, show_default=True, help="Port of the mock LLM.")
 @click.option(
+    "--lambda-port",
+    type=int,
+    default=None,
+    help="Serve the Lambda API on this port too, as `sam local start-lambda` does (3001 there)"
+    " [default: a free port; Lambda calls reach it through the AWS endpoint].",
+)
+@click.option(
+    "--event-retry-delay",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds before a failed asynchronous (Event) invocation is tried again, doubled for the"
+    " second try (Lambda's: a minute, then two).",
+)
+@click.option(
     "--mock-latency", type=float, default=1.0, show_default=True, help="Seconds each mock call takes."
 )
 @parameter_overrides_option
@@ -117,6 +132,8 @@ def up(
     moto_port: int,
     llm_base_url: str | None,
     mock_port: int,
+    lambda_port: int | None,
+    event_retry_delay: float,
     mock_latency: float,
     parameter_overrides: tuple[str, ...],
     no_auth: bool,
@@ -146,6 +163,8 @@ def up(
         moto_port=moto_port,
         llm_base_url=llm_base_url,
         mock_port=mock_port,
+        lambda_port=lambda_port,
+        event_retry_base_s=event_retry_delay,
         mock_latency_s=mock_latency,
         parameter_overrides=parse_overrides(parameter_overrides),
         quiet_children=not verbose,
@@ -180,6 +199,7 @@ def up(
     for name, url in sorted(os.environ.items()):
         if name.startswith("AWS_ENDPOINT_URL_"):
             click.echo(f"    {name.removeprefix('AWS_ENDPOINT_URL_').lower():10} {url}")
+    click.echo(f"  Lambda API   {stack.lambda_url}   (and through the AWS endpoint)")
     click.echo(f"  LLM          {stack.llm_base_url}")
     click.echo(f"  functions    {', '.join(stack.functions)}")
     click.echo(f"  state        {options.state_dir or 'not kept (--no-state)'}")

@@ -7,7 +7,8 @@ calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DEL
 which the benchmark reads to count what a task costs at the backend rather than estimate it,
 and its state kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state):
 `GET /_llmtasks/state` says whether changes can be written there, `POST` takes a clean stop's
-snapshot.
+snapshot. Requests signed for Lambda go to the stack's Lambda API (`--lambda-url`), which runs
+the template's functions.
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
 
 
+def service_of(environ: dict[str, Any]) -> str:
+    """The service a request is signed for (its SigV4 scope), or "unknown"."""
+    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+    return scope.group(1) if scope else "unknown"
+
+
 def operation_of(environ: dict[str, Any]) -> str:
     """`service.Operation` of one request: JSON protocols name it in X-Amz-Target, query
-    protocols in Action; REST ones (S3) only by method."""
-    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
-    service = scope.group(1) if scope else "unknown"
+    protocols in Action; REST ones (S3, Lambda) only by method."""
+    service = service_of(environ)
     target = environ.get("HTTP_X_AMZ_TARGET", "")
     if target.startswith("DynamoDBStreams"):
         service = "dynamodbstreams"  # signed as dynamodb, billed apart (free to Lambda triggers)
@@ -147,7 +153,7 @@ def _serve_lightly() -> None:
 _SPECIAL_PATHS = ("/moto-api", "/favicon.ico", "/latest/meta-data/", "/latest/api/")
 
 
-def _install_endpoints(state: DurableState | None) -> None:
+def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
     dispatch = DomainDispatcherApplication.__call__
@@ -156,9 +162,60 @@ def _install_endpoints(state: DurableState | None) -> None:
     def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
         if environ.get("PATH_INFO") == STATE_PATH:
             return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
+        if lambda_url is not None and service_of(environ) == "lambda":
+            return counter(lambda e, s: _forward(lambda_url, e, s), environ, start_response)
         return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
 
     DomainDispatcherApplication.__call__ = served  # type: ignore[method-assign]
+
+
+# Headers of one hop, not passed on by a proxy (RFC 9110 7.6.1), and the length it recomputes.
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
+# An invocation may run 15 minutes (Lambda's longest Timeout); the forward waits a little longer.
+_FORWARD_TIMEOUT_S = 960
+
+
+def _forward(lambda_url: str, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    """A request signed for Lambda, passed to the stack's Lambda API (emulator/lambda_api.py),
+    which runs the functions: moto's own Lambda knows nothing of them."""
+    import http.client
+    from urllib.parse import quote, urlsplit
+
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    path = environ.get("RAW_URI") or quote(environ.get("PATH_INFO", "/"), safe="/:$@")
+    if not environ.get("RAW_URI") and environ.get("QUERY_STRING"):
+        path += "?" + environ["QUERY_STRING"]
+    headers = {
+        name[5:].replace("_", "-").title(): value
+        for name, value in environ.items()
+        if name.startswith("HTTP_") and name[5:].replace("_", "-").lower() not in _HOP_HEADERS
+    }
+    if environ.get("CONTENT_TYPE"):
+        headers["Content-Type"] = environ["CONTENT_TYPE"]
+    target = urlsplit(lambda_url)
+    connection = http.client.HTTPConnection(
+        target.hostname or "127.0.0.1", target.port, timeout=_FORWARD_TIMEOUT_S
+    )
+    try:
+        connection.request(environ.get("REQUEST_METHOD", "GET"), path, body, headers)
+        reply = connection.getresponse()
+        payload = reply.read()
+    except OSError as error:
+        start_response(
+            "503 Service Unavailable",
+            [("Content-Type", "application/json"), ("x-amzn-ErrorType", "ServiceException")],
+        )
+        return [
+            json.dumps(
+                {"Type": "Service", "message": f"the stack's Lambda API did not answer: {error}"}
+            ).encode()
+        ]
+    finally:
+        connection.close()
+    passed = [(name, value) for name, value in reply.getheaders() if name.lower() not in _HOP_HEADERS]
+    start_response(f"{reply.status} {reply.reason}", [*passed, ("Content-Length", str(len(payload)))])
+    return [payload]
 
 
 def _state_endpoint(state: DurableState | None, method: str, start_response: Any) -> list[bytes]:
@@ -216,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _path_option(args, "--state-dir"), _path_option(args, "--report-file")
+    lambda_url = _option(args, "--lambda-url")  # the stack's Lambda API, which Lambda calls go to
     listening_fd = _option(args, "--fd")
     if listening_fd is not None:
         # The stack bound the port and handed the socket over (processes.spawn_python): werkzeug
@@ -234,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     # a death of the endpoint (SIGXFSZ's default).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     state = None if state_dir is None else _open_state(state_dir, report_file)
-    _install_endpoints(state)
+    _install_endpoints(state, lambda_url)
     moto_main(args)
 
 

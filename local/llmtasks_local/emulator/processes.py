@@ -141,12 +141,13 @@ def spawn_moto_server(
     *,
     quiet: bool = True,
     state_dir: Path | None = None,
+    lambda_url: str | None = None,
     say: Callable[[str], None] = print,
 ) -> subprocess.Popen[bytes]:
     """The embedded AWS endpoint, serving `listener`; with `state_dir`, it starts from the state
     kept there and journals every change to it (moto_state). What its start found there is
     passed to `say` (a crash recovered from, a torn record dropped); state it cannot read stops
-    the start with that file named."""
+    the start with that file named. Lambda's API calls go on to `lambda_url`."""
     from llmtasks_local.emulator.moto_server import CALLS_PATH
 
     server = [
@@ -156,6 +157,7 @@ def spawn_moto_server(
         "127.0.0.1",
         "-p",
         str(listener.getsockname()[1]),
+        *([] if lambda_url is None else ["--lambda-url", lambda_url]),
     ]
     if state_dir is None:
         return spawn_python(*server, listener=listener, probe_path=CALLS_PATH, quiet=quiet)

@@ -9,6 +9,7 @@ exactly what Lambda runs, and only the event comes from here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -102,7 +103,7 @@ class FunctionRuntime:
         # The stack's environment beneath each sandbox's own (None: this process's, read at each
         # cold start, so what the stack sets before its first invocation reaches the sandboxes).
         self._environment = environment
-        self._on_line = on_line if metrics is None else _metered(on_line, metrics)
+        self._on_line = on_line if metrics is None else _tee(on_line, metrics.line)
         self._record_aws_calls = record_aws_calls
         self._idle_retire_s = idle_retire_s
         self._idle: list[tuple[Sandbox, float]] = []  # with when each went idle (monotonic)
@@ -113,6 +114,9 @@ class FunctionRuntime:
         self._closed = False
         self._available = threading.Condition()
         self._cut_ms: int | None = None
+        # The lines of the invocations whose log was asked for (Invoke's LogType: Tail), by the
+        # log stream of the sandbox running each: a sandbox runs one invocation at a time.
+        self._tails: dict[str, list[str]] = {}
 
     # --- sandboxes ------------------------------------------------------------------------
 
@@ -161,8 +165,9 @@ class FunctionRuntime:
     def _new_sandbox(self) -> Sandbox:
         """A sandbox process of this function, of the current code's generation (its init runs)."""
         on_line, stream = self._on_line, new_log_stream(time.time())
+        on_line = _tee(on_line, functools.partial(self._tail, stream))
         if self._logs is not None:
-            on_line = _logged(on_line, self._logs, self._log_group, stream)
+            on_line = _tee(on_line, functools.partial(self._logs.line, self._log_group, stream))
         sandbox = Sandbox(
             self.spec,
             os.environ if self._environment is None else self._environment,
@@ -293,11 +298,16 @@ class FunctionRuntime:
 
     # --- invocations ----------------------------------------------------------------------
 
-    def invoke(self, event: Any, *, request_id: str | None = None, synchronous: bool = False) -> Invocation:
+    def invoke(
+        self, event: Any, *, request_id: str | None = None, synchronous: bool = False, log: bool = False
+    ) -> Invocation:
         """One invocation; `synchronous` when a caller waits on it (API Gateway, RequestResponse),
-        whose cold start goes ahead of the event sources'."""
+        whose cold start goes ahead of the event sources'; with `log`, its lines come back in it
+        (those the sandbox wrote before its reply: a line still in the pipe then is not)."""
         request_id = request_id or str(uuid.uuid4())
         sandbox, cold, throttled = self._acquire(synchronous=synchronous)
+        if log:
+            self._tails[sandbox.log_stream] = []
         self._say(sandbox, f"START RequestId: {request_id} Version: $LATEST")
         init_s: float | None = None
         started = time.monotonic()
@@ -317,7 +327,9 @@ class FunctionRuntime:
             invocation = Invocation(
                 error=f"Task timed out after {self.spec.timeout_s:.2f} seconds", timed_out=True
             )
-        except (FunctionError, SandboxDied) as exc:
+        except FunctionError as exc:
+            invocation = Invocation(error=str(exc), error_object=exc.error_object)
+        except SandboxDied as exc:
             invocation = Invocation(error=str(exc))
         else:
             invocation = Invocation(payload=payload)
@@ -335,13 +347,21 @@ class FunctionRuntime:
             )
         self._say(sandbox, f"END RequestId: {request_id}")
         self._say(sandbox, self._report_line(request_id, invocation))
+        if log:
+            invocation = dataclasses.replace(invocation, log=tuple(self._tails.pop(sandbox.log_stream, ())))
         return invocation
+
+    def _tail(self, stream: str, line: str) -> None:
+        tail = self._tails.get(stream)
+        if tail is not None:
+            tail.append(line)
 
     def _say(self, sandbox: Sandbox, line: str) -> None:
         """One of Lambda's own lines about an invocation (START, END, REPORT): always in the
         sandbox's log stream, as Lambda writes them; on the stack's output with --report."""
         if self.report:
             print(line, flush=True)
+        self._tail(sandbox.log_stream, line)
         if self._logs is not None:
             self._logs.line(self._log_group, sandbox.log_stream, line)
 
@@ -363,22 +383,12 @@ class FunctionRuntime:
         return line
 
 
-def _logged(on_line: Callable[[str], None], logs: LogsSink, group: str, stream: str) -> Callable[[str], None]:
-    """`on_line`, each line kept in the sandbox's log stream too."""
+def _tee(on_line: Callable[[str], None], also: Callable[[str], None]) -> Callable[[str], None]:
+    """`on_line`, each line given to `also` first (a log stream, the metrics of EMF lines, an
+    invocation's tail: each keeps the line whole, as CloudWatch Logs does)."""
 
     def each(line: str) -> None:
-        logs.line(group, stream, line)
-        on_line(line)
-
-    return each
-
-
-def _metered(on_line: Callable[[str], None], metrics: MetricsSink) -> Callable[[str], None]:
-    """`on_line`, with the EMF lines' metrics added to `metrics` first (the line is kept whole,
-    as CloudWatch Logs keeps it)."""
-
-    def each(line: str) -> None:
-        metrics.line(line)
+        also(line)
         on_line(line)
 
     return each

@@ -55,10 +55,27 @@ class Invocation:
     duration_s: float = 0.0
     init_s: float | None = None  # the cold start this invocation waited for, if any
     max_memory_mb: int = 0
+    # The error object the runtime posted (errorType, errorMessage, stackTrace), when it did.
+    error_object: dict[str, Any] | None = None
+    # Its log lines, START to REPORT, when the caller asked for them (Invoke's LogType: Tail).
+    log: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.error is None and not self.timed_out
+
+    def error_payload(self, request_id: str) -> dict[str, Any]:
+        """What Lambda's Invoke returns for a failed invocation: the runtime's error object, or
+        for a timeout or a runtime that ended, the object Lambda makes up itself."""
+        if self.error_object is not None:
+            return self.error_object
+        if self.timed_out:
+            return {
+                "errorMessage": f"RequestId: {request_id} Error: {self.error}",
+                "errorType": "Sandbox.Timedout",
+            }
+        kind, _, message = (self.error or "").partition(": ")
+        return {"errorType": kind if message else "Runtime.ExitError", "errorMessage": message or kind}
 
 
 @dataclass
@@ -70,7 +87,12 @@ class _Job:
 
 
 class FunctionError(Exception):
-    """The handler raised (or its runtime failed): Lambda's error object, as `errorType: errorMessage`."""
+    """The handler raised (or its runtime failed): Lambda's error object, as `errorType: errorMessage`,
+    and the object itself (`error_object`)."""
+
+    def __init__(self, text: str, error_object: dict[str, Any] | None = None) -> None:
+        super().__init__(text)
+        self.error_object = error_object
 
 
 class SandboxDied(Exception):
@@ -207,11 +229,19 @@ class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
             if parts[2] == "response":
                 sandbox._finished(parts[1], payload=json.loads(body) if body else None)
             else:
-                sandbox._finished(parts[1], error=_error_text(body))
+                sandbox._finished(parts[1], error=_error_text(body), error_object=_error_object(body))
         else:
             self._reply(404)
             return
         self._reply(202, b'{"status":"OK"}')
+
+
+def _error_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        error = json.loads(body)
+    except ValueError:
+        return None
+    return error if isinstance(error, dict) else None
 
 
 def _error_text(body: bytes) -> str:
@@ -287,7 +317,14 @@ class Sandbox:
             self._current = job
         return job
 
-    def _finished(self, request_id: str, *, payload: Any = None, error: str | None = None) -> None:
+    def _finished(
+        self,
+        request_id: str,
+        *,
+        payload: Any = None,
+        error: str | None = None,
+        error_object: dict[str, Any] | None = None,
+    ) -> None:
         with self._lock:
             job = self._current if self._current and self._current.request_id == request_id else None
             if job is None or job.done.done():
@@ -295,7 +332,7 @@ class Sandbox:
             if error is None:
                 job.done.set_result(payload)
             else:
-                job.done.set_exception(FunctionError(error))
+                job.done.set_exception(FunctionError(error, error_object))
 
     def _init_failed(self, error: str) -> None:
         self._end_reason = error

@@ -83,14 +83,40 @@ class SqsPoller:
         self._quiet = False
         # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
         self._in_flight: dict[int, list[str]] = {}
-        self.threads = [
-            threading.Thread(target=self._poll, args=(i,), name=f"sqs-{source.function_id}-{i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
+        self._receiving = 0  # pollers inside a receive: a pause waits for them
+        self._started = False
+        self.threads: list[threading.Thread] = []
+        self._add_pollers(self.concurrency)
+
+    def _add_pollers(self, count: int) -> None:
+        """Threads up to `count` (the caller holds `_scaled` once started); running if started."""
+        for index in range(len(self.threads), count):
+            thread = threading.Thread(
+                target=self._poll, args=(index,), name=f"sqs-{self.source.function_id}-{index}", daemon=True
+            )
+            self.threads.append(thread)
+            if self._started:
+                thread.start()
 
     def start(self) -> None:
+        self._started = True
         for thread in self.threads:
             thread.start()
+
+    def reconfigure(self, source: SqsSource) -> None:
+        """UpdateEventSourceMapping: the next batches are taken by `source`'s settings (batch
+        size, batching window, maximum concurrency). A source no longer enabled takes no message
+        once this returns (a receive under way is waited for); the batches being invoked finish,
+        as Lambda's do."""
+        with self._scaled:
+            self.source = source
+            self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
+            self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
+            self.active = min(self.concurrency, max(self.active, self.initial))
+            self._add_pollers(self.concurrency)
+            self._scaled.notify_all()
+            while not source.enabled and self._receiving:
+                self._scaled.wait()
 
     def _receive(self, limit: int, wait_s: float) -> list[MessageTypeDef]:
         return self._queue.receive(limit, wait_s=math.ceil(wait_s))
@@ -105,7 +131,7 @@ class SqsPoller:
         if not batch:
             return batch
         fill_until = time.monotonic() + self.source.batching_window_s
-        while len(batch) < self.source.batch_size and not self._stop.is_set():
+        while len(batch) < self.source.batch_size and self.source.enabled and not self._stop.is_set():
             left = fill_until - time.monotonic()
             if left <= 0:
                 break
@@ -116,12 +142,20 @@ class SqsPoller:
     def _poll(self, index: int) -> None:
         while not self._stop.is_set():
             with self._scaled:
-                if index >= self.active or (index > 0 and self._quiet):
+                paused = not self.source.enabled
+                if paused or index >= self.active or (index > 0 and self._quiet):
                     self._scaled.wait(POLL_WAIT_S)
-                    self._grow(about_to_invoke=0)
+                    if not paused:
+                        self._grow(about_to_invoke=0)
                     continue
+                self._receiving += 1
             try:
-                batch = self.next_batch()
+                try:
+                    batch = self.next_batch()
+                finally:
+                    with self._scaled:
+                        self._receiving -= 1
+                        self._scaled.notify_all()
                 self._scale(found_messages=bool(batch))
                 if batch:
                     self.deliver(batch)
@@ -230,6 +264,12 @@ class StreamPoller:
         for thread in self.threads:
             thread.start()
 
+    def reconfigure(self, source: StreamSource) -> None:
+        """UpdateEventSourceMapping: the next read and batch follow `source` (batch size,
+        retries, bisection, partial batch responses); one no longer enabled reads no record
+        after the batch it is handling."""
+        self.source = source
+
     def _iterators(self) -> dict[str, str]:
         shards = self._streams.describe_stream(StreamArn=self.source.stream_arn)["StreamDescription"][
             "Shards"
@@ -251,6 +291,9 @@ class StreamPoller:
     def _poll(self) -> None:
         iterators: dict[str, str] = {}
         while not self._stop.is_set():
+            if not self.source.enabled:
+                self._stop.wait(STREAM_IDLE_S)
+                continue
             try:
                 if not iterators:
                     iterators = self._iterators()

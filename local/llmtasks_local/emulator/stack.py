@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import threading
 import time
@@ -31,6 +32,12 @@ from llmtasks_local.emulator.console import Console
 from llmtasks_local.emulator.gateway import HttpGateway
 from llmtasks_local.emulator.hot_reload import WATCH_EVERY_S, CodeWatch
 from llmtasks_local.emulator.journal import state_files
+from llmtasks_local.emulator.lambda_api import (
+    EVENT_RETRY_BASE_S,
+    EventInvocations,
+    EventSourceMappings,
+    LambdaApi,
+)
 from llmtasks_local.emulator.log_groups import LogsSink
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import STATE_PATH
@@ -82,6 +89,11 @@ class StackOptions:
     # SAM CLI's --warm-containers: "eager" starts a sandbox of every function before the stack is
     # Ready (`_warm_up`); "lazy" starts each at its first invocation.
     warm_containers: Literal["eager", "lazy"] = "lazy"
+    # The Lambda API's own port (`sam local start-lambda`'s convention); None: a free one, which
+    # Lambda calls reach through the embedded AWS endpoint.
+    lambda_port: int | None = None
+    # Lambda waits a minute before trying a failed asynchronous invocation again, then two.
+    event_retry_base_s: float = EVENT_RETRY_BASE_S
 
 
 def default_state_dir(template: Path) -> Path:
@@ -90,6 +102,7 @@ def default_state_dir(template: Path) -> Path:
 
 
 STREAM_CHECKPOINTS = "streams.json"
+EVENT_SOURCE_CHANGES = "event_source_mappings.json"
 DEV_KEY = "dev-key"
 KEYS_TABLE = "API_KEYS_TABLE_NAME"  # the authorizer's variable: where the dev key is stored
 
@@ -99,7 +112,6 @@ class LocalStack:
         self.options = options
         self._children: list[subprocess.Popen[bytes]] = []
         self._stop = threading.Event()
-        self._server: uvicorn.Server | None = None
         self._threads: list[threading.Thread] = []
         self.resources: LocalResources | None = None
         self.functions: dict[str, FunctionSpec] = {}
@@ -111,11 +123,20 @@ class LocalStack:
         self.console_token = secrets.token_urlsafe(24)
         self._sqs_pollers: list[SqsPoller] = []
         self._stream_pollers: dict[str, StreamPoller] = {}
+        self._lambda_listener: socket.socket | None = None
+        self._servers: list[uvicorn.Server] = []
         self.hurry = threading.Event()  # a second Ctrl-C: stop without waiting for calls in flight
 
     @property
     def api_url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
+
+    @property
+    def lambda_url(self) -> str:
+        """The Lambda API's own URL (also reached through the embedded AWS endpoint)."""
+        assert self._lambda_listener is not None, "the stack is not started"
+        host = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host  # noqa: S104
+        return f"http://{host}:{self._lambda_listener.getsockname()[1]}"
 
     @property
     def console_url(self) -> str:
@@ -166,7 +187,8 @@ class LocalStack:
                 fix="give a writable folder with --state-dir, or keep nothing with --no-state",
             ) from error
         if self.options.reset:
-            for path in (*state_files(state_dir), state_dir / STREAM_CHECKPOINTS, state_dir / DEV_KEY):
+            kept = (STREAM_CHECKPOINTS, DEV_KEY, EVENT_SOURCE_CHANGES)
+            for path in (*state_files(state_dir), *(state_dir / name for name in kept)):
                 path.unlink(missing_ok=True)
 
     def _start_endpoint(self) -> None:
@@ -178,6 +200,7 @@ class LocalStack:
                     listener,
                     quiet=self.options.quiet_children,
                     state_dir=self.options.state_dir,
+                    lambda_url=self.lambda_url,
                     say=lambda note: print(note, flush=True),
                 )
             )
@@ -228,6 +251,10 @@ class LocalStack:
         template = Template.load(self.options.template, overrides)
         self._preflight()
         self._prepare_state()
+        # Bound before the endpoint starts, which passes Lambda's calls on to it.
+        self._lambda_listener = listen_on(
+            self.options.host, self.options.lambda_port or 0, "--lambda-port", "the Lambda API"
+        )
         self._start_endpoint()
         self._start_llm()
         self.resources = resources = provision(
@@ -256,26 +283,26 @@ class LocalStack:
                 metrics=metrics,
                 logs=logs,
             )
+            # Every event source has its poller; a disabled one (Enabled: false, or paused through
+            # the Lambda API) takes nothing until it is enabled.
             for sqs_source in spec.sqs_sources:
-                if sqs_source.enabled:
-                    url = resources.queue_url_of_arn(sqs_source.queue_arn)
-                    self._sqs_pollers.append(
-                        SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop)
-                    )
+                url = resources.queue_url_of_arn(sqs_source.queue_arn)
+                self._sqs_pollers.append(SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop))
             for stream_source in spec.stream_sources:
-                if stream_source.enabled:
-                    name = f"{spec.logical_id}.{stream_source.name}"
-                    self._stream_pollers[name] = StreamPoller(
-                        stream_source,
-                        runtime,
-                        streams,
-                        self._stop,
-                        self._failure_sink(stream_source),
-                        checkpoints=positions.of(name) if positions else None,
-                        on_checkpoint=positions.keeper(name) if positions else None,
-                        metrics=metrics,
-                        stuck_after_s=float(lag_alarm) if lag_alarm else None,
-                    )
+                name = f"{spec.logical_id}.{stream_source.name}"
+                self._stream_pollers[name] = StreamPoller(
+                    stream_source,
+                    runtime,
+                    streams,
+                    self._stop,
+                    self._failure_sink(stream_source),
+                    checkpoints=positions.of(name) if positions else None,
+                    on_checkpoint=positions.keeper(name) if positions else None,
+                    metrics=metrics,
+                    stuck_after_s=float(lag_alarm) if lag_alarm else None,
+                )
+        pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
+        self._serve_lambda_api(EventSourceMappings(pollers, journal=self._state(EVENT_SOURCE_CHANGES)))
         warming = self._warm_up()
         self._start_ttl(resources)
         self._watch_state()
@@ -284,13 +311,43 @@ class LocalStack:
         gateway = HttpGateway(
             routes, self.runtimes, fixed_tenant=None if self.options.auth else NO_AUTH_TENANT
         )
-        self._serve_http(self._console().around(gateway.app()))
-        pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
+        self._serve(self._console().around(gateway.app()), "http-api", self.options.host, self.options.port)
         for poller in pollers:
             poller.start()
-            self._threads.extend(poller.threads)
         if warming is not None:
             warming.join()  # Ready once every function has its warm sandbox, as SAM CLI's EAGER
+
+    def _serve_lambda_api(self, mappings: EventSourceMappings) -> None:
+        """The Lambda API (emulator/lambda_api.py) on its listener, with its queue of
+        asynchronous invocations."""
+        events = EventInvocations(
+            self.runtimes,
+            self._stop,
+            retry_base_s=self.options.event_retry_base_s,
+            destination=self._event_destination,
+            say=lambda line: print(line, flush=True),
+        )
+        events.start()
+        self._threads.append(events.thread)
+        assert self._lambda_listener is not None
+        self._serve(
+            LambdaApi(self.runtimes, mappings, events).app(), "lambda-api", sockets=[self._lambda_listener]
+        )
+
+    def _event_destination(self, spec: FunctionSpec) -> Callable[[dict[str, Any]], None] | None:
+        """Where a function's failed asynchronous invocations go: its EventInvokeConfig's SQS
+        on-failure destination (any other kind is said once per failure, and not sent)."""
+        config = spec.event_invoke
+        if config.on_failure_arn is None or self.resources is None:
+            return None
+        if config.on_failure_type != "SQS":
+            print(
+                f"[{spec.logical_id}] the local stack sends a failed Event invocation's record to an SQS"
+                f" destination only, not {config.on_failure_type} ({config.on_failure_arn})",
+                flush=True,
+            )
+            return None
+        return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(config.on_failure_arn))
 
     def _provision_alarms(self, template: Template, resources: LocalResources) -> None:
         """The template's alarms on the endpoint's CloudWatch (listed, not evaluated). An
@@ -442,38 +499,43 @@ class LocalStack:
             token=self.console_token,
         )
 
-    def _serve_http(self, app: ASGIApp) -> None:
+    def _serve(
+        self,
+        app: ASGIApp,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        sockets: list[socket.socket] | None = None,
+    ) -> None:
+        """`app` served by uvicorn in a thread, on host:port or on `sockets` already bound;
+        returns once it listens."""
         config = uvicorn.Config(
-            app,
-            host=self.options.host,
-            port=self.options.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
         )
-        self._server = uvicorn.Server(config)
-        thread = threading.Thread(target=self._server.run, name="http-api", daemon=True)
+        server = uvicorn.Server(config)
+        self._servers.append(server)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
         give_up = time.monotonic() + 15
-        while not self._server.started:
+        while not server.started:
             if not thread.is_alive() or time.monotonic() > give_up:
-                raise RuntimeError(
-                    f"the HTTP API could not listen on {self.options.host}:{self.options.port}"
-                )
+                raise RuntimeError(f"{name} could not listen on {host}:{port}")
             time.sleep(0.05)
 
     def stop(self, grace_s: float | None = None) -> None:
         """Stops taking requests and messages, lets the invocations in flight finish (up to
         `grace_s`, or until `hurry` is set), keeps the state, then stops the endpoint."""
         self._stop.set()
-        if self._server is not None:
-            self._server.should_exit = True
+        for server in self._servers:
+            server.should_exit = True
         # Pollers first (each finishes the invocation it is in), then the endpoint they talk to.
         give_up = time.monotonic() + (self.options.grace_s if grace_s is None else grace_s)
         for runtime in self.runtimes.values():
             runtime.cut_to(give_up)  # what is in flight has the grace: the worker takes no more
-        for thread in self._threads:
+        pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
+        for thread in [*self._threads, *(thread for poller in pollers for thread in poller.threads)]:
             while thread.is_alive() and time.monotonic() < give_up and not self.hurry.is_set():
                 thread.join(timeout=0.2)
         # What is still running is cut short below: its messages, taken before the cut (a poller

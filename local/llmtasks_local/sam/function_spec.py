@@ -76,6 +76,17 @@ class StreamSource:
 
 
 @dataclass(frozen=True)
+class EventInvokeConfig:
+    """What Lambda does with an asynchronous (Event) invocation that fails: it tries it again up
+    to `maximum_retry_attempts` times, then sends a record of it to the on-failure destination,
+    if there is one (of `on_failure_type`: SQS is the one the local stack sends to)."""
+
+    maximum_retry_attempts: int = 2
+    on_failure_type: str | None = None
+    on_failure_arn: str | None = None
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     logical_id: str
     code_dir: Path
@@ -88,6 +99,9 @@ class FunctionSpec:
     routes: tuple[HttpRoute, ...] = ()
     sqs_sources: tuple[SqsSource, ...] = ()
     stream_sources: tuple[StreamSource, ...] = ()
+    runtime: str = "python3.12"
+    architecture: str = "x86_64"
+    event_invoke: EventInvokeConfig = EventInvokeConfig()
 
     @property
     def handler_file(self) -> Path:

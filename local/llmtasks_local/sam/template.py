@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from llmtasks_local.sam.function_spec import (
+    EventInvokeConfig,
     FunctionSpec,
     HttpRoute,
     LambdaAuthorizer,
@@ -333,6 +334,9 @@ class Template:
                     for name, e in events.items()
                     if e.get("Type") == "DynamoDB"
                 ),
+                runtime=str(resolved.get("Runtime", "python3.12")),
+                architecture=str((resolved.get("Architectures") or ["x86_64"])[0]),
+                event_invoke=_event_invoke(resolved.get("EventInvokeConfig") or {}),
             )
             self._check_code(specs[logical_id])
             self._check_visibility(specs[logical_id], merged.get("Events") or {}, refs, attributes)
@@ -427,6 +431,15 @@ class Template:
 
 def _report_failures(props: Mapping[str, Any]) -> bool:
     return "ReportBatchItemFailures" in (props.get("FunctionResponseTypes") or [])
+
+
+def _event_invoke(config: Mapping[str, Any]) -> EventInvokeConfig:
+    on_failure = (config.get("DestinationConfig") or {}).get("OnFailure") or {}
+    return EventInvokeConfig(
+        maximum_retry_attempts=int(config.get("MaximumRetryAttempts", 2)),
+        on_failure_type=on_failure.get("Type"),
+        on_failure_arn=on_failure.get("Destination"),
+    )
 
 
 def _sqs_source(function_id: str, name: str, props: Mapping[str, Any]) -> SqsSource:
