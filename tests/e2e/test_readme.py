@@ -41,7 +41,7 @@ pytestmark = pytest.mark.e2e
 
 README = ROOT / "README.md"
 # Files the README's commands write in the work tree; removed afterwards.
-WRITTEN = ("items.jsonl", "out.jsonl")
+WRITTEN = ("items.jsonl", "out.jsonl", "event.json", "reply.json")
 ITEMS = [
     {"prompt": "Classify: invoice", "custom_id": "doc-1"},
     {"prompt": "Classify: receipt", "custom_id": "doc-2"},
