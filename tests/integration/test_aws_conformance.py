@@ -852,9 +852,28 @@ def test_lambda_hot_reload_a_changed_handler_runs_at_the_next_cold_start(tmp_pat
     assert watcher.changed() == []  # nothing changed since
 
 
-# --- The Lambda API ---------------------------------------------------------------------------
-# Each as https://docs.aws.amazon.com/lambda/latest/api/API_<Operation>.html states it, driven
-# with boto3's Lambda client at the API the stack serves (emulator/lambda_api.py).
+# --- The AWS APIs the local endpoint serves beyond moto's -------------------------------------
+# Each API, the AWS reference it follows, and where it is tested. Lambda's is the stack's own
+# (emulator/lambda_api.py), tested below with boto3's Lambda client; CloudWatch Logs and
+# CloudWatch are moto's, fed by the stack (emulator/log_groups.py, emulator/metrics.py), tested
+# in tests/local/test_cloudwatch.py and with the AWS CLI in tests/e2e/test_aws_apis.py.
+#
+# | API | reference |
+# |---|---|
+# | lambda ListFunctions | https://docs.aws.amazon.com/lambda/latest/api/API_ListFunctions.html |
+# | lambda GetFunction | https://docs.aws.amazon.com/lambda/latest/api/API_GetFunction.html |
+# | lambda GetFunctionConfiguration | https://docs.aws.amazon.com/lambda/latest/api/API_GetFunctionConfiguration.html |
+# | lambda Invoke | https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html |
+# | lambda, asynchronous invocation | https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html |
+# | lambda ListEventSourceMappings | https://docs.aws.amazon.com/lambda/latest/api/API_ListEventSourceMappings.html |
+# | lambda GetEventSourceMapping | https://docs.aws.amazon.com/lambda/latest/api/API_GetEventSourceMapping.html |
+# | lambda UpdateEventSourceMapping | https://docs.aws.amazon.com/lambda/latest/api/API_UpdateEventSourceMapping.html |
+# | logs PutLogEvents (the stack), GetLogEvents, FilterLogEvents, `aws logs tail` | https://docs.aws.amazon.com/AmazonCloudWatchLogs/latest/APIReference/API_FilterLogEvents.html |
+# | logs, a function's log group and streams | https://docs.aws.amazon.com/lambda/latest/dg/monitoring-cloudwatchlogs.html |
+# | cloudwatch PutMetricData (the stack), GetMetricStatistics, GetMetricData | https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_GetMetricStatistics.html |
+# | cloudwatch, Lambda's own metrics | https://docs.aws.amazon.com/lambda/latest/dg/monitoring-metrics-types.html |
+# | cloudwatch, EMF | https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html |
+# | cloudwatch DescribeAlarms (the template's, provisioned) | https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_DescribeAlarms.html |
 
 FLAKY = """
     import json, os
