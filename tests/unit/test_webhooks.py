@@ -13,7 +13,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.batch_store import BatchStore, change_of
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
@@ -450,7 +450,7 @@ def test_the_relay_reads_both_images_and_queues_only_the_write_that_ends_the_tas
     # When the relay reads each, old image and new
     relay = WebhookRelay(hooks.webhook_queue)
     # Then only the completion queues task.completed, under the task's stable webhook-id
-    assert [relay.relay_record(r) for r in records] == [False, False, True, False]
+    assert [relay.relay_change(*change_of(r)) for r in records] == [False, False, True, False]
     [message] = [WebhookMessage.model_validate_json(m["Body"]) for m in aws.messages("WebhookQueue")]
     assert (message.task_id, message.event_type) == (task_id, "task.completed")
     assert message.webhook_id == webhook_id(task_id, "task.completed")

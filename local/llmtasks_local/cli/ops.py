@@ -119,12 +119,12 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
     """Tasks by status, queue and DLQ depths, backlog and in flight per priority and per tenant,
     latency p50/p95/p99 over the last hour, batches:
     the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
-    from llmtasks_local.ops.stats import function_health, overview
+    from llmtasks_local.ops.stats import overview
 
     target = target_of(stack_name, endpoint_url)
-    now = time.time()
-    summary = overview(target.dynamodb, target.sqs, target.deployment, now=now)
-    summary["functions"] = function_health(target.cloudwatch, target.deployment, now=now)
+    summary = overview(
+        target.dynamodb, target.sqs, target.deployment, now=time.time(), cloudwatch=target.cloudwatch
+    )
     if as_json:
         click.echo(json.dumps(summary))
         return

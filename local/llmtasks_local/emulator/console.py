@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks.aws.apikeys import presented_key
 from llmtasks_local.ops.deadletters import QUEUE_NAMES, DeadLetters
-from llmtasks_local.ops.stats import function_health, overview
+from llmtasks_local.ops.stats import overview
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
@@ -62,11 +62,9 @@ class Console:
         self._page = resources.files("llmtasks_local.emulator").joinpath("console.html").read_text()
 
     def overview(self) -> dict[str, Any]:
-        now = self._clock()
-        view = overview(self._dynamodb, self._sqs, self._deployment, now=now)
-        if self._cloudwatch is not None:
-            view["functions"] = function_health(self._cloudwatch, self._deployment, now=now)
-        return view
+        return overview(
+            self._dynamodb, self._sqs, self._deployment, now=self._clock(), cloudwatch=self._cloudwatch
+        )
 
     def letters(self) -> dict[str, Any]:
         return {

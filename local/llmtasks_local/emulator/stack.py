@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import boto3
 import httpx
@@ -58,6 +58,9 @@ from llmtasks_local.sam.function_spec import FunctionSpec, StreamSource
 from llmtasks_local.sam.provision import LocalResources, provision, provision_alarms
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS, Template
 from llmtasks_local.tool_errors import ToolError
+
+if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
 
 STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
 HTTP_CONCURRENCY = 16  # sandboxes per HTTP function: enough for long-polls beside submits
@@ -260,7 +263,8 @@ class LocalStack:
         self.resources = resources = provision(
             template, dynamodb=boto3.client("dynamodb"), sqs=boto3.client("sqs"), s3=boto3.client("s3")
         )
-        self._provision_alarms(template, resources)
+        cloudwatch = boto3.client("cloudwatch")  # the alarms, the metrics sink and the console's health
+        self._provision_alarms(template, resources, cloudwatch)
         # Each function's sandboxes get its own Environment (local/sandbox.py), on top of this
         # process's: the endpoint and credentials set above, and what the stack was started with.
         self.functions = template.functions(resources.refs, resources.attributes)
@@ -268,7 +272,7 @@ class LocalStack:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
         positions = self._stream_positions()
-        metrics, logs = self._start_cloudwatch()
+        metrics, logs = self._start_cloudwatch(cloudwatch)
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
         http = self._http_functions()
         for spec in self.functions.values():
@@ -311,7 +315,9 @@ class LocalStack:
         gateway = HttpGateway(
             routes, self.runtimes, fixed_tenant=None if self.options.auth else NO_AUTH_TENANT
         )
-        self._serve(self._console().around(gateway.app()), "http-api", self.options.host, self.options.port)
+        self._serve(
+            self._console(cloudwatch).around(gateway.app()), "http-api", self.options.host, self.options.port
+        )
         for poller in pollers:
             poller.start()
         if warming is not None:
@@ -349,19 +355,21 @@ class LocalStack:
             return None
         return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(config.on_failure_arn))
 
-    def _provision_alarms(self, template: Template, resources: LocalResources) -> None:
+    def _provision_alarms(
+        self, template: Template, resources: LocalResources, cloudwatch: CloudWatchClient
+    ) -> None:
         """The template's alarms on the endpoint's CloudWatch (listed, not evaluated). An
         endpoint without CloudWatch gets a line saying so, and the stack runs without them."""
         try:
-            provision_alarms(template, resources, boto3.client("cloudwatch"))
+            provision_alarms(template, resources, cloudwatch)
         except (BotoCoreError, ClientError) as error:
             print(f"The template's alarms are not on the endpoint: {error}", flush=True)
 
-    def _start_cloudwatch(self) -> tuple[MetricsSink, LogsSink]:
+    def _start_cloudwatch(self, cloudwatch: CloudWatchClient) -> tuple[MetricsSink, LogsSink]:
         """Lambda's metrics of each function and the functions' EMF lines on the endpoint's
         CloudWatch (emulator/metrics.py), and each sandbox's lines in its function's log group
         (emulator/log_groups.py), each sent every few seconds by a thread of its own."""
-        metrics, logs = MetricsSink(boto3.client("cloudwatch")), LogsSink(boto3.client("logs"))
+        metrics, logs = MetricsSink(cloudwatch), LogsSink(boto3.client("logs"))
         for name, sink in (("metrics", metrics), ("logs", logs)):
             thread = threading.Thread(target=sink.run, args=(self._stop,), name=name, daemon=True)
             thread.start()
@@ -486,7 +494,7 @@ class LocalStack:
             return None
         return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(source.on_failure_arn))
 
-    def _console(self) -> Console:
+    def _console(self, cloudwatch: CloudWatchClient) -> Console:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
         deployment = Deployment.local(sqs)
         dead_letters = DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
@@ -495,7 +503,7 @@ class LocalStack:
             sqs,
             deployment,
             dead_letters,
-            cloudwatch=boto3.client("cloudwatch"),
+            cloudwatch=cloudwatch,
             token=self.console_token,
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.batch_store import scan_batches
@@ -157,12 +158,18 @@ def llm_time(task: dict[str, Any]) -> float:
 
 
 def overview(
-    dynamodb: DynamoDBClient, sqs: SQSClient, deployment: Deployment, *, now: float
+    dynamodb: DynamoDBClient,
+    sqs: SQSClient,
+    deployment: Deployment,
+    *,
+    now: float,
+    cloudwatch: CloudWatchClient | None = None,
 ) -> dict[str, Any]:
     """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
     over the last hour, as percentiles and per five minutes; the newest
     tasks with their timelines; queue and DLQ depths; backlog and in flight per tenant and per
-    priority; the newest batches with their counts."""
+    priority; the newest batches with their counts; with `cloudwatch`, each function's health
+    (`function_health`). The console and `llmtasks stats` show this one view."""
     scanned = scan_tasks(dynamodb, deployment.tasks_table, _TASK_FIELDS, limit=MAX_ITEMS)
     tasks = [task for task in scanned if task["expires_at"] > now]
     statuses = [_status(task, now) for task in tasks]
@@ -195,7 +202,7 @@ def overview(
     newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
     views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
     batches = [{**view.model_dump(mode="json"), "finished": view.finished} for view in views]
-    return {
+    view = {
         "generated_at": now,
         "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},
         "latency": latency,
@@ -205,6 +212,9 @@ def overview(
         "scheduling": scheduling(tasks, statuses),
         "batches": batches,
     }
+    if cloudwatch is not None:
+        view["functions"] = function_health(cloudwatch, deployment, now=now)
+    return view
 
 
 def function_health(cloudwatch: CloudWatchClient, deployment: Deployment, *, now: float) -> dict[str, Any]:
@@ -212,8 +222,6 @@ def function_health(cloudwatch: CloudWatchClient, deployment: Deployment, *, now
     lag (its largest IteratorAge in the newest LAG_S period, in seconds; None without one),
     from CloudWatch's AWS/Lambda metrics: the local endpoint's or the deployed account's, one
     GetMetricData request."""
-    from datetime import UTC, datetime
-
     queries: list[Any] = []
     for index, (logical_id, name) in enumerate(deployment.functions.items()):
         wanted = [("errors", "Errors", "Sum", HEALTH_S), ("throttles", "Throttles", "Sum", HEALTH_S)]

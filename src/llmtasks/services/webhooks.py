@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from standardwebhooks import Webhook
 
-from llmtasks.aws.batch_store import BatchStore, change_of
+from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchView
 from llmtasks.domain.errors import RetryLater
@@ -118,10 +118,6 @@ class WebhookRelay:
 
     def __init__(self, webhook_queue: Queue) -> None:
         self._queue = webhook_queue
-
-    def relay_record(self, raw: dict[str, Any]) -> bool:
-        """One stream record (view type NEW_AND_OLD_IMAGES) of a task or of a batch."""
-        return self.relay_change(*change_of(raw))
 
     def relay_change(self, old: Task | Batch | None, new: Task | Batch) -> bool:
         """A task's or a batch's change, as one stream record shows it."""
