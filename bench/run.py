@@ -72,6 +72,7 @@ SECTIONS = (
     "celery",
     "slots",
     "scheduling",
+    "webhooks",
 )
 
 
@@ -1134,6 +1135,138 @@ def scheduling(report: Report, quick: bool) -> None:
     )
 
 
+# --- webhooks: one endpoint that hangs beside a healthy one -----------------------------------
+
+
+class TimedReceiver:
+    """A webhook receiver on 127.0.0.1 that notes when each task's delivery arrives; with
+    `hang`, it takes each request and never answers (until closed), as a broken endpoint does."""
+
+    def __init__(self, *, hang: bool = False) -> None:
+        self.arrived: dict[str, float] = {}
+        self.requests = 0
+        self._closed = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests += 1
+                if hang:
+                    receiver._closed.wait()
+                    return
+                task_id = (json.loads(body).get("data") or {}).get("task_id")
+                receiver.arrived.setdefault(str(task_id), time.time())
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.server.shutdown()
+
+
+def healthy_deliveries_s(stack: LaunchedStack, healthy: TimedReceiver, tasks: int) -> list[float]:
+    """`tasks` tasks whose webhook is the healthy receiver's: each one's submit to its delivery."""
+    submitted = open_loop(
+        stack,
+        tasks,
+        lambda i: {"prompt": f"hooked {i} {uuid.uuid4().hex}", "webhook_url": healthy.url},
+        lambda _i: {},
+    )
+    give_up = time.monotonic() + 600
+    while not all(task_id in healthy.arrived for _, task_id in submitted):
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"{len(healthy.arrived)} of {tasks} healthy deliveries arrived in 600 s")
+        time.sleep(0.05)
+    return [healthy.arrived[task_id] - at for at, task_id in submitted]
+
+
+@dataclass
+class Isolation:
+    alone_s: float  # the healthy endpoint's slowest delivery, nothing hanging
+    behind_s: float  # the same, behind the hanging endpoint's deliveries
+    gb_s_per_hung: float  # WebhookFunction's GB-s while those ran, per hung delivery
+    invocations: int
+    hanging_requests: int  # requests that reached the hanging endpoint
+
+
+def isolation(stack: LaunchedStack, hung: int, healthy_tasks: int) -> Isolation:
+    stack.configure_mock(**{**PLAIN_MOCK, "latency_s": 0.1})
+    healthy, hanging = TimedReceiver(), TimedReceiver(hang=True)
+    try:
+        alone = max(healthy_deliveries_s(stack, healthy, healthy_tasks))
+        before = lambda_reports(stack.log.read_text()).get("WebhookFunction", (0, 0.0))
+        open_loop(
+            stack,
+            hung,
+            lambda i: {"prompt": f"hung {i} {uuid.uuid4().hex}", "webhook_url": hanging.url},
+            lambda _i: {},
+        )
+        give_up = time.monotonic() + 120
+        while hanging.requests < 2 and time.monotonic() < give_up:
+            time.sleep(0.05)  # the hanging endpoint holds deliveries before the healthy tasks come
+        behind = max(healthy_deliveries_s(stack, healthy, healthy_tasks))
+        after = lambda_reports(stack.log.read_text()).get("WebhookFunction", (0, 0.0))
+        return Isolation(alone, behind, (after[1] - before[1]) / hung, after[0] - before[0], hanging.requests)
+    finally:
+        hanging.close()
+        healthy.close()
+
+
+def webhooks(report: Report, quick: bool) -> None:
+    """Issue 39's scenario: a healthy endpoint's deliveries alone, then behind `hung` deliveries
+    to an endpoint that takes each request and never answers; with the template's defaults
+    (WebhookQueue a fair queue grouped by endpoint, two open deliveries an endpoint) and, in the
+    same run, as before them (no cap, the endpoint's FIFO delivery)."""
+    hung, healthy_tasks = (30, 10) if quick else (100, 10)
+    runs: dict[str, Isolation] = {}
+    designs = {
+        "isolated": ((), {}),
+        "before": (
+            ("--parameter-overrides", "WebhookEndpointConcurrency=0"),
+            {"LLMTASKS_FAIR_QUEUES": "off"},
+        ),
+    }
+    for design, (extra, env) in designs.items():
+        with stack_running(*extra, env=env) as stack:
+            runs[design] = isolation(stack, hung, healthy_tasks)
+    section = "webhooks"
+    for design, run in runs.items():
+        ratio = run.behind_s / run.alone_s
+        report.add(
+            section,
+            f"{design}: a healthy endpoint's slowest of {healthy_tasks} deliveries, alone",
+            f"{run.alone_s:.1f} s",
+        )
+        report.add(
+            section,
+            f"  behind {hung} to an endpoint that never answers",
+            f"{run.behind_s:.1f} s",
+            f"ratio {ratio:.1f}; target <= 1.5: {verdict(ratio <= 1.5)}",
+        )
+        report.add(
+            section,
+            "  WebhookFunction GB-s while those ran, per hung delivery",
+            f"{run.gb_s_per_hung:.4f}",
+            f"{run.invocations} invocations; {run.hanging_requests} requests reached the hanging endpoint",
+        )
+    report.note(
+        "webhooks: isolated is the template's defaults (WebhookQueue grouped by endpoint, a fair queue;"
+        " WebhookEndpointConcurrency 2); before is the same stack with no cap"
+        " (WebhookEndpointConcurrency=0) and the endpoint's FIFO delivery (LLMTASKS_FAIR_QUEUES=off);"
+        " a delivery may take 15 s (WEBHOOK_TIMEOUT_S), the Deliveries source runs 5 invocations of"
+        " up to 10 events"
+    )
+
+
 class PlaceholderRefs(dict[Any, str]):
     """Every !Ref and !GetAtt of the template, read as the name of what it refers to: a handler's
     import checks that its resources are named, not that they exist."""
@@ -1382,6 +1515,8 @@ def main() -> None:
         call_slots(report, args.quick)
     if "scheduling" in chosen:
         scheduling(report, args.quick)
+    if "webhooks" in chosen:
+        webhooks(report, args.quick)
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(

@@ -62,6 +62,6 @@ def lambda_handler(
     delivery = delivery or wiring.webhook_delivery()
 
     async def deliver_one(record: SQSRecord) -> None:
-        await delivery.deliver(read_message(WebhookMessage, record), attempt=receive_count(record))
+        await delivery.deliver(read_message(WebhookMessage, record), receive_count=receive_count(record))
 
     return process_sqs_concurrently(event, context, deliver_one, queue or wiring.webhook_queue())

@@ -80,6 +80,7 @@ class Metric:
     END_TO_END = "EndToEndLatency"  # submit to completion, seconds
     WEBHOOK_ATTEMPTS = "WebhookAttempts"
     WEBHOOK_FAILURES = "WebhookFailures"  # attempts that did not deliver
+    WEBHOOK_DEFERRALS = "WebhookDeferrals"  # events put off: their endpoint had every place taken
 
 
 def emit(

@@ -75,8 +75,9 @@ class BatchResources(TasksTable, TaskLanesQueues, BatchFanoutQueue):
     """BatchFunction: fans a batch's items out to the lanes, counts them."""
 
 
-class WebhookResources(TasksTable):
-    """WebhookFunction: relays ended tasks and batches, delivers them."""
+class WebhookResources(TasksTable, Limits):
+    """WebhookFunction: relays ended tasks and batches, delivers them (each endpoint's open
+    deliveries counted in LimitsTable)."""
 
     webhook_queue_url: str = Field(min_length=1)
     webhook_dlq_url: str = Field(min_length=1)
@@ -249,6 +250,11 @@ class WebhookSettings(WebhookTargets):
     """Webhook deliveries (WebhookSender, WebhookDelivery): WebhookFunction."""
 
     webhook_timeout_s: float = Field(default=15.0, gt=0)
+    # Deliveries one endpoint (scheme, host, port) may have open at once, across every sandbox
+    # (template: WebhookEndpointConcurrency; counted in LimitsTable); 0 is no cap. An endpoint
+    # that hangs then holds this many of WebhookFunction's invocations, and its other events
+    # wait, put off without an attempt, while every other endpoint's go ahead.
+    webhook_endpoint_concurrency: int = Field(default=0, ge=0)
     # Seconds to wait before each retry (Svix's schedule: 5 s, 5 min, 30 min, 2 h, 5 h): an event
     # gets one attempt more than the schedule has entries, then goes to WebhookDLQ.
     webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0, 18000.0)

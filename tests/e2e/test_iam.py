@@ -50,6 +50,9 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
         " it handled; whether this workload's few tasks meet a refilling invocation is timing"
     ),
     ("BatchFunction", "sqs:ChangeMessageVisibility", "*"): "a fan-out chunk whose batch is not stored yet",
+    ("WebhookFunction", "dynamodb:GetItem", "llmtasks-local-LimitsTable"): (
+        "a delivery whose endpoint has every place taken (WebhookEndpointConcurrency) reads them"
+    ),
 }
 # What the SAM policy template used here expands to (SAM's policy_templates.json).
 SAM_POLICY_TEMPLATES = {

@@ -4,6 +4,8 @@ attempts, as by default) and a receiver gets 1 s to answer."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,10 +13,14 @@ from typing import Any
 import httpx
 import pytest
 from standardwebhooks import Webhook
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from llmtasks_client import verify_webhook
 from tests.e2e.conftest import RunningStack, start_stack
-from tests.helpers import WebhookReceiver, eventually
+from tests.helpers import HANG_S, WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -120,3 +126,56 @@ def test_a_hanging_receiver_is_a_failed_attempt_then_retried(
         hook.hang_s = 0
         webhook = webhook_of(client, task_id, "delivered")
     assert webhook == {"status": "delivered", "attempts": 2}
+
+
+class HeldReceiver:
+    """An endpoint that takes every request and holds it open until released (or until its
+    sender gives up on it): a receiver that hangs. Counts the requests it holds at once."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.most_held = 0
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    async def _receive(self, request: Request) -> Response:
+        await request.body()
+        with self._lock:
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+        try:
+            # Two things end the hold, one set from the test's thread: polled. A sender that gives
+            # up (its 15 s timeout, on a loaded machine) is seen within 10 ms: well before its
+            # place, given back through the endpoint, can be taken by another delivery.
+            while not self.release.is_set() and not await request.is_disconnected():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        finally:
+            with self._lock:
+                self.held -= 1
+        return Response(status_code=204)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])
+
+
+def test_an_endpoint_that_hangs_holds_its_places_alone_while_another_endpoint_s_events_go_on(
+    stack: RunningStack, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    """The template's WebhookEndpointConcurrency (2): however many events wait for an endpoint
+    that hangs, it holds two deliveries; the rest are put off, never dropped, and every other
+    endpoint's events are delivered meanwhile."""
+    hook, healthy_url = receiver
+    hanging = HeldReceiver()
+    with serve(hanging.app()) as hanging_base, stack.client() as client:
+        hung = [submit_with_hook(client, hanging_base + "/hook", f"hung {i}") for i in range(12)]
+        eventually(lambda: hanging.held, lambda held: held >= 2, timeout_s=HANG_S, what="two held deliveries")
+        healthy = [submit_with_hook(client, healthy_url, f"healthy {i}") for i in range(3)]
+        hook.wait_for(3)
+        assert hanging.most_held == 2  # twelve waited for it, two at a time
+        for task_id in healthy:
+            assert webhook_of(client, task_id, "delivered") == {"status": "delivered", "attempts": 1}
+        hanging.release.set()
+        # Every event put off is delivered once the endpoint answers
+        for task_id in hung:
+            webhook_of(client, task_id, "delivered", timeout_s=HANG_S)
+    assert hanging.most_held == 2

@@ -14,6 +14,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from llmtasks.aws.batch_store import BatchStore, change_of
+from llmtasks.aws.limits import endpoint_places
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
@@ -25,6 +26,7 @@ from llmtasks.records import sqs_record
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhook_urls import (
     check_webhook_url,
+    endpoint_of,
     no_lookups,
     resolver_from_settings,
     system_resolver,
@@ -305,6 +307,7 @@ class Hooks:
             settings, self.store, task_lanes(settings, aws.sqs), results=blobs(settings)
         )
         self.webhook_queue = Queue(settings.webhook_queue_url, aws.sqs)
+        self.places = endpoint_places(aws.resources.table_names["LimitsTable"], aws.dynamodb)
         self.fn, self.context = handler("WebhookFunction")
         self.url = url
 
@@ -357,7 +360,15 @@ class Hooks:
             transport=transport,
         )
         dlq = Queue(settings.webhook_dlq_url, self.aws.sqs)
-        delivery = WebhookDelivery(settings, self.store, dlq, sender, results=blobs(settings))
+        delivery = WebhookDelivery(
+            settings,
+            self.store,
+            dlq,
+            sender,
+            results=blobs(settings),
+            places=self.places,
+            requeue=self.webhook_queue,
+        )
         arn = self.aws.resources.attributes[("WebhookQueue", "Arn")]
         event = {"Records": [sqs_record(m, arn) for m in messages]}  # type: ignore[arg-type]
         return self.fn(event, self.context, delivery=delivery, queue=self.webhook_queue)  # type: ignore[no-any-return]
@@ -481,7 +492,7 @@ def test_a_batch_s_webhook_is_delivered_signed_with_its_status_object_and_record
 
     # When each is delivered, and one for a batch that is gone
     for batch_id in ("b" * 32, "c" * 32, "d" * 32):
-        asyncio.run(delivery.deliver(event_of(batch_id), attempt=1))
+        asyncio.run(delivery.deliver(event_of(batch_id), receive_count=1))
     # Then only the first reached the receiver: signed for the batch's tenant, its status inside
     [sent] = hook.deliveries
     event = Webhook(hooks.secret()).verify(sent.body, sent.headers)
@@ -610,13 +621,13 @@ def test_the_default_schedule_is_svix_s_with_jitter_and_the_sixth_failure_goes_t
     delays = []
     for attempt in range(1, 6):
         with pytest.raises(RetryLater) as retry:
-            asyncio.run(delivery.deliver(webhook, attempt=attempt))
+            asyncio.run(delivery.deliver(webhook, receive_count=attempt))
         delays.append(retry.value.delay_s)
     assert delays == pytest.approx([5 * 1.1, 300 * 1.1, 1800 * 1.1, 7200 * 1.1, 18000 * 1.1])
     assert rng.spans == [(0.8, 1.2)] * 5
     assert aws.messages("WebhookDLQ") == []
     # Then the sixth failure is the last: the event waits in WebhookDLQ, the task says failed
-    asyncio.run(delivery.deliver(webhook, attempt=6))
+    asyncio.run(delivery.deliver(webhook, receive_count=6))
     [parked] = aws.messages("WebhookDLQ")
     assert WebhookMessage.model_validate_json(parked["Body"]).webhook_id == webhook.webhook_id
     task = hooks.store.get(task_id, now=time.time())
@@ -634,7 +645,7 @@ def test_a_receiver_s_retry_after_waits_longer_than_the_schedule_never_shorter(
     delays = []
     for attempt in (1, 2):
         with pytest.raises(RetryLater) as retry:
-            asyncio.run(delivery.deliver(webhook, attempt=attempt))
+            asyncio.run(delivery.deliver(webhook, receive_count=attempt))
         delays.append(retry.value.delay_s)
     # The first: the schedule's 5 s (jittered to 5.5), the receiver's 30 s; the second: 330 s
     assert delays == pytest.approx([30, 300 * 1.1])
@@ -845,3 +856,79 @@ def test_sam_s_generic_stream_sample_is_passed_over_not_failed(hooks: Hooks, aws
     )
     assert reply == {"batchItemFailures": []}
     assert aws.messages("WebhookQueue") == []
+
+
+# --- one endpoint's open deliveries under a cap --------------------------------------------
+
+
+def test_an_endpoint_is_its_scheme_host_and_port() -> None:
+    assert endpoint_of("https://Hooks.Example.com/a?b=c") == "https://hooks.example.com:443"
+    assert endpoint_of("http://127.0.0.1:8080/hook") == "http://127.0.0.1:8080"
+    assert endpoint_of("http://example.com/x") == "http://example.com:80"
+
+
+def test_an_event_whose_endpoint_has_every_place_taken_is_put_off_without_an_attempt(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    hook, url = receiver
+    endpoint = endpoint_of(url)
+    task_id = hooks.finish_task()
+    hooks.relay()
+    [message] = aws.messages("WebhookQueue")
+    assert message["Attributes"]["MessageGroupId"] == endpoint  # the fair queue's group
+    # Given the endpoint's one place held by another delivery
+    assert hooks.places.take(endpoint, "msg_other", cap=1, until=time.time() + 60)
+    # When the event comes, it is handled (its message deleted) without a request
+    assert hooks.deliver([message], webhook_endpoint_concurrency=1) == {"batchItemFailures": []}
+    assert hook.deliveries == []
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.PENDING, 0)
+    # and comes back as a new message a second or so later, its attempt count kept
+    [later] = aws.messages("WebhookQueue", wait_s=3)
+    deferred = WebhookMessage.model_validate_json(later["Body"])
+    assert (deferred.attempts_before, deferred.deferrals) == (0, 1)
+    assert deferred.webhook_id == WebhookMessage.model_validate_json(message["Body"]).webhook_id
+    assert later["Attributes"]["MessageGroupId"] == endpoint
+    # Once the place is free, it is delivered as its first attempt, and gives its place back
+    hooks.places.give_back(endpoint, "msg_other")
+    assert hooks.deliver([later], webhook_endpoint_concurrency=1) == {"batchItemFailures": []}
+    assert len(hook.deliveries) == 1
+    task = hooks.store.get(task_id, now=time.time())
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 1)
+    assert hooks.places.running(endpoint) == {}
+    assert len(emf_records(capsys.readouterr().out)["WebhookDeferrals"]) == 1
+
+
+def test_a_place_held_by_a_delivery_that_died_is_taken_back_once_its_lease_lapses(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, url = receiver
+    hooks.finish_task()
+    hooks.relay()
+    # Given the place held by a sandbox that died mid-delivery (its lease lapsed)
+    assert hooks.places.take(endpoint_of(url), "msg_dead", cap=1, until=time.time() - 1)
+    assert hooks.deliver(aws.messages("WebhookQueue"), webhook_endpoint_concurrency=1) == {
+        "batchItemFailures": []
+    }
+    assert len(hook.deliveries) == 1
+
+
+def test_a_deferred_event_counts_the_attempts_made_before_it_was_put_off(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given an event put off after four failed attempts (of five), whose endpoint still fails
+    hook, _ = receiver
+    hook.answers = [500]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    [message] = aws.messages("WebhookQueue")
+    body = WebhookMessage.model_validate_json(message["Body"]).model_copy(
+        update={"attempts_before": 4, "deferrals": 1}
+    )
+    hooks.webhook_queue.send(body)
+    [resent] = aws.messages("WebhookQueue")
+    # When its new message's first delivery fails, that is the last attempt: parked in the DLQ
+    assert hooks.deliver([resent], webhook_endpoint_concurrency=1) == {"batchItemFailures": []}
+    [parked] = aws.messages("WebhookDLQ")
+    assert WebhookMessage.model_validate_json(parked["Body"]).webhook_id == body.webhook_id
+    assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED

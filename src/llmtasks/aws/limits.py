@@ -14,6 +14,8 @@ request. Each counter is one item of LimitsTable (no stream, so counting costs n
   tries once more. The cost of a full key is then one batch read of what it holds.
 - `running#<tenant>`: the tenant's LLM calls running now (RunningCalls), for the worker's cap
   (TenantMaxRunning, a key's max_running).
+- `webhook#<endpoint>`: the deliveries one webhook endpoint has open (the same RunningCalls),
+  under WebhookEndpointConcurrency: an endpoint that hangs holds that many, no more.
 """
 
 from __future__ import annotations
@@ -195,14 +197,23 @@ class RunningCalls:
     (`running#<tenant>`), an attribute per running task (`t_<id>`: until when its lease holds it)
     and their count `n`. The worker takes an entry before its call and gives it back after. An
     entry whose lease has lapsed (its sandbox died mid-call) is cleared by the next take that
-    finds the cap full, so a crash holds a place no longer than the lease it held."""
+    finds the cap full, so a crash holds a place no longer than the lease it held.
+
+    With another `prefix`, the same places count other things in flight: `webhook#<endpoint>`,
+    the deliveries one webhook endpoint has open (`endpoint_places`)."""
 
     def __init__(
-        self, table_name: str, client: DynamoDBClient, *, clock: Callable[[], float] = time.time
+        self,
+        table_name: str,
+        client: DynamoDBClient,
+        *,
+        clock: Callable[[], float] = time.time,
+        prefix: str = "running#",
     ) -> None:
         self.table_name = table_name
         self._client = client
         self._clock = clock
+        self._prefix = prefix
 
     def take(self, tenant_id: str, task_id: str, *, cap: int, until: float) -> bool:
         """Whether the task may call now: a place under `cap` is its own until `until`, or was
@@ -242,7 +253,9 @@ class RunningCalls:
         """The tenant's running tasks, each with until when it holds its place."""
         with dynamodb_errors("LimitsTable read"):
             item = self._client.get_item(
-                TableName=self.table_name, Key={"pk": {"S": f"running#{tenant_id}"}}, ConsistentRead=True
+                TableName=self.table_name,
+                Key={"pk": {"S": f"{self._prefix}{tenant_id}"}},
+                ConsistentRead=True,
             ).get("Item")
         entries = deserialize(item) if item else {}
         return {name[2:]: float(value) for name, value in entries.items() if name.startswith("t_")}
@@ -266,12 +279,17 @@ class RunningCalls:
         _update(
             self._client,
             self.table_name,
-            f"running#{tenant_id}",
+            f"{self._prefix}{tenant_id}",
             update,
             condition,
             values,
             names={"#entry": f"t_{task_id}"},
         )
+
+
+def endpoint_places(table_name: str, client: DynamoDBClient) -> RunningCalls:
+    """The webhook deliveries each endpoint (scheme, host and port) has open, by webhook-id."""
+    return RunningCalls(table_name, client, prefix="webhook#")
 
 
 def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:

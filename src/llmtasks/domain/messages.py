@@ -81,6 +81,11 @@ class WebhookMessage(BaseModel):
     event_type: EventType
     task_id: str | None = None
     batch_id: str | None = None
+    # Attempts made before this message was sent (a deferred event is sent again as a new
+    # message, whose receive count starts over): its attempt is this plus its receive count.
+    attempts_before: int = Field(default=0, ge=0)
+    # Times it was put off because its endpoint had every place taken: each waits longer.
+    deferrals: int = Field(default=0, ge=0)
 
 
 # --- the LLM ------------------------------------------------------------------------------

@@ -128,3 +128,11 @@ def check_webhook_url(
             raise UnsafeWebhookUrl(
                 f"webhook_url's host '{host}' resolves to a non-public address; it is refused."
             )
+
+
+def endpoint_of(url: str) -> str:
+    """The endpoint a webhook URL reaches (scheme, host, port; the default port spelled out):
+    what one hanging receiver holds up, and what WebhookQueue's fair queue groups events by."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"

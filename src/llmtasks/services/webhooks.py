@@ -28,16 +28,29 @@ from llmtasks.domain.messages import WebhookMessage, new_webhook_secret
 from llmtasks.domain.models import BATCH_COMPLETED, EVENT_OF_STATUS, EventType, Task, TaskView, WebhookStatus
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
-from llmtasks.services.webhook_urls import Resolver, UnsafeWebhookUrl, check_webhook_url, system_resolver
+from llmtasks.services.webhook_urls import (
+    Resolver,
+    UnsafeWebhookUrl,
+    check_webhook_url,
+    endpoint_of,
+    system_resolver,
+)
 
 if TYPE_CHECKING:
     import httpx
 
+    from llmtasks.aws.limits import RunningCalls
     from llmtasks.aws.queues import Queue
     from llmtasks.aws.store import TaskStore
     from llmtasks.settings import WebhookSettings
 
 _WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
+# An event whose endpoint has every place taken comes back after this, doubled each time it is
+# put off again, up to the delivery timeout (by then a hung delivery has freed its place).
+DEFER_BASE_S = 1.0
+# A place outlives its delivery's timeout by this much: a sandbox that dies mid-delivery holds
+# it no longer (the next take that finds the endpoint full clears it).
+PLACE_MARGIN_S = 5.0
 
 
 def webhook_id(subject_id: str, event_type: EventType) -> str:
@@ -114,7 +127,9 @@ class WebhookSender:
 
 
 class WebhookRelay:
-    """Stream side: a task or batch that just ended and has a webhook_url gets one queued event."""
+    """Stream side: a task or batch that just ended and has a webhook_url gets one queued event,
+    grouped by its endpoint (WebhookQueue's fair queue: an endpoint with many events in flight
+    waits behind the others)."""
 
     def __init__(self, webhook_queue: Queue) -> None:
         self._queue = webhook_queue
@@ -137,6 +152,7 @@ class WebhookRelay:
                 webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type
             ),
             trace_header=new.trace_header,
+            group=endpoint_of(new.webhook_url),
         )
         logger.info("webhook queued", event_type=event_type, **task_keys(new))
         return True
@@ -150,7 +166,8 @@ class WebhookRelay:
                 webhook_id=webhook_id(new.batch_id, BATCH_COMPLETED),
                 batch_id=new.batch_id,
                 event_type=BATCH_COMPLETED,
-            )
+            ),
+            group=endpoint_of(new.webhook_url or ""),
         )
         logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
         return True
@@ -170,7 +187,15 @@ class WebhookDelivery:
         rng: random.Random | None = None,
         results: ResultBlobs,
         batches: BatchStore | None = None,
+        places: RunningCalls | None = None,
+        requeue: Queue | None = None,
     ) -> None:
+        """`places` counts each endpoint's open deliveries (under webhook_endpoint_concurrency);
+        `requeue` (WebhookQueue) takes the events put off meanwhile."""
+        if settings.webhook_endpoint_concurrency and (places is None or requeue is None):
+            raise ValueError("a cap on each endpoint's deliveries needs its places and WebhookQueue")
+        self._places = places if settings.webhook_endpoint_concurrency else None
+        self._requeue = requeue
         self._settings = settings
         self._store = store
         self._batches = batches
@@ -210,9 +235,11 @@ class WebhookDelivery:
             openai=task.webhook_format == "openai",
         )
 
-    async def deliver(self, message: WebhookMessage, *, attempt: int) -> None:
-        """`attempt` counts this message's deliveries (SQS's receive count): a redriven event
-        starts again at 1 and gets the full schedule."""
+    async def deliver(self, message: WebhookMessage, *, receive_count: int) -> None:
+        """`receive_count` is SQS's count of this message's deliveries; with the attempts made
+        before the message was sent (a deferred event's), it is this attempt's number. A
+        redriven event starts again at 1 and gets the full schedule."""
+        attempt = message.attempts_before + receive_count
         subject = self._subject(message)
         if subject is None:
             # pragma: no mutate start, a log line's words, for operators
@@ -223,13 +250,21 @@ class WebhookDelivery:
             )
             # pragma: no mutate end
             return
-        secrets = self._store.tenants.secrets(subject.tenant_id, new_secret=new_webhook_secret())
-        result = await self._sender.send(
-            subject.url,
-            message_id=message.webhook_id,
-            body=subject.body(message),
-            secrets=secrets.signing(self._clock()),
-        )
+        endpoint = endpoint_of(subject.url)
+        if not self._take_place(endpoint, message):
+            self._defer(message, attempt, endpoint, subject)
+            return
+        try:
+            secrets = self._store.tenants.secrets(subject.tenant_id, new_secret=new_webhook_secret())
+            result = await self._sender.send(
+                subject.url,
+                message_id=message.webhook_id,
+                body=subject.body(message),
+                secrets=secrets.signing(self._clock()),
+            )
+        finally:
+            if self._places is not None:
+                self._places.give_back(endpoint, message.webhook_id)
         # pragma: no mutate start, the keys of its log lines
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
         # pragma: no mutate end
@@ -253,6 +288,35 @@ class WebhookDelivery:
             delay = max(delay, result.retry_after)
         logger.info("webhook retry scheduled", error=result.error, delay_s=round(delay, 1), **log)
         raise RetryLater(delay, result.error)
+
+    def _take_place(self, endpoint: str, message: WebhookMessage) -> bool:
+        """One of the endpoint's places for this delivery, or False when all are taken."""
+        if self._places is None:
+            return True
+        until = self._clock() + self._settings.webhook_timeout_s + PLACE_MARGIN_S
+        cap = self._settings.webhook_endpoint_concurrency
+        return self._places.take(endpoint, message.webhook_id, cap=cap, until=until)
+
+    def _defer(self, message: WebhookMessage, attempt: int, endpoint: str, subject: _Subject) -> None:
+        """The event again, later, as a new message that keeps its attempt count: this delivery
+        made no attempt, and SQS's receive count (the DLQ's maxReceiveCount) starts over."""
+        assert self._requeue is not None  # checked with the places in __init__
+        delay = min(self._settings.webhook_timeout_s, DEFER_BASE_S * 2**message.deferrals)
+        delay *= self._rng.uniform(0.8, 1.2)
+        later = message.model_copy(
+            update={"attempts_before": attempt - 1, "deferrals": message.deferrals + 1}
+        )
+        self._requeue.send(later, delay_s=delay, group=endpoint)
+        emit(Metric.WEBHOOK_DEFERRALS)
+        # pragma: no mutate start, a log line's words and keys, for operators
+        logger.info(
+            "webhook deferred: its endpoint has every place taken",
+            endpoint=endpoint,
+            deferrals=later.deferrals,
+            delay_s=round(delay, 1),
+            **subject.log,
+        )
+        # pragma: no mutate end
 
 
 @dataclass(frozen=True)

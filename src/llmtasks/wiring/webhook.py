@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from llmtasks.aws.limits import RunningCalls, endpoint_places
 from llmtasks.aws.queues import Queue
 from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender
 from llmtasks.settings import WebhookResources, WebhookSettings, resources, section
 from llmtasks.wiring import check_configuration
-from llmtasks.wiring.adapters import batch_store, result_blobs, sqs, task_store
+from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, sqs, task_store
 
 
 def cold_start() -> None:
@@ -35,5 +36,24 @@ def webhook_delivery() -> WebhookDelivery:
     )
     dead_letters = Queue(resources(WebhookResources).webhook_dlq_url, sqs())
     return WebhookDelivery(
-        settings, task_store(), dead_letters, sender, results=result_blobs(), batches=batch_store()
+        settings,
+        task_store(),
+        dead_letters,
+        sender,
+        results=result_blobs(),
+        batches=batch_store(),
+        places=endpoint_places_of(settings),
+        requeue=webhook_queue(),
     )
+
+
+def endpoint_places_of(settings: WebhookSettings) -> RunningCalls | None:
+    """Each endpoint's open deliveries, counted where a cap applies (LimitsTable configured)."""
+    table = resources(WebhookResources).limits_table_name
+    if not settings.webhook_endpoint_concurrency:
+        return None
+    if table is None:
+        raise RuntimeError(
+            "WEBHOOK_ENDPOINT_CONCURRENCY needs LIMITS_TABLE_NAME: the open deliveries are counted there"
+        )
+    return endpoint_places(table, dynamodb())
