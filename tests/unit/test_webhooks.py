@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import random
 import time
 from typing import Any
@@ -32,6 +33,8 @@ from llmtasks.services.webhook_urls import (
     system_resolver,
 )
 from llmtasks.services.webhooks import (
+    DEFER_BASE_S,
+    PLACE_MARGIN_S,
     WebhookDelivery,
     WebhookRelay,
     WebhookSender,
@@ -932,3 +935,43 @@ def test_a_deferred_event_counts_the_attempts_made_before_it_was_put_off(
     [parked] = aws.messages("WebhookDLQ")
     assert WebhookMessage.model_validate_json(parked["Body"]).webhook_id == body.webhook_id
     assert hooks.store.get(task_id, now=time.time()).webhook_status is WebhookStatus.FAILED
+
+
+def test_an_event_is_put_off_longer_each_time_but_never_past_its_endpoint_s_oldest_timeout(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = receiver
+    endpoint = endpoint_of(url)
+    hooks.finish_task()
+    hooks.relay()
+    [message] = aws.messages("WebhookQueue")
+    timeout_s = 15.0  # the default: a delivery may take 15 s
+
+    def put_off_for(started_ago_s: float, deferrals: int) -> float:
+        """The delay an event put off `deferrals` times gets while the endpoint's one place is
+        held by a delivery this old."""
+        until = time.time() - started_ago_s + timeout_s + PLACE_MARGIN_S
+        assert hooks.places.take(endpoint, "msg_other", cap=1, until=until)
+        body = WebhookMessage.model_validate_json(message["Body"]).model_copy(update={"deferrals": deferrals})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="llmtasks"):
+            reply = hooks.deliver(
+                [{**message, "Body": body.model_dump_json()}],
+                webhook_endpoint_concurrency=1,
+                webhook_timeout_s=timeout_s,
+            )
+            assert reply == {"batchItemFailures": []}
+        hooks.places.give_back(endpoint, "msg_other")
+        [said] = [r for r in caplog.records if r.getMessage().startswith("webhook deferred")]
+        return float(said.delay_s)  # type: ignore[attr-defined]
+
+    def about(delay_s: float) -> tuple[float, float]:
+        return (0.8 * delay_s - 0.05, 1.2 * delay_s + 0.05)  # the jitter; the log rounds to 0.1 s
+
+    # A first put-off waits briefly, the next ones twice as long each time
+    for deferrals, wanted in ((0, DEFER_BASE_S), (1, 2 * DEFER_BASE_S), (3, 8 * DEFER_BASE_S)):
+        low, high = about(wanted)
+        assert low <= put_off_for(0.0, deferrals) <= high
+    # but never past the timeout of the delivery that holds the place (2 s away, less the time
+    # the delivery itself took): then a place is free. Five put-offs would wait 9.6 s.
+    assert about(DEFER_BASE_S)[0] <= put_off_for(13.0, deferrals=5) <= about(timeout_s - 13)[1]

@@ -8,6 +8,7 @@ lost between two writes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -46,8 +47,10 @@ if TYPE_CHECKING:
 
 _WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
 # An event whose endpoint has every place taken comes back after this, doubled each time it is
-# put off again, up to the delivery timeout (by then a hung delivery has freed its place).
-DEFER_BASE_S = 1.0
+# put off again, but never later than the timeout of the endpoint's oldest open delivery (a place
+# is free by then): a busy endpoint's events wait fractions of a second, a hung one's no longer
+# than its deliveries can.
+DEFER_BASE_S = 0.3
 # A place outlives its delivery's timeout by this much: a sandbox that dies mid-delivery holds
 # it no longer (the next take that finds the endpoint full clears it).
 PLACE_MARGIN_S = 5.0
@@ -240,7 +243,9 @@ class WebhookDelivery:
         before the message was sent (a deferred event's), it is this attempt's number. A
         redriven event starts again at 1 and gets the full schedule."""
         attempt = message.attempts_before + receive_count
-        subject = self._subject(message)
+        # The reads and writes around the request run in threads: an invocation's deliveries
+        # share one event loop, and a blocking call would hold up every other one's.
+        subject = await asyncio.to_thread(self._subject, message)
         if subject is None:
             # pragma: no mutate start, a log line's words, for operators
             logger.info(
@@ -251,11 +256,13 @@ class WebhookDelivery:
             # pragma: no mutate end
             return
         endpoint = endpoint_of(subject.url)
-        if not self._take_place(endpoint, message):
-            self._defer(message, attempt, endpoint, subject)
+        if not await asyncio.to_thread(self._take_place, endpoint, message):
+            await asyncio.to_thread(self._defer, message, attempt, endpoint, subject)
             return
         try:
-            secrets = self._store.tenants.secrets(subject.tenant_id, new_secret=new_webhook_secret())
+            secrets = await asyncio.to_thread(
+                self._store.tenants.secrets, subject.tenant_id, new_secret=new_webhook_secret()
+            )
             result = await self._sender.send(
                 subject.url,
                 message_id=message.webhook_id,
@@ -264,7 +271,7 @@ class WebhookDelivery:
             )
         finally:
             if self._places is not None:
-                self._places.give_back(endpoint, message.webhook_id)
+                await asyncio.to_thread(self._places.give_back, endpoint, message.webhook_id)
         # pragma: no mutate start, the keys of its log lines
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
         # pragma: no mutate end
@@ -272,16 +279,16 @@ class WebhookDelivery:
         if not result.delivered:
             emit(Metric.WEBHOOK_FAILURES)
         if result.delivered:
-            subject.record(WebhookStatus.DELIVERED)
+            await asyncio.to_thread(subject.record, WebhookStatus.DELIVERED)
             logger.info("webhook delivered", **log)
             return
         if result.gone or attempt >= self._settings.webhook_attempts:
             # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
-            self._dead_letters.send(message)
-            subject.record(WebhookStatus.FAILED)
+            await asyncio.to_thread(self._dead_letters.send, message)
+            await asyncio.to_thread(subject.record, WebhookStatus.FAILED)
             logger.warning("webhook failed", error=result.error, **log)
             return
-        subject.record(WebhookStatus.RETRYING)
+        await asyncio.to_thread(subject.record, WebhookStatus.RETRYING)
         delay = self._settings.webhook_retry_schedule[attempt - 1]
         delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out
         if result.retry_after is not None:
@@ -297,12 +304,22 @@ class WebhookDelivery:
         cap = self._settings.webhook_endpoint_concurrency
         return self._places.take(endpoint, message.webhook_id, cap=cap, until=until)
 
+    def _defer_s(self, held: dict[str, float], deferrals: int) -> float:
+        """How long to put an event off that was put off `deferrals` times before, from the
+        endpoint's open deliveries (each with until when its place holds: its start, plus the
+        timeout and PLACE_MARGIN_S)."""
+        wanted: float = min(self._settings.webhook_timeout_s, DEFER_BASE_S * 2.0**deferrals)
+        if not held:
+            return DEFER_BASE_S  # freed since the take was refused
+        frees_in = min(held.values()) - PLACE_MARGIN_S - self._clock()
+        return max(DEFER_BASE_S, min(wanted, frees_in))
+
     def _defer(self, message: WebhookMessage, attempt: int, endpoint: str, subject: _Subject) -> None:
         """The event again, later, as a new message that keeps its attempt count: this delivery
         made no attempt, and SQS's receive count (the DLQ's maxReceiveCount) starts over."""
         assert self._requeue is not None  # checked with the places in __init__
-        delay = min(self._settings.webhook_timeout_s, DEFER_BASE_S * 2**message.deferrals)
-        delay *= self._rng.uniform(0.8, 1.2)
+        assert self._places is not None
+        delay = self._defer_s(self._places.running(endpoint), message.deferrals) * self._rng.uniform(0.8, 1.2)
         later = message.model_copy(
             update={"attempts_before": attempt - 1, "deferrals": message.deferrals + 1}
         )
