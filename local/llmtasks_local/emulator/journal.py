@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pickle
 import struct
@@ -25,6 +26,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from llmtasks_local.tool_errors import EXIT_FAILED, ToolError
 
 _HEADER = struct.Struct(">IIQ")
 SNAPSHOT = "moto.pickle"
@@ -233,3 +236,27 @@ class Journal:
             self._sync()
             os.close(self._fd)
             self._fd = -1
+
+
+def read_kept(path: Path, what: str) -> Any:
+    """A small JSON file the stack keeps beside the journal (None when there is none); one it
+    cannot read stops the start, with the file named."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ToolError(
+            f"{what} cannot be read: {error}",
+            where=str(path),
+            fix="start empty with --reset, or move the file aside to keep it",
+            exit_code=EXIT_FAILED,
+        ) from error
+
+
+def write_kept(path: Path, value: Any) -> None:
+    """`value` as the JSON of `path`, written whole beside it and then moved in place: a crash
+    leaves the old file or the new one, never half of one."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)

@@ -31,11 +31,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.emulator.sources import SqsPoller, StreamPoller
 from llmtasks_local.sam.function_spec import FunctionSpec, SqsSource, StreamSource
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS
-from llmtasks_local.tool_errors import EXIT_FAILED, ToolError
 
 API = "/2015-03-31"
 REGION = PSEUDO_PARAMETERS["AWS::Region"]
@@ -252,19 +252,10 @@ class EventSourceMappings:
         self._journal = journal
         self._lock = threading.Lock()
         self._changes: dict[str, dict[str, Any]] = {}
-        if journal is not None and journal.exists():
-            try:
-                kept = json.loads(journal.read_text())
-            except (OSError, ValueError) as error:
-                raise ToolError(
-                    f"the event source mappings' changes cannot be read: {error}",
-                    where=str(journal),
-                    fix="start empty with --reset, or move the file aside to keep it",
-                    exit_code=EXIT_FAILED,
-                ) from error
-            for key, change in kept.items():
-                if key in self._pollers:  # a mapping the template no longer has is forgotten
-                    self.update(key, change)
+        kept = read_kept(journal, "the event source mappings' changes") if journal is not None else None
+        for key, change in (kept or {}).items():
+            if key in self._pollers:  # a mapping the template no longer has is forgotten
+                self.update(key, change)
 
     def list(self, *, function_id: str | None = None, source_arn: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -295,11 +286,8 @@ class EventSourceMappings:
         return poller
 
     def _keep(self) -> None:
-        if self._journal is None:
-            return
-        partial = self._journal.with_suffix(".partial")
-        partial.write_text(json.dumps(self._changes))
-        partial.replace(self._journal)
+        if self._journal is not None:
+            write_kept(self._journal, self._changes)
 
 
 # --- asynchronous invocations ---------------------------------------------------------------
@@ -447,12 +435,9 @@ class LambdaApi:
         return runtime
 
     async def list_functions(self, request: Request) -> Response:
-        functions = [configuration(runtime.spec) for runtime in self._runtimes.values()]
-        start, count = _page(request, len(functions))
-        reply: dict[str, Any] = {"Functions": functions[start : start + count]}
-        if start + count < len(functions):
-            reply["NextMarker"] = str(start + count)
-        return JSONResponse(reply)
+        return _page(
+            request, "Functions", [configuration(runtime.spec) for runtime in self._runtimes.values()]
+        )
 
     async def get_function(self, request: Request) -> Response:
         spec = self._runtime(request.path_params["name"], request.query_params.get("Qualifier")).spec
@@ -520,11 +505,7 @@ class LambdaApi:
         found = self._mappings.list(
             function_id=function_id, source_arn=request.query_params.get("EventSourceArn")
         )
-        start, count = _page(request, len(found))
-        reply: dict[str, Any] = {"EventSourceMappings": found[start : start + count]}
-        if start + count < len(found):
-            reply["NextMarker"] = str(start + count)
-        return JSONResponse(reply)
+        return _page(request, "EventSourceMappings", found)
 
     async def get_mapping(self, request: Request) -> Response:
         return JSONResponse(self._mappings.get(request.path_params["key"]))
@@ -551,17 +532,21 @@ class LambdaApi:
         )
 
 
-def _page(request: Request, total: int) -> tuple[int, int]:
-    """Marker and MaxItems of a List call: where the page starts and how long it is."""
+def _page(request: Request, name: str, items: list[dict[str, Any]]) -> Response:
+    """A List call's reply: the page its Marker and MaxItems ask for, as `name`, and the
+    NextMarker of the next page, if there is one."""
     marker, max_items = request.query_params.get("Marker"), request.query_params.get("MaxItems")
     try:
         start = int(marker) if marker else 0
         count = int(max_items) if max_items else 50
     except ValueError:
         raise invalid(f"Marker and MaxItems are numbers here, not {marker!r} and {max_items!r}") from None
-    if not 0 <= start <= total or not 1 <= count <= 10000:
+    if not 0 <= start <= len(items) or not 1 <= count <= 10000:
         raise invalid(f"Marker {marker!r} or MaxItems {max_items!r} is out of range")
-    return start, count
+    reply: dict[str, Any] = {name: items[start : start + count]}
+    if start + count < len(items):
+        reply["NextMarker"] = str(start + count)
+    return JSONResponse(reply)
 
 
 async def _error_reply(_: Request, error: Exception) -> Response:

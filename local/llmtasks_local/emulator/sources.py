@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.queues import Queue
 from llmtasks.records import sqs_record
+from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
-from llmtasks_local.tool_errors import EXIT_FAILED, ToolError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodbstreams import DynamoDBStreamsClient
@@ -392,15 +392,7 @@ class StreamPositions:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        try:
-            self._positions: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
-        except (OSError, ValueError) as error:
-            raise ToolError(
-                f"the streams' positions cannot be read: {error}",
-                where=str(path),
-                fix="start empty with --reset, or move the file aside to keep it",
-                exit_code=EXIT_FAILED,
-            ) from error
+        self._positions: dict[str, dict[str, str]] = read_kept(path, "the streams' positions") or {}
 
     def of(self, source: str) -> dict[str, str]:
         return dict(self._positions.get(source, {}))
@@ -409,11 +401,9 @@ class StreamPositions:
         def keep(checkpoints: dict[str, str]) -> None:
             with self._lock:
                 self._positions[source] = checkpoints
-                partial = self.path.with_suffix(".partial")
                 # A full disk keeps the older position: a crash then delivers a few records
                 # again, which at-least-once allows; the stack reports the disk (state watch).
                 with contextlib.suppress(OSError):
-                    partial.write_text(json.dumps(self._positions))
-                    partial.replace(self.path)
+                    write_kept(self.path, self._positions)
 
         return keep
