@@ -61,7 +61,7 @@ def _keys() -> dict[str, str]:
 def test_the_functions_are_listed_invoked_and_their_logs_and_metrics_read_with_the_aws_cli(
     stack: RunningStack, tmp_path: Path
 ) -> None:
-    declared = [name for name in Template.load(TEMPLATE).body["Resources"] if name.endswith("Function")]
+    declared = Template.load(TEMPLATE).resources("AWS::Serverless::Function")
     listed = json.loads(aws(stack, tmp_path, "lambda", "list-functions"))["Functions"]
     assert sorted(f["FunctionName"] for f in listed) == sorted(declared)
     # `aws lambda invoke`: StatusFunction without the authorizer's context answers 401, as API
