@@ -1132,3 +1132,6 @@ def test_lambda_event_source_mapping_changes_are_journaled_across_a_restart(
     mappings = EventSourceMappings([again], journal=journal)
     assert mappings.get(listed["UUID"])["State"] == "Disabled"
     assert not again.source.enabled
+    # A kept change the source no longer takes (its template changed) is dropped, not fatal
+    journal.write_text(json.dumps({listed["UUID"]: {"BatchSize": 50}}))
+    assert EventSourceMappings([poller()], journal=journal).get(listed["UUID"])["BatchSize"] == 10

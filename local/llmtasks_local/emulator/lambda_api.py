@@ -254,8 +254,15 @@ class EventSourceMappings:
         self._changes: dict[str, dict[str, Any]] = {}
         kept = read_kept(journal, "the event source mappings' changes") if journal is not None else None
         for key, change in (kept or {}).items():
-            if key in self._pollers:  # a mapping the template no longer has is forgotten
+            if key not in self._pollers:
+                continue  # a mapping the template no longer has is forgotten
+            try:
                 self.update(key, change)
+            except LambdaError as refused:  # the template changed under it: its own settings hold
+                print(
+                    f"A kept change to event source mapping {key} no longer applies ({refused}); dropped",
+                    flush=True,
+                )
 
     def list(self, *, function_id: str | None = None, source_arn: str | None = None) -> list[dict[str, Any]]:
         return [
