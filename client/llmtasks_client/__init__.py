@@ -25,7 +25,9 @@ from llmtasks_client.models import (
     TaskList,
     TaskStatus,
     TaskView,
+    WebhookAttempt,
     WebhookEvent,
+    WebhookReplay,
 )
 
 # The SDK's release (semantic versioning, CHANGELOG.md); its pyproject.toml reads it from here.
@@ -45,7 +47,9 @@ __all__ = [
     "TaskStatus",
     "TaskView",
     "WaitTimeoutError",
+    "WebhookAttempt",
     "WebhookEvent",
+    "WebhookReplay",
     "WebhookVerificationError",
     "__version__",
     "verify_webhook",

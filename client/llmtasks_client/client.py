@@ -28,7 +28,10 @@ from llmtasks_client.models import (
     TaskList,
     TaskStatus,
     TaskView,
+    WebhookAttempt,
+    WebhookAttemptList,
     WebhookEvent,
+    WebhookReplay,
 )
 
 __all__ = [
@@ -91,6 +94,16 @@ class BatchWaitTimeoutError(TimeoutError):
         self.batch = batch
         done = f"{batch.finished}/{batch.total} done"
         super().__init__(f"batch {batch.batch_id} still {batch.status.value} ({done})")
+
+
+# A webhook's log keeps its newest 100 attempts: one page holds it whole.
+_WHOLE_LOG = {"limit": 100}
+# (Named here: inside the clients, `list` is their method.)
+Attempts = list[WebhookAttempt]
+
+
+def _attempts(page: Any) -> Attempts:
+    return WebhookAttemptList.model_validate(page).data
 
 
 def verify_webhook(body: bytes | str, headers: Mapping[str, str], secret: str) -> WebhookEvent:
@@ -307,6 +320,24 @@ class Client:
     def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/cancel"))
 
+    def webhook_attempts(self, task_id: str) -> Attempts:
+        """Every HTTP attempt at the task's webhook, newest first."""
+        return _attempts(self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))
+
+    def batch_webhook_attempts(self, batch_id: str) -> Attempts:
+        return _attempts(self._request("GET", f"/batches/{batch_id}/webhook/attempts", params=_WHOLE_LOG))
+
+    def replay_webhook(self, task_id: str) -> WebhookReplay:
+        """The ended task's event sent again now (same webhook-id, fresh signature)."""
+        return WebhookReplay.model_validate(self._request("POST", f"/tasks/{task_id}/webhook/replay"))
+
+    def replay_batch_webhook(self, batch_id: str) -> WebhookReplay:
+        return WebhookReplay.model_validate(self._request("POST", f"/batches/{batch_id}/webhook/replay"))
+
+    def enable_webhook_endpoint(self, url: str) -> None:
+        """Deliveries to a URL of yours that was disabled for failing are attempted again."""
+        self._request("POST", "/webhooks/endpoints/enable", json={"url": url})
+
     def batch_results(self, batch_id: str, *, page_size: int = 100) -> Iterator[BatchResult]:
         """Every item of the batch in submission order, a page at a time."""
         cursor: str | None = None
@@ -425,6 +456,23 @@ class AsyncClient:
 
     async def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    async def webhook_attempts(self, task_id: str) -> Attempts:
+        return _attempts(await self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))
+
+    async def batch_webhook_attempts(self, batch_id: str) -> Attempts:
+        reply = await self._request("GET", f"/batches/{batch_id}/webhook/attempts", params=_WHOLE_LOG)
+        return _attempts(reply)
+
+    async def replay_webhook(self, task_id: str) -> WebhookReplay:
+        return WebhookReplay.model_validate(await self._request("POST", f"/tasks/{task_id}/webhook/replay"))
+
+    async def replay_batch_webhook(self, batch_id: str) -> WebhookReplay:
+        reply = await self._request("POST", f"/batches/{batch_id}/webhook/replay")
+        return WebhookReplay.model_validate(reply)
+
+    async def enable_webhook_endpoint(self, url: str) -> None:
+        await self._request("POST", "/webhooks/endpoints/enable", json={"url": url})
 
     async def batch_results(self, batch_id: str, *, page_size: int = 100) -> AsyncIterator[BatchResult]:
         cursor: str | None = None

@@ -51,7 +51,8 @@ class Usage(_Reply):
 
 
 class WebhookState(_Reply):
-    """How the subject's webhook stands: pending, retrying, delivered, failed or skipped."""
+    """How the subject's webhook stands: pending, retrying, delivered, failed, skipped or
+    endpoint_disabled."""
 
     status: str
     attempts: int
@@ -144,3 +145,29 @@ class WebhookEvent(_Reply):
     type: str
     timestamp: datetime
     data: TaskView | BatchView
+
+
+class WebhookAttempt(_Reply):
+    """One HTTP attempt at a webhook event: `trigger` scheduled or replay; `outcome` delivered,
+    retrying, failed or endpoint_disabled."""
+
+    at: datetime
+    trigger: str
+    outcome: str
+    status_code: int | None = None
+    error: str | None = None
+    latency_ms: int
+    next_attempt_at: datetime | None = None
+
+
+class WebhookAttemptList(_Reply):
+    data: list[WebhookAttempt]
+    next_cursor: str | None = None
+
+
+class WebhookReplay(_Reply):
+    """A replay's `202`: the event, queued for one attempt with its own webhook-id."""
+
+    webhook_id: str
+    event_type: str
+    status: str

@@ -33,4 +33,5 @@ def lambda_handler(
         context,
         service or wiring.task_service(),
         (lambda: batches) if batches else wiring.batch_service,
+        wiring.webhook_controls,  # never called: the webhook routes here only read
     )

@@ -11,6 +11,7 @@ from llmtasks.api.app import build_app, handle
 from llmtasks.observability import logger, tracer
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_controls import WebhookControls
 from llmtasks.wiring import api as wiring
 
 app = build_app(commands=True)
@@ -26,6 +27,7 @@ def lambda_handler(
     context: LambdaContext,
     service: TaskService | None = None,
     batches: BatchService | None = None,
+    webhooks: WebhookControls | None = None,
 ) -> dict[str, Any]:
     return handle(
         app,
@@ -33,4 +35,5 @@ def lambda_handler(
         context,
         service or wiring.task_service(),
         (lambda: batches) if batches else wiring.batch_service,
+        (lambda: webhooks) if webhooks else wiring.webhook_controls,
     )

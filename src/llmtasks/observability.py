@@ -81,6 +81,8 @@ class Metric:
     WEBHOOK_ATTEMPTS = "WebhookAttempts"
     WEBHOOK_FAILURES = "WebhookFailures"  # attempts that did not deliver
     WEBHOOK_DEFERRALS = "WebhookDeferrals"  # events put off: their endpoint had every place taken
+    # Webhook URLs disabled: they failed for WebhookEndpointDisableAfterSeconds with no success.
+    WEBHOOK_ENDPOINTS_DISABLED = "WebhookEndpointsDisabled"
 
 
 def emit(

@@ -60,7 +60,12 @@ class Limits(FunctionResources):
     limits_table_name: str | None = None
 
 
-class ApiResources(TasksTable, TaskLanesQueues, BatchFanoutQueue, Limits):
+class WebhookQueue(FunctionResources):
+    # The events to deliver: WebhookFunction's relay and retries, SubmitFunction's replays.
+    webhook_queue_url: str = Field(min_length=1)
+
+
+class ApiResources(TasksTable, TaskLanesQueues, BatchFanoutQueue, Limits, WebhookQueue):
     """SubmitFunction and StatusFunction."""
 
     # Idempotency-Key records (SubmitFunction only: StatusFunction never reads them).
@@ -75,11 +80,10 @@ class BatchResources(TasksTable, TaskLanesQueues, BatchFanoutQueue):
     """BatchFunction: fans a batch's items out to the lanes, counts them."""
 
 
-class WebhookResources(TasksTable, Limits):
+class WebhookResources(TasksTable, Limits, WebhookQueue):
     """WebhookFunction: relays ended tasks and batches, delivers them (each endpoint's open
     deliveries counted in LimitsTable)."""
 
-    webhook_queue_url: str = Field(min_length=1)
     webhook_dlq_url: str = Field(min_length=1)
 
 
@@ -255,6 +259,10 @@ class WebhookSettings(WebhookTargets):
     # that hangs then holds this many of WebhookFunction's invocations, and its other events
     # wait, put off without an attempt, while every other endpoint's go ahead.
     webhook_endpoint_concurrency: int = Field(default=0, ge=0)
+    # A tenant's webhook URL that has failed this long with no success between is disabled: its
+    # events are not attempted until the tenant enables it (template:
+    # WebhookEndpointDisableAfterSeconds, Svix's five days); 0 never disables one.
+    webhook_endpoint_disable_after_s: float = Field(default=0, ge=0)
     # Seconds to wait before each retry (Svix's schedule: 5 s, 5 min, 30 min, 2 h, 5 h): an event
     # gets one attempt more than the schedule has entries, then goes to WebhookDLQ.
     webhook_retry_schedule: Annotated[tuple[float, ...], NoDecode] = (5.0, 300.0, 1800.0, 7200.0, 18000.0)

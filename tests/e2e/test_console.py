@@ -24,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from llmtasks_local.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import HANG_S, ROOT, eventually
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -120,8 +120,10 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     console_stack: tuple[RunningStack, Path], browser: webdriver.Chrome
 ) -> None:
     stack, faults_file = console_stack
-    with stack.client() as client:
-        completed = client.post("/tasks", json={"prompt": "a fine prompt"}).json()["task_id"]
+    hook = WebhookReceiver(answers=[500])  # the fine task's first delivery fails, its retry lands
+    with stack.client() as client, serve(hook.app()) as receiver:
+        fine = {"prompt": "a fine prompt", "webhook_url": receiver + "/hook"}
+        completed = client.post("/tasks", json=fine).json()["task_id"]
         assert wait_terminal(client, completed)["status"] == "completed"
         stack.configure_mock(rate_500=1.0)
         failed = client.post("/tasks", json={"prompt": "doomed", "max_retries": 0}).json()["task_id"]
@@ -134,6 +136,25 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
             timeout_s=180,  # two 15 s visibility timeouts and the grace, and cold starts under load
             what="the poison task dead-lettered",
         )
+        # The fine task's webhook: its two attempts, as `llmtasks webhooks` lists them, and a
+        # replay the receiver gets under the same webhook-id
+        hook.wait_for(2)
+
+        def listed() -> list[str]:
+            return stack.run_cli("webhooks", "attempts", completed).stdout.splitlines()
+
+        attempts = eventually(
+            listed,
+            lambda lines: len(lines) == 2 and "delivered" in lines[0],
+            timeout_s=HANG_S,
+            what="both webhook attempts logged",
+        )
+        assert tuple(attempts[0].split()[2:4]) == ("scheduled", "200")
+        assert tuple(attempts[1].split()[2:4]) == ("scheduled", "500")
+        assert "retrying  (receiver answered 500)  next at" in attempts[1]
+        assert "task.completed" in stack.run_cli("webhooks", "replay", completed).stdout
+        replayed = hook.wait_for(3)[2]
+        assert replayed.headers["webhook-id"] == hook.deliveries[0].headers["webhook-id"]
     # The task reads as dead-lettered once its last delivery is past due (plus this stack's 1 s
     # grace); the message moves to TaskDLQ when a poller's next receive finds it, which a loaded
     # machine's pollers can do later than that. The refusals below are checked against the move.
@@ -160,6 +181,17 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     browser.get(stack.console)
     assert "token" not in browser.current_url  # out of the address bar once kept
     assert shown(browser, status_in_recent(completed)) == "completed"
+
+    # Its timeline lists the webhook's attempts, the replay's too
+    def webhook_attempts(driver: webdriver.Chrome) -> list[str] | None:
+        found = driver.find_elements(
+            By.CSS_SELECTOR, f"#recent tr[data-task-id='{completed}'] [data-role=webhook-attempt]"
+        )
+        return [attempt.text for attempt in found] if len(found) == 3 else None
+
+    webhook = shown(browser, webhook_attempts)
+    assert [line.split()[1] for line in webhook] == ["scheduled", "scheduled", "replay"]
+    assert [line.split()[3] for line in webhook] == ["500", "200", "200"]
     assert shown(browser, status_in_recent(failed)) == "failed"
     assert shown(browser, status_in_recent(poison)) == "dead_lettered"
     # Each read finds and reads its elements in one attempt: the page redraws every two seconds,

@@ -146,6 +146,11 @@ def drive(stack: RunningStack) -> None:
         client.post("/webhooks/secret/rotate")
         done = client.post("/tasks", json={"prompt": "iam", "webhook_url": receiver + "/hook"}).json()
         wait_terminal(client, done["task_id"])
+        # Its delivery log, the event sent again, its URL enabled (a no-op: it never was disabled)
+        client.get(f"/tasks/{done['task_id']}/webhook/attempts")
+        hook.wait_for(2, timeout_s=HANG_S)  # the first attempt and its retry, before the replay
+        client.post(f"/tasks/{done['task_id']}/webhook/replay")
+        client.post("/webhooks/endpoints/enable", json={"url": receiver + "/hook"})
         # A tenant that never read its webhook secret: the delivery creates it
         fresh = limited.post("/tasks", json={"prompt": "fresh tenant", "webhook_url": receiver + "/hook"})
         wait_terminal(limited, fresh.json()["task_id"])
@@ -221,7 +226,7 @@ def drive(stack: RunningStack) -> None:
             timeout_s=HANG_S,
             what="the response completed",
         )
-        hook.wait_for(5, timeout_s=HANG_S)  # the deliveries (and the first one's retry)
+        hook.wait_for(6, timeout_s=HANG_S)  # the deliveries (the first one's retry and replay too)
 
 
 def test_each_function_is_allowed_what_it_calls_and_calls_what_it_is_allowed(

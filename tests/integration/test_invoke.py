@@ -135,6 +135,13 @@ def test_every_sample_event_runs_through_llmtasks_invoke(
         TASK_ID,
         reply_text(prompt),
     )
+    # Its delivery log holds that one attempt; a replay is queued; its URL enabled (it never failed)
+    [attempt] = body_of(invoke("StatusFunction", "task_webhook_attempts.json"))["data"]
+    assert (attempt["trigger"], attempt["status_code"], attempt["outcome"]) == ("scheduled", 200, "delivered")
+    reply = invoke("SubmitFunction", "replay_task_webhook.json")
+    assert (reply["statusCode"], body_of(reply)["webhook_id"]) == (202, delivery.headers["webhook-id"])
+    reply = invoke("SubmitFunction", "enable_webhook_endpoint.json")
+    assert (reply["statusCode"], body_of(reply)["status"]) == (200, "enabled")
     reply = invoke("SubmitFunction", "rotate_webhook_secret.json")
     assert reply["statusCode"] == 200
     assert body_of(reply)["key"] != secret

@@ -8,7 +8,7 @@ import importlib.metadata
 import json
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -18,12 +18,14 @@ from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import TaskConflict
-from llmtasks.domain.models import Lease, SubmitTaskRequest
+from llmtasks.domain.messages import Completion, WebhookMessage, webhook_id
+from llmtasks.domain.models import Lease, SubmitTaskRequest, Usage, WebhookAttempt, WebhookStatus
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_controls import WebhookControls
 from llmtasks.settings import Settings
 from tests.conftest import Aws
-from tests.helpers import blobs, load_event, task_lanes
+from tests.helpers import NEVER, blobs, load_event, task_lanes
 
 pytestmark = pytest.mark.unit
 
@@ -32,11 +34,17 @@ class Api:
     """Calls SubmitFunction or StatusFunction as API Gateway would and decodes the reply."""
 
     def __init__(
-        self, aws: Aws, handler: Any, service: TaskService, batches: BatchService | None = None
+        self,
+        aws: Aws,
+        handler: Any,
+        service: TaskService,
+        batches: BatchService | None = None,
+        webhooks: WebhookControls | None = None,
     ) -> None:
         self.aws = aws
         self.service = service
         self.batches = batches
+        self.webhooks = webhooks
         self.submit_fn, self.submit_ctx = handler("SubmitFunction")
         self.status_fn, self.status_ctx = handler("StatusFunction")
 
@@ -50,6 +58,7 @@ class Api:
         query: str = "",
         headers: dict[str, str] | None = None,
         base64_body: bool = False,
+        tenant: str = "default",
     ) -> dict[str, Any]:
         template = "submit_task.json" if method == "POST" else "get_task.json"
         event = copy.deepcopy(load_event(template))
@@ -60,8 +69,8 @@ class Api:
         event.update(rawPath=path, routeKey=route_key, rawQueryString=query)
         event["requestContext"].update(routeKey=route_key)
         event["requestContext"]["http"].update(method=method, path=path)
-        # What the Api's authorizer puts in the context for a key of tenant `default`
-        event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": "default", "key_id": "unit"}}
+        # What the Api's authorizer puts in the context for a key of the tenant
+        event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": tenant, "key_id": "unit"}}
         event.pop("pathParameters", None)
         event.pop("queryStringParameters", None)
         if params:
@@ -73,8 +82,12 @@ class Api:
         if raw is not None or body is not None:
             event["body"] = raw if raw is not None else json.dumps(body)
             event["isBase64Encoded"] = base64_body
-        fn, ctx = (self.submit_fn, self.submit_ctx) if method == "POST" else (self.status_fn, self.status_ctx)
-        reply = fn(event, ctx, service=self.service, batches=self.batches)
+        if method == "POST":
+            reply = self.submit_fn(
+                event, self.submit_ctx, service=self.service, batches=self.batches, webhooks=self.webhooks
+            )
+        else:
+            reply = self.status_fn(event, self.status_ctx, service=self.service, batches=self.batches)
         is_json = reply.get("headers", {}).get("Content-Type", "").endswith("json")
         reply["json"] = json.loads(reply["body"]) if is_json and reply.get("body") else None
         return reply
@@ -82,7 +95,13 @@ class Api:
 
 @pytest.fixture
 def api(aws: Aws, handler: Any, settings: Settings) -> Api:
-    return Api(aws, handler, task_service(aws, settings))
+    return Api(aws, handler, task_service(aws, settings), webhooks=webhook_controls(aws, settings))
+
+
+def webhook_controls(aws: Aws, settings: Settings) -> WebhookControls:
+    """Replays and enables as SubmitFunction builds them, on moto."""
+    endpoints = TaskStore(settings.tasks_table_name, aws.dynamodb).endpoints
+    return WebhookControls(settings, endpoints, Queue(settings.webhook_queue_url, aws.sqs))
 
 
 def task_service(aws: Aws, settings: Settings, queue: Queue | None = None) -> TaskService:
@@ -703,3 +722,99 @@ def test_a_post_without_a_body_labelled_otherwise_is_a_422_not_a_500(api: Api, c
     reply = api.call("POST", "/tasks", headers={"content-type": content_type})
     assert_problem(reply, 422)
     assert api.aws.messages("TaskQueue") == []
+
+
+# --- a task's and a batch's webhook: its attempts, a replay, a disabled URL enabled ----------
+
+HOOK = "http://127.0.0.1:9/hook"  # an allowed host (unit settings); nothing is sent to it here
+
+
+def ended_task_with_a_webhook(api: Api, settings: Settings) -> str:
+    task_id: str = api.call("POST", "/tasks", {"prompt": "hi", "webhook_url": HOOK})["json"]["task_id"]
+    store = TaskStore(settings.tasks_table_name, api.aws.dynamodb)
+    lease = Lease("L", until=time.time() + 60, message_id="m", receive_count=1, dead_letter_at=NEVER)
+    store.claim(task_id, lease, now=time.time())
+    completion = Completion(text="done", model="m", usage=Usage(total_tokens=1))
+    store.complete(task_id, lease_id="L", completion=completion, now=time.time())
+    return task_id
+
+
+def test_a_task_s_webhook_attempts_are_paged_newest_first_for_its_tenant_alone(
+    api: Api, settings: Settings
+) -> None:
+    task_id = ended_task_with_a_webhook(api, settings)
+    store = TaskStore(settings.tasks_table_name, api.aws.dynamodb)
+    log: list[WebhookAttempt] = []
+    for n in range(3):
+        attempt = WebhookAttempt(
+            at=datetime.fromtimestamp(1_800_000_000 + n, tz=UTC),
+            trigger="scheduled",
+            outcome="retrying",
+            status_code=500 + n,
+            error=f"receiver answered {500 + n}",
+            latency_ms=n,
+        )
+        task = store.record_webhook_outcome(task_id, status=WebhookStatus.RETRYING, attempt=attempt, log=log)
+        assert task is not None
+        log = task.webhook_log
+    first = api.call("GET", f"/tasks/{task_id}/webhook/attempts", query="limit=2")
+    assert first["statusCode"] == 200
+    assert [a["status_code"] for a in first["json"]["data"]] == [502, 501]
+    assert first["json"]["data"][0] == {
+        "at": "2027-01-15T08:00:02Z",
+        "trigger": "scheduled",
+        "outcome": "retrying",
+        "status_code": 502,
+        "error": "receiver answered 502",
+        "latency_ms": 2,
+        "next_attempt_at": None,
+    }
+    rest = api.call(
+        "GET", f"/tasks/{task_id}/webhook/attempts", query=f"limit=2&cursor={first['json']['next_cursor']}"
+    )
+    assert ([a["status_code"] for a in rest["json"]["data"]], rest["json"]["next_cursor"]) == ([500], None)
+    # Another tenant's caller learns nothing of it, and a cursor off its pattern is refused
+    assert_problem(api.call("GET", f"/tasks/{task_id}/webhook/attempts", tenant="intruder"), 404)
+    assert_problem(api.call("GET", f"/tasks/{task_id}/webhook/attempts", query="cursor=x"), 422)
+    assert_problem(api.call("GET", "/tasks/nope/webhook/attempts"), 404)
+
+
+def test_a_replay_is_queued_for_an_ended_task_of_the_caller_s_and_refused_otherwise(
+    api: Api, settings: Settings
+) -> None:
+    pending = api.call("POST", "/tasks", {"prompt": "hi", "webhook_url": HOOK})["json"]["task_id"]
+    assert "is pending" in assert_problem(api.call("POST", f"/tasks/{pending}/webhook/replay"), 409)["detail"]
+    bare = api.call("POST", "/tasks", {"prompt": "hi"})["json"]["task_id"]
+    assert (
+        "no webhook_url" in assert_problem(api.call("POST", f"/tasks/{bare}/webhook/replay"), 409)["detail"]
+    )
+    ended = ended_task_with_a_webhook(api, settings)
+    assert_problem(api.call("POST", f"/tasks/{ended}/webhook/replay", tenant="intruder"), 404)
+    assert api.aws.messages("WebhookQueue") == []  # the refusals queued nothing
+    reply = api.call("POST", f"/tasks/{ended}/webhook/replay")
+    assert reply["statusCode"] == 202
+    assert reply["json"] == {
+        "webhook_id": webhook_id(ended, "task.completed"),
+        "event_type": "task.completed",
+        "status": "queued",
+    }
+    [message] = api.aws.messages("WebhookQueue")
+    queued = WebhookMessage.model_validate_json(message["Body"])
+    assert (queued.task_id, queued.replay, message["Attributes"]["MessageGroupId"]) == (
+        ended,
+        True,
+        "http://127.0.0.1:9",
+    )
+
+
+def test_a_disabled_url_is_enabled_for_its_own_tenant_only(api: Api, settings: Settings) -> None:
+    endpoints = TaskStore(settings.tasks_table_name, api.aws.dynamodb).endpoints
+    for tenant in ("default", "other"):
+        endpoints.failed(tenant, HOOK, error="receiver answered 500", now=1.0, disable_after_s=0)
+        assert endpoints.health(tenant, HOOK).disabled
+    reply = api.call("POST", "/webhooks/endpoints/enable", {"url": HOOK})
+    assert (reply["statusCode"], reply["json"]) == (200, {"url": HOOK, "status": "enabled"})
+    assert not endpoints.health("default", HOOK).disabled
+    assert endpoints.health("other", HOOK).disabled
+    assert_problem(api.call("POST", "/webhooks/endpoints/enable", {}), 422)
+    assert_problem(api.call("POST", "/webhooks/endpoints/enable", {"url": HOOK, "extra": 1}), 422)

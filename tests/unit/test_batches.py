@@ -36,7 +36,7 @@ from llmtasks_local.ops.stats import overview
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, emf_records, eventually, load_event, task_lanes
-from tests.unit.test_api import Api, assert_problem, task_service
+from tests.unit.test_api import Api, assert_problem, task_service, webhook_controls
 
 pytestmark = pytest.mark.unit
 CHUNK = 4
@@ -65,7 +65,13 @@ class Rig:
             idempotency=IdempotencyKeys(persistence, ttl_s=60),
             results=blobs(settings),
         )
-        self.api = Api(aws, handler, task_service(aws, settings), batches=self.service)
+        self.api = Api(
+            aws,
+            handler,
+            task_service(aws, settings),
+            batches=self.service,
+            webhooks=webhook_controls(aws, settings),
+        )
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
         self.lanes = task_lanes(settings, aws.sqs)
         self.fanout = BatchFanout(settings, self.store, self.batches, self.lanes, results=blobs(settings))
@@ -238,6 +244,9 @@ def test_a_batch_runs_once_per_item_and_its_counts_match_a_full_count_at_every_s
     ending = rig.stream()
     events = rig.relay(records + ending)
     assert [(e.event_type, e.batch_id) for e in events] == [("batch.completed", batch_id)]
+    # Its tenant may have that event sent again, under the same webhook-id
+    replay = rig.api.call("POST", f"/batches/{batch_id}/webhook/replay")
+    assert (replay["statusCode"], replay["json"]["webhook_id"]) == (202, events[0].webhook_id)
     results = rig.api.call("GET", f"/batches/{batch_id}/results", query="limit=3")["json"]
     assert [r["result"] for r in results["data"]] == [reply_text(f"item {i}") for i in range(3)]
     # The overview (`llmtasks stats`, the console) shows the batch ended, all ten finished
@@ -650,3 +659,18 @@ def test_the_counter_passes_over_foreign_records_names_its_own_that_holds_the_sh
     assert skipped.getMessage() == "stream record skipped, as an operator asked"
     assert skipped.reason == "written by the 1.4 bug"  # type: ignore[attr-defined]
     assert skipped.sequence_number == record["dynamodb"]["SequenceNumber"]  # type: ignore[attr-defined]
+
+
+def test_a_batch_s_webhook_attempts_and_replay_are_its_tenant_s_alone(rig: Rig) -> None:
+    batch_id = rig.submit([{"prompt": "a"}], webhook_url="http://127.0.0.1:9/hook")["batch_id"]
+    reply = rig.api.call("GET", f"/batches/{batch_id}/webhook/attempts")
+    assert (reply["statusCode"], reply["json"]) == (200, {"data": [], "next_cursor": None})
+    assert (
+        rig.api.call("GET", f"/batches/{batch_id}/webhook/attempts", tenant="intruder")["statusCode"] == 404
+    )
+    pending = rig.api.call("POST", f"/batches/{batch_id}/webhook/replay")
+    assert (pending["statusCode"], pending["json"]["detail"]) == (
+        409,
+        f"Batch '{batch_id}' is pending: its event is sent when it ends.",
+    )
+    assert rig.api.call("POST", f"/batches/{batch_id}/webhook/replay", tenant="intruder")["statusCode"] == 404

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.aws.webhook_records import MAX_WEBHOOK_LOG
 from llmtasks.domain.errors import StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import AttemptRecord, Lease, LLMRequest, Task, TaskStatus, Usage, WebhookStatus
+from llmtasks.domain.models import (
+    AttemptRecord,
+    Lease,
+    LLMRequest,
+    Task,
+    TaskStatus,
+    Usage,
+    WebhookAttempt,
+    WebhookOutcome,
+    WebhookStatus,
+)
 from tests.conftest import Aws
 from tests.helpers import NEVER, pending_task
 
@@ -263,15 +275,51 @@ def test_cancel_of_a_foreign_missing_or_expired_task_is_not_found(
     assert store.get("t1", now=NOW).status is TaskStatus.PENDING  # type: ignore[union-attr]
 
 
-def test_every_webhook_attempt_is_counted_and_the_latest_outcome_kept(store: TaskStore) -> None:
+def an_attempt(n: int, outcome: WebhookOutcome = "retrying") -> WebhookAttempt:
+    """The n-th HTTP attempt of a webhook (its latency is n, to tell attempts apart)."""
+    at = datetime.fromtimestamp(NOW + n, tz=UTC)
+    return WebhookAttempt(at=at, trigger="scheduled", outcome=outcome, status_code=500, latency_ms=n)
+
+
+def test_every_webhook_attempt_is_counted_logged_and_the_latest_outcome_kept(store: TaskStore) -> None:
     new_task(store)
-    store.record_webhook_attempt("t1", status=WebhookStatus.RETRYING)
-    store.record_webhook_attempt("t1", status=WebhookStatus.FAILED)
-    # A redrive from the webhook DLQ that then succeeds:
-    task = store.record_webhook_attempt("t1", status=WebhookStatus.DELIVERED)
-    assert task is not None
+    log: list[WebhookAttempt] = []
+    outcomes: list[tuple[WebhookStatus, WebhookOutcome]] = [
+        (WebhookStatus.RETRYING, "retrying"),
+        (WebhookStatus.FAILED, "failed"),
+        # A redrive from the webhook DLQ that then succeeds:
+        (WebhookStatus.DELIVERED, "delivered"),
+    ]
+    for n, (status, outcome) in enumerate(outcomes):
+        task = store.record_webhook_outcome("t1", status=status, attempt=an_attempt(n, outcome), log=log)
+        assert task is not None
+        log = task.webhook_log
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 3)
-    assert store.record_webhook_attempt("gone", status=WebhookStatus.DELIVERED) is None
+    assert [(a.latency_ms, a.outcome, a.at) for a in task.webhook_log] == [
+        (n, outcome, datetime.fromtimestamp(NOW + n, tz=UTC)) for n, (_, outcome) in enumerate(outcomes)
+    ]
+    # A status set with no attempt (its endpoint is disabled) neither counts nor logs one
+    task = store.record_webhook_outcome("t1", status=WebhookStatus.ENDPOINT_DISABLED, attempt=None, log=log)
+    assert task is not None
+    assert (task.webhook_status, task.webhook_attempts, task.webhook_log) == (
+        WebhookStatus.ENDPOINT_DISABLED,
+        3,
+        log,
+    )
+    assert store.record_webhook_outcome("gone", status=WebhookStatus.DELIVERED, attempt=None, log=[]) is None
+
+
+def test_the_webhook_log_keeps_the_newest_attempts(store: TaskStore) -> None:
+    new_task(store)
+    log: list[WebhookAttempt] = []
+    for n in range(MAX_WEBHOOK_LOG + 2):
+        task = store.record_webhook_outcome(
+            "t1", status=WebhookStatus.RETRYING, attempt=an_attempt(n), log=log
+        )
+        assert task is not None
+        log = task.webhook_log
+    assert [a.latency_ms for a in log] == list(range(2, MAX_WEBHOOK_LOG + 2))
+    assert task.webhook_attempts == MAX_WEBHOOK_LOG + 2  # the count is of them all
 
 
 def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -19,12 +20,13 @@ from llmtasks.aws.limits import endpoint_places
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
-from llmtasks.domain.errors import InvalidInput, RetryLater
-from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_secret
+from llmtasks.domain.errors import InvalidInput, RetryLater, TaskConflict
+from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_secret, webhook_id
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
 from llmtasks.observability import trace_id
 from llmtasks.records import sqs_record
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_controls import WebhookControls
 from llmtasks.services.webhook_urls import (
     check_webhook_url,
     endpoint_of,
@@ -38,7 +40,6 @@ from llmtasks.services.webhooks import (
     WebhookDelivery,
     WebhookRelay,
     WebhookSender,
-    webhook_id,
 )
 from llmtasks.settings import Settings
 from llmtasks_client import WebhookVerificationError, verify_webhook
@@ -453,7 +454,7 @@ def test_the_relay_reads_both_images_and_queues_only_the_write_that_ends_the_tas
     # Given every record a task's life wrote, unfiltered: insert, claim, completion, and the
     # delivery-status write that follows a completion
     task_id = hooks.finish_task("imaged")
-    hooks.store.record_webhook_attempt(task_id, status=WebhookStatus.DELIVERED)
+    hooks.store.record_webhook_outcome(task_id, status=WebhookStatus.DELIVERED, attempt=None, log=[])
     arn = aws.resources.attributes[("TasksTable", "StreamArn")]
     shard = aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
     iterator = aws.streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
@@ -975,3 +976,201 @@ def test_an_event_is_put_off_longer_each_time_but_never_past_its_endpoint_s_olde
     # but never past the timeout of the delivery that holds the place (2 s away, less the time
     # the delivery itself took): then a place is free. Five put-offs would wait 9.6 s.
     assert about(DEFER_BASE_S)[0] <= put_off_for(13.0, deferrals=5) <= about(timeout_s - 13)[1]
+
+
+# --- the delivery log, replay, and disabled endpoints ---------------------------------------
+
+
+def controls(hooks: Hooks, resolve: Any = None) -> WebhookControls:
+    """The replays and enables as SubmitFunction builds them, on the test's WebhookQueue."""
+    return WebhookControls(hooks.settings, hooks.store.endpoints, hooks.webhook_queue, resolve=resolve)
+
+
+def test_every_attempt_of_a_retried_delivery_is_logged_with_its_answer_and_the_next_attempt(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].answers = [500, 503]
+    task_id = hooks.finish_task()
+    hooks.relay()
+    before = datetime.now(tz=UTC)
+    for _ in range(3):
+        [message] = aws.messages("WebhookQueue")
+        hooks.deliver([message], webhook_retry_schedule=(30.0, 30.0))
+        # A retry waits out its visibility delay (30 s); the test makes it due at once.
+        if receiver[0].answers or len(receiver[0].deliveries) < 3:
+            aws.sqs.change_message_visibility(
+                QueueUrl=aws.queue_url("WebhookQueue"),
+                ReceiptHandle=message["ReceiptHandle"],
+                VisibilityTimeout=0,
+            )
+    task = hooks.store.get(task_id, now=time.time())
+    assert task is not None
+    log = task.webhook_log
+    assert [(a.outcome, a.status_code, a.trigger) for a in log] == [
+        ("retrying", 500, "scheduled"),
+        ("retrying", 503, "scheduled"),
+        ("delivered", 200, "scheduled"),
+    ]
+    assert [a.error for a in log] == ["receiver answered 500", "receiver answered 503", None]
+    assert before <= log[0].at <= log[1].at <= log[2].at
+    # A retry's next attempt is its schedule's 30 s (jittered by a fifth) after it was sent
+    for retried in log[:2]:
+        assert retried.next_attempt_at is not None
+        assert 23 <= (retried.next_attempt_at - retried.at).total_seconds() <= 37
+    assert log[2].next_attempt_at is None
+    assert all(a.latency_ms >= 0 for a in log)
+    assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.DELIVERED, 3)
+
+
+def test_a_replay_is_one_attempt_under_the_same_webhook_id_with_a_fresh_signature(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    hook, _ = receiver
+    task_id = hooks.finish_task("again please")
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    task = hooks.store.get(task_id, now=time.time())
+    assert task is not None
+    # When the tenant asks for the event again
+    replay = controls(hooks).replay_task(task)
+    [message] = aws.messages("WebhookQueue")
+    assert WebhookMessage.model_validate_json(message["Body"]).replay is True
+    assert hooks.deliver([message]) == {"batchItemFailures": []}
+    # Then the receiver has it twice, under one webhook-id, each signed on its own and verified
+    first, again = hook.deliveries
+    assert first.headers["webhook-id"] == again.headers["webhook-id"] == replay.webhook_id
+    secret = Webhook(hooks.secret())
+    events = [secret.verify(d.body, d.headers) for d in (first, again)]
+    assert [e["data"]["task_id"] for e in events] == [task_id, task_id]
+    assert first.headers["webhook-signature"] != again.headers["webhook-signature"]
+    assert events[0]["timestamp"] < events[1]["timestamp"]
+    task = hooks.store.get(task_id, now=time.time())
+    assert task is not None
+    assert [(a.trigger, a.outcome) for a in task.webhook_log] == [
+        ("scheduled", "delivered"),
+        ("replay", "delivered"),
+    ]
+
+
+def test_a_failed_replay_is_logged_and_neither_retried_nor_parked(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    task_id = hooks.finish_task()
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"))
+    receiver[0].answers = [500]
+    task = hooks.store.get(task_id, now=time.time())
+    assert task is not None
+    controls(hooks).replay_task(task)
+    assert hooks.deliver(aws.messages("WebhookQueue")) == {"batchItemFailures": []}
+    assert (aws.messages("WebhookQueue"), aws.messages("WebhookDLQ")) == ([], [])
+    task = hooks.store.get(task_id, now=time.time())
+    assert task is not None
+    assert (task.webhook_log[-1].trigger, task.webhook_log[-1].outcome) == ("replay", "failed")
+    assert task.webhook_status is WebhookStatus.FAILED
+
+
+def test_a_replay_needs_an_ended_task_with_a_webhook_and_a_url_the_guard_still_passes(
+    hooks: Hooks, aws: Aws
+) -> None:
+    pending = hooks.service.submit("default", SubmitTaskRequest(prompt="p", webhook_url=hooks.url)).task
+    with pytest.raises(TaskConflict, match="is pending: its event is sent when it ends"):
+        controls(hooks).replay_task(pending)
+    bare = hooks.service.submit("default", SubmitTaskRequest(prompt="p")).task
+    with pytest.raises(TaskConflict, match="has no webhook_url"):
+        controls(hooks).replay_task(bare)
+    unwanted = hooks.store.get(hooks.finish_task(events=["task.failed"]), now=time.time())
+    assert unwanted is not None
+    with pytest.raises(TaskConflict, match=r"leave out task\.completed"):
+        controls(hooks).replay_task(unwanted)
+    # A host that resolves inside the network by now (its URL is not an allowed host here)
+    ended = hooks.store.get(hooks.finish_task(), now=time.time())
+    assert ended is not None
+    moved = ended.model_copy(update={"webhook_url": "https://hooks.example.com/x"})
+    with pytest.raises(TaskConflict, match=r"refused now: .*non-public"):
+        controls(hooks, resolve=resolver("169.254.169.254")).replay_task(moved)
+    with pytest.raises(TaskConflict, match="is processing"):
+        controls(hooks).replay_batch(a_batch(BatchStatus.PROCESSING))
+    hooks.relay()  # the ended tasks' own events, queued by the relay, are all there is
+    assert all(not WebhookMessage.model_validate_json(m["Body"]).replay for m in aws.messages("WebhookQueue"))
+
+
+def test_a_url_failing_for_the_disable_period_is_disabled_until_its_tenant_enables_it(
+    hooks: Hooks,
+    aws: Aws,
+    receiver: tuple[WebhookReceiver, str],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hook, _ = receiver
+    hook.answers = [500] * 3
+    # A disable period compressed to a millisecond: the second failure of a streak disables
+    disable = {"webhook_endpoint_disable_after_s": 0.001}
+    first = hooks.finish_task("first")
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)  # fails: the streak starts
+    with caplog.at_level(logging.WARNING, logger="llmtasks"):
+        hooks.deliver(aws.messages("WebhookQueue"), **disable)  # fails again: disabled
+    task = hooks.store.get(first, now=time.time())
+    assert task is not None
+    assert task.webhook_status is WebhookStatus.ENDPOINT_DISABLED
+    assert [a.outcome for a in task.webhook_log] == ["retrying", "endpoint_disabled"]
+    assert (aws.messages("WebhookQueue"), aws.messages("WebhookDLQ")) == ([], [])  # no retry, not parked
+    assert [r.message for r in caplog.records if "disabled" in r.message] == [
+        "webhook endpoint disabled: it failed for the whole disable period with no success;"
+        " its tenant enables it again (POST /webhooks/endpoints/enable) and replays what it missed"
+    ]
+    assert len(emf_records(capsys.readouterr().out)["WebhookEndpointsDisabled"]) == 1
+    # Later events to the URL are not attempted, and say why
+    later = hooks.finish_task("later")
+    hooks.relay()
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)
+    assert len(hook.deliveries) == 2
+    task = hooks.store.get(later, now=time.time())
+    assert task is not None
+    assert (task.webhook_status, task.webhook_attempts, task.webhook_log) == (
+        WebhookStatus.ENDPOINT_DISABLED,
+        0,
+        [],
+    )
+    with pytest.raises(TaskConflict, match="is disabled"):
+        controls(hooks).replay_task(task)
+    # Another tenant's events to the same URL still go
+    other = hooks.service.submit("other", SubmitTaskRequest(prompt="o", webhook_url=hooks.url)).task
+    hooks.store.claim(
+        other.task_id,
+        Lease("L", until=time.time() + 60, message_id="m", receive_count=1, dead_letter_at=NEVER),
+        now=time.time(),
+    )
+    hooks.store.complete(
+        other.task_id,
+        lease_id="L",
+        completion=Completion(text="o", model="m", usage=Usage(total_tokens=1)),
+        now=time.time(),
+    )
+    hooks.relay()
+    hook.answers = []
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)
+    assert len(hook.deliveries) == 3
+    # When the tenant enables the URL and replays what it missed, it is delivered
+    controls(hooks).enable("default", hooks.url)
+    controls(hooks).replay_task(task)
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)
+    task = hooks.store.get(later, now=time.time())
+    assert task is not None
+    assert task.webhook_status is WebhookStatus.DELIVERED
+    assert hooks.store.endpoints.health("default", hooks.url).disabled is False
+
+
+def test_a_success_ends_a_url_s_failing_streak(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    receiver[0].answers = [500]
+    hooks.finish_task()
+    hooks.relay()
+    disable = {"webhook_endpoint_disable_after_s": 3600.0}
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)
+    failing = hooks.store.endpoints.health("default", hooks.url)
+    assert (failing.failing_since is not None, failing.last_error) == (True, "receiver answered 500")
+    hooks.deliver(aws.messages("WebhookQueue"), **disable)  # the retry: 200
+    assert hooks.store.endpoints.health("default", hooks.url).failing_since is None

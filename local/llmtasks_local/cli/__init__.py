@@ -1,6 +1,6 @@
 """The `llmtasks` command, one group with a module per audience: `local` (the stack on this
 machine: up, invoke, mock-llm), `ops` (operators of a stack: dlq, stats, keys) and `tasks`
-(users of the API: submit, status, wait, cancel, list, batch).
+(users of the API: submit, status, wait, cancel, list, batch, webhooks).
 
 An expected failure ends a command with one line, `Error: <what> (<where>): <the way out>`, and
 an exit code from the table in the README; the traceback is kept for `--debug` (or
@@ -74,6 +74,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "cancel": ("tasks", "cancel", "Cancel a pending or processing task."),
     "list": ("tasks", "list_tasks", "Your tasks, newest first."),
+    "webhooks": (
+        "tasks",
+        "webhooks",
+        "Webhooks: a task's or batch's delivery attempts, an event sent again, a URL enabled again.",
+    ),
     "batch": (
         "tasks",
         "batch",

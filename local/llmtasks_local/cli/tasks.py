@@ -1,4 +1,5 @@
-"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `batch`."""
+"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `batch`,
+`webhooks`."""
 
 from __future__ import annotations
 
@@ -290,4 +291,62 @@ def batch_cancel(batch_id: str, api_url: str, api_key: str | None, as_json: bool
         _show_batch(client.cancel_batch(batch_id), as_json)
 
 
-COMMANDS = [submit, status, wait_for, cancel, list_tasks, batch]
+@click.group()
+def webhooks() -> None:
+    """Webhooks: a task's or batch's delivery attempts, an event sent again, a URL enabled again."""
+
+
+_BATCH_FLAG = click.option("--batch", "is_batch", is_flag=True, help="ID is a batch's, not a task's.")
+
+
+@webhooks.command("attempts")
+@click.argument("subject_id", metavar="ID")
+@_BATCH_FLAG
+@with_api
+def webhook_attempts(
+    subject_id: str, is_batch: bool, api_url: str, api_key: str | None, as_json: bool
+) -> None:
+    """Every HTTP attempt at the webhook of task (or --batch) ID, newest first."""
+    with client_of(api_url, api_key) as client:
+        attempts = (
+            client.batch_webhook_attempts(subject_id) if is_batch else client.webhook_attempts(subject_id)
+        )
+    for attempt in attempts:
+        if as_json:
+            click.echo(attempt.model_dump_json())
+            continue
+        answer = str(attempt.status_code) if attempt.status_code is not None else "-"
+        when = f"{attempt.at:%Y-%m-%d %H:%M:%S}"
+        line = f"{when}  {attempt.trigger:9} {answer:>3}  {attempt.latency_ms:>6} ms  {attempt.outcome}"
+        if attempt.error:
+            line += f"  ({attempt.error})"
+        if attempt.next_attempt_at is not None:
+            line += f"  next at {attempt.next_attempt_at:%H:%M:%S}"
+        click.echo(line)
+
+
+@webhooks.command("replay")
+@click.argument("subject_id", metavar="ID")
+@_BATCH_FLAG
+@with_api
+def webhook_replay(subject_id: str, is_batch: bool, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Send the ended task's (or --batch's) event again now: same webhook-id, fresh signature."""
+    with client_of(api_url, api_key) as client:
+        replay = client.replay_batch_webhook(subject_id) if is_batch else client.replay_webhook(subject_id)
+    if as_json:
+        click.echo(replay.model_dump_json())
+    else:
+        click.echo(f"{replay.event_type} {replay.webhook_id} queued")
+
+
+@webhooks.command("enable")
+@click.argument("url")
+@with_api
+def webhook_enable(url: str, api_url: str, api_key: str | None, as_json: bool) -> None:
+    """Attempt deliveries to URL again after it was disabled for failing (then replay what it missed)."""
+    with client_of(api_url, api_key) as client:
+        client.enable_webhook_endpoint(url)
+    click.echo(json.dumps({"url": url, "status": "enabled"}) if as_json else f"{url} enabled")
+
+
+COMMANDS = [submit, status, wait_for, cancel, list_tasks, batch, webhooks]

@@ -55,6 +55,7 @@ _TASK_FIELDS = [
     "expires_at",
     "request.model",
     "attempt_log",
+    "webhook_log",
 ]
 _BATCH_FIELDS = [
     "pk",
@@ -126,6 +127,7 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
         "error_code": DEAD_LETTERED if status == DEAD_LETTERED else task.get("error_code"),
         "webhook_status": task.get("webhook_status"),
         "webhook_attempts": task.get("webhook_attempts", 0),
+        "webhook_log": task.get("webhook_log") or [],
     }
 
 

@@ -41,6 +41,7 @@ from llmtasks.domain.caller import caller_of as caller_of_event
 from llmtasks.domain.errors import ApiError, BackendError, Unauthorized
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_controls import WebhookControls
 
 
 def build_app(*, commands: bool = False, queries: bool = False, docs: bool = False) -> APIGatewayHttpResolver:
@@ -110,9 +111,10 @@ def handle(
     context: Any,
     service: TaskService,
     batches: Callable[[], BatchService],
+    webhooks: Callable[[], WebhookControls],
 ) -> dict[str, Any]:
-    """One HTTP invocation: the routes read `service` and `batches` (a provider, called by the
-    batch routes alone) from the resolver's context."""
+    """One HTTP invocation: the routes read `service`, `batches` and `webhooks` (providers,
+    called by the batch and webhook routes alone) from the resolver's context."""
     headers = event.get("headers") or {}
     openai_shaped = openai_api.is_openai_path(event.get("rawPath") or "")
     if event.get("body") and event.get("isBase64Encoded") and event.get("rawPath") != UPLOAD_PATH:
@@ -147,7 +149,7 @@ def handle(
             return _lambda_reply(
                 openai_api.from_api_error(refused) if openai_shaped else on_api_error(refused)
             )
-    app.append_context(service=service, batches=batches, caller=caller)  # type: ignore[no-untyped-call]
+    app.append_context(service=service, batches=batches, webhooks=webhooks, caller=caller)  # type: ignore[no-untyped-call]
     return app.resolve(event, context)
 
 

@@ -22,15 +22,42 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
     ("post", "/tasks", "202"): {
         "GetTask": ("get", "/tasks/{task_id}", {"task_id": "$response.body#/task_id"}),
         "CancelTask": ("post", "/tasks/{task_id}/cancel", {"task_id": "$response.body#/task_id"}),
+        "TaskWebhookAttempts": (
+            "get",
+            "/tasks/{task_id}/webhook/attempts",
+            {"task_id": "$response.body#/task_id"},
+        ),
+        "ReplayTaskWebhook": (
+            "post",
+            "/tasks/{task_id}/webhook/replay",
+            {"task_id": "$response.body#/task_id"},
+        ),
     },
     ("get", "/tasks", "200"): {
         "GetFirstTask": ("get", "/tasks/{task_id}", {"task_id": "$response.body#/data/0/task_id"}),
         "NextPage": ("get", "/tasks", {"cursor": "$response.body#/next_cursor"}),
     },
+    ("get", "/tasks/{task_id}/webhook/attempts", "200"): {
+        "NextPage": (
+            "get",
+            "/tasks/{task_id}/webhook/attempts",
+            {"task_id": "$request.path.task_id", "cursor": "$response.body#/next_cursor"},
+        ),
+    },
     ("post", "/batches", "202"): {
         "GetBatch": ("get", "/batches/{batch_id}", {"batch_id": "$response.body#/batch_id"}),
         "BatchResults": ("get", "/batches/{batch_id}/results", {"batch_id": "$response.body#/batch_id"}),
         "CancelBatch": ("post", "/batches/{batch_id}/cancel", {"batch_id": "$response.body#/batch_id"}),
+        "BatchWebhookAttempts": (
+            "get",
+            "/batches/{batch_id}/webhook/attempts",
+            {"batch_id": "$response.body#/batch_id"},
+        ),
+        "ReplayBatchWebhook": (
+            "post",
+            "/batches/{batch_id}/webhook/replay",
+            {"batch_id": "$response.body#/batch_id"},
+        ),
     },
     ("post", "/v1/responses", "200"): {
         "RetrieveResponse": ("get", "/v1/responses/{response_id}", {"response_id": "$response.body#/id"}),

@@ -28,6 +28,8 @@ from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import RESULTS_CURSOR_PATTERN, TASKS_CURSOR_PATTERN
 from llmtasks.domain.messages import WebhookSecret
 from llmtasks.domain.models import (
+    WEBHOOK_ATTEMPTS_CURSOR_PATTERN,
+    EnableWebhookEndpoint,
     Health,
     SubmitTaskRequest,
     Task,
@@ -35,10 +37,14 @@ from llmtasks.domain.models import (
     TaskList,
     TaskStatus,
     TaskView,
+    WebhookAttemptList,
+    WebhookEndpoint,
+    WebhookReplay,
 )
 from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
+from llmtasks.services.webhook_controls import WebhookControls
 
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
@@ -95,6 +101,11 @@ def batches_of(app: APIGatewayHttpResolver) -> BatchService:
     return batches
 
 
+def webhooks_of(app: APIGatewayHttpResolver) -> WebhookControls:
+    webhooks: WebhookControls = app.context["webhooks"]()
+    return webhooks
+
+
 def caller_of(app: APIGatewayHttpResolver) -> Caller:
     caller: Caller = app.context["caller"]
     return caller
@@ -120,6 +131,38 @@ def _accepted(accepted: BaseModel, location: str, *, replayed: bool) -> Response
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     return _json(accepted, 202, headers)
+
+
+_ATTEMPTS: dict[int, OpenAPIResponse] = {
+    **_AUTH,
+    200: {
+        "description": "A page of the webhook's attempts, newest first",
+        "content": {"application/json": {"model": WebhookAttemptList}},
+    },
+    422: openapi_problem("An invalid parameter (a limit out of range, a cursor off its pattern)"),
+}
+_REPLAY: dict[int, OpenAPIResponse] = {
+    **_AUTH,
+    202: {
+        "description": "The event is queued for one attempt now, with its own webhook-id",
+        "content": {"application/json": {"model": WebhookReplay}},
+    },
+    409: openapi_problem(
+        "No event to replay: no webhook_url, not ended yet, an event its webhook_events leave out,"
+        " a URL the SSRF guard refuses now, or a disabled URL"
+    ),
+}
+
+
+def _attempts_page(log_of: Task | Batch, limit: int, cursor: str | None) -> Response[WebhookAttemptList]:
+    return _json(WebhookAttemptList.page(log_of.webhook_log, limit=limit, cursor=cursor), 200)
+
+
+AttemptsLimit = Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description="Attempts per page")]
+AttemptsCursor = Annotated[
+    str | None,
+    Query(pattern=WEBHOOK_ATTEMPTS_CURSOR_PATTERN, description="next_cursor of the previous page (opaque)"),
+]
 
 
 def _status_reply(task: Task) -> Response[TaskView]:
@@ -206,6 +249,45 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     )
     def cancel_batch(batch_id: str) -> Response[BatchView]:
         return _batch_reply(batches_of(app).cancel(tenant_of(app), batch_id))
+
+    @app.post(
+        "/tasks/<task_id>/webhook/replay",
+        status_code=202,
+        summary="Send a task's webhook event again now (same webhook-id, fresh signature)",
+        security=SECURITY,
+        responses={**_REPLAY, 404: openapi_problem("Unknown, expired or another tenant's task")},
+    )
+    def replay_task_webhook(task_id: str) -> Response[WebhookReplay]:
+        task = service_of(app).get(tenant_of(app), task_id)
+        return _json(webhooks_of(app).replay_task(task), 202)
+
+    @app.post(
+        "/batches/<batch_id>/webhook/replay",
+        status_code=202,
+        summary="Send a batch's webhook event again now (same webhook-id, fresh signature)",
+        security=SECURITY,
+        responses={**_REPLAY, 404: openapi_problem("Unknown, expired or another tenant's batch")},
+    )
+    def replay_batch_webhook(batch_id: str) -> Response[WebhookReplay]:
+        batch = batches_of(app).get(tenant_of(app), batch_id)
+        return _json(webhooks_of(app).replay_batch(batch), 202)
+
+    @app.post(
+        "/webhooks/endpoints/enable",
+        summary="Attempt deliveries to a disabled webhook URL of yours again",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "The URL is enabled (it may never have been disabled)",
+                "content": {"application/json": {"model": WebhookEndpoint}},
+            },
+            400: openapi_problem("The body is not valid JSON"),
+            422: openapi_problem("The url is missing or invalid"),
+        },
+    )
+    def enable_webhook_endpoint(body: EnableWebhookEndpoint) -> WebhookEndpoint:
+        return webhooks_of(app).enable(tenant_of(app), body.url)
 
     @app.post(
         "/webhooks/secret/rotate",
@@ -307,6 +389,28 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
             headers["Link"] = f'</batches/{batch_id}/results?{query}>; rel="next"'
         body = "".join(row.model_dump_json() + "\n" for row in rows)
         return Response(status_code=200, content_type=JSONL, body=body, headers=headers)
+
+    @app.get(
+        "/tasks/<task_id>/webhook/attempts",
+        summary="Every HTTP attempt at a task's webhook: when, the answer or error, the latency",
+        security=SECURITY,
+        responses={**_ATTEMPTS, 404: openapi_problem("Unknown, expired or another tenant's task")},
+    )
+    def task_webhook_attempts(
+        task_id: str, limit: AttemptsLimit = 20, cursor: AttemptsCursor = None
+    ) -> Response[WebhookAttemptList]:
+        return _attempts_page(service_of(app).get(tenant_of(app), task_id), limit, cursor)
+
+    @app.get(
+        "/batches/<batch_id>/webhook/attempts",
+        summary="Every HTTP attempt at a batch's webhook: when, the answer or error, the latency",
+        security=SECURITY,
+        responses={**_ATTEMPTS, 404: openapi_problem("Unknown, expired or another tenant's batch")},
+    )
+    def batch_webhook_attempts(
+        batch_id: str, limit: AttemptsLimit = 20, cursor: AttemptsCursor = None
+    ) -> Response[WebhookAttemptList]:
+        return _attempts_page(batches_of(app).get(tenant_of(app), batch_id), limit, cursor)
 
     @app.get(
         "/webhooks/secret",

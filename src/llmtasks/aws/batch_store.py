@@ -28,9 +28,10 @@ from llmtasks.aws.dynamo import (
     stream_change,
 )
 from llmtasks.aws.task_items import task_change
+from llmtasks.aws.webhook_records import outcome_update
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BackendError
-from llmtasks.domain.models import Task, TaskStatus, WebhookStatus
+from llmtasks.domain.models import Task, TaskStatus, WebhookAttempt, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -173,13 +174,17 @@ class BatchStore:
             values={":final": batch.final_status().value, ":now": now, ":seen": batch.status.value},
         )
 
-    def record_webhook_attempt(self, batch_id: str, *, status: WebhookStatus) -> None:
-        self._update(
-            batch_id,
-            update="SET webhook_status = :status ADD webhook_attempts :one",
-            condition="attribute_exists(pk)",
-            values={":status": status.value, ":one": 1},
-        )
+    def record_webhook_outcome(
+        self,
+        batch_id: str,
+        *,
+        status: WebhookStatus,
+        attempt: WebhookAttempt | None,
+        log: list[WebhookAttempt],
+    ) -> None:
+        """As TaskStore.record_webhook_outcome, for a batch's webhook."""
+        update, values = outcome_update(status, attempt, log)
+        self._update(batch_id, update=update, condition="attribute_exists(pk)", values=values)
 
     def counted_revision(self, task_id: str) -> int | None:
         """The last revision of the task the counters include; None when none is."""

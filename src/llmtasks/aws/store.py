@@ -24,10 +24,19 @@ from llmtasks.aws.dynamo import (
 )
 from llmtasks.aws.task_items import failed_task, task_from_item, task_key
 from llmtasks.aws.tenant_secrets import TenantSecrets
+from llmtasks.aws.webhook_records import WebhookEndpoints, outcome_update
 from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import DEAD_LETTERED, AttemptRecord, Lease, Task, TaskStatus, WebhookStatus
+from llmtasks.domain.models import (
+    DEAD_LETTERED,
+    AttemptRecord,
+    Lease,
+    Task,
+    TaskStatus,
+    WebhookAttempt,
+    WebhookStatus,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -385,18 +394,21 @@ class TaskStore:
             detail = f" ({read.error_code})" if read.error_code == DEAD_LETTERED else ""
             raise TaskConflict(f"Task '{task_id}' is already {read.status.value}{detail}.") from failed
 
-    def record_webhook_attempt(self, task_id: str, *, status: WebhookStatus) -> Task | None:
-        """Counts one delivery attempt and its outcome. Counting (not setting) keeps the total right
-        across retries, duplicate deliveries and redrives from the webhook DLQ."""
+    def record_webhook_outcome(
+        self,
+        task_id: str,
+        *,
+        status: WebhookStatus,
+        attempt: WebhookAttempt | None,
+        log: list[WebhookAttempt],
+    ) -> Task | None:
+        """Its webhook's status and, with an attempt, that attempt counted and logged (`log`: the
+        task's as last read). None when the task expired and was deleted meanwhile."""
+        update, values = outcome_update(status, attempt, log)
         try:
-            return self._transition(
-                task_id,
-                update="SET webhook_status = :status ADD webhook_attempts :one",
-                condition="attribute_exists(pk)",
-                values={":status": status.value, ":one": 1},
-            )
+            return self._transition(task_id, update=update, condition="attribute_exists(pk)", values=values)
         except _ConditionFailed:
-            return None  # the task expired and was deleted meanwhile
+            return None
 
     def _transition(
         self,
@@ -447,3 +459,8 @@ class TaskStore:
     def tenants(self) -> TenantSecrets:
         """The same table's tenant items: each tenant's webhook signing secrets."""
         return TenantSecrets(self.table_name, self._client)
+
+    @property
+    def endpoints(self) -> WebhookEndpoints:
+        """The same table's items of each tenant's failing and disabled webhook URLs."""
+        return WebhookEndpoints(self.table_name, self._client)

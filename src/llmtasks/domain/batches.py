@@ -29,6 +29,7 @@ from llmtasks.domain.models import (
     TaskStatus,
     Text,
     Usage,
+    WebhookAttempt,
     WebhookFormat,
     WebhookStatus,
     WebhookView,
@@ -143,6 +144,7 @@ class Batch(BaseModel):
     webhook_format: WebhookFormat | None = None  # None: llmtasks' own
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
+    webhook_log: list[WebhookAttempt] = Field(default_factory=list)
     created_at: float
     expires_at: int
     cancel_requested_at: float | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -14,7 +15,15 @@ from pydantic import (
     Field,
 )
 
-from llmtasks.domain.models import EventType, Usage, _utc
+from llmtasks.domain.models import BATCH_COMPLETED, EventType, TaskEventType, Usage, _utc
+
+_WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
+
+
+def webhook_id(subject_id: str, event_type: EventType) -> str:
+    """Stable across every retry, redrive and replay of one event (of a task or a batch), so
+    receivers can deduplicate on it."""
+    return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{subject_id}/{event_type}").hex
 
 
 class WebhookSecrets(BaseModel):
@@ -86,6 +95,23 @@ class WebhookMessage(BaseModel):
     attempts_before: int = Field(default=0, ge=0)
     # Times it was put off because its endpoint had every place taken: each waits longer.
     deferrals: int = Field(default=0, ge=0)
+    # Sent again because its tenant asked (POST .../webhook/replay): one attempt, no schedule.
+    replay: bool = False
+
+    @classmethod
+    def of_task(cls, task_id: str, event_type: TaskEventType, *, replay: bool = False) -> WebhookMessage:
+        return cls(
+            webhook_id=webhook_id(task_id, event_type), task_id=task_id, event_type=event_type, replay=replay
+        )
+
+    @classmethod
+    def of_batch(cls, batch_id: str, *, replay: bool = False) -> WebhookMessage:
+        return cls(
+            webhook_id=webhook_id(batch_id, BATCH_COMPLETED),
+            batch_id=batch_id,
+            event_type=BATCH_COMPLETED,
+            replay=replay,
+        )
 
 
 # --- the LLM ------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class WebhookStatus(StrEnum):
     DELIVERED = "delivered"
     FAILED = "failed"  # attempts exhausted (or 410): the event is in the webhook DLQ
     SKIPPED = "skipped"  # the task ended with an event it did not ask for (webhook_events)
+    # Its endpoint failed for WebhookEndpointDisableAfterSeconds and was disabled: not attempted
+    # (the tenant enables it again, then replays the event).
+    ENDPOINT_DISABLED = "endpoint_disabled"
 
 
 TaskEventType = Literal["task.completed", "task.failed", "task.cancelled"]
@@ -257,6 +260,72 @@ class AttemptRecord(BaseModel):
     error_code: str | None = None
 
 
+WebhookTrigger = Literal["scheduled", "replay"]
+WebhookOutcome = Literal["delivered", "retrying", "failed", "endpoint_disabled"]
+
+
+class WebhookAttempt(BaseModel):
+    """One HTTP attempt at a webhook event, as the task's or batch's delivery log keeps it."""
+
+    at: datetime = Field(description="When the request was sent.")
+    trigger: WebhookTrigger = Field(description="'scheduled': the event's own schedule; 'replay': asked for.")
+    outcome: WebhookOutcome = Field(
+        description="What the attempt led to: delivered; retrying (next_attempt_at says when); failed"
+        " (no attempt follows; a scheduled event is in WebhookDLQ); endpoint_disabled (this failure"
+        " disabled the endpoint)."
+    )
+    status_code: int | None = Field(
+        default=None, description="The receiver's HTTP status; absent when none came."
+    )
+    error: str | None = Field(default=None, description="Why the attempt failed, in a sentence.")
+    latency_ms: int = Field(ge=0, description="From sending the request to its answer or failure.")
+    next_attempt_at: datetime | None = Field(default=None, description="When the next attempt is due.")
+
+
+class WebhookAttemptList(BaseModel):
+    """`GET /tasks/{id}/webhook/attempts` and the batch's: a page of the log, newest first."""
+
+    data: list[WebhookAttempt]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last page."
+    )
+
+    @classmethod
+    def page(cls, log: list[WebhookAttempt], *, limit: int, cursor: str | None) -> WebhookAttemptList:
+        """A page of a log kept oldest first, newest first; the cursor is where the next starts."""
+        start = int(cursor) if cursor is not None else 0
+        newest_first = log[::-1]
+        end = start + limit
+        return cls(data=newest_first[start:end], next_cursor=str(end) if end < len(log) else None)
+
+
+# The attempts' cursor: a place in the log (it holds MAX_WEBHOOK_LOG entries at most).
+WEBHOOK_ATTEMPTS_CURSOR_PATTERN = r"^[1-9][0-9]{0,3}$"
+
+
+class WebhookReplay(BaseModel):
+    """The `202` reply to a webhook replay: the event is queued for one attempt now."""
+
+    webhook_id: str = Field(description="The event's id, the same as its first delivery's (webhook-id).")
+    event_type: EventType
+    status: Literal["queued"] = "queued"
+
+
+class EnableWebhookEndpoint(_Strict):
+    """`POST /webhooks/endpoints/enable`: a webhook URL of the caller's to attempt again."""
+
+    url: Text = Field(
+        min_length=1, max_length=2048, description="The webhook URL, as tasks or batches give it."
+    )
+
+
+class WebhookEndpoint(BaseModel):
+    """A webhook URL of the caller's, as deliveries to it now stand."""
+
+    url: str
+    status: Literal["enabled"] = "enabled"
+
+
 def is_dead_lettered(status: TaskStatus, dead_letter_at: float | None, now: float) -> bool:
     """See `Task.is_dead_lettered` (also for readers that load a few fields of a task)."""
     return status is TaskStatus.PROCESSING and dead_letter_at is not None and dead_letter_at < now
@@ -334,6 +403,8 @@ class Task(BaseModel):
     llm_key_index: int | None = None
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
+    # Every HTTP attempt at its webhook, oldest first (the newest MAX_WEBHOOK_LOG kept).
+    webhook_log: list[WebhookAttempt] = Field(default_factory=list)
 
     @classmethod
     def submitted(

@@ -12,7 +12,6 @@ import asyncio
 import json
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +25,17 @@ from llmtasks.domain.batches import Batch, BatchView
 from llmtasks.domain.errors import RetryLater
 from llmtasks.domain.events import WebhookEvent, openai_event
 from llmtasks.domain.messages import WebhookMessage, new_webhook_secret
-from llmtasks.domain.models import BATCH_COMPLETED, EVENT_OF_STATUS, EventType, Task, TaskView, WebhookStatus
+from llmtasks.domain.models import (
+    BATCH_COMPLETED,
+    EVENT_OF_STATUS,
+    Task,
+    TaskView,
+    WebhookAttempt,
+    WebhookOutcome,
+    WebhookStatus,
+    WebhookTrigger,
+    _at,
+)
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.webhook_urls import (
@@ -43,9 +52,9 @@ if TYPE_CHECKING:
     from llmtasks.aws.limits import RunningCalls
     from llmtasks.aws.queues import Queue
     from llmtasks.aws.store import TaskStore
+    from llmtasks.aws.webhook_records import EndpointHealth
     from llmtasks.settings import WebhookSettings
 
-_WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
 # An event whose endpoint has every place taken comes back after this, doubled each time it is
 # put off again, but never later than the timeout of the endpoint's oldest open delivery (a place
 # is free by then): a busy endpoint's events wait fractions of a second, a hung one's no longer
@@ -54,12 +63,6 @@ DEFER_BASE_S = 0.3
 # A place outlives its delivery's timeout by this much: a sandbox that dies mid-delivery holds
 # it no longer (the next take that finds the endpoint full clears it).
 PLACE_MARGIN_S = 5.0
-
-
-def webhook_id(subject_id: str, event_type: EventType) -> str:
-    """Stable across every retry and redrive of one event (of a task or a batch), so receivers
-    can deduplicate on it."""
-    return "msg_" + uuid.uuid5(_WEBHOOK_ID_NAMESPACE, f"{subject_id}/{event_type}").hex
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,7 @@ class WebhookRelay:
             logger.info("webhook not wanted for this event", event_type=event_type, **task_keys(new))
             return False
         self._queue.send(
-            WebhookMessage(
-                webhook_id=webhook_id(new.task_id, event_type), task_id=new.task_id, event_type=event_type
-            ),
+            WebhookMessage.of_task(new.task_id, event_type),
             trace_header=new.trace_header,
             group=endpoint_of(new.webhook_url),
         )
@@ -165,11 +166,7 @@ class WebhookRelay:
         if not ended or not new.wants_webhook():
             return False
         self._queue.send(
-            WebhookMessage(
-                webhook_id=webhook_id(new.batch_id, BATCH_COMPLETED),
-                batch_id=new.batch_id,
-                event_type=BATCH_COMPLETED,
-            ),
+            WebhookMessage.of_batch(new.batch_id),
             group=endpoint_of(new.webhook_url or ""),
         )
         logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
@@ -221,7 +218,9 @@ class WebhookDelivery:
                 url=batch.webhook_url,
                 tenant_id=batch.tenant_id,
                 data=BatchView.of(batch),
-                record=lambda status: batches.record_webhook_attempt(batch_id, status=status),
+                record=lambda status, attempt: batches.record_webhook_outcome(
+                    batch_id, status=status, attempt=attempt, log=batch.webhook_log
+                ),
                 log={"batch_id": batch_id},
                 openai=batch.webhook_format == "openai",
             )
@@ -233,7 +232,9 @@ class WebhookDelivery:
             url=task.webhook_url,
             tenant_id=task.tenant_id,
             data=TaskView.of(self._results.hydrate(task)),
-            record=lambda status: self._store.record_webhook_attempt(task_id, status=status),
+            record=lambda status, attempt: self._store.record_webhook_outcome(
+                task_id, status=status, attempt=attempt, log=task.webhook_log
+            ),
             log=task_keys(task),
             openai=task.webhook_format == "openai",
         )
@@ -241,7 +242,7 @@ class WebhookDelivery:
     async def deliver(self, message: WebhookMessage, *, receive_count: int) -> None:
         """`receive_count` is SQS's count of this message's deliveries; with the attempts made
         before the message was sent (a deferred event's), it is this attempt's number. A
-        redriven event starts again at 1 and gets the full schedule."""
+        redriven event starts again at 1 and gets the full schedule; a replay has one attempt."""
         attempt = message.attempts_before + receive_count
         # The reads and writes around the request run in threads: an invocation's deliveries
         # share one event loop, and a blocking call would hold up every other one's.
@@ -255,10 +256,16 @@ class WebhookDelivery:
             )
             # pragma: no mutate end
             return
+        health = await asyncio.to_thread(self._health, subject)
+        if health is not None and health.disabled:
+            await asyncio.to_thread(subject.record, WebhookStatus.ENDPOINT_DISABLED, None)
+            logger.warning("webhook not attempted: its endpoint is disabled", url=subject.url, **subject.log)
+            return
         endpoint = endpoint_of(subject.url)
         if not await asyncio.to_thread(self._take_place, endpoint, message):
             await asyncio.to_thread(self._defer, message, attempt, endpoint, subject)
             return
+        sent_at, started = self._clock(), time.monotonic()
         try:
             secrets = await asyncio.to_thread(
                 self._store.tenants.secrets, subject.tenant_id, new_secret=new_webhook_secret()
@@ -272,29 +279,68 @@ class WebhookDelivery:
         finally:
             if self._places is not None:
                 await asyncio.to_thread(self._places.give_back, endpoint, message.webhook_id)
+        logged = _Attempt(sent_at, "replay" if message.replay else "scheduled", result, started)
         # pragma: no mutate start, the keys of its log lines
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
         # pragma: no mutate end
         emit(Metric.WEBHOOK_ATTEMPTS)
-        if not result.delivered:
-            emit(Metric.WEBHOOK_FAILURES)
         if result.delivered:
-            await asyncio.to_thread(subject.record, WebhookStatus.DELIVERED)
+            if health is not None and health.failing_since is not None:
+                await asyncio.to_thread(self._store.endpoints.recovered, subject.tenant_id, subject.url)
+            await asyncio.to_thread(subject.record, WebhookStatus.DELIVERED, logged.entry("delivered"))
             logger.info("webhook delivered", **log)
             return
-        if result.gone or attempt >= self._settings.webhook_attempts:
-            # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
-            await asyncio.to_thread(self._dead_letters.send, message)
-            await asyncio.to_thread(subject.record, WebhookStatus.FAILED)
-            logger.warning("webhook failed", error=result.error, **log)
+        emit(Metric.WEBHOOK_FAILURES)
+        if await asyncio.to_thread(self._endpoint_failed, subject, result, sent_at):
+            await asyncio.to_thread(
+                subject.record, WebhookStatus.ENDPOINT_DISABLED, logged.entry("endpoint_disabled")
+            )
             return
-        await asyncio.to_thread(subject.record, WebhookStatus.RETRYING)
+        if message.replay or result.gone or attempt >= self._settings.webhook_attempts:
+            if not message.replay:
+                # Parked where `llmtasks dlq redrive --queue webhooks` can replay it, same webhook-id.
+                await asyncio.to_thread(self._dead_letters.send, message)
+            await asyncio.to_thread(subject.record, WebhookStatus.FAILED, logged.entry("failed"))
+            logger.warning("webhook failed", error=result.error, replay=message.replay, **log)
+            return
         delay = self._settings.webhook_retry_schedule[attempt - 1]
         delay = delay * self._rng.uniform(0.8, 1.2)  # jitter, so retries of many events spread out
         if result.retry_after is not None:
             delay = max(delay, result.retry_after)
+        await asyncio.to_thread(
+            subject.record, WebhookStatus.RETRYING, logged.entry("retrying", next_at=self._clock() + delay)
+        )
         logger.info("webhook retry scheduled", error=result.error, delay_s=round(delay, 1), **log)
         raise RetryLater(delay, result.error)
+
+    def _health(self, subject: _Subject) -> EndpointHealth | None:
+        """The URL's health where failing URLs are disabled (None where they never are)."""
+        if not self._settings.webhook_endpoint_disable_after_s:
+            return None
+        return self._store.endpoints.health(subject.tenant_id, subject.url)
+
+    def _endpoint_failed(self, subject: _Subject, result: DeliveryResult, now: float) -> bool:
+        """Counts the failure against the URL; True when that disabled it (said once, here)."""
+        disable_after = self._settings.webhook_endpoint_disable_after_s
+        if not disable_after:
+            return False
+        endpoints = self._store.endpoints
+        if not endpoints.failed(
+            subject.tenant_id, subject.url, error=result.error, now=now, disable_after_s=disable_after
+        ):
+            return False
+        emit(Metric.WEBHOOK_ENDPOINTS_DISABLED)
+        # pragma: no mutate start, a log line's words and keys, for operators
+        logger.warning(
+            "webhook endpoint disabled: it failed for the whole disable period with no success;"
+            " its tenant enables it again (POST /webhooks/endpoints/enable) and replays what it missed",
+            url=subject.url,
+            tenant_id=subject.tenant_id,
+            disable_after_s=disable_after,
+            error=result.error,
+        )
+        # pragma: no mutate end
+        return True
 
     def _take_place(self, endpoint: str, message: WebhookMessage) -> bool:
         """One of the endpoint's places for this delivery, or False when all are taken."""
@@ -337,11 +383,33 @@ class WebhookDelivery:
 
 
 @dataclass(frozen=True)
+class _Attempt:
+    """One HTTP attempt as its log entry will say it."""
+
+    sent_at: float
+    trigger: WebhookTrigger
+    result: DeliveryResult
+    started: float  # time.monotonic() when it was sent
+
+    def entry(self, outcome: WebhookOutcome, *, next_at: float | None = None) -> WebhookAttempt:
+        return WebhookAttempt(
+            at=_at(self.sent_at),
+            trigger=self.trigger,
+            outcome=outcome,
+            status_code=self.result.status_code,
+            error=self.result.error or None,
+            latency_ms=max(0, round((time.monotonic() - self.started) * 1000)),
+            next_attempt_at=None if next_at is None else _at(next_at),
+        )
+
+
+@dataclass(frozen=True)
 class _Subject:
     url: str
     tenant_id: str
     data: TaskView | BatchView
-    record: Callable[[WebhookStatus], object]  # counts one attempt and its outcome on the item
+    # Sets the webhook's status on the item and, with an attempt, counts and logs it.
+    record: Callable[[WebhookStatus, WebhookAttempt | None], object]
     log: dict[str, Any]  # the keys of its log lines
     openai: bool = False  # OpenAI's event shape (a task made through /v1/responses)
 

@@ -9,7 +9,16 @@ from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.queues import Queue
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
-from llmtasks.settings import ApiResources, BatchFanoutQueue, Limits, SubmitSettings, resources, section
+from llmtasks.services.webhook_controls import WebhookControls
+from llmtasks.settings import (
+    ApiResources,
+    BatchFanoutQueue,
+    Limits,
+    SubmitSettings,
+    WebhookQueue,
+    resources,
+    section,
+)
 from llmtasks.wiring import check_configuration
 from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, sqs, task_lanes, task_store
 
@@ -42,6 +51,13 @@ def batch_service() -> BatchService:
         idempotency=idempotency_keys(),
         limits=key_limits(),
     )
+
+
+@lru_cache(maxsize=1)
+def webhook_controls() -> WebhookControls:
+    # SubmitFunction sends replays to it, WebhookFunction delivers them.
+    queue = Queue(resources(WebhookQueue).webhook_queue_url, sqs())
+    return WebhookControls(section(SubmitSettings), task_store().endpoints, queue)
 
 
 @lru_cache(maxsize=1)
