@@ -882,8 +882,17 @@ def test_an_event_whose_endpoint_has_every_place_taken_is_put_off_without_an_att
     assert message["Attributes"]["MessageGroupId"] == endpoint  # the fair queue's group
     # Given the endpoint's one place held by another delivery
     assert hooks.places.take(endpoint, "msg_other", cap=1, until=time.time() + 60)
-    # When the event comes, it is handled (its message deleted) without a request
+    # When the event comes, it is handled (its message deleted) without a request, and with one
+    # write (the refused take, which says who holds the places): nothing is read
+    calls: list[str] = []
+
+    def count(model: Any, **_: Any) -> None:
+        calls.append(model.name)
+
+    aws.dynamodb.meta.events.register("before-call.dynamodb.*", count)
     assert hooks.deliver([message], webhook_endpoint_concurrency=1) == {"batchItemFailures": []}
+    aws.dynamodb.meta.events.unregister("before-call.dynamodb.*", count)
+    assert calls == ["UpdateItem"]
     assert hook.deliveries == []
     task = hooks.store.get(task_id, now=time.time())
     assert (task.webhook_status, task.webhook_attempts) == (WebhookStatus.PENDING, 0)

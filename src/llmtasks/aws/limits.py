@@ -21,8 +21,8 @@ request. Each counter is one item of LimitsTable (no stream, so counting costs n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -182,14 +182,33 @@ def _update(
         "ExpressionAttributeValues": serialize(values),
         # `#n` in the expressions is the count (spelled out, so no reserved word can bite)
         "ExpressionAttributeNames": {**({"#n": "n"} if "#n" in update + condition else {}), **(names or {})},
+        # A refusal carries the item as it stood (RunningCalls reads the places from it).
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }
     with dynamodb_errors("LimitsTable update"):
         try:
             client.update_item(**request)
         except ClientError as exc:
             if is_condition_failure(exc):
-                raise _Refused from None
+                raise _Refused(exc.response.get("Item")) from None  # type: ignore[arg-type]
             raise
+
+
+@dataclass(frozen=True)
+class Take:
+    """A take's answer: the place is the caller's, or (refused) who holds the places, each
+    until when."""
+
+    taken: bool
+    held: dict[str, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.taken
+
+
+def _places(item: Mapping[str, Any] | None) -> dict[str, float]:
+    entries = deserialize(item) if item else {}
+    return {name[2:]: float(value) for name, value in entries.items() if name.startswith("t_")}
 
 
 class RunningCalls:
@@ -215,9 +234,10 @@ class RunningCalls:
         self._clock = clock
         self._prefix = prefix
 
-    def take(self, tenant_id: str, task_id: str, *, cap: int, until: float) -> bool:
+    def take(self, tenant_id: str, task_id: str, *, cap: int, until: float) -> Take:
         """Whether the task may call now: a place under `cap` is its own until `until`, or was
-        already (a redelivery of the same task takes its place over)."""
+        already (a redelivery of the same task takes its place over). A refusal says who holds
+        the places (the item as the refused write found it: no read after it)."""
         for attempt in range(2):
             try:
                 self._write(
@@ -227,9 +247,9 @@ class RunningCalls:
                     {":until": until, ":zero": 0, ":one": 1, ":cap": cap},
                     task_id,
                 )
-                return True
-            except _Refused:
-                held = self.running(tenant_id)
+                return Take(taken=True)
+            except _Refused as refused:
+                held = _places(refused.item)
                 if task_id in held:
                     self._write(
                         tenant_id,
@@ -238,13 +258,13 @@ class RunningCalls:
                         {":until": until},
                         task_id,
                     )
-                    return True
+                    return Take(taken=True)
                 now = self._clock()
                 lapsed = [other for other, held_until in held.items() if held_until < now]
                 if attempt == 0 and sum(self._remove(tenant_id, other) for other in lapsed):
                     continue
-                return False
-        return False
+                return Take(taken=False, held=held)
+        raise AssertionError("unreachable: the second attempt returns")
 
     def give_back(self, tenant_id: str, task_id: str) -> None:
         self._remove(tenant_id, task_id)
@@ -257,8 +277,7 @@ class RunningCalls:
                 Key={"pk": {"S": f"{self._prefix}{tenant_id}"}},
                 ConsistentRead=True,
             ).get("Item")
-        entries = deserialize(item) if item else {}
-        return {name[2:]: float(value) for name, value in entries.items() if name.startswith("t_")}
+        return _places(item)
 
     def _remove(self, tenant_id: str, task_id: str) -> bool:
         try:
@@ -314,4 +333,8 @@ def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:
 
 
 class _Refused(Exception):
-    """A counter's condition said no."""
+    """A counter's condition said no; `item` is the counter as it stood then."""
+
+    def __init__(self, item: Mapping[str, Any] | None) -> None:
+        super().__init__("condition failed")
+        self.item = item

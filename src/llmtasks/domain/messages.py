@@ -97,19 +97,27 @@ class WebhookMessage(BaseModel):
     deferrals: int = Field(default=0, ge=0)
     # Sent again because its tenant asked (POST .../webhook/replay): one attempt, no schedule.
     replay: bool = False
+    # Its URL's scheme, host and port (its group on WebhookQueue): a delivery takes one of the
+    # endpoint's places before it reads anything, so an event put off costs no read. None in a
+    # message sent before events carried it: read from its task or batch then.
+    endpoint: str | None = None
 
     @classmethod
-    def of_task(cls, task_id: str, event_type: TaskEventType, *, replay: bool = False) -> WebhookMessage:
+    def of_task(
+        cls, task_id: str, event_type: TaskEventType, *, endpoint: str, replay: bool = False
+    ) -> WebhookMessage:
+        the_id = webhook_id(task_id, event_type)
         return cls(
-            webhook_id=webhook_id(task_id, event_type), task_id=task_id, event_type=event_type, replay=replay
+            webhook_id=the_id, task_id=task_id, event_type=event_type, endpoint=endpoint, replay=replay
         )
 
     @classmethod
-    def of_batch(cls, batch_id: str, *, replay: bool = False) -> WebhookMessage:
+    def of_batch(cls, batch_id: str, *, endpoint: str, replay: bool = False) -> WebhookMessage:
         return cls(
             webhook_id=webhook_id(batch_id, BATCH_COMPLETED),
             batch_id=batch_id,
             event_type=BATCH_COMPLETED,
+            endpoint=endpoint,
             replay=replay,
         )
 

@@ -55,7 +55,9 @@ class WebhookControls:
             raise TaskConflict(
                 f"{name}'s webhook_events leave out {event_type}: there is no event to replay."
             )
-        message = WebhookMessage.of_task(task.task_id, event_type, replay=True)
+        message = WebhookMessage.of_task(
+            task.task_id, event_type, endpoint=endpoint_of(task.webhook_url), replay=True
+        )
         return self._replay(name, task.tenant_id, task.webhook_url, message)
 
     def replay_batch(self, batch: Batch) -> WebhookReplay:
@@ -69,9 +71,10 @@ class WebhookControls:
             raise TaskConflict(
                 f"{name}'s webhook_events leave out batch.completed: there is no event to replay."
             )
-        return self._replay(
-            name, batch.tenant_id, batch.webhook_url, WebhookMessage.of_batch(batch.batch_id, replay=True)
+        message = WebhookMessage.of_batch(
+            batch.batch_id, endpoint=endpoint_of(batch.webhook_url), replay=True
         )
+        return self._replay(name, batch.tenant_id, batch.webhook_url, message)
 
     def enable(self, tenant_id: str, url: str) -> WebhookEndpoint:
         """Deliveries to the tenant's URL are attempted again, and its failures count from zero."""
@@ -90,7 +93,7 @@ class WebhookControls:
                 f"{name}'s webhook_url is disabled (it failed for too long): enable it first"
                 " (POST /webhooks/endpoints/enable), then replay."
             )
-        self._queue.send(message, group=endpoint_of(url))
+        self._queue.send(message, group=message.endpoint)
         logger.info(
             "webhook replay queued",
             webhook_id=message.webhook_id,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from standardwebhooks import Webhook
 
 from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.limits import Take
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchView
 from llmtasks.domain.errors import RetryLater
@@ -153,10 +154,11 @@ class WebhookRelay:
         if not new.wants_webhook(event_type):
             logger.info("webhook not wanted for this event", event_type=event_type, **task_keys(new))
             return False
+        endpoint = endpoint_of(new.webhook_url)
         self._queue.send(
-            WebhookMessage.of_task(new.task_id, event_type),
+            WebhookMessage.of_task(new.task_id, event_type, endpoint=endpoint),
             trace_header=new.trace_header,
-            group=endpoint_of(new.webhook_url),
+            group=endpoint,
         )
         logger.info("webhook queued", event_type=event_type, **task_keys(new))
         return True
@@ -165,10 +167,8 @@ class WebhookRelay:
         ended = new.status.is_terminal and (old is None or not old.status.is_terminal)
         if not ended or not new.wants_webhook():
             return False
-        self._queue.send(
-            WebhookMessage.of_batch(new.batch_id),
-            group=endpoint_of(new.webhook_url or ""),
-        )
+        endpoint = endpoint_of(new.webhook_url or "")
+        self._queue.send(WebhookMessage.of_batch(new.batch_id, endpoint=endpoint), group=endpoint)
         logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
         return True
 
@@ -246,39 +246,46 @@ class WebhookDelivery:
         attempt = message.attempts_before + receive_count
         # The reads and writes around the request run in threads: an invocation's deliveries
         # share one event loop, and a blocking call would hold up every other one's.
-        subject = await asyncio.to_thread(self._subject, message)
-        if subject is None:
-            # pragma: no mutate start, a log line's words, for operators
-            logger.info(
-                "webhook dropped: its task or batch is gone",
-                task_id=message.task_id,
-                batch_id=message.batch_id,
-            )
-            # pragma: no mutate end
+        subject: _Subject | None = None
+        endpoint = message.endpoint
+        if endpoint is None:  # a message sent before events carried their endpoint
+            subject = await asyncio.to_thread(self._subject, message)
+            if subject is None:
+                return _dropped(message)
+            endpoint = endpoint_of(subject.url)
+        place = await asyncio.to_thread(self._take_place, endpoint, message)
+        if not place:
+            # Put off before anything is read: an endpoint that hangs costs its events a write
+            # and a send each round, no more.
+            await asyncio.to_thread(self._defer, message, attempt, endpoint, place.held)
             return
+        try:
+            if subject is None:
+                subject = await asyncio.to_thread(self._subject, message)
+            if subject is None:
+                return _dropped(message)
+            await self._attempt(message, attempt, subject)
+        finally:
+            if self._places is not None:
+                await asyncio.to_thread(self._places.give_back, endpoint, message.webhook_id)
+
+    async def _attempt(self, message: WebhookMessage, attempt: int, subject: _Subject) -> None:
+        """One HTTP attempt at the event (its endpoint's place held), and what it leads to."""
         health = await asyncio.to_thread(self._health, subject)
         if health is not None and health.disabled:
             await asyncio.to_thread(subject.record, WebhookStatus.ENDPOINT_DISABLED, None)
             logger.warning("webhook not attempted: its endpoint is disabled", url=subject.url, **subject.log)
             return
-        endpoint = endpoint_of(subject.url)
-        if not await asyncio.to_thread(self._take_place, endpoint, message):
-            await asyncio.to_thread(self._defer, message, attempt, endpoint, subject)
-            return
         sent_at, started = self._clock(), time.monotonic()
-        try:
-            secrets = await asyncio.to_thread(
-                self._store.tenants.secrets, subject.tenant_id, new_secret=new_webhook_secret()
-            )
-            result = await self._sender.send(
-                subject.url,
-                message_id=message.webhook_id,
-                body=subject.body(message),
-                secrets=secrets.signing(self._clock()),
-            )
-        finally:
-            if self._places is not None:
-                await asyncio.to_thread(self._places.give_back, endpoint, message.webhook_id)
+        secrets = await asyncio.to_thread(
+            self._store.tenants.secrets, subject.tenant_id, new_secret=new_webhook_secret()
+        )
+        result = await self._sender.send(
+            subject.url,
+            message_id=message.webhook_id,
+            body=subject.body(message),
+            secrets=secrets.signing(self._clock()),
+        )
         logged = _Attempt(sent_at, "replay" if message.replay else "scheduled", result, started)
         # pragma: no mutate start, the keys of its log lines
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
@@ -342,10 +349,10 @@ class WebhookDelivery:
         # pragma: no mutate end
         return True
 
-    def _take_place(self, endpoint: str, message: WebhookMessage) -> bool:
-        """One of the endpoint's places for this delivery, or False when all are taken."""
+    def _take_place(self, endpoint: str, message: WebhookMessage) -> Take:
+        """One of the endpoint's places for this delivery, or a refusal saying who holds them."""
         if self._places is None:
-            return True
+            return Take(taken=True)
         until = self._clock() + self._settings.webhook_timeout_s + PLACE_MARGIN_S
         cap = self._settings.webhook_endpoint_concurrency
         return self._places.take(endpoint, message.webhook_id, cap=cap, until=until)
@@ -360,14 +367,14 @@ class WebhookDelivery:
         frees_in = min(held.values()) - PLACE_MARGIN_S - self._clock()
         return max(DEFER_BASE_S, min(wanted, frees_in))
 
-    def _defer(self, message: WebhookMessage, attempt: int, endpoint: str, subject: _Subject) -> None:
+    def _defer(self, message: WebhookMessage, attempt: int, endpoint: str, held: dict[str, float]) -> None:
         """The event again, later, as a new message that keeps its attempt count: this delivery
-        made no attempt, and SQS's receive count (the DLQ's maxReceiveCount) starts over."""
+        made no attempt, and SQS's receive count (the DLQ's maxReceiveCount) starts over. `held`:
+        the endpoint's open deliveries, as the refused take found them."""
         assert self._requeue is not None  # checked with the places in __init__
-        assert self._places is not None
-        delay = self._defer_s(self._places.running(endpoint), message.deferrals) * self._rng.uniform(0.8, 1.2)
+        delay = self._defer_s(held, message.deferrals) * self._rng.uniform(0.8, 1.2)
         later = message.model_copy(
-            update={"attempts_before": attempt - 1, "deferrals": message.deferrals + 1}
+            update={"attempts_before": attempt - 1, "deferrals": message.deferrals + 1, "endpoint": endpoint}
         )
         self._requeue.send(later, delay_s=delay, group=endpoint)
         emit(Metric.WEBHOOK_DEFERRALS)
@@ -377,9 +384,18 @@ class WebhookDelivery:
             endpoint=endpoint,
             deferrals=later.deferrals,
             delay_s=round(delay, 1),
-            **subject.log,
+            task_id=message.task_id,
+            batch_id=message.batch_id,
         )
         # pragma: no mutate end
+
+
+def _dropped(message: WebhookMessage) -> None:
+    # pragma: no mutate start, a log line's words, for operators
+    logger.info(
+        "webhook dropped: its task or batch is gone", task_id=message.task_id, batch_id=message.batch_id
+    )
+    # pragma: no mutate end
 
 
 @dataclass(frozen=True)
