@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import random
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -880,8 +881,9 @@ def test_an_event_whose_endpoint_has_every_place_taken_is_put_off_without_an_att
     hooks.relay()
     [message] = aws.messages("WebhookQueue")
     assert message["Attributes"]["MessageGroupId"] == endpoint  # the fair queue's group
-    # Given the endpoint's one place held by another delivery
-    assert hooks.places.take(endpoint, "msg_other", cap=1, until=time.time() + 60)
+    # Given the endpoint's one place held by another delivery, begun 5 s ago (a hang, by now)
+    until = time.time() - 5 + hooks.settings.webhook_timeout_s + PLACE_MARGIN_S
+    assert hooks.places.take(endpoint, "msg_other", cap=1, until=until)
     # When the event comes, it is handled (its message deleted) without a request, and with one
     # write (the refused take, which says who holds the places): nothing is read
     calls: list[str] = []
@@ -981,10 +983,33 @@ def test_an_event_is_put_off_longer_each_time_but_never_past_its_endpoint_s_olde
     # A first put-off waits briefly, the next ones twice as long each time
     for deferrals, wanted in ((0, DEFER_BASE_S), (1, 2 * DEFER_BASE_S), (3, 8 * DEFER_BASE_S)):
         low, high = about(wanted)
-        assert low <= put_off_for(0.0, deferrals) <= high
+        assert low <= put_off_for(2.0, deferrals) <= high  # a delivery begun 2 s ago: a hang
     # but never past the timeout of the delivery that holds the place (2 s away, less the time
     # the delivery itself took): then a place is free. Five put-offs would wait 9.6 s.
     assert about(DEFER_BASE_S)[0] <= put_off_for(13.0, deferrals=5) <= about(timeout_s - 13)[1]
+
+
+def test_a_busy_endpoint_s_event_waits_in_its_invocation_for_a_place_and_goes_out(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    hook, url = receiver
+    endpoint = endpoint_of(url)
+    hooks.finish_task()
+    hooks.relay()
+    # Given the endpoint's one place held by a delivery that has just begun, and ends soon after
+    until = time.time() + hooks.settings.webhook_timeout_s + PLACE_MARGIN_S
+    assert hooks.places.take(endpoint, "msg_other", cap=1, until=until)
+    ends = threading.Timer(0.3, hooks.places.give_back, (endpoint, "msg_other"))
+    ends.start()
+    # When the event comes, it waits in its invocation for the place and is delivered: not put off
+    assert hooks.deliver(aws.messages("WebhookQueue"), webhook_endpoint_concurrency=1) == {
+        "batchItemFailures": []
+    }
+    ends.join()
+    assert len(hook.deliveries) == 1
+    assert aws.messages("WebhookQueue", wait_s=2) == []
+    assert "WebhookDeferrals" not in emf_records(capsys.readouterr().out)
+    assert hooks.places.running(endpoint) == {}
 
 
 # --- the delivery log, replay, and disabled endpoints ---------------------------------------
