@@ -26,6 +26,7 @@ from llmtasks.aws.dynamo import (
     scan_by_prefix,
     serialize,
     stream_change,
+    updated_if,
 )
 from llmtasks.aws.task_items import task_change
 from llmtasks.aws.webhook_records import outcome_update
@@ -272,24 +273,16 @@ class BatchStore:
         did not hold."""
         all_names = {"#status": "status"} if "#status" in update + condition else {}
         all_names |= names or {}
-        optional: dict[str, Any] = {"ExpressionAttributeNames": all_names} if all_names else {}
-        try:
-            reply = self._client.update_item(
-                TableName=self.table_name,
-                Key=batch_key(batch_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                ExpressionAttributeValues=serialize(values),
-                ReturnValues="ALL_NEW",
-                **optional,
-            )
-        except ClientError as exc:
-            if is_condition_failure(exc):
-                return None
-            raise BackendError(f"DynamoDB update failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"DynamoDB update failed: {exc}") from exc
-        return batch_from_item(reply["Attributes"])
+        item = updated_if(
+            self._client,
+            self.table_name,
+            batch_key(batch_id),
+            update,
+            condition=condition,
+            values=values,
+            names=all_names,
+        )
+        return None if item is None else batch_from_item(item)
 
 
 # Batches whose cancel state one worker sandbox remembers before it forgets them all.

@@ -77,6 +77,37 @@ def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _from_dynamo(_deserializer.deserialize(v)) for k, v in item.items()}
 
 
+def updated_if(
+    client: DynamoDBClient,
+    table_name: str,
+    key: Mapping[str, AttributeValueTypeDef],
+    update: str,
+    *,
+    condition: str,
+    values: Mapping[str, Any],
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any] | None:
+    """One conditional UpdateItem: the item after it, or None when the condition did not hold
+    (any other failure is a BackendError)."""
+    optional: dict[str, Any] = {"ExpressionAttributeNames": dict(names)} if names else {}
+    with dynamodb_errors("update"):
+        try:
+            reply = client.update_item(
+                TableName=table_name,
+                Key=dict(key),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=serialize(values),
+                ReturnValues="ALL_NEW",
+                **optional,
+            )
+        except ClientError as exc:
+            if is_condition_failure(exc):
+                return None
+            raise
+    return dict(reply["Attributes"])
+
+
 def is_condition_failure(exc: ClientError) -> bool:
     """A conditional write refused because its condition did not hold (not an outage)."""
     return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED

@@ -17,9 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
-from llmtasks.aws.dynamo import deserialize, dynamodb_errors, is_condition_failure, serialize
+from llmtasks.aws.dynamo import deserialize, dynamodb_errors, updated_if
 from llmtasks.domain.models import WebhookAttempt, WebhookStatus
 
 if TYPE_CHECKING:
@@ -140,24 +138,9 @@ class WebhookEndpoints:
         values: dict[str, Any],
         names: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        """One conditional UpdateItem: the item after it, or None when the condition did not hold."""
-        optional: dict[str, Any] = {"ExpressionAttributeNames": names} if names else {}
-        with dynamodb_errors("update"):
-            try:
-                reply = self._client.update_item(
-                    TableName=self.table_name,
-                    Key=key,
-                    UpdateExpression=update,
-                    ConditionExpression=condition,
-                    ExpressionAttributeValues=serialize(values),
-                    ReturnValues="ALL_NEW",
-                    **optional,
-                )
-            except ClientError as exc:
-                if is_condition_failure(exc):
-                    return None
-                raise
-        return dict(reply["Attributes"])
+        return updated_if(
+            self._client, self.table_name, key, update, condition=condition, values=values, names=names
+        )
 
 
 def _health(item: Mapping[str, Any] | None, url: str) -> EndpointHealth:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmtasks.domain.batches import Batch
+from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import TaskConflict
 from llmtasks.domain.messages import WebhookMessage
-from llmtasks.domain.models import EVENT_OF_STATUS, Task, WebhookEndpoint, WebhookReplay
+from llmtasks.domain.models import EVENT_OF_STATUS, Task, TaskStatus, WebhookEndpoint, WebhookReplay
 from llmtasks.observability import logger
 from llmtasks.services.webhook_urls import (
     Resolver,
@@ -46,35 +46,25 @@ class WebhookControls:
     def replay_task(self, task: Task) -> WebhookReplay:
         """The task's terminal event again; 409 when it has none to send."""
         name = f"Task '{task.task_id}'"
-        if not task.webhook_url:
-            raise TaskConflict(f"{name} has no webhook_url: there is no event to replay.")
-        if not task.status.is_terminal:
-            raise TaskConflict(f"{name} is {task.status.value}: its event is sent when it ends.")
+        url = _ended_with_a_webhook(name, task.webhook_url, task.status)
         event_type = EVENT_OF_STATUS[task.status]
         if not task.wants_webhook(event_type):
             raise TaskConflict(
                 f"{name}'s webhook_events leave out {event_type}: there is no event to replay."
             )
-        message = WebhookMessage.of_task(
-            task.task_id, event_type, endpoint=endpoint_of(task.webhook_url), replay=True
-        )
-        return self._replay(name, task.tenant_id, task.webhook_url, message)
+        message = WebhookMessage.of_task(task.task_id, event_type, endpoint=endpoint_of(url), replay=True)
+        return self._replay(name, task.tenant_id, url, message)
 
     def replay_batch(self, batch: Batch) -> WebhookReplay:
         """The batch's batch.completed event again; 409 when it has none to send."""
         name = f"Batch '{batch.batch_id}'"
-        if not batch.webhook_url:
-            raise TaskConflict(f"{name} has no webhook_url: there is no event to replay.")
-        if not batch.status.is_terminal:
-            raise TaskConflict(f"{name} is {batch.status.value}: its event is sent when it ends.")
+        url = _ended_with_a_webhook(name, batch.webhook_url, batch.status)
         if not batch.wants_webhook():
             raise TaskConflict(
                 f"{name}'s webhook_events leave out batch.completed: there is no event to replay."
             )
-        message = WebhookMessage.of_batch(
-            batch.batch_id, endpoint=endpoint_of(batch.webhook_url), replay=True
-        )
-        return self._replay(name, batch.tenant_id, batch.webhook_url, message)
+        message = WebhookMessage.of_batch(batch.batch_id, endpoint=endpoint_of(url), replay=True)
+        return self._replay(name, batch.tenant_id, url, message)
 
     def enable(self, tenant_id: str, url: str) -> WebhookEndpoint:
         """Deliveries to the tenant's URL are attempted again, and its failures count from zero."""
@@ -101,3 +91,12 @@ class WebhookControls:
             batch_id=message.batch_id,
         )
         return WebhookReplay(webhook_id=message.webhook_id, event_type=message.event_type)
+
+
+def _ended_with_a_webhook(name: str, url: str | None, status: TaskStatus | BatchStatus) -> str:
+    """The subject's webhook URL, once it has ended; 409 while it runs or when it has none."""
+    if not url:
+        raise TaskConflict(f"{name} has no webhook_url: there is no event to replay.")
+    if not status.is_terminal:
+        raise TaskConflict(f"{name} is {status.value}: its event is sent when it ends.")
+    return url
