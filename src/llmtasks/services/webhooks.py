@@ -285,17 +285,18 @@ class WebhookDelivery:
             await asyncio.to_thread(subject.record, WebhookStatus.ENDPOINT_DISABLED, None)
             logger.warning("webhook not attempted: its endpoint is disabled", url=subject.url, **subject.log)
             return
-        sent_at, started = self._clock(), time.monotonic()
         secrets = await asyncio.to_thread(
             self._store.tenants.secrets, subject.tenant_id, new_secret=new_webhook_secret()
         )
+        sent_at, started = self._clock(), time.monotonic()
         result = await self._sender.send(
             subject.url,
             message_id=message.webhook_id,
             body=subject.body(message),
-            secrets=secrets.signing(self._clock()),
+            secrets=secrets.signing(sent_at),
         )
-        logged = _Attempt(sent_at, "replay" if message.replay else "scheduled", result, started)
+        latency_ms = round((time.monotonic() - started) * 1000)
+        logged = _Attempt(sent_at, "replay" if message.replay else "scheduled", result, latency_ms)
         # pragma: no mutate start, the keys of its log lines
         log: dict[str, Any] = {**subject.log, "attempt": attempt, "status_code": result.status_code}
         # pragma: no mutate end
@@ -430,7 +431,7 @@ class _Attempt:
     sent_at: float
     trigger: WebhookTrigger
     result: DeliveryResult
-    started: float  # time.monotonic() when it was sent
+    latency_ms: int  # from the request sent to its answer or failure
 
     def entry(self, outcome: WebhookOutcome, *, next_at: float | None = None) -> WebhookAttempt:
         return WebhookAttempt(
@@ -439,7 +440,7 @@ class _Attempt:
             outcome=outcome,
             status_code=self.result.status_code,
             error=self.result.error or None,
-            latency_ms=max(0, round((time.monotonic() - self.started) * 1000)),
+            latency_ms=self.latency_ms,
             next_attempt_at=None if next_at is None else _at(next_at),
         )
 
