@@ -163,6 +163,14 @@ def test_every_sample_event_runs_through_llmtasks_invoke(
     assert [json.loads(row)["custom_id"] for row in rows] == ["doc-0", "doc-1"]
     reply = invoke("SubmitFunction", "cancel_batch.json")
     assert (reply["statusCode"], body_of(reply)["status"]) == (200, "cancelling")
+    # It has no webhook: no attempt to list, no event to replay
+    reply = invoke("StatusFunction", "batch_webhook_attempts.json")
+    assert (reply["statusCode"], body_of(reply)["data"]) == (200, [])
+    reply = invoke("SubmitFunction", "replay_batch_webhook.json")
+    assert (reply["statusCode"], body_of(reply)["detail"]) == (
+        409,
+        f"Batch '{BATCH_ID}' has no webhook_url: there is no event to replay.",
+    )
 
     # The authorizer denies the sample's placeholder key (API Gateway answers 403); the open
     # routes answer without a key
