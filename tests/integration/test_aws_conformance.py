@@ -702,6 +702,27 @@ def test_ttl_deletes_expired_items_and_the_stream_shows_removes(remote: dict[str
     assert removes == [("REMOVE", "task#gone")]
 
 
+# --- DynamoDB conditional writes -----------------------------------------------------------------
+
+
+def test_dynamodb_a_refused_conditional_update_returns_the_item_as_it_stood(remote: dict[str, Any]) -> None:
+    """UpdateItem with ReturnValuesOnConditionCheckFailure ALL_OLD: the ConditionalCheckFailedException carries the item as it was, so a refused take of a place needs no read to learn who holds them (DynamoDB API reference, UpdateItem)."""
+    table = remote["resources"].table_names["LimitsTable"]
+    held = {"pk": {"S": "webhook#https://h.example"}, "t_msg_1": {"N": "1800000000"}, "n": {"N": "1"}}
+    remote["dynamodb"].put_item(TableName=table, Item=held)
+    with pytest.raises(remote["dynamodb"].exceptions.ConditionalCheckFailedException) as refused:
+        remote["dynamodb"].update_item(
+            TableName=table,
+            Key={"pk": held["pk"]},
+            UpdateExpression="SET #n = #n + :one",
+            ConditionExpression="#n < :cap",
+            ExpressionAttributeNames={"#n": "n"},
+            ExpressionAttributeValues={":one": {"N": "1"}, ":cap": {"N": "1"}},
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    assert refused.value.response["Item"] == held
+
+
 # --- Lambda runtime: sandboxes ------------------------------------------------------------------
 
 
