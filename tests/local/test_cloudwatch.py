@@ -152,7 +152,7 @@ def test_each_sandbox_writes_its_own_log_stream_with_lambda_s_lines_around_each_
         """
         import os
         def handler(event, context):
-            print(f"handling {event['n']} in {os.getpid()}")
+            print(f"handling {event['n']} in {os.getpid()} to {context.log_stream_name}")
             return event["n"]
         """,
     )
@@ -184,6 +184,8 @@ def test_each_sandbox_writes_its_own_log_stream_with_lambda_s_lines_around_each_
         handled = next(i for i, line in enumerate(lines) if line.startswith(f"handling {n} in "))
         assert start < end < report
         assert start < handled
+        # The sandbox's context names the stream its lines go to, as Lambda's does
+        assert lines[handled].endswith(f" to {stream['logStreamName']}")
     # Lines sent later go to the same stream, which is not made again
     sink.line("/aws/lambda/F", stream["logStreamName"], "later")
     sink.flush()

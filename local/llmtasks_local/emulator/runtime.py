@@ -172,10 +172,10 @@ class FunctionRuntime:
             self.spec,
             os.environ if self._environment is None else self._environment,
             on_line,
+            log_stream=stream,
             record_aws_calls=self._record_aws_calls,
         )
         sandbox.generation = self._generation
-        sandbox.log_stream = stream
         return sandbox
 
     def _forget(self, sandbox: Sandbox | None) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
 from llmtasks_local.emulator.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
 from llmtasks_local.sam.function_spec import FunctionSpec
@@ -99,10 +100,12 @@ class SandboxDied(Exception):
     """The sandbox's process ended: an init error, an exit, a kill."""
 
 
-def lambda_environment(spec: FunctionSpec, base: Mapping[str, str], runtime_api: str) -> dict[str, str]:
+def lambda_environment(
+    spec: FunctionSpec, base: Mapping[str, str], runtime_api: str, log_stream: str
+) -> dict[str, str]:
     """What a sandbox's process sees: `base` (the stack's own environment: its AWS endpoint and
     credentials, and the variables you start it with, beneath the template's), the function's
-    Environment, and the variables Lambda itself sets."""
+    Environment, and the variables Lambda itself sets (its log stream the one its lines go to)."""
     region = PSEUDO_PARAMETERS["AWS::Region"]
     python = f"python{sys.version_info.major}.{sys.version_info.minor}"
     return {
@@ -114,8 +117,8 @@ def lambda_environment(spec: FunctionSpec, base: Mapping[str, str], runtime_api:
         "AWS_LAMBDA_FUNCTION_NAME": spec.logical_id,
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
         "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
-        "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.logical_id}",
-        "AWS_LAMBDA_LOG_STREAM_NAME": f"local/{uuid.uuid4().hex}",
+        "AWS_LAMBDA_LOG_GROUP_NAME": log_group(spec.logical_id),
+        "AWS_LAMBDA_LOG_STREAM_NAME": log_stream,
         "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
         "AWS_LAMBDA_RUNTIME_API": runtime_api,
         "LAMBDA_TASK_ROOT": str(spec.code_dir),
@@ -264,11 +267,13 @@ class Sandbox:
         base_environment: Mapping[str, str],
         on_line: Callable[[str], None],
         *,
+        log_stream: str | None = None,
         record_aws_calls: Path | None = None,
     ) -> None:
         self.spec = spec
         self.generation = 0  # the code it runs: a reload retires sandboxes of older generations
-        self.log_stream = ""  # its CloudWatch Logs stream, when the stack keeps one (log_groups.py)
+        # Its CloudWatch Logs stream (log_groups.py), named as Lambda names an environment's.
+        self.log_stream = log_stream or new_log_stream(time.time())
         self._peak_mb = 0.0  # the highest resident memory seen while it ran (after it ended too)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._current: _Job | None = None
@@ -283,7 +288,8 @@ class Sandbox:
             target=self._api.serve_forever, name=f"runtime-api-{spec.logical_id}", daemon=True
         ).start()
         self._cut_file = Path(tempfile.mkstemp(prefix="llmtasks-cut-")[1])
-        environment = lambda_environment(spec, base_environment, f"127.0.0.1:{self._api.server_address[1]}")
+        runtime_api = f"127.0.0.1:{self._api.server_address[1]}"
+        environment = lambda_environment(spec, base_environment, runtime_api, self.log_stream)
         environment[CUT_FILE] = str(self._cut_file)
         if record_aws_calls is not None:
             environment[RECORD_AWS_CALLS] = str(record_aws_calls)
