@@ -72,10 +72,12 @@ class WebhookEndpoints:
         self._client = client
 
     def health(self, tenant_id: str, url: str) -> EndpointHealth:
+        """Read once a delivery, eventually consistent (half a read unit): a URL disabled or
+        enabled a moment ago may read as it was, for that moment."""
         with dynamodb_errors("read"):
-            item = self._client.get_item(
-                TableName=self.table_name, Key=_endpoint_key(tenant_id, url), ConsistentRead=True
-            ).get("Item")
+            item = self._client.get_item(TableName=self.table_name, Key=_endpoint_key(tenant_id, url)).get(
+                "Item"
+            )
         return _health(item, url)
 
     def failed(self, tenant_id: str, url: str, *, error: str, now: float, disable_after_s: float) -> bool:
