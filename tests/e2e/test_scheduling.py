@@ -61,10 +61,6 @@ def pending_now(client: httpx.Client) -> set[str]:
             return found
 
 
-def statuses(client: httpx.Client, task_ids: list[str]) -> list[str]:
-    return [str(client.get(f"/tasks/{task_id}").json()["status"]) for task_id in task_ids]
-
-
 def ended_at(client: httpx.Client, task_ids: list[str]) -> dict[str, float]:
     def read() -> dict[str, Any]:
         if still_running(client):
@@ -105,10 +101,12 @@ def test_a_quiet_tenant_and_a_high_priority_task_overtake_another_tenant_s_backl
         backlog = submit_all(flood, [{"prompt": f"flood {i}"} for i in range(FLOOD)])
         # Once the flood is running (read through the API: a CLI process takes seconds to
         # start on a loaded machine, and the backlog drains meanwhile), a quiet tenant's tasks
-        # and the flood's own urgent one
+        # and the flood's own urgent one. Judged by how many have left pending, not by which:
+        # a standard queue promises no order (a CI run saw its third task still pending after
+        # 60 s while others of the first wave had completed).
         eventually(
-            lambda: statuses(flood, backlog[:3]),
-            lambda found: "pending" not in found,
+            lambda: len(pending_now(flood) & set(backlog)),
+            lambda still_pending: still_pending <= FLOOD - 10,
             timeout_s=60,
             what="the flood's first calls running",
         )
