@@ -258,7 +258,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         responses={**_REPLAY, 404: openapi_problem("Unknown, expired or another tenant's task")},
     )
     def replay_task_webhook(task_id: str) -> Response[WebhookReplay]:
-        task = service_of(app).get(tenant_of(app), task_id)
+        task = service_of(app).owned(tenant_of(app), task_id)
         return _json(webhooks_of(app).replay_task(task), 202)
 
     @app.post(
@@ -399,7 +399,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     def task_webhook_attempts(
         task_id: str, limit: AttemptsLimit = 20, cursor: AttemptsCursor = None
     ) -> Response[WebhookAttemptList]:
-        return _attempts_page(service_of(app).get(tenant_of(app), task_id), limit, cursor)
+        return _attempts_page(service_of(app).owned(tenant_of(app), task_id), limit, cursor)
 
     @app.get(
         "/batches/<batch_id>/webhook/attempts",

@@ -121,7 +121,7 @@ class WebhookEndpoints:
             values={":gone": 0},
         )
 
-    def enable(self, tenant_id: str, url: str) -> EndpointHealth:
+    def enable(self, tenant_id: str, url: str) -> None:
         """The URL as a healthy one: deliveries to it are attempted again (its tenant's call)."""
         self._update(
             _endpoint_key(tenant_id, url),
@@ -129,7 +129,6 @@ class WebhookEndpoints:
             condition="attribute_exists(pk)",
             values={":gone": 0},
         )
-        return EndpointHealth(url=url)
 
     def _update(
         self,

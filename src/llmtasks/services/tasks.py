@@ -126,15 +126,9 @@ class TaskService:
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
         """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
-        if not is_task_id(task_id):
-            raise TaskNotFound(task_id[:64])
         give_up = time.monotonic() + wait_s
         for reads in itertools.count():
-            now = self._clock()
-            stored = self._store.get(task_id, now=now)
-            if stored is None or stored.tenant_id != tenant_id:
-                raise TaskNotFound(task_id)
-            task = stored.as_read(now)
+            task = self.owned(tenant_id, task_id)
             left = give_up - time.monotonic()
             if task.status.is_terminal or left <= 0:
                 return self._results.hydrate(task)
@@ -142,6 +136,17 @@ class TaskService:
             # done within a few tens of milliseconds, and a long wait costs what client polling would.
             time.sleep(min(WAIT_POLL_S, WAIT_FIRST_POLL_S * 2**reads, left))
         raise AssertionError("unreachable: the loop returns")
+
+    def owned(self, tenant_id: str, task_id: str) -> Task:
+        """The tenant's task as clients read it, without its result when that is kept in
+        ResultsBucket (reads of its other fields fetch nothing more)."""
+        if not is_task_id(task_id):
+            raise TaskNotFound(task_id[:64])
+        now = self._clock()
+        stored = self._store.get(task_id, now=now)
+        if stored is None or stored.tenant_id != tenant_id:
+            raise TaskNotFound(task_id)
+        return stored.as_read(now)
 
     def list_tasks(
         self, tenant_id: str, *, limit: int, status: TaskStatus | None = None, cursor: str | None = None
