@@ -7,7 +7,6 @@ import base64
 import json
 import logging
 import random
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from llmtasks.aws.batch_store import BatchStore, change_of
-from llmtasks.aws.limits import endpoint_places
+from llmtasks.aws.limits import Take, endpoint_places
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
@@ -990,22 +989,35 @@ def test_an_event_is_put_off_longer_each_time_but_never_past_its_endpoint_s_olde
 
 
 def test_a_busy_endpoint_s_event_waits_in_its_invocation_for_a_place_and_goes_out(
-    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], capsys: pytest.CaptureFixture[str]
+    hooks: Hooks,
+    aws: Aws,
+    receiver: tuple[WebhookReceiver, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     hook, url = receiver
     endpoint = endpoint_of(url)
     hooks.finish_task()
     hooks.relay()
-    # Given the endpoint's one place held by a delivery that has just begun, and ends soon after
-    until = time.time() + hooks.settings.webhook_timeout_s + PLACE_MARGIN_S
-    assert hooks.places.take(endpoint, "msg_other", cap=1, until=until)
-    ends = threading.Timer(0.3, hooks.places.give_back, (endpoint, "msg_other"))
-    ends.start()
+    # Given the endpoint's one place held by a delivery that has just begun (its place holds a
+    # minute: young however slowly this runs), which ends right after the event's first refusal
+    assert hooks.places.take(endpoint, "msg_other", cap=1, until=time.time() + 60)
+    take = hooks.places.take
+    refusals: list[Take] = []
+
+    def take_then_the_other_ends(*args: Any, **kwargs: Any) -> Take:
+        place = take(*args, **kwargs)
+        if not place and not refusals:
+            refusals.append(place)
+            hooks.places.give_back(endpoint, "msg_other")
+        return place
+
+    monkeypatch.setattr(hooks.places, "take", take_then_the_other_ends)
     # When the event comes, it waits in its invocation for the place and is delivered: not put off
     assert hooks.deliver(aws.messages("WebhookQueue"), webhook_endpoint_concurrency=1) == {
         "batchItemFailures": []
     }
-    ends.join()
+    assert len(refusals) == 1
     assert len(hook.deliveries) == 1
     assert aws.messages("WebhookQueue", wait_s=2) == []
     assert "WebhookDeferrals" not in emf_records(capsys.readouterr().out)
