@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
+from llmtasks.aws import store as store_module
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
@@ -494,12 +495,17 @@ def test_a_cursor_is_a_place_in_the_caller_s_own_listing_whoever_made_it(api: Ap
     assert (oldest["data"], oldest["next_cursor"]) == ([], None)
 
 
-def test_a_filtered_page_holds_at_most_its_limit_and_the_next_page_goes_on_from_it(api: Api) -> None:
-    # Given, newest first: a cancelled task, then four pending ones
+@pytest.mark.parametrize("window", [store_module.STATUS_WINDOW, 2, 1])
+def test_a_filtered_page_holds_at_most_its_limit_and_the_next_page_goes_on_from_it(
+    api: Api, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given, newest first: a cancelled task, then four pending ones; and a query that looks
+    # through `window` index entries (so with 2 or 1, a page takes several queries)
+    monkeypatch.setattr(store_module, "STATUS_WINDOW", window)
     older = submit_n(api, 4)
     newest = submit_n(api, 1)[0]
     api.call("POST", f"/tasks/{newest}/cancel")
-    # When two pending ones are asked for: the first read of the index holds the cancelled one
+    # When two pending ones are asked for
     first = api.call("GET", "/tasks", query="status=pending&limit=2")["json"]
     # Then the page has two, not every pending task the further reads found, and the next one
     # starts where it stopped

@@ -3,6 +3,7 @@ and each item written, equal with the patch and without it."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -194,3 +195,88 @@ def received_within_retention(aws: Any, name: str) -> list[str]:
 def test_a_receive_checks_retention_as_moto_does(aws: Any) -> None:
     fast, slow = with_and_without(received_within_retention, aws)
     assert fast == slow == ["kept"]
+
+
+def item_replies(aws: Any, name: str) -> list[dict[str, Any]]:
+    """Every item reply the service reads, as boto3 parses it (less the request's metadata): a
+    GetItem of an item and of none, a BatchGetItem with a key that has no item, pages of a Query
+    of the table and of an index, a Scan with consumed capacity, the old item of a PutItem and of
+    a DeleteItem, and a TransactGetItems."""
+    dynamodb = aws.dynamodb
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "owner", "AttributeType": "S"},
+            {"AttributeName": "n", "AttributeType": "N"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by_owner",
+                "KeySchema": [
+                    {"AttributeName": "owner", "KeyType": "HASH"},
+                    {"AttributeName": "n", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    items = [{**ITEM, "pk": {"S": f"task#{i}"}, "owner": {"S": "acme"}, "n": {"N": str(i)}} for i in range(3)]
+    for item in items:
+        dynamodb.put_item(TableName=name, Item=item)
+    keys = [{"pk": item["pk"]} for item in items]
+    replies = [
+        dynamodb.get_item(TableName=name, Key=keys[0]),
+        dynamodb.get_item(TableName=name, Key={"pk": {"S": "none"}}),
+        dynamodb.get_item(TableName=name, Key=keys[1], ProjectionExpression="m.deep, l[0]"),
+        dynamodb.batch_get_item(RequestItems={name: {"Keys": [*keys, {"pk": {"S": "none"}}]}}),
+        dynamodb.query(
+            TableName=name,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": keys[2]["pk"]},
+        ),
+    ]
+    start: dict[str, Any] = {}
+    while True:
+        page = dynamodb.query(
+            TableName=name,
+            IndexName="by_owner",
+            KeyConditionExpression="#o = :o",
+            ExpressionAttributeNames={"#o": "owner"},
+            ExpressionAttributeValues={":o": {"S": "acme"}},
+            ScanIndexForward=False,
+            Limit=2,
+            **start,
+        )
+        replies.append(page)
+        if "LastEvaluatedKey" not in page:
+            break
+        start = {"ExclusiveStartKey": page["LastEvaluatedKey"]}
+    replies += [
+        dynamodb.scan(TableName=name, ReturnConsumedCapacity="TOTAL"),
+        dynamodb.put_item(TableName=name, Item={**items[0], "n": {"N": "9"}}, ReturnValues="ALL_OLD"),
+        dynamodb.delete_item(TableName=name, Key=keys[1], ReturnValues="ALL_OLD"),
+        dynamodb.transact_get_items(TransactItems=[{"Get": {"TableName": name, "Key": key}} for key in keys]),
+    ]
+    return [{k: v for k, v in reply.items() if k != "ResponseMetadata"} for reply in replies]
+
+
+def test_item_replies_reply_as_moto_s_serializer_does(aws: Any) -> None:
+    fast, slow = with_and_without(item_replies, aws)
+
+    def comparable(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The table's name is in the replies that name their table.
+        return [json.loads(json.dumps(r, default=repr).replace("moto-s-own", "fast")) for r in replies]
+
+    assert comparable(fast) == comparable(slow)
+    assert fast[0]["Item"]["b"] == {"B": b"\x00\x01\xff"}  # a blob read back as bytes, as boto3 reads it
+    assert "Item" not in fast[1]
+    assert fast[2]["Item"] == {"m": {"M": {"deep": ITEM["m"]["M"]["deep"]}}, "l": {"L": [{"S": "x"}]}}
+    assert len(fast[3]["Responses"]["fast"]) == 3
+    assert fast[3]["UnprocessedKeys"] == {}
+    assert [[key["n"] for key in page["Items"]] for page in fast[5:7]] == [
+        [{"N": "2"}, {"N": "1"}],
+        [{"N": "0"}],
+    ]

@@ -329,7 +329,7 @@ def test_a_tenant_keeps_the_first_webhook_secret(store: TaskStore) -> None:
     assert (first, again, other) == ("whsec_first", "whsec_first", "whsec_third")
 
 
-def test_a_listing_page_reads_what_the_keys_only_index_points_to_and_asks_again_for_the_rest(
+def test_a_listing_page_reads_what_the_index_points_to_and_asks_again_for_the_rest(
     aws: Aws, store: TaskStore
 ) -> None:
     # Given three tasks, and a DynamoDB that leaves one key of the page's read unprocessed
@@ -338,11 +338,11 @@ def test_a_listing_page_reads_what_the_keys_only_index_points_to_and_asks_again_
         store.create(pending_task(task_id, now=now + i))
     index_keys = aws.dynamodb.query(
         TableName=store.table_name,
-        IndexName="by_tenant",
+        IndexName="by_tenant_with_status",
         KeyConditionExpression="tenant_id = :t",
         ExpressionAttributeValues={":t": {"S": "default"}},
     )["Items"]
-    assert all(set(item) == {"pk", "tenant_id", "created_at"} for item in index_keys)  # keys only
+    assert all(set(item) == {"pk", "tenant_id", "created_at", "status"} for item in index_keys)
     real_batch_get = aws.dynamodb.batch_get_item
     calls: list[int] = []
 
@@ -362,3 +362,39 @@ def test_a_listing_page_reads_what_the_keys_only_index_points_to_and_asks_again_
     # Then it has every task, newest first, the unprocessed one asked for again
     assert [t.task_id for t in page] == ["c" * 32, "b" * 32, "a" * 32]
     assert calls == [3, 1]
+
+
+def test_a_listing_by_status_reads_only_the_tasks_stored_with_it(aws: Aws, store: TaskStore) -> None:
+    # Given 30 tasks of which every sixth is pending and the rest cancelled
+    now = 1_800_000_000.0
+    ids = [f"{i:032x}" for i in range(30)]
+    for i, task_id in enumerate(ids):
+        store.create(pending_task(task_id, now=now + i))
+        if i % 6:
+            store.cancel(task_id, tenant_id="default", now=now + i)
+    pending = [task_id for i, task_id in enumerate(ids) if i % 6 == 0][::-1]  # newest first
+    real_batch_get = aws.dynamodb.batch_get_item
+    read: list[str] = []
+
+    def counted(**request: Any) -> Any:
+        read.extend(
+            key["pk"]["S"].removeprefix("task#") for key in request["RequestItems"][store.table_name]["Keys"]
+        )
+        return real_batch_get(**request)
+
+    aws.dynamodb.batch_get_item = counted
+    # When the pending ones are listed two a page
+    pages, start = [], None
+    while True:
+        page, start = store.tenant_tasks(
+            "default", limit=2, start=start, statuses=frozenset({TaskStatus.PENDING})
+        )
+        pages.append([task.task_id for task in page])
+        if start is None:
+            break
+    # Then each page holds the next pending tasks, newest first, none twice, and only they were read
+    assert pages == [pending[0:2], pending[2:4], pending[4:]]
+    assert read == pending
+    # And without the filter a page is the newest tasks, whatever their status
+    newest, _ = store.tenant_tasks("default", limit=3)
+    assert [task.task_id for task in newest] == ids[:-4:-1]

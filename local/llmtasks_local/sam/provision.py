@@ -14,6 +14,7 @@ from llmtasks_local.sam.template import Template, TemplateError
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import TableDescriptionTypeDef
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sqs import SQSClient
 
@@ -119,6 +120,7 @@ def _create_table(
         if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
             raise
         description = dynamodb.describe_table(TableName=name)["Table"]
+        _update_indexes(dynamodb, name, description, arguments)
     ttl = props.get("TimeToLiveSpecification")
     if ttl and ttl.get("Enabled"):
         resources.ttl_attributes[logical_id] = str(ttl["AttributeName"])
@@ -133,6 +135,27 @@ def _create_table(
     resources.attributes[(logical_id, "Arn")] = description["TableArn"]
     if "LatestStreamArn" in description:
         resources.attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
+
+
+def _update_indexes(
+    dynamodb: DynamoDBClient, name: str, description: TableDescriptionTypeDef, arguments: dict[str, Any]
+) -> None:
+    """A table kept from an earlier template (a state directory, a LocalStack that stayed up)
+    gets the template's global secondary indexes as a stack update gives them: those it lacks
+    created, those the template no longer has deleted. An index is matched by its name, as
+    CloudFormation matches it (a changed key or projection comes with a new name)."""
+    wanted = {index["IndexName"]: index for index in arguments.get("GlobalSecondaryIndexes", [])}
+    present = {index["IndexName"] for index in description.get("GlobalSecondaryIndexes", [])}
+    updates: list[dict[str, Any]] = [
+        {"Delete": {"IndexName": index}} for index in sorted(present - set(wanted))
+    ]
+    updates += [{"Create": wanted[index]} for index in sorted(set(wanted) - present)]
+    for update in updates:  # one each, as DynamoDB's UpdateTable takes them
+        dynamodb.update_table(
+            TableName=name,
+            AttributeDefinitions=arguments["AttributeDefinitions"],
+            GlobalSecondaryIndexUpdates=[update],  # type: ignore[list-item]
+        )
 
 
 def _create_bucket(

@@ -47,7 +47,10 @@ _LEASE_FIELDS = (
     " partial_result, progress_tokens, progress_at, attempt_started_at"
 )
 RETRY_EARLY_S = 1.0
-TENANT_INDEX = "by_tenant"
+TENANT_INDEX = "by_tenant_with_status"
+# Index entries a listing by status looks through a query: a hundred bytes each, so 100 KB of
+# the 1 MB a query may read, and 25 read units (eventually consistent).
+STATUS_WINDOW = 1000
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 # Every status change counts itself (Task.revision), so batch counters can apply it exactly once.
 _REVISE = "revision = if_not_exists(revision, :zero) + :one"
@@ -118,36 +121,53 @@ class TaskStore:
         return None if task.is_expired(now) else task
 
     def tenant_tasks(
-        self, tenant_id: str, *, limit: int, start: TaskPosition | None = None
+        self,
+        tenant_id: str,
+        *,
+        limit: int,
+        start: TaskPosition | None = None,
+        statuses: frozenset[TaskStatus] | None = None,
     ) -> tuple[list[Task], TaskPosition | None]:
         """One page of a tenant's tasks, newest first, and where the next starts.
 
-        The by_tenant index holds keys only (so a task's updates never write to it): the page's
-        keys come from it, the tasks from one BatchGetItem. `start` is a position in the index
-        (the previous page's, or any: DynamoDB continues after a key whether or not an item has
-        it, and the tenant is always the caller's); expired items are included (DynamoDB deletes
-        them late), so callers filter.
+        The index holds the keys and each task's status: the page's keys come from it, the tasks
+        from one BatchGetItem. With `statuses`, only tasks stored with one of them: the query looks
+        through up to STATUS_WINDOW entries for them, so a page of pending tasks among thousands of
+        finished ones is one query and a read of the pending ones only. `start` is a position in
+        the index (the previous page's, or any: DynamoDB continues after a key whether or not an
+        item has it, and the tenant is always the caller's); expired items are included (DynamoDB
+        deletes them late), so callers filter.
         """
         extra: dict[str, Any] = {}
+        values: dict[str, Any] = {":tenant": tenant_id}
         if start is not None:
             extra["ExclusiveStartKey"] = {
                 **task_key(start.task_id),
                 "tenant_id": {"S": tenant_id},
                 "created_at": {"N": start.created_at},
             }
+        if statuses:
+            named = {f":status{i}": status.value for i, status in enumerate(sorted(statuses))}
+            values.update(named)
+            extra["FilterExpression"] = f"#status IN ({', '.join(named)})"
+            extra["ExpressionAttributeNames"] = _STATUS
         with dynamodb_errors("query"):
             reply = self._client.query(
                 TableName=self.table_name,
                 IndexName=TENANT_INDEX,
                 KeyConditionExpression="tenant_id = :tenant",
-                ExpressionAttributeValues=serialize({":tenant": tenant_id}),
+                ExpressionAttributeValues=serialize(values),
                 ScanIndexForward=False,
-                Limit=limit,
+                Limit=STATUS_WINDOW if statuses else limit,
                 **extra,
             )
-            keys = [{"pk": item["pk"]} for item in reply["Items"]]  # a Query's reply always has Items
+            entries = reply["Items"]  # a Query's reply always has Items
+            following = reply.get("LastEvaluatedKey")
+            if len(entries) > limit:  # more matched in the window than the page takes
+                entries = entries[:limit]
+                following = entries[-1]
+            keys = [{"pk": entry["pk"]} for entry in entries]
             items = batch_get(self._client, self.table_name, keys)
-        following = reply.get("LastEvaluatedKey")
         # In the index's order; a task deleted between the query and the read is left out.
         tasks = [task_from_item(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
         if not following:

@@ -326,6 +326,14 @@ class WebhookEndpoint(BaseModel):
     status: Literal["enabled"] = "enabled"
 
 
+def stored_as(read: TaskStatus) -> frozenset[TaskStatus]:
+    """The statuses a task may be stored with when it reads as `read`: a dead-lettered task is
+    stored processing and reads as failed (`Task.as_read`)."""
+    if read is TaskStatus.FAILED:
+        return frozenset({TaskStatus.FAILED, TaskStatus.PROCESSING})
+    return frozenset({read})
+
+
 def is_dead_lettered(status: TaskStatus, dead_letter_at: float | None, now: float) -> bool:
     """See `Task.is_dead_lettered` (also for readers that load a few fields of a task)."""
     return status is TaskStatus.PROCESSING and dead_letter_at is not None and dead_letter_at < now

@@ -22,7 +22,7 @@ from llmtasks.domain.errors import (
     TaskNotFound,
 )
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
-from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.submits import Held, SubmitSequence
@@ -31,7 +31,8 @@ from llmtasks.settings import SubmitSettings
 
 WAIT_POLL_S = 0.5
 WAIT_FIRST_POLL_S = 0.05
-# Queries one listing may make to fill a page when a status filter skips most tasks.
+# Queries one listing may make to fill a page when a status filter skips most tasks (each
+# looks through up to the store's STATUS_WINDOW index entries).
 MAX_LIST_PAGES = 10
 
 
@@ -155,10 +156,13 @@ class TaskService:
         of the next page (None on the last). The status filter applies to the status as read,
         so dead-lettered tasks count as failed; a page may come back short when few match."""
         start = TaskPosition.of(cursor) if cursor is not None else None
+        statuses = stored_as(status) if status is not None else None
         now = self._clock()
         found: list[Task] = []
         for _ in range(MAX_LIST_PAGES):
-            page, start = self._store.tenant_tasks(tenant_id, limit=limit - len(found), start=start)
+            page, start = self._store.tenant_tasks(
+                tenant_id, limit=limit - len(found), start=start, statuses=statuses
+            )
             for stored in page:
                 task = stored.as_read(now)
                 if not task.is_expired(now) and (status is None or task.status is status):
