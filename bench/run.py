@@ -73,6 +73,7 @@ SECTIONS = (
     "slots",
     "scheduling",
     "webhooks",
+    "streaming",
 )
 
 
@@ -568,9 +569,10 @@ class Cost:
         return sum(v for k, v in self.calls.items() if charged_to_tasks(k))
 
     def per_million(self, http_requests: float) -> dict[str, float]:
-        """USD per million tasks, by what is billed; items under 1 KB are one unit. The by_tenant
-        index holds keys only, so of a task's writes only its creation writes to it: one more
-        write unit per task."""
+        """USD per million tasks, by what is billed; items under 1 KB are one unit. The listing
+        index (by_tenant_with_status) holds the keys and the status, so a task's three status
+        writes (created, claimed, completed) each write an entry; by_tenant, kept one release,
+        holds keys only (its creation): four more write units per task."""
         writes = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_WRITES)
         reads = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_READS)
         sqs = sum(v for k, v in self.calls.items() if k.startswith("sqs.") and not k.endswith(".empty"))
@@ -581,7 +583,7 @@ class Cost:
             "Lambda GB-s": gb_s * PRICES["lambda_gb_s"] * 1e6,
             "HTTP API requests": http_requests * PRICES["http_api_request"] * 1e6,
             "SQS requests": sqs * PRICES["sqs_request"] * 1e6,
-            "DynamoDB writes (+1 index entry per task)": (writes + 1) * PRICES["dynamodb_wru"] * 1e6,
+            "DynamoDB writes (+4 index entries per task)": (writes + 4) * PRICES["dynamodb_wru"] * 1e6,
             "DynamoDB reads": reads * 0.5 * PRICES["dynamodb_rru"] * 1e6,
         }
 
@@ -1276,6 +1278,107 @@ def webhooks(report: Report, quick: bool) -> None:
     )
 
 
+# --- streaming: output deltas ----------------------------------------------------------------------
+
+
+@dataclass
+class Following:
+    """What one design of waiting reader measured over its tasks."""
+
+    lags_s: list[float]  # each chunk: from its write to the reply that carried it (output readers)
+    task_reads: int  # GetItem calls of the readers, less the worker's own
+    minutes: float  # reader-minutes of waiting
+    batch_gets: int = 0
+
+
+def follow_output(stack: LaunchedStack, task_id: str, lags: list[float]) -> None:
+    after = 0
+    with stack.client() as client:
+        while True:
+            page = client.get(f"/tasks/{task_id}/output", params={"after": after, "wait": 20}).json()
+            now = time.time()
+            lags += [now - datetime.fromisoformat(c["written_at"]).timestamp() for c in page["chunks"]]
+            after = page["after"]
+            if page["final"]:
+                return
+
+
+def poll_task(stack: LaunchedStack, task_id: str) -> None:
+    with stack.client() as client:
+        while client.get(f"/tasks/{task_id}", params={"wait": 20}).json()["status"] not in TERMINAL:
+            pass
+
+
+def waiting_readers(
+    stack: LaunchedStack, readers: int, prompt: str, read: Callable[[LaunchedStack, str, list[float]], None]
+) -> Following:
+    """`readers` tasks submitted at once, each followed by a reader of its own to its end."""
+    settled_calls(stack)
+    stack.aws_calls(reset=True)
+    with stack.client() as client:
+        ids = [submit(client, {"prompt": f"{prompt} {i} {uuid.uuid4().hex}"}) for i in range(readers)]
+    lags: list[float] = []
+    started = time.monotonic()
+    threads = [threading.Thread(target=read, args=(stack, task_id, lags)) for task_id in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    minutes = readers * (time.monotonic() - started) / 60
+    calls = stack.aws_calls()
+    # The worker reads each task's output head once, at its first chunk; the rest are readers'.
+    return Following(
+        lags, calls.get("dynamodb.GetItem", 0) - readers, minutes, calls.get("dynamodb.BatchGetItem", 0)
+    )
+
+
+def streaming(report: Report, quick: bool) -> None:
+    """Issue 42's figures: how soon a reader waiting on GET /tasks/{id}/output gets a chunk after
+    it is written, and what a waiting reader costs in DynamoDB read units a minute, against
+    polling the task with GET /tasks/{id}?wait= (same stack, same tasks' shape, same run)."""
+    readers, call_s = (5, 12) if quick else (20, 40)
+    prompt = "p" * 6000  # a long prompt: the task item a ?wait= poll reads is its size
+    with stack_running() as stack:
+        stack.configure_mock(**{**PLAIN_MOCK, "latency_s": call_s, "reply_chars": 4000})
+        chunks = waiting_readers(stack, readers, prompt, follow_output)
+        stack.configure_mock(**{**PLAIN_MOCK, "latency_s": call_s, "reply_chars": 4000})
+        polls = waiting_readers(stack, readers, prompt, lambda st, task_id, _lags: poll_task(st, task_id))
+    section = "streaming"
+    lags = sorted(chunks.lags_s)
+    p95 = percentile(lags, 0.95)
+    report.add(
+        section,
+        f"a chunk's write to a waiting reader's reply, p50 ({len(lags)} chunks, {readers} readers)",
+        ms(percentile(lags, 0.5)),
+    )
+    report.add(section, "  p95", ms(p95), f"target < 500 ms: {verdict(p95 < 0.5)}")
+    # Read units: a head read is eventually consistent and under 4 KB (half a unit); a task read
+    # is consistent, a unit per 4 KB of the item (the 6 KB prompt, up to 4 KB of text: 3 units);
+    # a chunk is read consistently once (a unit). Of the output readers' GetItems, three per task
+    # read the task itself (at its first read while pending, and twice at its end).
+    task_units = math.ceil((len(prompt) + 4000 + 1000) / 4096)
+    task_reads = 3 * readers
+    output_units = (chunks.task_reads - task_reads) * 0.5 + task_reads * task_units + len(lags)
+    poll_units = polls.task_reads * task_units
+    per_minute = output_units / chunks.minutes
+    poll_per_minute = poll_units / polls.minutes
+    report.add(
+        section, "read units a waiting reader costs a minute: GET /tasks/{id}/output", f"{per_minute:.0f}"
+    )
+    report.add(
+        section,
+        "  polling GET /tasks/{id}?wait=20 instead",
+        f"{poll_per_minute:.0f}",
+        f"ratio {per_minute / poll_per_minute:.2f}",
+    )
+    report.note(
+        f"streaming: {readers} tasks of a {call_s} s streamed call (4,000 characters, a progress write"
+        f" every 2 s) and a 6 KB prompt, each followed by one reader to its end; the read units are"
+        f" computed from the GetItem calls counted by the local endpoint ({chunks.task_reads} for"
+        f" the output readers, {polls.task_reads} for the pollers) at {task_units} units a task read"
+    )
+
+
 class PlaceholderRefs(dict[Any, str]):
     """Every !Ref and !GetAtt of the template, read as the name of what it refers to: a handler's
     import checks that its resources are named, not that they exist."""
@@ -1526,6 +1629,8 @@ def main() -> None:
         scheduling(report, args.quick)
     if "webhooks" in chosen:
         webhooks(report, args.quick)
+    if "streaming" in chosen:
+        streaming(report, args.quick)
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(

@@ -10,6 +10,7 @@ never makes a second task. `wait` uses the server's long-poll and its Retry-Afte
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import time
@@ -25,7 +26,9 @@ from llmtasks_client.models import (
     BatchResult,
     BatchResults,
     BatchView,
+    OutputChunk,
     TaskList,
+    TaskOutputPage,
     TaskStatus,
     TaskView,
     WebhookAttempt,
@@ -48,6 +51,8 @@ __all__ = [
 DEFAULT_URL = "http://127.0.0.1:3000"
 LONG_POLL_S = 20  # the server holds a status read up to 25 s
 BATCH_POLL_S = 2.0  # a batch's progress is read this often while waiting
+# Failed reads in a row (each after the request's own retries) that a stream reads on from.
+STREAM_RECONNECTS = 8
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -239,6 +244,57 @@ class _Waiting:
         return min(self._policy.delay(self._attempt - 1), self._left())
 
 
+class _Following:
+    """The decisions of one `stream`, so that each client only does the reads and the sleeps:
+    where to read on from, and whether an error ends the stream or is read on from."""
+
+    def __init__(self, policy: _Policy, after: int, timeout: float | None) -> None:
+        self._policy = policy
+        self.after = after
+        self.timeout = timeout
+        self._give_up = None if timeout is None else time.monotonic() + timeout
+        self._failures = 0  # in a row: a page read resets it
+
+    def params(self) -> dict[str, int]:
+        left = LONG_POLL_S if self._give_up is None else self._give_up - time.monotonic()
+        return {"after": self.after, "wait": max(0, min(LONG_POLL_S, math.ceil(left)))}
+
+    def timed_out(self) -> bool:
+        return self._give_up is not None and time.monotonic() >= self._give_up
+
+    def page(self, reply: Any) -> TaskOutputPage:
+        page = TaskOutputPage.model_validate(reply)
+        self.after = page.after
+        self._failures = 0
+        return page
+
+    def reconnect_s(self, error: Exception) -> float:
+        """How long to wait before reading on after `error` (the request's own retries spent);
+        raises it when it is no passing fault (a 4xx) or it came too often in a row."""
+        if isinstance(error, ProblemError) and error.status < 500:
+            raise error
+        self._failures += 1
+        if self._failures > STREAM_RECONNECTS:
+            raise error
+        return self._policy.delay(self._failures)
+
+    @staticmethod
+    def failed(page: TaskOutputPage) -> TaskFailedError:
+        """The error a stream ends with when its task did not complete."""
+        task = TaskView.model_validate(
+            {
+                "task_id": page.task_id,
+                "status": page.status or TaskStatus.FAILED,
+                "error": page.error,
+                "error_code": page.error_code,
+                "attempts": 0,
+                "created_at": 0,
+                "expires_at": 0,
+            }
+        )
+        return TaskFailedError(task)
+
+
 class Client:
     """`Client(base_url, api_key)`; both default to LLMTASKS_API_URL and LLMTASKS_API_KEY."""
 
@@ -304,6 +360,34 @@ class Client:
             if pause is None:
                 return task
             time.sleep(pause)
+
+    def output(self, task_id: str, *, after: int = 0, wait: float = 0) -> TaskOutputPage:
+        """The chunks of the task's output after `after`; with `wait`, held up to that many
+        seconds (25 at most) until there is one or the task ends."""
+        params = {"after": after, "wait": int(wait)}
+        return TaskOutputPage.model_validate(self._request("GET", f"/tasks/{task_id}/output", params=params))
+
+    def stream(self, task_id: str, *, after: int = 0, timeout: float | None = None) -> Iterator[OutputChunk]:
+        """Each chunk of the task's output after `after`, in order and once, as it is written,
+        until the task ends; reads on from the last chunk after an error or a dropped
+        connection. Returns when the task completed; raises TaskFailedError if it failed or was
+        cancelled, WaitTimeoutError after `timeout` seconds. A chunk whose `attempt` differs
+        from the one before starts the text over."""
+        following = _Following(self._policy, after, timeout)
+        while True:
+            try:
+                reply = self._request("GET", f"/tasks/{task_id}/output", params=following.params())
+            except (httpx.HTTPError, ProblemError) as error:
+                time.sleep(following.reconnect_s(error))
+                continue
+            page = following.page(reply)
+            yield from page.chunks
+            if page.final:
+                if page.status is not TaskStatus.COMPLETED:
+                    raise following.failed(page)
+                return
+            if following.timed_out():
+                raise WaitTimeoutError(self.get(task_id), following.timeout or 0)
 
     def submit_batch(
         self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
@@ -443,6 +527,36 @@ class AsyncClient:
             if pause is None:
                 return task
             await asyncio.sleep(pause)
+
+    async def output(self, task_id: str, *, after: int = 0, wait: float = 0) -> TaskOutputPage:
+        params = {"after": after, "wait": int(wait)}
+        reply = await self._request("GET", f"/tasks/{task_id}/output", params=params)
+        return TaskOutputPage.model_validate(reply)
+
+    async def stream(
+        self,
+        task_id: str,
+        *,
+        after: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 - Client.stream's twin
+    ) -> AsyncIterator[OutputChunk]:
+        """Client.stream's twin."""
+        following = _Following(self._policy, after, timeout)
+        while True:
+            try:
+                reply = await self._request("GET", f"/tasks/{task_id}/output", params=following.params())
+            except (httpx.HTTPError, ProblemError) as error:
+                await asyncio.sleep(following.reconnect_s(error))
+                continue
+            page = following.page(reply)
+            for chunk in page.chunks:
+                yield chunk
+            if page.final:
+                if page.status is not TaskStatus.COMPLETED:
+                    raise following.failed(page)
+                return
+            if following.timed_out():
+                raise WaitTimeoutError(await self.get(task_id), following.timeout or 0)
 
     async def submit_batch(
         self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any

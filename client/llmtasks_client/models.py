@@ -171,3 +171,28 @@ class WebhookReplay(_Reply):
     webhook_id: str
     event_type: str
     status: str
+
+
+class OutputChunk(_Reply):
+    """A piece of a task's output, in order: `sequence` from 1 (pass it as `after` to read on),
+    the `text` the model added, the `tokens` it added, and the `attempt` that wrote it (when it
+    changes, a retry is writing the text again from its start)."""
+
+    sequence: int
+    text: str
+    tokens: int = 0
+    attempt: int = 1
+    written_at: datetime | None = None
+
+
+class TaskOutputPage(_Reply):
+    """`GET /tasks/{id}/output`: the chunks after `after`; `final` once the task ended and no
+    chunk follows (then `status`, and `error` if it failed)."""
+
+    task_id: str
+    chunks: list[OutputChunk]
+    after: int
+    final: bool
+    status: TaskStatus | None = None
+    error: str | None = None
+    error_code: str | None = None

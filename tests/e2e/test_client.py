@@ -199,6 +199,14 @@ def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it
     assert all(whole.startswith(text) and text != whole for text in partials)
     assert view["result"] == whole
     assert "partial_result" not in view or view["partial_result"] is None
+    # The output's chunks, read by the SDK after the end, add up to the result; `wait --after`
+    # prints what follows a chunk
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as sdk:
+        chunks = list(sdk.stream(task_id))
+    assert len(chunks) >= 2
+    assert "".join(c.text for c in chunks) == whole
+    resumed = fresh_mock.run_cli("wait", task_id, "--after", "1")
+    assert (resumed.returncode, resumed.stdout) == (0, whole[len(chunks[0].text) :] + "\n")
     # The CLI prints the text as it grows (its first bytes come while it still waits), then the
     # rest: stdout is the whole reply, once.
     fresh_mock.configure_mock(latency_s=6, reply_chars=300)

@@ -4,6 +4,7 @@ upload to output file, and every refusal raised as the SDK's own exception."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedW
 
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import HANG_S, WebhookReceiver, eventually
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -358,3 +359,26 @@ def test_a_batch_with_a_webhook_url_gets_openais_batch_completed_which_the_sdk_v
     assert isinstance(event, BatchCompletedWebhookEvent)
     assert event.data.id == created.id
     assert client.batches.retrieve(created.id).status == "completed"
+
+
+def test_a_response_streams_to_the_sdk_and_resumes_from_any_event(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    fresh_mock.configure_mock(latency_s=4, reply_chars=300)
+    spec = importlib.util.spec_from_file_location("openai_stream", ROOT / "examples/openai_stream.py")
+    assert spec is not None
+    assert spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    # The example's loop: create(stream=True), then retrieve(stream=True, starting_after=...) per segment
+    events = list(example.stream_response(client, model="gpt-test", input="stream it"))
+    whole = reply_text("stream it", 300)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) >= 2  # a 4 s call writes its text every 2 s
+    assert "".join(deltas) == whole == events[-1].response.output_text
+    # Read again later from an old event: the same events after it
+    again = list(client.responses.retrieve(events[0].response.id, stream=True, starting_after=2))
+    assert [(e.sequence_number, e.type) for e in again] == [(e.sequence_number, e.type) for e in events[3:]]

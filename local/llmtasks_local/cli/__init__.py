@@ -70,7 +70,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "wait": (
         "tasks",
         "wait_for",
-        "Wait for a task and print its result (exit 1 if it failed, 3 on timeout).",
+        "Print a task's reply as it is written, then its outcome (exit 1 if it failed, 3 on timeout).",
     ),
     "cancel": ("tasks", "cancel", "Cancel a pending or processing task."),
     "list": ("tasks", "list_tasks", "Your tasks, newest first."),

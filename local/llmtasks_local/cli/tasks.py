@@ -31,35 +31,53 @@ def _show(task: TaskView, as_json: bool) -> None:
         click.echo(f"{task.task_id}  {task.status.value}  attempts={task.attempts}{reason}")
 
 
-def _wait_and_show(client: Client, task_id: str, timeout: float | None, as_json: bool) -> None:
-    """Waits with a spinner (status, elapsed) on a terminal, and the reply's text on stdout as it
-    streams in; prints the outcome, exits 0/1/3."""
+def _wait_and_show(
+    client: Client, task_id: str, timeout: float | None, as_json: bool, after: int = 0
+) -> None:
+    """Prints the reply's text on stdout as it is written, each chunk once (after chunk `after`),
+    with a spinner on a terminal; then the outcome; exits 0, 1 (failed or cancelled) or 3 (timed
+    out). A retry's text starts over: a line on stderr says so before it."""
     from rich.console import Console
+
+    from llmtasks_client import TaskFailedError, WaitTimeoutError
 
     console = Console(stderr=True)
     started = time.monotonic()
-    shown = 0  # characters of the reply already printed
-    task = client.get(task_id)
-    with console.status("", spinner="dots") as spinner:
-        while not task.status.is_terminal:
-            elapsed = time.monotonic() - started
-            if timeout is not None and elapsed >= timeout:
-                _show(task, as_json)
-                raise SystemExit(EXIT_TIMEOUT)
-            if task.partial_result and not as_json and len(task.partial_result) > shown:
-                sys.stdout.write(task.partial_result[shown:])
+    attempt: int | None = None
+    shown = False
+    try:
+        with console.status("", spinner="dots") as spinner:
+            spinner.update(f"{task_id}  waiting")
+            for chunk in client.stream(task_id, after=after, timeout=timeout):
+                if as_json:
+                    continue
+                if attempt is not None and chunk.attempt != attempt:
+                    console.print(f"\n[attempt {chunk.attempt}: the reply starts over]")
+                attempt = chunk.attempt
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-                shown = len(task.partial_result)
-            tokens = f"  {task.progress.tokens} tokens" if task.progress else ""
-            spinner.update(f"{task.task_id}  {task.status.value}  {elapsed:.0f} s{tokens}")
-            # The server holds the read until the task ends or 2 s pass: the text grows between.
-            task = client.get(task_id, wait=max(1.0, min(2.0, timeout - elapsed if timeout else 2.0)))
-    if shown and task.status is TaskStatus.COMPLETED and task.result is not None and not as_json:
-        click.echo(task.result[shown:])  # the rest of what was streamed
+                shown = shown or bool(chunk.text)
+                elapsed = time.monotonic() - started
+                spinner.update(f"{task_id}  chunk {chunk.sequence}  {elapsed:.0f} s")
+    except TaskFailedError:
+        _end_line(shown)
+        _show(client.get(task_id), as_json)
+        raise SystemExit(EXIT_FAILED) from None
+    except WaitTimeoutError as timed_out:
+        _end_line(shown)
+        _show(timed_out.task, as_json)
+        raise SystemExit(EXIT_TIMEOUT) from None
+    if as_json:
+        _show(client.get(task_id), as_json)
+    elif shown:
+        click.echo()  # the text's last line
     else:
-        _show(task, as_json)
-    if task.status is not TaskStatus.COMPLETED:
-        raise SystemExit(EXIT_FAILED)
+        _show(client.get(task_id), as_json)  # nothing after `after`: the task as it ended
+
+
+def _end_line(shown: bool) -> None:
+    if shown:
+        click.echo()
 
 
 @click.command()
@@ -107,11 +125,19 @@ def status(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> No
 @click.command("wait")
 @click.argument("task_id")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 3).")
+@click.option(
+    "--after",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Print the reply from after this chunk (its sequence number): resume where you left off.",
+)
 @with_api
-def wait_for(task_id: str, timeout: float | None, api_url: str, api_key: str | None, as_json: bool) -> None:
-    """Wait for a task and print its result (exit 1 if it failed, 3 on timeout)."""
+def wait_for(
+    task_id: str, timeout: float | None, after: int, api_url: str, api_key: str | None, as_json: bool
+) -> None:
+    """Print a task's reply as it is written, then its outcome (exit 1 if it failed, 3 on timeout)."""
     with client_of(api_url, api_key) as client:
-        _wait_and_show(client, task_id, timeout, as_json)
+        _wait_and_show(client, task_id, timeout, as_json, after)
 
 
 @click.command()

@@ -22,6 +22,7 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
     ("post", "/tasks", "202"): {
         "GetTask": ("get", "/tasks/{task_id}", {"task_id": "$response.body#/task_id"}),
         "CancelTask": ("post", "/tasks/{task_id}/cancel", {"task_id": "$response.body#/task_id"}),
+        "TaskOutput": ("get", "/tasks/{task_id}/output", {"task_id": "$response.body#/task_id"}),
         "TaskWebhookAttempts": (
             "get",
             "/tasks/{task_id}/webhook/attempts",
@@ -36,6 +37,13 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
     ("get", "/tasks", "200"): {
         "GetFirstTask": ("get", "/tasks/{task_id}", {"task_id": "$response.body#/data/0/task_id"}),
         "NextPage": ("get", "/tasks", {"cursor": "$response.body#/next_cursor"}),
+    },
+    ("get", "/tasks/{task_id}/output", "200"): {
+        "ReadOn": (
+            "get",
+            "/tasks/{task_id}/output",
+            {"task_id": "$request.path.task_id", "after": "$response.body#/after"},
+        ),
     },
     ("get", "/tasks/{task_id}/webhook/attempts", "200"): {
         "NextPage": (

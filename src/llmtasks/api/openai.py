@@ -18,86 +18,30 @@ from typing import Annotated, Any, Protocol
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Header
+from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
 from llmtasks.api.openai_requests import CreateBatch, CreateResponse
-from llmtasks.domain.errors import RATE_LIMITED, ApiError, TaskNotFound, Unauthorized
-from llmtasks.domain.events import response_id, task_id_of
-from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.api.openai_responses import response_object, segment
+from llmtasks.domain.errors import ApiError, TaskNotFound, Unauthorized
+from llmtasks.domain.events import task_id_of
 
 PREFIX = "/v1/"
-_STATUSES = {
-    TaskStatus.PENDING: "queued",
-    TaskStatus.PROCESSING: "in_progress",
-    TaskStatus.COMPLETED: "completed",
-    TaskStatus.FAILED: "failed",
-    TaskStatus.CANCELLED: "cancelled",
-}
 
 
 def is_openai_path(path: str) -> bool:
     return path.startswith(PREFIX)
 
 
-# --- the Response object --------------------------------------------------------------------------
-
-
-def response_object(task: Task) -> dict[str, Any]:
-    """A task as OpenAI's Response object (background mode)."""
-    request = task.request
-    completed = task.status is TaskStatus.COMPLETED
-    output = (
-        [
-            {
-                "type": "message",
-                "id": f"msg_{task.task_id}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": task.result or "", "annotations": []}],
-            }
-        ]
-        if completed
-        else []
-    )
-    error = None
-    if task.status is TaskStatus.FAILED:
-        code = "rate_limit_exceeded" if task.error_code == RATE_LIMITED else "server_error"
-        error = {"code": code, "message": task.error or "The task failed."}
-    usage = None
-    if task.usage is not None:
-        usage = {
-            "input_tokens": task.usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": task.usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": task.usage.total_tokens,
-        }
-    return {
-        "id": response_id(task.task_id),
-        "object": "response",
-        "created_at": int(task.created_at),
-        "completed_at": int(task.completed_at) if completed and task.completed_at else None,
-        "status": _STATUSES[task.status],
-        "background": True,
-        "error": error,
-        "incomplete_details": None,
-        "instructions": request.system,
-        "max_output_tokens": request.max_tokens,
-        "metadata": task.metadata if isinstance(task.metadata, dict) else {},
-        "model": task.model or request.model or "",
-        "output": output,
-        "parallel_tool_calls": False,
-        "temperature": request.temperature,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": usage,
-    }
-
-
 def _reply(body: dict[str, Any], status: int = 200) -> Response[Any]:
     return Response(status_code=status, content_type="application/json", body=body)
+
+
+def _event_stream(events: str) -> Response[Any]:
+    return Response(
+        status_code=200, content_type="text/event-stream", body=events, headers={"Cache-Control": "no-cache"}
+    )
 
 
 # --- routes -------------------------------------------------------------------------------------
@@ -199,6 +143,28 @@ _CONTENT: dict[int, OpenAPIResponse] = {
 }
 
 
+_RESPONSE: dict[int, OpenAPIResponse] = {
+    **DOCUMENTED,
+    200: {
+        "description": "The Response object; with stream, its events (read on with starting_after)",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            # Each event (OpenAPI 3.2's reading of an event stream's schema): its type, and its
+            # data, the event as JSON with `type` and `sequence_number`.
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+                    "required": ["event", "data"],
+                }
+            },
+        },
+    },
+}
+# An event's sequence number: its output chunk's plus a few (MAX_OUTPUT_SEQUENCE's bound).
+MAX_EVENT_SEQUENCE = 10_000_010
+
+
 class _Route(Protocol):
     def __call__(
         self, path: str, summary: str, responses: dict[int, OpenAPIResponse] = ...
@@ -246,14 +212,19 @@ def add_commands(
     def cancel_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).cancel(tenant_of(app), batch_id))
 
-    @post("/v1/responses", "OpenAI: create a background response")
+    @post("/v1/responses", "OpenAI: create a background response", _RESPONSE)
     def create_response(
         body: CreateResponse, idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None
     ) -> Response[Any]:
         caller = caller_of(app)
-        submission = service_of(app).submit(
+        service = service_of(app)
+        submission = service.submit(
             caller.tenant_id, body.task_request(), idempotency_key=idempotency_key, caller=caller
         )
+        if body.stream:
+            return _event_stream(
+                segment(service, caller.tenant_id, submission.task.task_id, starting_after=-1)
+            )
         return _reply(response_object(submission.task))
 
     @post("/v1/responses/<response_id>/cancel", "OpenAI: cancel a background response")
@@ -295,10 +266,25 @@ def add_queries(
     def retrieve_batch(batch_id: str) -> Response[Any]:
         return _reply(_openai_batches(app, batches_of).retrieve(tenant_of(app), batch_id))
 
-    @get("/v1/responses/<response_id>", "OpenAI: retrieve a response")
-    def retrieve_response(response_id: str) -> Response[Any]:
+    @get("/v1/responses/<response_id>", "OpenAI: retrieve a response", _RESPONSE)
+    def retrieve_response(
+        response_id: str,
+        stream: Annotated[
+            bool, Query(description="Answer its events (text/event-stream), a segment of up to 25 s")
+        ] = False,
+        starting_after: Annotated[
+            int | None,
+            Query(
+                ge=0, le=MAX_EVENT_SEQUENCE, description="With stream: the events after this sequence_number"
+            ),
+        ] = None,
+    ) -> Response[Any]:
         with _as_response(response_id):
-            task = service_of(app).get(tenant_of(app), task_id_of(response_id))
+            task_id = task_id_of(response_id)
+            if stream:
+                after = -1 if starting_after is None else starting_after
+                return _event_stream(segment(service_of(app), tenant_of(app), task_id, starting_after=after))
+            task = service_of(app).get(tenant_of(app), task_id)
         return _reply(response_object(task))
 
 

@@ -65,6 +65,9 @@ class CreateResponse(_Closed):
         StrictBool | None, WithJsonSchema({"anyOf": [{"type": "boolean", "const": True}, {"type": "null"}]})
     ] = None
     webhook_url: WebhookUrl | None = None
+    # The reply: the response's events (text/event-stream), a segment of up to 25 s, instead of
+    # the Response object; read on with GET /v1/responses/{id}?stream=true&starting_after=N.
+    stream: StrictBool | None = None
 
     def task_request(self) -> SubmitTaskRequest:
         if not self.background:

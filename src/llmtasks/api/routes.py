@@ -41,6 +41,7 @@ from llmtasks.domain.models import (
     WebhookEndpoint,
     WebhookReplay,
 )
+from llmtasks.domain.output import TaskOutputPage
 from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -49,6 +50,8 @@ from llmtasks.services.webhook_controls import WebhookControls
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
+# A chunk is a progress write (one each 2 s): a task has a few thousand in its longest call.
+MAX_OUTPUT_SEQUENCE = 10_000_000
 MAX_LIST_LIMIT = 100
 MAX_RESULTS_LIMIT = 1000
 JSONL = "application/jsonl"
@@ -341,6 +344,40 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         ] = 0,
     ) -> Response[TaskView]:
         return _status_reply(service_of(app).get(tenant_of(app), task_id, wait_s=wait))
+
+    @app.get(
+        "/tasks/<task_id>/output",
+        summary="The task's output as numbered chunks, from any point, held until there is more",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "The chunks after `after` (none if the wait ran out); whether they end it",
+                "content": {"application/json": {"model": TaskOutputPage}},
+            },
+            404: openapi_problem("Unknown, expired or another tenant's task"),
+            422: openapi_problem("An invalid parameter, or `after` past the output's last chunk"),
+        },
+    )
+    def task_output(
+        task_id: str,
+        after: Annotated[
+            int,
+            Query(
+                ge=0,
+                le=MAX_OUTPUT_SEQUENCE,
+                description="The last chunk read (its sequence number); 0 for all",
+            ),
+        ] = 0,
+        wait: Annotated[
+            int,
+            Query(
+                ge=0, le=MAX_WAIT_S, description="Hold the reply up to N s until a chunk after `after` exists"
+            ),
+        ] = 0,
+    ) -> Response[TaskOutputPage]:
+        page = service_of(app).output(tenant_of(app), task_id, after=after, wait_s=wait)
+        return _json(page, 200)
 
     @app.get(
         "/batches/<batch_id>",

@@ -23,6 +23,7 @@ from llmtasks.aws.dynamo import (
     serialize,
 )
 from llmtasks.aws.task_items import failed_task, task_from_item, task_key
+from llmtasks.aws.task_output import TaskOutput
 from llmtasks.aws.tenant_secrets import TenantSecrets
 from llmtasks.aws.webhook_records import WebhookEndpoints, outcome_update
 from llmtasks.domain.cursors import TaskPosition
@@ -479,6 +480,11 @@ class TaskStore:
     def tenants(self) -> TenantSecrets:
         """The same table's tenant items: each tenant's webhook signing secrets."""
         return TenantSecrets(self.table_name, self._client)
+
+    @property
+    def output(self) -> TaskOutput:
+        """The same table's items of each task's output chunks and their head."""
+        return TaskOutput(self.table_name, self._client)
 
     @property
     def endpoints(self) -> WebhookEndpoints:

@@ -18,14 +18,14 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
-from llmtasks.domain.errors import (
-    TaskNotFound,
-)
+from llmtasks.domain.errors import TaskNotFound
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
+from llmtasks.domain.output import TaskOutputPage
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.submits import Held, SubmitSequence
+from llmtasks.services.task_output import OutputReader
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
 
@@ -68,6 +68,7 @@ class TaskService:
         self.idempotency = idempotency
         self.limits = limits
         self._submits = SubmitSequence(idempotency, limits)
+        self._output = OutputReader(store.output, results, self.owned)
 
     def submit(
         self,
@@ -138,6 +139,13 @@ class TaskService:
             time.sleep(min(WAIT_POLL_S, WAIT_FIRST_POLL_S * 2**reads, left))
         raise AssertionError("unreachable: the loop returns")
 
+    def output(
+        self, tenant_id: str, task_id: str, *, after: int, wait_s: float = 0, past_end_ok: bool = False
+    ) -> TaskOutputPage:
+        """The chunks of the tenant's task's output after `after`; with `wait_s`, held until one
+        exists or the task ends, or `wait_s` has passed (see OutputReader.read)."""
+        return self._output.read(tenant_id, task_id, after=after, wait_s=wait_s, past_end_ok=past_end_ok)
+
     def owned(self, tenant_id: str, task_id: str) -> Task:
         """The tenant's task as clients read it, without its result when that is kept in
         ResultsBucket (reads of its other fields fetch nothing more)."""
@@ -179,6 +187,7 @@ class TaskService:
             tenant_id=tenant_id,
             now=self._clock(),
         )
+        self._store.output.ended(task, TaskStatus.CANCELLED)  # readers of its output learn of it
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
         return task

@@ -194,7 +194,8 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
-        completion = await self._call(task, lease_id, timeout)
+        progress = self._progress_writer(task, lease_id)
+        completion = await self._call(task, lease_id, timeout, progress)
         if completion is None:
             return
         result_ref = None
@@ -217,6 +218,10 @@ class TaskRunner:
             # discarded, never written over a terminal state.
             logger.info("result discarded", **task_keys(task))
             return
+        offset, tokens = (progress.offset, progress.tokens) if progress else (0, 0)
+        await asyncio.to_thread(
+            self._store.output.ended, task, TaskStatus.COMPLETED, offset=offset, tokens=tokens
+        )
         # pragma: no mutate start, a log line's words, for operators
         logger.info(
             "completed", model=completion.model, total_tokens=completion.usage.total_tokens, **task_keys(task)
@@ -226,18 +231,22 @@ class TaskRunner:
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
         emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
 
-    async def _call(self, task: Task, lease_id: str, timeout_s: float) -> Completion | None:
+    def _progress_writer(self, task: Task, lease_id: str) -> ProgressWriter | None:
+        if self._settings.progress_interval_s <= 0:
+            return None
+        return ProgressWriter(
+            self._store,
+            task,
+            lease_id=lease_id,
+            interval_s=self._settings.progress_interval_s,
+            max_bytes=self._settings.max_inline_result_bytes,
+            clock=self._clock,
+        )
+
+    async def _call(
+        self, task: Task, lease_id: str, timeout_s: float, progress: ProgressWriter | None
+    ) -> Completion | None:
         """The LLM's completion; None when there is none to store (the error is dealt with)."""
-        progress = None
-        if self._settings.progress_interval_s > 0:
-            progress = ProgressWriter(
-                self._store,
-                task.task_id,
-                lease_id=lease_id,
-                interval_s=self._settings.progress_interval_s,
-                max_bytes=self._settings.max_inline_result_bytes,
-                clock=self._clock,
-            )
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
             return await self._complete(task, timeout_s, progress)
@@ -435,5 +444,6 @@ class TaskRunner:
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))
             return
+        self._store.output.ended(task, TaskStatus.FAILED)
         logger.info("failed", **task_keys(task), error_code=error_code)
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))

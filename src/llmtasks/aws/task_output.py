@@ -1,0 +1,161 @@
+"""What TasksTable keeps of a task's output as it is written (see domain/output.py):
+
+- `output#<task id>#<sequence>`: one chunk; written once, before the head points to it, and
+  never changed after.
+- `output#<task id>`: the head: the last chunk's sequence number, how far the latest attempt's
+  chunks go, and once the task ended, its status. A waiting reader polls this small item (half a
+  read unit), not the task's item with its prompt and text.
+
+Both expire with their task (its `expires_at`). Neither has `tenant_id` or a `task#`/`batch#` key,
+so the listing index and the stream consumers' filters pass over them; the head names its
+tenant `owner_tenant` for that reason.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from llmtasks.aws.dynamo import batch_get, deserialize, dynamodb_errors, serialize, updated_if
+from llmtasks.domain.errors import BackendError
+from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.domain.output import OutputChunk, OutputHead
+from llmtasks.observability import logger, task_keys
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+_STATUS = {"#status": "status"}
+
+
+def _head_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"output#{task_id}"}}
+
+
+def _chunk_key(task_id: str, sequence: int) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"output#{task_id}#{sequence}"}}
+
+
+def _head(item: dict[str, Any]) -> OutputHead:
+    fields = deserialize(item)
+    status = fields.get("status")
+    return OutputHead(
+        tenant_id=str(fields["owner_tenant"]),
+        last_sequence=int(fields.get("last_sequence", 0)),
+        attempt=int(fields.get("attempt", 1)),
+        offset=int(fields.get("offset", 0)),
+        tokens=int(fields.get("tokens", 0)),
+        status=TaskStatus(status) if status else None,
+    )
+
+
+class TaskOutput:
+    def __init__(self, table_name: str, client: DynamoDBClient) -> None:
+        self.table_name = table_name
+        self._client = client
+
+    def head(self, task_id: str, *, consistent: bool = False) -> OutputHead | None:
+        """The output's head, or None before the task's first chunk or end. Read eventually
+        consistent by waiting readers (half a read unit a poll): a head a moment old only makes
+        them wait that moment longer."""
+        with dynamodb_errors("read"):
+            item = self._client.get_item(
+                TableName=self.table_name, Key=_head_key(task_id), ConsistentRead=consistent
+            ).get("Item")
+        return _head(dict(item)) if item else None
+
+    def chunks(self, task_id: str, first: int, last: int) -> list[OutputChunk]:
+        """Chunks `first`..`last` (at most a hundred), in order, up to the first one missing
+        (chunks exist before their head counts them, so only their TTL makes one missing)."""
+        if last < first:
+            return []
+        items = batch_get(
+            self._client, self.table_name, [_chunk_key(task_id, n) for n in range(first, last + 1)]
+        )
+        found = []
+        for sequence in range(first, last + 1):
+            item = items.get(f"output#{task_id}#{sequence}")
+            if item is None:
+                break
+            fields = deserialize(item)
+            found.append(
+                OutputChunk(
+                    sequence=sequence,
+                    text=str(fields["text"]),
+                    tokens=int(fields["tokens"]),
+                    attempt=int(fields["attempt"]),
+                    written_at=datetime.fromtimestamp(float(fields["written_at"]), UTC),
+                )
+            )
+        return found
+
+    def append(
+        self, task_id: str, chunk: OutputChunk, *, tenant_id: str, offset: int, tokens: int, expires_at: int
+    ) -> bool:
+        """The chunk, then the head pointing to it (with the attempt's `offset` and `tokens` after
+        it). False when the task has ended meanwhile: the chunk stays unread (its head never
+        counts it) and expires with the rest."""
+        with dynamodb_errors("write"):
+            self._client.put_item(
+                TableName=self.table_name,
+                Item=serialize(
+                    {
+                        **deserialize(_chunk_key(task_id, chunk.sequence)),
+                        "text": chunk.text,
+                        "tokens": chunk.tokens,
+                        "attempt": chunk.attempt,
+                        "written_at": chunk.written_at.timestamp(),
+                        "expires_at": expires_at,
+                    }
+                ),
+            )
+        updated = updated_if(
+            self._client,
+            self.table_name,
+            _head_key(task_id),
+            "SET owner_tenant = :tenant, last_sequence = :sequence, attempt = :attempt,"
+            " #offset = :offset, tokens = :tokens, expires_at = :expires",
+            condition="attribute_not_exists(#status)",
+            names={**_STATUS, "#offset": "offset"},
+            values={
+                ":tenant": tenant_id,
+                ":sequence": chunk.sequence,
+                ":attempt": chunk.attempt,
+                ":offset": offset,
+                ":tokens": tokens,
+                ":expires": expires_at,
+            },
+        )
+        return updated is not None
+
+    def ended(self, task: Task, status: TaskStatus, *, offset: int = 0, tokens: int = 0) -> None:
+        """The head says `task` ended with `status`, written by the attempt that ended it, whose
+        chunks hold `offset` characters and `tokens` tokens (none written: 0), so readers know
+        the last chunk. Written after the task's own change, and on a best effort: should it
+        fail, a reader learns of the end from the task itself when its wait runs out."""
+        try:
+            with dynamodb_errors("write"):
+                self._client.update_item(
+                    TableName=self.table_name,
+                    Key=_head_key(task.task_id),
+                    UpdateExpression=(
+                        "SET owner_tenant = :tenant, #status = :status, attempt = :attempt,"
+                        " #offset = :offset, tokens = :tokens, expires_at = :expires,"
+                        " last_sequence = if_not_exists(last_sequence, :zero)"
+                    ),
+                    ExpressionAttributeNames={**_STATUS, "#offset": "offset"},
+                    ExpressionAttributeValues=serialize(
+                        {
+                            ":tenant": task.tenant_id,
+                            ":status": status.value,
+                            ":attempt": max(1, task.attempts),
+                            ":offset": offset,
+                            ":tokens": tokens,
+                            ":expires": task.expires_at,
+                            ":zero": 0,
+                        }
+                    ),
+                )
+        except BackendError as exc:
+            logger.warning("the output's end not written", error=str(exc), **task_keys(task))

@@ -1,0 +1,149 @@
+"""`GET /tasks/{id}/output?after=N&wait=S`: the chunks of a task's output after N, at once, or
+held up to S seconds until one exists or the task ends (see domain/output.py).
+
+A waiting reply polls the output's head only (half a read unit, eventually consistent); it reads
+the task's own item twice at most: when the head says the task ended (for its result's last
+chunk, or its error), and when the wait runs out with no news (a task can end without its head
+saying so: a dead-lettered one, or a worker that died between its two writes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.task_output import TaskOutput
+from llmtasks.domain.errors import InvalidInput, TaskNotFound
+from llmtasks.domain.models import Task
+from llmtasks.domain.output import (
+    MAX_PAGE_BYTES,
+    MAX_PAGE_CHUNKS,
+    OutputChunk,
+    OutputHead,
+    TaskOutputPage,
+    last_chunk,
+)
+from llmtasks.domain.rules import is_task_id
+
+# The head is read 0.05, 0.1 s apart, then every 0.2 s: a chunk reaches a waiting reader within a
+# fifth of a second, for 150 reads (75 read units) a minute.
+POLL_S = 0.2
+FIRST_POLL_S = 0.05
+
+
+class OutputReader:
+    def __init__(self, output: TaskOutput, results: ResultBlobs, owned: Callable[[str, str], Task]) -> None:
+        self._output = output
+        self._results = results
+        self._owned = owned  # the tenant's task as read, or TaskNotFound
+
+    def read(
+        self, tenant_id: str, task_id: str, *, after: int, wait_s: float, past_end_ok: bool = False
+    ) -> TaskOutputPage:
+        """With `past_end_ok`, an `after` past the last chunk reads as the last chunk (the OpenAI
+        surface's events are numbered beyond the chunks); else it is refused."""
+        if not is_task_id(task_id):
+            raise TaskNotFound(task_id[:64])
+        give_up = time.monotonic() + wait_s
+        task: Task | None = None
+        for polls in itertools.count():
+            head = self._output.head(task_id)
+            if head is not None and head.tenant_id != tenant_id:
+                raise TaskNotFound(task_id)
+            if head is None and task is None:
+                task = self._owned(tenant_id, task_id)  # a 404 for another tenant's, or none
+            if (head is not None and head.ended) or (task is not None and task.status.is_terminal):
+                return self._last_page(tenant_id, task_id, head, after, past_end_ok=past_end_ok)
+            last = head.last_sequence if head else 0
+            if after > last and past_end_ok:
+                after = last
+            elif after > last:
+                self._refuse_beyond(task_id, after, last)
+            if last > after:
+                return self._page(task_id, head, after, None)
+            left = give_up - time.monotonic()
+            if left <= 0:
+                # No news for the whole wait: the task may have ended without its head saying so.
+                task = self._owned(tenant_id, task_id)
+                if task.status.is_terminal:
+                    return self._last_page(tenant_id, task_id, head, after, task, past_end_ok=past_end_ok)
+                return TaskOutputPage(task_id=task_id, chunks=[], after=after, final=False)
+            time.sleep(min(POLL_S, FIRST_POLL_S * 2**polls, left))
+        raise AssertionError("unreachable: the loop returns")
+
+    def _last_page(
+        self,
+        tenant_id: str,
+        task_id: str,
+        head: OutputHead | None,
+        after: int,
+        task: Task | None = None,
+        *,
+        past_end_ok: bool = False,
+    ) -> TaskOutputPage:
+        """A page of an ended task: its stored chunks after `after`, then its last chunk, then
+        final. The task is read again here: the head says it ended, not with what result."""
+        task = self._results.hydrate(task if task is not None else self._owned(tenant_id, task_id))
+        ending = last_chunk(task, head)
+        end = ending.sequence if ending else (head.last_sequence if head else 0)
+        if after > end and past_end_ok:
+            after = end
+        elif after > end:
+            raise _beyond(after, end)
+        return self._page(task_id, head, after, task, ending)
+
+    def _page(
+        self,
+        task_id: str,
+        head: OutputHead | None,
+        after: int,
+        ended: Task | None,
+        ending: OutputChunk | None = None,
+    ) -> TaskOutputPage:
+        """The stored chunks after `after` that fit a page; with `ended` (the task, once it
+        ended) and every stored chunk in, its last chunk too, and the page is final."""
+        stored = head.last_sequence if head else 0
+        chunks = self._output.chunks(task_id, after + 1, min(stored, after + MAX_PAGE_CHUNKS))
+        chunks = _fitting(chunks)
+        reached = chunks[-1].sequence if chunks else after
+        complete = reached >= stored
+        if ended is None or not complete:
+            return TaskOutputPage(task_id=task_id, chunks=chunks, after=reached, final=False)
+        if ending is not None and ending.sequence > after and len(chunks) < MAX_PAGE_CHUNKS:
+            chunks.append(ending)
+            reached = ending.sequence
+        elif ending is not None and ending.sequence > after:
+            return TaskOutputPage(task_id=task_id, chunks=chunks, after=reached, final=False)
+        return TaskOutputPage(
+            task_id=task_id,
+            chunks=chunks,
+            after=reached,
+            final=True,
+            status=ended.status,
+            error=ended.error,
+            error_code=ended.error_code,
+        )
+
+    def _refuse_beyond(self, task_id: str, after: int, last: int) -> None:
+        """`after` past the last chunk read: refused if a consistent read of the head agrees
+        (the first read may be a moment behind the page the client read it from)."""
+        head = self._output.head(task_id, consistent=True)
+        last = max(last, head.last_sequence if head else 0)
+        if after > last and not (head is not None and head.ended):
+            raise _beyond(after, last)
+
+
+def _beyond(after: int, end: int) -> InvalidInput:
+    return InvalidInput(f"after={after} is past the output's last chunk ({end}).", field="after")
+
+
+def _fitting(chunks: list[OutputChunk]) -> list[OutputChunk]:
+    """The first chunks whose text fits MAX_PAGE_BYTES (the first always)."""
+    size = 0
+    for i, chunk in enumerate(chunks):
+        size += len(chunk.text.encode())
+        if i and size > MAX_PAGE_BYTES:
+            return chunks[:i]
+    return chunks

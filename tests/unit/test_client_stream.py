@@ -1,0 +1,88 @@
+"""The SDK's `stream` against a server that fails between its pages (503s, a dropped
+connection): every chunk once and in order, read on from the last one each time."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import llmtasks_client
+from tests.helpers import serve
+
+pytestmark = pytest.mark.unit
+
+TEXT = [f"piece {n} " for n in range(1, 8)]
+
+
+class FlakyOutput:
+    """`GET /tasks/t/output` over TEXT, two chunks a page; every other request fails (a 503, or
+    a 500 without a body), and the last page says how the task ended."""
+
+    def __init__(self, status: str = "completed") -> None:
+        self.status = status
+        self.asked: list[int] = []
+
+    async def output(self, request: Request) -> Response:
+        after = int(request.query_params["after"])
+        self.asked.append(after)
+        if len(self.asked) % 2 == 0:
+            return Response("", 500) if len(self.asked) % 4 == 0 else JSONResponse({"message": "x"}, 503)
+        chunks = [
+            {"sequence": n, "text": TEXT[n - 1], "tokens": 1, "attempt": 1}
+            for n in range(after + 1, min(after + 2, len(TEXT)) + 1)
+        ]
+        reached = chunks[-1]["sequence"] if chunks else after
+        final = reached == len(TEXT)
+        page: dict[str, Any] = {"task_id": "t", "chunks": chunks, "after": reached, "final": final}
+        if final:
+            page |= {"status": self.status, "error": "boom" if self.status == "failed" else None}
+        return JSONResponse(page)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/tasks/t/output", self.output)])
+
+
+def test_stream_reads_every_chunk_once_in_order_across_failures() -> None:
+    server = FlakyOutput()
+    with serve(server.app()) as url, llmtasks_client.Client(url, "k", max_retries=0) as client:
+        chunks = list(client.stream("t", after=1))
+    assert [c.sequence for c in chunks] == list(range(2, 8))
+    assert "".join(c.text for c in chunks) == "".join(TEXT[1:])
+    # Each request after a failure asked again from the last chunk it had
+    assert server.asked == [1, 3, 3, 5, 5]
+
+
+def test_async_stream_ends_with_the_task_s_failure() -> None:
+    server = FlakyOutput(status="failed")
+
+    seen: list[str] = []
+
+    async def run() -> None:
+        async with llmtasks_client.AsyncClient(url, "k", max_retries=0) as client:
+            async for chunk in client.stream("t"):
+                seen.append(chunk.text)
+
+    with serve(server.app()) as url, pytest.raises(llmtasks_client.TaskFailedError) as failed:
+        asyncio.run(run())
+    assert failed.value.task.error == "boom"
+    assert "".join(seen) == "".join(TEXT)
+
+
+def test_stream_gives_up_on_a_refusal() -> None:
+    async def refuse(request: Request) -> Response:
+        return JSONResponse({"title": "Task not found", "status": 404}, 404)
+
+    app = Starlette(routes=[Route("/tasks/t/output", refuse)])
+    with (
+        serve(app) as url,
+        llmtasks_client.Client(url, "k") as client,
+        pytest.raises(llmtasks_client.ProblemError) as refused,
+    ):
+        list(client.stream("t"))
+    assert refused.value.status == 404
