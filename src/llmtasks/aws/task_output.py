@@ -47,6 +47,7 @@ def _head(item: dict[str, Any]) -> OutputHead:
         offset=int(fields.get("offset", 0)),
         tokens=int(fields.get("tokens", 0)),
         status=TaskStatus(status) if status else None,
+        next_at=float(fields["next_at"]) if fields.get("next_at") is not None else None,
     )
 
 
@@ -91,11 +92,19 @@ class TaskOutput:
         return found
 
     def append(
-        self, task_id: str, chunk: OutputChunk, *, tenant_id: str, offset: int, tokens: int, expires_at: int
+        self,
+        task_id: str,
+        chunk: OutputChunk,
+        *,
+        tenant_id: str,
+        offset: int,
+        tokens: int,
+        expires_at: int,
+        next_at: float,
     ) -> bool:
         """The chunk, then the head pointing to it (with the attempt's `offset` and `tokens` after
-        it). False when the task has ended meanwhile: the chunk stays unread (its head never
-        counts it) and expires with the rest."""
+        it, and when the next chunk is due). False when the task has ended meanwhile: the chunk
+        stays unread (its head never counts it) and expires with the rest."""
         with dynamodb_errors("write"):
             self._client.put_item(
                 TableName=self.table_name,
@@ -115,7 +124,7 @@ class TaskOutput:
             self.table_name,
             _head_key(task_id),
             "SET owner_tenant = :tenant, last_sequence = :sequence, attempt = :attempt,"
-            " #offset = :offset, tokens = :tokens, expires_at = :expires",
+            " #offset = :offset, tokens = :tokens, expires_at = :expires, next_at = :next",
             condition="attribute_not_exists(#status)",
             names={**_STATUS, "#offset": "offset"},
             values={
@@ -125,6 +134,7 @@ class TaskOutput:
                 ":offset": offset,
                 ":tokens": tokens,
                 ":expires": expires_at,
+                ":next": next_at,
             },
         )
         return updated is not None

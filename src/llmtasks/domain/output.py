@@ -51,6 +51,7 @@ class OutputHead:
     offset: int  # characters of `attempt`'s text in its chunks
     tokens: int  # and its tokens
     status: TaskStatus | None = None  # set once the task ended
+    next_at: float | None = None  # when the next chunk is due (the last one's write + the interval)
 
     @property
     def ended(self) -> bool:

@@ -25,19 +25,29 @@ from llmtasks.domain.output import (
     TaskOutputPage,
     last_chunk,
 )
-from llmtasks.domain.rules import is_task_id
+from llmtasks.domain.rules import Clock, is_task_id
 
-# The head is read 0.05, 0.1 s apart, then every 0.2 s: a chunk reaches a waiting reader within a
-# fifth of a second, for 150 reads (75 read units) a minute.
-POLL_S = 0.2
+# How often a waiting reply reads the head. Chunks come at most one progress interval apart (2 s;
+# further when the model's text comes slower), and the head says when the next may be due: the
+# reply reads it every 0.3 s until then (a task can end between writes), every tenth of a second
+# from just before the due time until a second after it, then every 0.3 s again. With no head yet
+# (the task is queued), the reads back off from 0.05 s to 0.3 s. bench/run.py --only streaming
+# measures the lag and the read units.
+SLOW_POLL_S = 0.3
+FAST_POLL_S = 0.1
 FIRST_POLL_S = 0.05
+EARLY_S = 0.05  # before the next chunk's due time, when the fast reads begin
+LATE_S = 1.0  # after it, when they end (a call that writes nothing new waits at the slow pace)
 
 
 class OutputReader:
-    def __init__(self, output: TaskOutput, results: ResultBlobs, owned: Callable[[str, str], Task]) -> None:
+    def __init__(
+        self, output: TaskOutput, results: ResultBlobs, owned: Callable[[str, str], Task], clock: Clock
+    ) -> None:
         self._output = output
         self._results = results
         self._owned = owned  # the tenant's task as read, or TaskNotFound
+        self._clock = clock
 
     def read(
         self, tenant_id: str, task_id: str, *, after: int, wait_s: float, past_end_ok: bool = False
@@ -70,8 +80,17 @@ class OutputReader:
                 if task.status.is_terminal:
                     return self._last_page(tenant_id, task_id, head, after, task, past_end_ok=past_end_ok)
                 return TaskOutputPage(task_id=task_id, chunks=[], after=after, final=False)
-            time.sleep(min(POLL_S, FIRST_POLL_S * 2**polls, left))
+            time.sleep(min(self._pause(head, polls), left))
         raise AssertionError("unreachable: the loop returns")
+
+    def _pause(self, head: OutputHead | None, polls: int) -> float:
+        """The wait before the next read of the head (see SLOW_POLL_S)."""
+        if head is None or head.next_at is None:
+            return min(SLOW_POLL_S, FIRST_POLL_S * 2.0**polls)
+        due_in = head.next_at - self._clock()
+        if due_in > EARLY_S:
+            return min(SLOW_POLL_S, due_in - EARLY_S)
+        return FAST_POLL_S if due_in > -LATE_S else SLOW_POLL_S
 
     def _last_page(
         self,

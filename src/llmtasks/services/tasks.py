@@ -68,7 +68,7 @@ class TaskService:
         self.idempotency = idempotency
         self.limits = limits
         self._submits = SubmitSequence(idempotency, limits)
-        self._output = OutputReader(store.output, results, self.owned)
+        self._output = OutputReader(store.output, results, self.owned, clock)
 
     def submit(
         self,

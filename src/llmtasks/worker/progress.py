@@ -55,9 +55,9 @@ class ProgressWriter:
             tokens=tokens,
             now=now,
         )
-        await asyncio.to_thread(self._append, text, tokens, now)
+        await asyncio.to_thread(self._append, text, tokens, now + self._interval_s)
 
-    def _append(self, text: str, tokens: int, now: float) -> None:
+    def _append(self, text: str, tokens: int, next_at: float) -> None:
         added = text[self.offset :]
         if not added:
             return
@@ -76,7 +76,7 @@ class ProgressWriter:
                 text=part,
                 tokens=max(0, tokens - self.tokens) if last_part else 0,
                 attempt=max(1, task.attempts),
-                written_at=datetime.fromtimestamp(now, UTC),
+                written_at=datetime.fromtimestamp(self._clock(), UTC),
             )
             offset, chunk_tokens = self.offset + len(part), self.tokens + chunk.tokens
             if not output.append(
@@ -86,6 +86,7 @@ class ProgressWriter:
                 offset=offset,
                 tokens=chunk_tokens,
                 expires_at=task.expires_at,
+                next_at=next_at,
             ):
                 return  # the task ended meanwhile: the lease check of the next write stops the call
             self.offset, self.tokens = offset, chunk_tokens
