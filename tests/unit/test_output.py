@@ -280,3 +280,23 @@ def test_a_task_whose_head_never_heard_of_its_end_still_ends_its_output(
     page = worker.service.output("default", task_id, after=first.after, wait_s=1)
     # Then the wait's end reads the task, and the page is the final one
     assert (page.final, page.status) == (True, TaskStatus.CANCELLED)
+
+
+@pytest.mark.parametrize(("max_chunks", "max_bytes"), [(2, 10_000_000), (100, 1)])
+def test_a_page_holds_at_most_its_chunks_and_bytes_and_the_rest_follows(
+    worker: Worker, mock_llm: RunningMock, monkeypatch: pytest.MonkeyPatch, max_chunks: int, max_bytes: int
+) -> None:
+    mock_llm.configure(latency_s=1.5, reply_chars=500)
+    task_id = worker.submit("paged")
+    worker.run_queued(progress_interval_s=0.2)
+    from llmtasks.services import task_output
+
+    monkeypatch.setattr(task_output, "MAX_PAGE_CHUNKS", max_chunks)
+    monkeypatch.setattr(task_output, "MAX_PAGE_BYTES", max_bytes)
+    pages = follow(worker, task_id)
+    chunks = chunks_of(pages)
+    assert len(chunks) >= 3
+    per_page = 1 if max_bytes == 1 else max_chunks  # a page's first chunk comes whatever its size
+    assert all(len(page.chunks) <= per_page for page in pages)
+    assert [c.sequence for c in chunks] == list(range(1, len(chunks) + 1))
+    assert "".join(c.text for c in chunks) == worker.task(task_id).result

@@ -130,11 +130,11 @@ class OutputReader:
         complete = reached >= stored
         if ended is None or not complete:
             return TaskOutputPage(task_id=task_id, chunks=chunks, after=reached, final=False)
-        if ending is not None and ending.sequence > after and len(chunks) < MAX_PAGE_CHUNKS:
+        if ending is not None and ending.sequence > after:
+            if len(_fitting([*chunks, ending])) <= len(chunks):  # no room: it comes on a page of its own
+                return TaskOutputPage(task_id=task_id, chunks=chunks, after=reached, final=False)
             chunks.append(ending)
             reached = ending.sequence
-        elif ending is not None and ending.sequence > after:
-            return TaskOutputPage(task_id=task_id, chunks=chunks, after=reached, final=False)
         return TaskOutputPage(
             task_id=task_id,
             chunks=chunks,
@@ -159,10 +159,11 @@ def _beyond(after: int, end: int) -> InvalidInput:
 
 
 def _fitting(chunks: list[OutputChunk]) -> list[OutputChunk]:
-    """The first chunks whose text fits MAX_PAGE_BYTES (the first always)."""
+    """The first chunks a page holds: at most MAX_PAGE_CHUNKS, whose text fits MAX_PAGE_BYTES
+    (the first always)."""
     size = 0
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(chunks[:MAX_PAGE_CHUNKS]):
         size += len(chunk.text.encode())
         if i and size > MAX_PAGE_BYTES:
             return chunks[:i]
-    return chunks
+    return chunks[:MAX_PAGE_CHUNKS]
