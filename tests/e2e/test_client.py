@@ -207,6 +207,8 @@ def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it
     assert "".join(c.text for c in chunks) == whole
     resumed = fresh_mock.run_cli("wait", task_id, "--after", "1")
     assert (resumed.returncode, resumed.stdout) == (0, whole[len(chunks[0].text) :] + "\n")
+    at_the_end = fresh_mock.run_cli("wait", task_id, "--after", str(len(chunks)))
+    assert (at_the_end.returncode, at_the_end.stdout) == (0, "")
     # The CLI prints the text as it grows (its first bytes come while it still waits), then the
     # rest: stdout is the whole reply, once.
     fresh_mock.configure_mock(latency_s=6, reply_chars=300)

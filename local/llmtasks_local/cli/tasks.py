@@ -71,8 +71,8 @@ def _wait_and_show(
         _show(client.get(task_id), as_json)
     elif shown:
         click.echo()  # the text's last line
-    else:
-        _show(client.get(task_id), as_json)  # nothing after `after`: the task as it ended
+    elif after == 0:
+        _show(client.get(task_id), as_json)  # no text at all: the task as it ended
 
 
 def _end_line(shown: bool) -> None:

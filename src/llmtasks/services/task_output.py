@@ -2,9 +2,10 @@
 held up to S seconds until one exists or the task ends (see domain/output.py).
 
 A waiting reply polls the output's head only (half a read unit, eventually consistent); it reads
-the task's own item twice at most: when the head says the task ended (for its result's last
-chunk, or its error), and when the wait runs out with no news (a task can end without its head
-saying so: a dead-lettered one, or a worker that died between its two writes).
+the task's own item three times at most: when there is no head yet (whose task is it?), when the
+head says the task ended (for its result's last chunk, or its error), and when the wait runs out
+with no news (a task can end without its head saying so: a dead-lettered one, or a worker that
+died between its two writes).
 """
 
 from __future__ import annotations
