@@ -51,19 +51,7 @@ def response_object(task: Task) -> dict[str, Any]:
     """A task as OpenAI's Response object (background mode)."""
     request = task.request
     completed = task.status is TaskStatus.COMPLETED
-    output = (
-        [
-            {
-                "type": "message",
-                "id": f"msg_{task.task_id}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": task.result or "", "annotations": []}],
-            }
-        ]
-        if completed
-        else []
-    )
+    output = [_message(task.task_id, task.result or "")] if completed else []
     error = None
     if task.status is TaskStatus.FAILED:
         code = "rate_limit_exceeded" if task.error_code == RATE_LIMITED else "server_error"
@@ -101,7 +89,7 @@ def response_object(task: Task) -> dict[str, Any]:
 
 class _Segment:
     def __init__(self, task_id: str, starting_after: int) -> None:
-        self.item_id = f"msg_{task_id}"
+        self.task_id = task_id
         self.starting_after = starting_after
         self.lines: list[str] = []
 
@@ -112,19 +100,12 @@ class _Segment:
 
     def part(self, sequence: int, kind: str, **fields: Any) -> None:
         """An event about the one output item's one text part."""
-        self.emit(sequence, kind, item_id=self.item_id, output_index=0, content_index=0, **fields)
+        self.emit(sequence, kind, item_id=f"msg_{self.task_id}", output_index=0, content_index=0, **fields)
 
     def started(self, task: Task) -> None:
         in_progress = task.model_copy(update={"status": TaskStatus.PROCESSING})
         self.emit(1, "response.in_progress", response=response_object(in_progress))
-        item = {
-            "type": "message",
-            "id": self.item_id,
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
-        self.emit(2, "response.output_item.added", output_index=0, item=item)
+        self.emit(2, "response.output_item.added", output_index=0, item=_message(self.task_id, None))
         self.part(3, "response.content_part.added", part=_text_part(""))
 
     def ended(self, task: Task, chunks: int) -> None:
@@ -134,14 +115,7 @@ class _Segment:
             text = task.result or ""
             self.part(end + 1, "response.output_text.done", text=text, logprobs=[])
             self.part(end + 2, "response.content_part.done", part=_text_part(text))
-            item = {
-                "type": "message",
-                "id": self.item_id,
-                "status": "completed",
-                "role": "assistant",
-                "content": [_text_part(text)],
-            }
-            self.emit(end + 3, "response.output_item.done", output_index=0, item=item)
+            self.emit(end + 3, "response.output_item.done", output_index=0, item=_message(self.task_id, text))
             self.emit(end + 4, "response.completed", response=response)
         elif task.status is TaskStatus.FAILED:
             self.emit(end + 1, "response.failed", response=response)
@@ -151,6 +125,17 @@ class _Segment:
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _message(task_id: str, text: str | None) -> dict[str, Any]:
+    """The response's one output item: in progress and empty (None), or completed with `text`."""
+    return {
+        "type": "message",
+        "id": f"msg_{task_id}",
+        "status": "in_progress" if text is None else "completed",
+        "role": "assistant",
+        "content": [] if text is None else [_text_part(text)],
+    }
 
 
 def segment(
@@ -175,7 +160,9 @@ def segment(
             out.part(_HEADER + chunk.sequence, "response.output_text.delta", delta=chunk.text, logprobs=[])
         after = page.after
         if page.final:
-            out.ended(service.get(tenant_id, task_id), page.after)
+            # The task as it ended: read again unless it had ended when the segment began.
+            ended = task if task.status.is_terminal else service.get(tenant_id, task_id)
+            out.ended(ended, page.after)
             return "".join(out.lines)
         if time.monotonic() >= give_up:
             return "".join(out.lines)
