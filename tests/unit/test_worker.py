@@ -777,10 +777,12 @@ def test_a_call_that_trickles_forever_is_cut_at_the_worker_s_deadline(mock_llm: 
 def test_a_call_given_up_before_its_answer_is_counted_gone_at_the_mock(mock_llm: RunningMock) -> None:
     # Given calls slower than the caller's deadline, one drawn to succeed and one to fail
     llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
+    # (The deadline must outlast the request's way to the mock: 0.5 s once did not, on a loaded
+    # machine, and the call never reached it to be counted at all.)
     for prompt, rate_500 in (("slow ok", 0.0), ("slow 500", 1.0)):
         mock_llm.configure(latency_s=30, rate_500=rate_500)
         with pytest.raises(LLMError) as error:
-            asyncio.run(llm.complete(LLMRequest(prompt=prompt), timeout_s=0.5))
+            asyncio.run(llm.complete(LLMRequest(prompt=prompt), timeout_s=2))
         assert error.value.code == "llm_timeout"
     # Then the mock counts neither as what was drawn: the caller never saw an answer, so a retry
     # after it is no second charge (the fault suite's double-charge count reads this)
