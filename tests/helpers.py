@@ -339,3 +339,19 @@ class SpanJitter(random.Random):
     def uniform(self, a: float, b: float) -> float:
         self.spans.append((a, b))
         return a + (b - a) * self.at
+
+
+def replay_batch_events(events: list[dict[str, Any]], total: int) -> tuple[dict[str, int], dict[int, str]]:
+    """A batch's events (GET /batches/{id}/events) from its first, replayed: each must be
+    numbered on from the one before, and carry the counts before it moved by its items. The
+    counts after the last, and each item's last status, by index."""
+    assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
+    counts = {"pending": total, "processing": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    status_of = dict.fromkeys(range(total), "pending")
+    for event in events:
+        for item in event["items"]:
+            counts[status_of[item["index"]]] -= 1
+            counts[item["status"]] += 1
+            status_of[item["index"]] = item["status"]
+        assert event["counts"] == counts, event
+    return counts, status_of

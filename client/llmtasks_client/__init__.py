@@ -19,6 +19,8 @@ from llmtasks_client.client import (
     verify_webhook,
 )
 from llmtasks_client.models import (
+    BatchEvent,
+    BatchEventPage,
     BatchResult,
     BatchStatus,
     BatchView,
@@ -38,6 +40,8 @@ __version__ = "0.2.0"
 __all__ = [
     "DEFAULT_URL",
     "AsyncClient",
+    "BatchEvent",
+    "BatchEventPage",
     "BatchResult",
     "BatchStatus",
     "BatchView",

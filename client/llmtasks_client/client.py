@@ -17,12 +17,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from llmtasks_client.models import (
+    BatchEvent,
+    BatchEventPage,
     BatchResult,
     BatchResults,
     BatchView,
@@ -50,7 +52,6 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:3000"
 LONG_POLL_S = 20  # the server holds a status read up to 25 s
-BATCH_POLL_S = 2.0  # a batch's progress is read this often while waiting
 # Failed reads in a row (each after the request's own retries) that a stream reads on from.
 STREAM_RECONNECTS = 8
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -196,15 +197,6 @@ class _Policy:
         return {"limit": page_size, **({"cursor": cursor} if cursor else {})}
 
     @staticmethod
-    def batch_done(batch: BatchView, give_up: float | None) -> bool:
-        """True once the batch has ended; raises WaitTimeoutError when time is up first."""
-        if batch.status.is_terminal:
-            return True
-        if give_up is not None and time.monotonic() >= give_up:
-            raise BatchWaitTimeoutError(batch)
-        return False
-
-    @staticmethod
     def listing(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
         return {
             k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None
@@ -244,6 +236,9 @@ class _Waiting:
         return min(self._policy.delay(self._attempt - 1), self._left())
 
 
+Page = TypeVar("Page", TaskOutputPage, BatchEventPage)
+
+
 class _Following:
     """The decisions of one `stream`, so that each client only does the reads and the sleeps:
     where to read on from, and whether an error ends the stream or is read on from."""
@@ -262,8 +257,9 @@ class _Following:
     def timed_out(self) -> bool:
         return self._give_up is not None and time.monotonic() >= self._give_up
 
-    def page(self, reply: Any) -> TaskOutputPage:
-        page = TaskOutputPage.model_validate(reply)
+    def page(self, reply: Any, model: type[Page]) -> Page:
+        """The page read, where the next read goes on from."""
+        page = model.model_validate(reply)
         self.after = page.after
         self._failures = 0
         return page
@@ -367,6 +363,17 @@ class Client:
         params = {"after": after, "wait": int(wait)}
         return TaskOutputPage.model_validate(self._request("GET", f"/tasks/{task_id}/output", params=params))
 
+    def _pages(self, path: str, model: type[Page], following: _Following) -> Iterator[Page]:
+        """The pages of a followed read (a task's output, a batch's events), each read on from
+        the last; after an error, read again from where it stood."""
+        while True:
+            try:
+                reply = self._request("GET", path, params=following.params())
+            except (httpx.HTTPError, ProblemError) as error:
+                time.sleep(following.reconnect_s(error))
+                continue
+            yield following.page(reply, model)
+
     def stream(self, task_id: str, *, after: int = 0, timeout: float | None = None) -> Iterator[OutputChunk]:
         """Each chunk of the task's output after `after`, in order and once, as it is written,
         until the task ends; reads on from the last chunk after an error or a dropped
@@ -374,13 +381,7 @@ class Client:
         cancelled, WaitTimeoutError after `timeout` seconds. A chunk whose `attempt` differs
         from the one before starts the text over."""
         following = _Following(self._policy, after, timeout)
-        while True:
-            try:
-                reply = self._request("GET", f"/tasks/{task_id}/output", params=following.params())
-            except (httpx.HTTPError, ProblemError) as error:
-                time.sleep(following.reconnect_s(error))
-                continue
-            page = following.page(reply)
+        for page in self._pages(f"/tasks/{task_id}/output", TaskOutputPage, following):
             yield from page.chunks
             if page.final:
                 if page.status is not TaskStatus.COMPLETED:
@@ -400,6 +401,29 @@ class Client:
 
     def get_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(self._request("GET", f"/batches/{batch_id}"))
+
+    def batch_events(self, batch_id: str, *, after: int = 0, wait: float = 0) -> BatchEventPage:
+        """The batch's events after `after` (items whose status moved, the counts after them);
+        with `wait`, held up to that many seconds (25 at most) until there is one or the batch
+        ends."""
+        params = {"after": after, "wait": int(wait)}
+        return BatchEventPage.model_validate(
+            self._request("GET", f"/batches/{batch_id}/events", params=params)
+        )
+
+    def follow_batch(
+        self, batch_id: str, *, after: int = 0, timeout: float | None = None
+    ) -> Iterator[BatchEvent]:
+        """Each of the batch's events after `after`, in order and once, as it happens, until the
+        batch ends; reads on from the last event after an error or a dropped connection. Raises
+        BatchWaitTimeoutError after `timeout` seconds."""
+        following = _Following(self._policy, after, timeout)
+        for page in self._pages(f"/batches/{batch_id}/events", BatchEventPage, following):
+            yield from page.events
+            if page.final:
+                return
+            if following.timed_out():
+                raise BatchWaitTimeoutError(self.get_batch(batch_id))
 
     def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/cancel"))
@@ -442,16 +466,19 @@ class Client:
         timeout: float | None = None,
         on_progress: Callable[[BatchView], object] | None = None,
     ) -> BatchView:
-        """The batch once every item is terminal; `on_progress` sees each read. Raises
-        BatchWaitTimeoutError after `timeout` seconds."""
-        give_up = None if timeout is None else time.monotonic() + timeout
-        while True:
-            batch = self.get_batch(batch_id)
-            if on_progress is not None:
-                on_progress(batch)
-            if self._policy.batch_done(batch, give_up):
-                return batch
-            time.sleep(BATCH_POLL_S)
+        """The batch once every item is terminal; `on_progress` sees it as read, then as each
+        of its events leaves it (followed with `follow_batch`, not read whole again), then as
+        it ended. Raises BatchWaitTimeoutError after `timeout` seconds."""
+        view = self.get_batch(batch_id)
+        progress = on_progress or (lambda _: None)
+        progress(view)
+        if not view.status.is_terminal:
+            for event in self.follow_batch(batch_id, after=view.events, timeout=timeout):
+                view = view.after(event)
+                progress(view)
+            view = self.get_batch(batch_id)
+            progress(view)
+        return view
 
     def close(self) -> None:
         self._http.close()
@@ -533,6 +560,16 @@ class AsyncClient:
         reply = await self._request("GET", f"/tasks/{task_id}/output", params=params)
         return TaskOutputPage.model_validate(reply)
 
+    async def _pages(self, path: str, model: type[Page], following: _Following) -> AsyncIterator[Page]:
+        """Client._pages' twin."""
+        while True:
+            try:
+                reply = await self._request("GET", path, params=following.params())
+            except (httpx.HTTPError, ProblemError) as error:
+                await asyncio.sleep(following.reconnect_s(error))
+                continue
+            yield following.page(reply, model)
+
     async def stream(
         self,
         task_id: str,
@@ -542,13 +579,7 @@ class AsyncClient:
     ) -> AsyncIterator[OutputChunk]:
         """Client.stream's twin."""
         following = _Following(self._policy, after, timeout)
-        while True:
-            try:
-                reply = await self._request("GET", f"/tasks/{task_id}/output", params=following.params())
-            except (httpx.HTTPError, ProblemError) as error:
-                await asyncio.sleep(following.reconnect_s(error))
-                continue
-            page = following.page(reply)
+        async for page in self._pages(f"/tasks/{task_id}/output", TaskOutputPage, following):
             for chunk in page.chunks:
                 yield chunk
             if page.final:
@@ -567,6 +598,28 @@ class AsyncClient:
 
     async def get_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(await self._request("GET", f"/batches/{batch_id}"))
+
+    async def batch_events(self, batch_id: str, *, after: int = 0, wait: float = 0) -> BatchEventPage:
+        params = {"after": after, "wait": int(wait)}
+        reply = await self._request("GET", f"/batches/{batch_id}/events", params=params)
+        return BatchEventPage.model_validate(reply)
+
+    async def follow_batch(
+        self,
+        batch_id: str,
+        *,
+        after: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 - Client.follow_batch's twin
+    ) -> AsyncIterator[BatchEvent]:
+        """Client.follow_batch's twin."""
+        following = _Following(self._policy, after, timeout)
+        async for page in self._pages(f"/batches/{batch_id}/events", BatchEventPage, following):
+            for event in page.events:
+                yield event
+            if page.final:
+                return
+            if following.timed_out():
+                raise BatchWaitTimeoutError(await self.get_batch(batch_id))
 
     async def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/cancel"))
@@ -607,14 +660,16 @@ class AsyncClient:
         timeout: float | None = None,  # noqa: ASYNC109 - Client.wait_batch's twin
         on_progress: Callable[[BatchView], object] | None = None,
     ) -> BatchView:
-        give_up = None if timeout is None else time.monotonic() + timeout
-        while True:
-            batch = await self.get_batch(batch_id)
-            if on_progress is not None:
-                on_progress(batch)
-            if self._policy.batch_done(batch, give_up):
-                return batch
-            await asyncio.sleep(BATCH_POLL_S)
+        view = await self.get_batch(batch_id)
+        progress = on_progress or (lambda _: None)
+        progress(view)
+        if not view.status.is_terminal:
+            async for event in self.follow_batch(batch_id, after=view.events, timeout=timeout):
+                view = view.after(event)
+                progress(view)
+            view = await self.get_batch(batch_id)
+            progress(view)
+        return view
 
     async def aclose(self) -> None:
         await self._http.aclose()

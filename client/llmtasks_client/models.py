@@ -113,6 +113,14 @@ class BatchView(_Reply):
     expires_at: datetime
     metadata: dict[str, Any] | None = None
     webhook: WebhookState | None = None
+    events: int = 0  # its last event's number: follow_batch(after=events) reads on from this read
+
+    def after(self, event: BatchEvent) -> BatchView:
+        """The batch as `event` left it (its counts; processing once an item has started)."""
+        counts = event.counts.model_dump(include=set(ITEM_COUNTS))
+        started = self.status is BatchStatus.PENDING and counts["pending"] < self.total
+        status = BatchStatus.PROCESSING if started else self.status
+        return self.model_copy(update={**counts, "status": status, "events": event.sequence})
 
     @property
     def finished(self) -> int:
@@ -196,3 +204,41 @@ class TaskOutputPage(_Reply):
     status: TaskStatus | None = None
     error: str | None = None
     error_code: str | None = None
+
+
+class BatchCounts(_Reply):
+    pending: int = 0
+    processing: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class BatchEventItem(_Reply):
+    """An item whose status moved: its place in the batch, its ids, its status after."""
+
+    index: int
+    custom_id: str | None = None
+    task_id: str
+    status: TaskStatus
+
+
+class BatchEvent(_Reply):
+    """Items of a batch whose status moved together, and the batch's counts after them;
+    `sequence` from 1 (pass it as `after` to read on)."""
+
+    sequence: int
+    items: list[BatchEventItem]
+    counts: BatchCounts
+    at: datetime
+
+
+class BatchEventPage(_Reply):
+    """`GET /batches/{id}/events`: the events after `after`; `final` once the batch ended and no
+    event follows."""
+
+    batch_id: str
+    events: list[BatchEvent]
+    after: int
+    final: bool
+    status: BatchStatus

@@ -23,7 +23,7 @@ from llmtasks_client import verify_webhook
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, start_stack, wait_terminal
-from tests.helpers import HANG_S, WebhookReceiver, eventually, local_client
+from tests.helpers import HANG_S, WebhookReceiver, eventually, local_client, replay_batch_events
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +45,18 @@ def batch_stack() -> Iterator[RunningStack]:
         yield stack
     finally:
         stack.stop()
+
+
+def events_of(client: httpx.Client, batch_id: str) -> list[dict[str, Any]]:
+    """Every event of an ended batch, page by page from the first."""
+    events: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = client.get(f"/batches/{batch_id}/events", params={"after": after}).json()
+        events += page["events"]
+        after = page["after"]
+        if page["final"]:
+            return events
 
 
 class Progress:
@@ -114,6 +126,7 @@ def test_a_thousand_items_with_transient_failures_all_complete_with_exact_counts
         assert final["status"] == "completed"
         assert (final["completed"], final["failed"], final["cancelled"]) == (1000, 0, 0)
         rows = results_of(client, accepted["batch_id"])
+        events = events_of(client, accepted["batch_id"])
         hook.wait_for(1)
         time.sleep(1)  # a second event, if one were coming, would be here by now
     assert [row["custom_id"] for row in rows] == [f"doc-{i}" for i in range(1000)]
@@ -131,6 +144,11 @@ def test_a_thousand_items_with_transient_failures_all_complete_with_exact_counts
     assert event.type == "batch.completed"
     assert event.data.batch_id == accepted["batch_id"]
     assert event.data.completed == 1000
+    # The batch's events, read from the first: each the counts before it moved by its items,
+    # every item ending completed, the last event's counts the batch's own
+    counts, status_of = replay_batch_events(events, 1000)
+    assert set(status_of.values()) == {"completed"}
+    assert counts == {name: final[name] for name in COUNTS}
     print(
         f"\n1,000-item batch: {wall_s:.1f} s wall, {len(progress.reads)} polls, "
         f"{stats['calls']} LLM calls ({stats['errors_500']} injected 500s)"

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -35,7 +36,7 @@ from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.ops.stats import overview
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from tests.conftest import Aws, RunningMock
-from tests.helpers import blobs, emf_records, eventually, load_event, task_lanes
+from tests.helpers import blobs, emf_records, eventually, load_event, replay_batch_events, task_lanes
 from tests.unit.test_api import Api, assert_problem, task_service, webhook_controls
 
 pytestmark = pytest.mark.unit
@@ -313,6 +314,128 @@ def test_a_plain_task_s_change_among_the_records_leaves_the_items_after_it_count
     assert batch.completed == 2
 
 
+def events_page(
+    rig: Rig, batch_id: str, query: str = "after=0", *, tenant: str = "default"
+) -> dict[str, Any]:
+    reply = rig.api.call("GET", f"/batches/{batch_id}/events", query=query, tenant=tenant)
+    assert reply["statusCode"] == 200, reply
+    return reply["json"]  # type: ignore[no-any-return]
+
+
+def test_a_batch_s_events_name_each_item_s_moves_once_in_order_with_the_counts_after_them(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    # Given a batch whose items ran, their records counted in pieces, some twice
+    batch_id = rig.submit([{"prompt": f"e{i}", "custom_id": f"c-{i}"} for i in range(6)])["batch_id"]
+    assert events_page(rig, batch_id) == {
+        "batch_id": batch_id,
+        "events": [],
+        "after": 0,
+        "final": False,
+        "status": "pending",
+    }
+    rig.fan_out()
+    rig.run_items()
+    records = rig.stream()
+    half = len(records) // 2
+    rig.count(records[:half])
+    middle = events_page(rig, batch_id)
+    rig.count(records[half - 3 :])
+    rig.count(records)
+    # When they are read from the start, and from the middle page's end
+    page = events_page(rig, batch_id)
+    rest = events_page(rig, batch_id, f"after={middle['after']}")
+    # Then the events are numbered from 1 on, the middle page their start, the rest their end
+    events = page["events"]
+    assert middle["events"] == events[: len(middle["events"])]
+    assert rest["events"] == events[len(middle["events"]) :]
+    # Each item's moves appear once, in the order they happened, with its index and custom_id
+    moves: dict[int, list[str]] = {}
+    for event in events:
+        for item in event["items"]:
+            assert item["custom_id"] == f"c-{item['index']}"
+            assert item["task_id"] == batch_task_id(batch_id, item["index"])
+            moves.setdefault(item["index"], []).append(item["status"])
+    assert set(moves) == set(range(6))
+    assert all(statuses in (["processing", "completed"], ["completed"]) for statuses in moves.values())
+    # Each event's counts are the counts before it moved by its items; the last, the batch's
+    counts, _ = replay_batch_events(events, 6)
+    assert counts == dict(counters(rig.batch(batch_id)))
+    # The batch ended: its page is final, and reading on from its end is an empty final page
+    assert (page["final"], page["status"], page["after"]) == (True, "completed", len(events))
+    assert rest["final"] is True
+    end = events_page(rig, batch_id, f"after={len(events)}&wait=5")
+    assert (end["events"], end["final"], end["after"]) == ([], True, len(events))
+    # Past the end, a negative or a word is refused; another tenant's batch is not found
+    for query in (f"after={len(events) + 1}", "after=-1", "after=x", "wait=26"):
+        assert_problem(rig.api.call("GET", f"/batches/{batch_id}/events", query=query), 422)
+    for path in (f"/batches/{batch_id}/events", f"/batches/{'f' * 32}/events", "/batches/nope/events"):
+        assert_problem(rig.api.call("GET", path, tenant="someone-else"), 404)
+
+
+def test_a_waiting_events_reply_is_held_until_the_batch_s_next_event(rig: Rig, mock_llm: RunningMock) -> None:
+    # Given a batch whose items ran but are not counted yet, and a reader waiting on it
+    batch_id = rig.submit([{"prompt": f"w{i}"} for i in range(3)])["batch_id"]
+    rig.fan_out()
+    rig.run_items()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(events_page, rig, batch_id, "after=0&wait=20")
+        # When the records are counted while it waits (with no event, it would have answered)
+        time.sleep(1.5)
+        held = not waiting.done()
+        rig.count(rig.stream())
+        page = waiting.result(timeout=30)
+    # Then it answered after the count, with the events the count made
+    assert held
+    assert page["events"][0]["sequence"] == 1
+    assert {item["index"] for e in page["events"] for item in e["items"]} == {0, 1, 2}
+
+
+class RacingCounts(BatchStore):
+    """The batch store, where another counter's transaction lands between this one's read of the
+    batch and its own transaction, once."""
+
+    def __init__(self, rig: Rig, other: list[CountedChange]) -> None:
+        super().__init__(rig.settings.tasks_table_name, rig.aws.dynamodb)
+        self._other = other
+        self.events_read = 0
+
+    def _counted_event(self, batch_id: str, changes: list[CountedChange], delta: Any, *, now: float) -> Any:
+        actions = super()._counted_event(batch_id, changes, delta, now=now)
+        self.events_read += 1
+        if self._other:
+            other, self._other = self._other, []
+            BatchStore(self.table_name, self._client).count_changes(batch_id, other, now=now)
+        return actions
+
+
+def test_two_counters_of_one_batch_at_once_number_their_events_apart_with_exact_counts(rig: Rig) -> None:
+    # Given a batch's two items, each counted by its own counter, the second landing between the
+    # first's read of the batch and its transaction
+    batch_id = rig.submit([{"prompt": f"r{i}"} for i in range(2)])["batch_id"]
+    expires = rig.batch(batch_id).expires_at
+
+    def started(index: int) -> CountedChange:
+        task_id = batch_task_id(batch_id, index)
+        return CountedChange(task_id, 0, 1, TaskStatus.PENDING, TaskStatus.PROCESSING, expires, index=index)
+
+    racing = RacingCounts(rig, [started(1)])
+    with pytest.raises(CountsRefused) as refused:
+        racing.count_changes(batch_id, [started(0)], now=time.time())
+    assert refused.value.conflict
+    assert not refused.value.batch_gone
+    # When the first tries again, as BatchProgress does after a conflict
+    racing.count_changes(batch_id, [started(0)], now=time.time())
+    assert racing.events_read == 2
+    # Then each landed once as its own event, numbered apart, each with the counts after it
+    page = events_page(rig, batch_id)
+    assert [(e["sequence"], [i["index"] for i in e["items"]]) for e in page["events"]] == [(1, [1]), (2, [0])]
+    assert [e["counts"]["processing"] for e in page["events"]] == [1, 2]
+    assert [e["counts"]["pending"] for e in page["events"]] == [1, 0]
+    batch = rig.batch(batch_id)
+    assert (batch.pending, batch.processing, batch.events) == (0, 2, 2)
+
+
 class WatchedCounts(BatchStore):
     """The batch store, with its count transactions and its reads of counted marks counted; its
     first `conflicts` transactions meet another one (DynamoDB's TransactionConflict)."""
@@ -322,12 +445,12 @@ class WatchedCounts(BatchStore):
         self.transactions = self.mark_reads = 0
         self._conflicts = conflicts
 
-    def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:
+    def count_changes(self, batch_id: str, changes: list[CountedChange], *, now: float) -> None:
         self.transactions += 1
         if self._conflicts:
             self._conflicts -= 1
             raise CountsRefused({}, conflict=True, batch_gone=False)
-        super().count_changes(batch_id, changes)
+        super().count_changes(batch_id, changes, now=now)
 
     def counted_revision(self, task_id: str) -> int | None:
         self.mark_reads += 1

@@ -86,3 +86,51 @@ def test_stream_gives_up_on_a_refusal() -> None:
     ):
         list(client.stream("t"))
     assert refused.value.status == 404
+
+
+class FlakyEvents:
+    """`GET /batches/b/events` over five events of one item each, two a page; every other
+    request fails with a 503; the batch ends with the last."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def events(self, request: Request) -> Response:
+        after = int(request.query_params["after"])
+        self.asked.append(after)
+        if len(self.asked) % 2 == 0:
+            return JSONResponse({"message": "x"}, 503)
+        events = [
+            {
+                "sequence": n,
+                "items": [{"index": n - 1, "task_id": f"t{n}", "status": "completed"}],
+                "counts": {"pending": 5 - n, "completed": n},
+                "at": "2026-12-03T00:00:00Z",
+            }
+            for n in range(after + 1, min(after + 2, 5) + 1)
+        ]
+        reached = events[-1]["sequence"] if events else after
+        final = reached == 5
+        status = "completed" if final else "processing"
+        return JSONResponse(
+            {"batch_id": "b", "events": events, "after": reached, "final": final, "status": status}
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/batches/b/events", self.events)])
+
+
+def test_follow_batch_reads_every_event_once_in_order_across_failures() -> None:
+    server = FlakyEvents()
+    with serve(server.app()) as url, llmtasks_client.Client(url, "k", max_retries=0) as client:
+        events = list(client.follow_batch("b"))
+    assert [e.sequence for e in events] == [1, 2, 3, 4, 5]
+    assert [e.counts.completed for e in events] == [1, 2, 3, 4, 5]
+    assert server.asked == [0, 2, 2, 4, 4]
+
+    async def follow() -> list[int]:
+        async with llmtasks_client.AsyncClient(url, "k", max_retries=0) as client:
+            return [event.sequence async for event in client.follow_batch("b", after=3)]
+
+    with serve(server.app()) as url:
+        assert asyncio.run(follow()) == [4, 5]

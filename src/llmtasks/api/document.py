@@ -45,6 +45,13 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
             {"task_id": "$request.path.task_id", "after": "$response.body#/after"},
         ),
     },
+    ("get", "/batches/{batch_id}/events", "200"): {
+        "ReadOn": (
+            "get",
+            "/batches/{batch_id}/events",
+            {"batch_id": "$request.path.batch_id", "after": "$response.body#/after"},
+        ),
+    },
     ("get", "/tasks/{task_id}/webhook/attempts", "200"): {
         "NextPage": (
             "get",
@@ -55,6 +62,7 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
     ("post", "/batches", "202"): {
         "GetBatch": ("get", "/batches/{batch_id}", {"batch_id": "$response.body#/batch_id"}),
         "BatchResults": ("get", "/batches/{batch_id}/results", {"batch_id": "$response.body#/batch_id"}),
+        "BatchEvents": ("get", "/batches/{batch_id}/events", {"batch_id": "$response.body#/batch_id"}),
         "CancelBatch": ("post", "/batches/{batch_id}/cancel", {"batch_id": "$response.body#/batch_id"}),
         "BatchWebhookAttempts": (
             "get",

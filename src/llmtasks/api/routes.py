@@ -23,7 +23,14 @@ from llmtasks.api import openai as openai_api
 from llmtasks.api.problems import (
     openapi_problem,
 )
-from llmtasks.domain.batches import Batch, BatchAccepted, BatchResults, BatchView, SubmitBatchRequest
+from llmtasks.domain.batches import (
+    Batch,
+    BatchAccepted,
+    BatchEventPage,
+    BatchResults,
+    BatchView,
+    SubmitBatchRequest,
+)
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import RESULTS_CURSOR_PATTERN, TASKS_CURSOR_PATTERN
 from llmtasks.domain.messages import WebhookSecret
@@ -50,7 +57,8 @@ from llmtasks.services.webhook_controls import WebhookControls
 # How long a client should wait between polls of a task that is not terminal yet.
 RETRY_AFTER_S = 2
 MAX_WAIT_S = 25
-# A chunk is a progress write (one each 2 s): a task has a few thousand in its longest call.
+# A chunk is a progress write (one each 2 s): a task has a few thousand in its longest call; a
+# batch has an event per count of its items, at most two per item.
 MAX_OUTPUT_SEQUENCE = 10_000_000
 MAX_LIST_LIMIT = 100
 MAX_RESULTS_LIMIT = 1000
@@ -387,6 +395,42 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     )
     def get_batch(batch_id: str) -> Response[BatchView]:
         return _batch_reply(batches_of(app).get(tenant_of(app), batch_id))
+
+    @app.get(
+        "/batches/<batch_id>/events",
+        summary="The batch's events (items whose status moved, and the counts), held until one exists",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "The events after `after` (none if the wait ran out); whether they end it",
+                "content": {"application/json": {"model": BatchEventPage}},
+            },
+            404: openapi_problem("Unknown, expired or another tenant's batch"),
+            422: openapi_problem("An invalid parameter, or `after` past the batch's last event"),
+        },
+    )
+    def batch_events(
+        batch_id: str,
+        after: Annotated[
+            int,
+            Query(
+                ge=0,
+                le=MAX_OUTPUT_SEQUENCE,
+                description="The last event read (its sequence number); 0 for all",
+            ),
+        ] = 0,
+        wait: Annotated[
+            int,
+            Query(
+                ge=0,
+                le=MAX_WAIT_S,
+                description="Hold the reply up to N s until an event after `after` exists",
+            ),
+        ] = 0,
+    ) -> Response[BatchEventPage]:
+        page = batches_of(app).events(tenant_of(app), batch_id, after=after, wait_s=wait)
+        return _json(page, 200)
 
     @app.get(
         "/batches/<batch_id>/results",

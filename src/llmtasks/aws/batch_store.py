@@ -14,11 +14,13 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import (
+    batch_get,
     deserialize,
     from_json_text,
     is_condition_failure,
@@ -30,7 +32,7 @@ from llmtasks.aws.dynamo import (
 )
 from llmtasks.aws.task_items import task_change
 from llmtasks.aws.webhook_records import outcome_update
-from llmtasks.domain.batches import Batch, BatchStatus
+from llmtasks.domain.batches import ITEM_COUNTS, Batch, BatchCounts, BatchEvent, BatchEventItem, BatchStatus
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task, TaskStatus, WebhookAttempt, WebhookStatus
 
@@ -45,6 +47,19 @@ def batch_key(batch_id: str) -> dict[str, AttributeValueTypeDef]:
 
 def _mark_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"counted#{task_id}"}}
+
+
+def _event_key(batch_id: str, sequence: int) -> dict[str, AttributeValueTypeDef]:
+    return {"pk": {"S": f"events#{batch_id}#{sequence}"}}
+
+
+def _event_of(sequence: int, fields: dict[str, Any]) -> BatchEvent:
+    return BatchEvent(
+        sequence=sequence,
+        items=[BatchEventItem.model_validate(item) for item in fields["items"]],
+        counts=BatchCounts.model_validate(fields["counts"]),
+        at=datetime.fromtimestamp(float(fields["at"]), UTC),
+    )
 
 
 # The item names its tenant `owner_tenant`, not `tenant_id`: TasksTable's by_tenant index
@@ -86,6 +101,12 @@ class CountedChange:
     old: TaskStatus
     new: TaskStatus
     expires_at: int  # the task's: the mark goes with it
+    index: int = 0  # the item's place in its batch
+    custom_id: str | None = None
+
+    @property
+    def moves(self) -> bool:
+        return self.old is not self.new
 
 
 class CountsRefused(Exception):
@@ -132,17 +153,31 @@ class BatchStore:
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB put failed: {exc}") from exc
 
-    def _get_item(self, key: dict[str, AttributeValueTypeDef]) -> dict[str, Any] | None:
+    def _get_item(
+        self,
+        key: dict[str, AttributeValueTypeDef],
+        *,
+        fields: list[str] | None = None,
+        consistent: bool = True,
+    ) -> dict[str, Any] | None:
+        projection: dict[str, Any] = {}
+        if fields:
+            projection = {
+                "ProjectionExpression": ", ".join(f"#f{i}" for i in range(len(fields))),
+                "ExpressionAttributeNames": {f"#f{i}": name for i, name in enumerate(fields)},
+            }
         try:
-            reply = self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True)
+            reply = self._client.get_item(
+                TableName=self.table_name, Key=key, ConsistentRead=consistent, **projection
+            )
         except (BotoCoreError, ClientError) as exc:
             raise BackendError(f"DynamoDB read failed: {exc}") from exc
         item = reply.get("Item")
         return dict(item) if item else None
 
-    def get(self, batch_id: str, *, now: float) -> Batch | None:
+    def get(self, batch_id: str, *, now: float, consistent: bool = True) -> Batch | None:
         """The batch, or None when there is none or it has expired."""
-        item = self._get_item(batch_key(batch_id))
+        item = self._get_item(batch_key(batch_id), consistent=consistent)
         if item is None:
             return None
         batch = batch_from_item(item)
@@ -192,9 +227,11 @@ class BatchStore:
         item = self._get_item(_mark_key(task_id))
         return int(deserialize(item)["revision"]) if item else None
 
-    def count_changes(self, batch_id: str, changes: list[CountedChange]) -> None:
+    def count_changes(self, batch_id: str, changes: list[CountedChange], *, now: float) -> None:
         """Applies the changes to the batch's counters in one transaction, each task's only if
-        its counters do not include any of them yet. Raises CountsRefused when nothing applied."""
+        its counters do not include any of them yet, with the batch's next event (the items
+        whose status moved, the counts after them) when any did. Raises CountsRefused when
+        nothing applied."""
         delta: Counter[str] = Counter()
         actions: list[TransactWriteItemTypeDef] = []
         for change in changes:
@@ -218,21 +255,8 @@ class BatchStore:
                     }
                 }
             )
-        moved = {name: count for name, count in delta.items() if count}
-        if moved:
-            names = {f"#{name}": name for name in moved}
-            actions.append(
-                {
-                    "Update": {
-                        "TableName": self.table_name,
-                        "Key": batch_key(batch_id),
-                        "UpdateExpression": "ADD " + ", ".join(f"#{name} :{name}" for name in moved),
-                        "ConditionExpression": "attribute_exists(pk)",
-                        "ExpressionAttributeNames": names,
-                        "ExpressionAttributeValues": serialize({f":{name}": n for name, n in moved.items()}),
-                    }
-                }
-            )
+        if any(change.moves for change in changes):
+            actions.extend(self._counted_event(batch_id, changes, delta, now=now))
         try:
             self._client.transact_write_items(TransactItems=actions)
         except ClientError as exc:
@@ -242,23 +266,97 @@ class BatchStore:
         except BotoCoreError as exc:
             raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
 
+    def _counted_event(
+        self, batch_id: str, changes: list[CountedChange], delta: Counter[str], *, now: float
+    ) -> list[TransactWriteItemTypeDef]:
+        """The batch's update (its counters moved by `delta`, its last event the next one) and
+        that event's item. The update holds only while the batch's last event is the one read
+        here, so the counts read with it are the counts the event starts from: a transaction
+        that counted meanwhile makes this one a conflict, read again."""
+        seen = self._get_item(batch_key(batch_id), fields=[*ITEM_COUNTS, "events", "expires_at"])
+        if seen is None:
+            raise CountsRefused({}, conflict=False, batch_gone=True)
+        fields = deserialize(seen)
+        last = int(fields.get("events", 0))
+        counts = {name: int(fields.get(name, 0)) + delta[name] for name in ITEM_COUNTS}
+        moved = {name: count for name, count in delta.items() if count}
+        update = "SET #events = :sequence"
+        if moved:
+            update += " ADD " + ", ".join(f"#{name} :{name}" for name in moved)
+        moving = sorted((change for change in changes if change.moves), key=lambda change: change.index)
+        items = [
+            {"index": c.index, "task_id": c.task_id, "status": c.new.value}
+            | ({"custom_id": c.custom_id} if c.custom_id is not None else {})
+            for c in moving
+        ]
+        return [
+            {
+                "Update": {
+                    "TableName": self.table_name,
+                    "Key": batch_key(batch_id),
+                    "UpdateExpression": update,
+                    # A batch stored before it had events has none (read as 0).
+                    "ConditionExpression": (
+                        "attribute_exists(pk) AND (#events = :last OR attribute_not_exists(#events))"
+                    ),
+                    "ExpressionAttributeNames": {"#events": "events"} | {f"#{name}": name for name in moved},
+                    "ExpressionAttributeValues": serialize(
+                        {":sequence": last + 1, ":last": last} | {f":{name}": n for name, n in moved.items()}
+                    ),
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            },
+            {
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": serialize(
+                        {
+                            **deserialize(_event_key(batch_id, last + 1)),
+                            "items": items,
+                            "counts": counts,
+                            "at": now,
+                            "expires_at": int(fields["expires_at"]),
+                        }
+                    ),
+                }
+            },
+        ]
+
+    def events(self, batch_id: str, first: int, last: int) -> list[BatchEvent]:
+        """Events `first`..`last` (at most a hundred), in order, up to the first one missing
+        (an event exists once the batch counts it, so only its TTL makes one missing)."""
+        if last < first:
+            return []
+        items = batch_get(
+            self._client, self.table_name, [_event_key(batch_id, n) for n in range(first, last + 1)]
+        )
+        found = []
+        for sequence in range(first, last + 1):
+            item = items.get(f"events#{batch_id}#{sequence}")
+            if item is None:
+                break
+            found.append(_event_of(sequence, deserialize(item)))
+        return found
+
     @staticmethod
     def _refusal(changes: list[CountedChange], exc: ClientError) -> CountsRefused:
         reasons: list[Any] = list(exc.response.get("CancellationReasons") or [])
         counted: dict[str, int | None] = {}
-        conflict = batch_gone = False
+        conflict = False
         for index, reason in enumerate(reasons):
             code = reason.get("Code")
             if code == "TransactionConflict":
                 conflict = True
             elif code == "ConditionalCheckFailed" and index >= len(changes):
-                batch_gone = True
+                # The batch's last event moved since it was read, or the batch is gone: the next
+                # attempt's read of it says which.
+                conflict = True
             elif code == "ConditionalCheckFailed":
                 old = reason.get("Item")
                 counted[changes[index].task_id] = int(deserialize(old)["revision"]) if old else None
         if not reasons:
             conflict = True  # no reasons given: treat as contention and try again
-        return CountsRefused(counted, conflict=conflict, batch_gone=batch_gone)
+        return CountsRefused(counted, conflict=conflict, batch_gone=False)
 
     def _update(
         self,

@@ -153,6 +153,8 @@ class Batch(BaseModel):
     trace_header: str | None = None
     # Its API key's max_running at submit, passed on to the items.
     max_running: int | None = None
+    # The last event's sequence number (GET /batches/{id}/events): 0 before the first.
+    events: int = 0
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -209,6 +211,11 @@ class BatchView(BaseModel):
     expires_at: datetime
     metadata: dict[str, Any] | None = None
     webhook: WebhookView | None = None
+    events: int = Field(
+        default=0,
+        description="Its last event's sequence number: pass it as `after` to GET /batches/{id}/events"
+        " to follow the batch from this read on.",
+    )
 
     @property
     def finished(self) -> int:
@@ -227,6 +234,7 @@ class BatchView(BaseModel):
             expires_at=_at(batch.expires_at),
             metadata=batch.metadata,
             webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
+            events=batch.events,
         )
 
 
@@ -283,6 +291,49 @@ class BatchResults(BaseModel):
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; absent on the last page."
     )
+
+
+# A page of batch events at most: one BatchGetItem's worth.
+MAX_PAGE_EVENTS = 100
+
+
+class BatchCounts(BaseModel):
+    """The batch's items by status."""
+
+    pending: int
+    processing: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class BatchEventItem(BaseModel):
+    index: int = Field(ge=0, description="The item's place in the batch, from 0.")
+    custom_id: str | None = None
+    task_id: str
+    status: TaskStatus = Field(description="Its status after the event.")
+
+
+class BatchEvent(BaseModel):
+    """Items of the batch whose status changed together (one count of the batch's stream), and
+    the batch's counts after them."""
+
+    sequence: int = Field(ge=1, description="Its place in the batch's events, from 1; pass as `after`.")
+    items: list[BatchEventItem] = Field(description="The items whose status changed, in index order.")
+    counts: BatchCounts
+    at: datetime
+
+
+class BatchEventPage(BaseModel):
+    """`GET /batches/{id}/events`: the events after `after`, in order."""
+
+    batch_id: str
+    events: list[BatchEvent]
+    after: int = Field(
+        ge=0, description="The last event's sequence number so far: pass it as `after` to read on."
+    )
+    final: bool = Field(description="No event follows: the batch has ended and this page has its last event.")
+    status: BatchStatus = Field(description="The batch's status when the page was read.")
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,8 @@ class _Step:
     new: TaskStatus
     revision: int
     expires_at: int
+    index: int
+    custom_id: str | None
 
 
 def _collapse(task_id: str, steps: list[_Step], counted: int | None) -> CountedChange | None:
@@ -176,6 +178,8 @@ def _collapse(task_id: str, steps: list[_Step], counted: int | None) -> CountedC
         old=fresh[0].old,
         new=fresh[-1].new,
         expires_at=fresh[-1].expires_at,
+        index=fresh[-1].index,
+        custom_id=fresh[-1].custom_id,
     )
 
 
@@ -198,7 +202,9 @@ class BatchProgress:
             if new.batch_id is None:
                 continue
             before = old.status if old is not None else TaskStatus.PENDING
-            steps[new.batch_id][new.task_id].append(_Step(before, new.status, new.revision, new.expires_at))
+            steps[new.batch_id][new.task_id].append(
+                _Step(before, new.status, new.revision, new.expires_at, new.batch_index or 0, new.custom_id)
+            )
         for batch_id, by_task in steps.items():
             self._count(batch_id, by_task)
             finish_if_done(self._batches, batch_id, now=self._clock())
@@ -215,7 +221,7 @@ class BatchProgress:
             for start in range(0, len(pending), COUNT_GROUP):
                 group = pending[start : start + COUNT_GROUP]
                 try:
-                    self._batches.count_changes(batch_id, group)
+                    self._batches.count_changes(batch_id, group, now=self._clock())
                 except CountsRefused as refused:
                     if refused.batch_gone:
                         logger.info("batch gone; its counts are left", batch_id=batch_id)

@@ -19,7 +19,15 @@ from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, StoredFile, SubmitBatchRequest
+from llmtasks.domain.batches import (
+    Batch,
+    BatchEventPage,
+    BatchItem,
+    BatchResult,
+    BatchStatus,
+    StoredFile,
+    SubmitBatchRequest,
+)
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import results_cursor, results_index
 from llmtasks.domain.errors import (
@@ -30,6 +38,7 @@ from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import TaskStatus, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.observability import logger
+from llmtasks.services.batch_events import BatchEventReader
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
@@ -87,6 +96,7 @@ class BatchService:
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
         self._submits = SubmitSequence(idempotency, limits)
+        self._events = BatchEventReader(batches, self.get)
 
     # The OpenAI surface's files (uploaded inputs, a batch's output and errors), kept per tenant
     # in the results bucket beside the results.
@@ -182,13 +192,18 @@ class BatchService:
         logger.info("batch submitted", batch_id=batch_id, tenant_id=tenant_id, total=batch.total)
         return batch
 
-    def get(self, tenant_id: str, batch_id: str) -> Batch:
+    def get(self, tenant_id: str, batch_id: str, *, consistent: bool = True) -> Batch:
         if not is_task_id(batch_id):
             raise BatchNotFound(batch_id[:64])
-        batch = self._batches.get(batch_id, now=self._clock())
+        batch = self._batches.get(batch_id, now=self._clock(), consistent=consistent)
         if batch is None or batch.tenant_id != tenant_id:
             raise BatchNotFound(batch_id)
         return batch
+
+    def events(self, tenant_id: str, batch_id: str, *, after: int, wait_s: float) -> BatchEventPage:
+        """The tenant's batch's events after `after`; with `wait_s`, held until one exists or
+        the batch ends, or `wait_s` has passed (see BatchEventReader.read)."""
+        return self._events.read(tenant_id, batch_id, after=after, wait_s=wait_s)
 
     def cancel(self, tenant_id: str, batch_id: str) -> Batch:
         """Pending items are cancelled in the background (one message per chunk); running ones

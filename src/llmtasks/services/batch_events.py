@@ -1,0 +1,62 @@
+"""`GET /batches/{id}/events?after=N&wait=S`: the batch's events after N (items whose status
+moved, the counts after them; see BatchStore.count_changes), at once, or held up to S seconds
+until one exists or the batch ends, so that a progress view follows a batch without reading
+every item, or the whole batch, again.
+
+A waiting reply polls the batch's item (eventually consistent: its last event's number and its
+status), and reads the events themselves once they exist.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from llmtasks.aws.batch_store import BatchStore
+from llmtasks.domain.batches import MAX_PAGE_EVENTS, Batch, BatchEventPage
+from llmtasks.domain.errors import InvalidInput
+
+# How often a waiting reply reads the batch. Its events come as BatchFunction counts the table's
+# stream, which Lambda hands over in batches (up to its batching window): a read every half
+# second keeps a view within a second of them, at two reads of a small item a second.
+POLL_S = 0.5
+
+
+class Owned(Protocol):
+    """The tenant's batch as read, or BatchNotFound (BatchService.get)."""
+
+    def __call__(self, tenant_id: str, batch_id: str, *, consistent: bool = True) -> Batch: ...
+
+
+class BatchEventReader:
+    def __init__(self, batches: BatchStore, owned: Owned) -> None:
+        self._batches = batches
+        self._owned = owned
+
+    def read(self, tenant_id: str, batch_id: str, *, after: int, wait_s: float) -> BatchEventPage:
+        give_up = time.monotonic() + wait_s
+        while True:
+            batch = self._owned(tenant_id, batch_id, consistent=False)
+            if after > batch.events:
+                # The client read `after` from a page; a read a moment behind may not have it yet.
+                batch = self._owned(tenant_id, batch_id)
+                if after > batch.events:
+                    raise InvalidInput(
+                        f"after={after} is past the batch's last event ({batch.events}).", field="after"
+                    )
+            left = give_up - time.monotonic()
+            if batch.events > after or batch.status.is_terminal or left <= 0:
+                return self._page(batch, after)
+            time.sleep(min(POLL_S, left))
+
+    def _page(self, batch: Batch, after: int) -> BatchEventPage:
+        events = self._batches.events(batch.batch_id, after + 1, min(batch.events, after + MAX_PAGE_EVENTS))
+        reached = events[-1].sequence if events else after
+        return BatchEventPage(
+            batch_id=batch.batch_id,
+            events=events,
+            after=reached,
+            # Once a batch has ended its counts no longer move: no event follows its last.
+            final=batch.status.is_terminal and reached >= batch.events,
+            status=batch.read_status,
+        )
