@@ -589,6 +589,32 @@ def test_streams_batch_size_caps_the_records_of_an_invocation(remote: dict[str, 
     assert [c["n"] for c in calls_of(tmp_path)] == [2, 2, 1]
 
 
+def test_streams_a_batch_over_six_mb_reaches_the_function_in_invocations_within_it(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """A stream batch whose event would be over Lambda's 6 MB invocation payload reaches the
+    function in invocations each within it, in order, nothing lost (the records are read
+    BatchSize at a time, and sent as fewer when they would not fit)."""
+    client, arn = streams(remote)
+    table = remote["resources"].table_names["TasksTable"]
+    for i in range(20):
+        put(remote, f"big{i}", pad="x" * 180_000)
+        remote["dynamodb"].update_item(  # a record of two images: about 360 KB
+            TableName=table,
+            Key={"pk": {"S": f"big{i}"}},
+            UpdateExpression="SET #pad = :pad",
+            ExpressionAttributeNames={"#pad": "pad"},
+            ExpressionAttributeValues={":pad": {"S": "y" * 180_000}},
+        )
+    stop = threading.Event()
+    source = StreamSource("F", "S", arn, starting_position="TRIM_HORIZON", batch_size=100)
+    poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER)), client, stop)
+    run_pollers(poller, stop, lambda: len(stream_keys(tmp_path)) == 40)
+    # Forty records of about 11 MB in all, read as one batch, came in order in more than one
+    assert stream_keys(tmp_path) == [key for i in range(20) for key in (f"big{i}", f"big{i}")]
+    assert len(calls_of(tmp_path)) >= 2
+
+
 def test_streams_retries_then_the_on_failure_destination_gets_the_batch(
     remote: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -810,6 +836,26 @@ LOGGING = """
             logger.info("step", n=n)
         return context.aws_request_id
 """
+
+
+def test_lambda_a_response_over_its_limit_fails_the_invocation_and_the_next_gets_a_new_sandbox(
+    tmp_path: Path,
+) -> None:
+    """A synchronous response of at most 6,291,556 bytes is returned; one byte more fails the
+    invocation with Function.ResponseSizeTooLarge (the runtime client is refused with a 413 and
+    its process ends), and the next invocation starts a new sandbox."""
+    spec = toy_function(tmp_path, 'def handler(event, context):\n    return "x" * event["n"]\n', timeout_s=10)
+    with FunctionRuntime(spec) as runtime:
+        fits = runtime.invoke({"n": 6_291_556 - 2})  # two bytes of JSON quotes
+        assert fits.ok
+        assert len(fits.payload) == 6_291_554
+        over = runtime.invoke({"n": 6_291_556 - 1})
+        assert over.error == (
+            "Function.ResponseSizeTooLarge: Response payload size exceeded maximum allowed payload"
+            " size (6291556 bytes)."
+        )
+        after = runtime.invoke({"n": 3})
+        assert (after.payload, after.init_s is not None) == ("xxx", True)
 
 
 def test_lambda_log_lines_name_their_own_function_and_request_under_concurrency(tmp_path: Path) -> None:

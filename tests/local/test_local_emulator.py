@@ -257,6 +257,43 @@ def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_ro
         assert client.post("/hello").json() == {"message": "Not Found"}
 
 
+def test_the_gateway_applies_lambda_s_six_mb_limits_as_api_gateway_does(tmp_path: Path) -> None:
+    import httpx
+
+    from llmtasks_local.emulator.gateway import HttpGateway
+    from tests.helpers import serve
+
+    spec = toy_function(
+        tmp_path,
+        """
+        import os
+        def handler(event, context):
+            with open(os.path.join(os.path.dirname(__file__), "ran"), "a") as ran:
+                ran.write(event["rawPath"] + "\\n")
+            if event["rawPath"] == "/echo":
+                return {"statusCode": 200, "body": str(len(event["body"]))}
+            return {"statusCode": 200, "body": "x" * int(event["pathParameters"]["n"])}
+    """,
+        timeout_s=10,
+    )
+    runtime = FunctionRuntime(spec)
+    routes = [HttpRoute("F", "POST", "/echo"), HttpRoute("F", "GET", "/big/{n}")]
+    gateway = HttpGateway(routes, {"F": runtime})
+    ran = tmp_path / "ran"
+    with serve(gateway.app()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        # A body whose event is within 6 MB runs; one whose event is over never reaches the function
+        assert client.post("/echo", content=b"a" * 5_000_000).text == "5000000"
+        refused = client.post("/echo", content=b"a" * 6_291_456)
+        assert (refused.status_code, refused.json()) == (413, {"message": "Request Too Long"})
+        assert ran.read_text().splitlines() == ["/echo"]
+        # A reply over Lambda's response limit is API Gateway's answer for a failed function
+        assert len(client.get("/big/6000000").text) == 6_000_000
+        failed = client.get("/big/6300000")
+        assert (failed.status_code, failed.json()) == (500, {"message": "Internal Server Error"})
+        assert client.get("/big/3").text == "xxx"
+    runtime.close()
+
+
 def test_a_handler_that_exits_is_a_function_error_not_a_dead_poller(tmp_path: Path) -> None:
     spec = toy_function(
         tmp_path,

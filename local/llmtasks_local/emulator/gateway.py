@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llmtasks_local.emulator.payload_limits import request_too_large
 from llmtasks_local.emulator.runtime import FunctionRuntime
 from llmtasks_local.sam.function_spec import HttpRoute, LambdaAuthorizer
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS
@@ -250,17 +251,21 @@ class HttpGateway:
                 break
         else:
             return JSONResponse({"message": "Not Found"}, 404)
+        body = await request.body()
         event = http_event(
             route=route,
             method=request.method,
             path=path,
             raw_query=request.url.query,
             headers=request.headers.items(),
-            body=await request.body(),
+            body=body,
             path_parameters=parameters,
             source_ip=request.client.host if request.client else "127.0.0.1",
             host=request.headers.get("host", "127.0.0.1"),
         )
+        if request_too_large(body, event):
+            # Lambda takes no event over 6 MB, and API Gateway answers so without running it.
+            return JSONResponse({"message": "Request Too Long"}, 413)
         started = time.monotonic()
         refused = await self._authorized(route, event)
         if refused is not None:

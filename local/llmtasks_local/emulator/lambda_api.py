@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmtasks_local.emulator.journal import read_kept, write_kept
+from llmtasks_local.emulator.payload_limits import EVENT_REQUEST_BYTES, REQUEST_BYTES
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.emulator.sources import SqsPoller, StreamPoller
 from llmtasks_local.sam.function_spec import FunctionSpec, SqsSource, StreamSource
@@ -40,9 +41,6 @@ from llmtasks_local.sam.template import PSEUDO_PARAMETERS
 API = "/2015-03-31"
 REGION = PSEUDO_PARAMETERS["AWS::Region"]
 ACCOUNT = PSEUDO_PARAMETERS["AWS::AccountId"]
-# Invoke's payload limits: 6 MB a synchronous request, 1 MB an asynchronous one.
-SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
-EVENT_PAYLOAD_BYTES = 1024 * 1024
 TAIL_BYTES = 4096  # LogType Tail: the last 4 KB of the invocation's log
 INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
 EVENT_WORKERS = 8  # asynchronous invocations run at once, across functions
@@ -474,7 +472,7 @@ class LambdaApi:
                 "ClientContext is not passed on by the local stack (its sandboxes have no mobile context)"
             )
         body = await request.body()
-        limit = EVENT_PAYLOAD_BYTES if kind == "Event" else SYNC_PAYLOAD_BYTES
+        limit = EVENT_REQUEST_BYTES if kind == "Event" else REQUEST_BYTES
         if len(body) > limit:
             raise LambdaError(
                 413,

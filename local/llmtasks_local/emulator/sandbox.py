@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
+from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
 from llmtasks_local.emulator.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
 from llmtasks_local.sam.function_spec import FunctionSpec
@@ -229,6 +230,15 @@ class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
         if parts == ["init", "error"]:
             sandbox._init_failed(_error_text(body))
         elif len(parts) == 3 and parts[0] == "invocation" and parts[2] in ("response", "error"):
+            if parts[2] == "response" and len(body) > RESPONSE_BYTES:
+                # Lambda's answer to a response over its limit: the invocation fails, and the
+                # runtime client is told so (awslambdaric raises, and its process ends: the next
+                # invocation gets a new sandbox, as it does in Lambda after Runtime.ExitError).
+                sandbox._stopped = True
+                error = json.dumps(RESPONSE_TOO_LARGE).encode()
+                sandbox._finished(parts[1], error=_error_text(error), error_object=dict(RESPONSE_TOO_LARGE))
+                self._reply(413, error)
+                return
             if parts[2] == "response":
                 sandbox._finished(parts[1], payload=json.loads(body) if body else None)
             else:
@@ -404,6 +414,9 @@ class Sandbox:
             try:
                 return job.done.result(timeout=min(left, MEMORY_CHECK_S))
             except TimeoutError:
+                if self._ended.is_set() and not job.done.done():
+                    # It ended before it took the job (it died idle, just as it was handed one).
+                    raise SandboxDied(self._end_reason or "Runtime exited") from None
                 self._check_memory()
 
     def _check_memory(self) -> None:

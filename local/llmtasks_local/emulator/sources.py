@@ -17,6 +17,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.records import sqs_record
 from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
+from llmtasks_local.emulator.payload_limits import fitting_batches
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
@@ -306,7 +307,7 @@ class StreamPoller:
                     ]
                     busy = busy or bool(records)
                     chosen = [r for r in records if self._matches(r)]
-                    if chosen and not self.deliver(chosen):
+                    if not all(self.deliver(batch) for batch in fitting_batches(chosen)):
                         break  # stopped before the batch was handled: not checkpointed
                     if records:
                         self.checkpoints[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
