@@ -193,6 +193,11 @@ class _Policy:
         return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
 
     @staticmethod
+    def retry_request(statuses: Sequence[str], idempotency_key: str | None) -> dict[str, Any]:
+        key = idempotency_key or str(uuid.uuid4())
+        return {"json": {"statuses": list(statuses)}, "headers": {"Idempotency-Key": key}}
+
+    @staticmethod
     def results_page(cursor: str | None, page_size: int) -> dict[str, Any]:
         return {"limit": page_size, **({"cursor": cursor} if cursor else {})}
 
@@ -428,6 +433,15 @@ class Client:
     def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/cancel"))
 
+    def retry_batch(
+        self, batch_id: str, *, statuses: Sequence[str] = ("failed",), idempotency_key: str | None = None
+    ) -> BatchView:
+        """Runs the ended batch's items of `statuses` (failed, cancelled) again, in the same batch:
+        the same ids and custom_ids, each a new attempt. Retried under one Idempotency-Key, so a
+        lost reply never retries twice. ProblemError 409 while it runs or when none match."""
+        request = self._policy.retry_request(statuses, idempotency_key)
+        return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/retry", **request))
+
     def webhook_attempts(self, task_id: str) -> Attempts:
         """Every HTTP attempt at the task's webhook, newest first."""
         return _attempts(self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))
@@ -623,6 +637,12 @@ class AsyncClient:
 
     async def cancel_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/cancel"))
+
+    async def retry_batch(
+        self, batch_id: str, *, statuses: Sequence[str] = ("failed",), idempotency_key: str | None = None
+    ) -> BatchView:
+        request = self._policy.retry_request(statuses, idempotency_key)
+        return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/retry", **request))
 
     async def webhook_attempts(self, task_id: str) -> Attempts:
         return _attempts(await self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))

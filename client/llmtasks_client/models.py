@@ -113,6 +113,7 @@ class BatchView(_Reply):
     expires_at: datetime
     metadata: dict[str, Any] | None = None
     webhook: WebhookState | None = None
+    retries: int = 0  # times its failed or cancelled items were run again (retry_batch)
     events: int = 0  # its last event's number: follow_batch(after=events) reads on from this read
 
     def after(self, event: BatchEvent) -> BatchView:

@@ -282,6 +282,44 @@ def test_the_cli_submits_follows_and_reads_a_batch(batch_stack: RunningStack) ->
     assert "line 2" in refused_file.stderr
 
 
+def test_the_cli_retries_a_batch_s_failed_items_in_the_same_batch(batch_stack: RunningStack) -> None:
+    # Given a batch whose items all failed (every call a 500, no retries)
+    batch_stack.configure_mock(rate_500=1.0)
+    with tempfile.TemporaryDirectory() as directory:
+        items = Path(directory) / "items.jsonl"
+        items.write_text(
+            "".join(
+                json.dumps({"prompt": f"redo {i}", "custom_id": f"redo-{i}", "max_retries": 0}) + "\n"
+                for i in range(8)
+            )
+        )
+        submitted = batch_stack.run_cli("batch", "submit", str(items), "--wait", "--json")
+    view = json.loads(submitted.stdout.strip().splitlines()[-1])
+    assert (view["status"], view["failed"]) == ("completed_with_errors", 8), submitted.stderr
+    # When the CLI retries it once the model answers again
+    batch_stack.configure_mock(rate_500=0.0)
+    retried = batch_stack.run_cli("batch", "retry", view["batch_id"], "--wait", "--json")
+    assert retried.returncode == 0, retried.stderr
+    # Then every item completed in the same batch, each task on its second attempt
+    again = json.loads(retried.stdout.strip().splitlines()[-1])
+    assert (again["batch_id"], again["status"], again["completed"], again["retries"]) == (
+        view["batch_id"],
+        "completed",
+        8,
+        1,
+    )
+    rows = [
+        json.loads(line)
+        for line in batch_stack.run_cli("batch", "results", view["batch_id"]).stdout.splitlines()
+    ]
+    assert [(r["custom_id"], r["result"], r["attempts"]) for r in rows] == [
+        (f"redo-{i}", reply_text(f"redo {i}"), 2) for i in range(8)
+    ]
+    refused = batch_stack.run_cli("batch", "retry", view["batch_id"])
+    assert refused.returncode == 2
+    assert "no failed items" in refused.stderr
+
+
 def test_a_record_the_counter_cannot_read_stalls_it_loudly_until_an_operator_skips_it(
     batch_stack: RunningStack,
 ) -> None:

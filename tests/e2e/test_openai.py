@@ -283,6 +283,22 @@ def test_a_cancelled_batch_ends_cancelled_with_its_unrun_requests_in_the_error_f
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
     assert len(errors) == 20 - (done.request_counts.completed if done.request_counts else 0)
 
+    # Retried with llmtasks' own API (OpenAI has none), its cancelled requests run, and the batch
+    # ends again with files of its own: every request's answer in the output, no error file
+    fresh_mock.configure_mock(latency_s=0)
+    with fresh_mock.client() as native:
+        retried = native.post(
+            f"/batches/{created.id.removeprefix('batch_')}/retry", json={"statuses": ["cancelled"]}
+        )
+    assert retried.status_code == 202, retried.text
+    again = batch_ended(client, created)
+    assert again.status == "completed"
+    assert again.output_file_id is not None
+    assert again.output_file_id != done.output_file_id
+    assert again.error_file_id is None
+    output = [json.loads(line) for line in client.files.content(again.output_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in output) == sorted(f"slow-{i}" for i in range(20))
+
 
 def test_batch_api_refusals_are_the_sdks_exceptions(client: OpenAI, fresh_mock: RunningStack) -> None:
     with pytest.raises(openai.BadRequestError) as no_file:

@@ -391,6 +391,98 @@ def test_a_waiting_events_reply_is_held_until_the_batch_s_next_event(rig: Rig, m
     assert {item["index"] for e in page["events"] for item in e["items"]} == {0, 1, 2}
 
 
+def test_a_retry_runs_the_failed_items_again_in_the_same_batch_with_exact_counts_and_a_second_webhook(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    # Given a batch whose four items failed (every call a 500, no retries)
+    mock_llm.configure(rate_500=1.0)
+    items = [{"prompt": f"again {i}", "custom_id": f"r-{i}", "max_retries": 0} for i in range(4)]
+    batch_id = rig.submit(items, webhook_url="http://127.0.0.1:9/hook")["batch_id"]
+    rig.fan_out()
+    rig.run_items()
+    first = rig.stream()
+    rig.count(first)
+    ended = rig.batch(batch_id)
+    assert (ended.status, ended.failed) == (BatchStatus.COMPLETED_WITH_ERRORS, 4)
+    # A running batch, a status nothing has, or an unknown status cannot be retried
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry", {"statuses": ["cancelled"]}), 409)
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry", {"statuses": ["completed"]}), 422)
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry", {"statuses": []}), 422)
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry", tenant="someone-else"), 404)
+    assert rig.batch(batch_id) == ended  # nothing changed
+    assert rig.aws.messages("BatchFanoutQueue") == []
+    # When it is retried, twice under one Idempotency-Key
+    key = {"Idempotency-Key": "retry-1"}
+    retried = rig.api.call("POST", f"/batches/{batch_id}/retry", headers=key)
+    again = rig.api.call("POST", f"/batches/{batch_id}/retry", headers=key)
+    assert retried["statusCode"] == again["statusCode"] == 202
+    assert again["json"] == retried["json"]
+    assert again["headers"].get("Idempotent-Replayed") == "true"
+    assert (retried["json"]["status"], retried["json"]["retries"]) == ("processing", 1)
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry"), 409)  # no key: it runs
+    # Then the items go back to pending once (one fan-out message a chunk), the counts with them
+    assert len(rig.fan_out()) == rig.batch(batch_id).chunks
+    moved = rig.batch(batch_id)
+    assert (moved.pending, moved.failed, moved.retrying) == (4, 0, 0)
+    assert counters(moved) == rig.full_count(moved)
+    middle = rig.stream()
+    rig.count(middle)  # the stream's records of those moves are not counted twice
+    assert counters(rig.batch(batch_id)) == counters(moved)
+    # And they run as new attempts of the same tasks, the batch ending completed
+    mock_llm.configure()
+    rig.run_items()
+    second = rig.stream()
+    rig.count(second)
+    done = rig.batch(batch_id)
+    assert (done.status, done.completed, done.retries) == (BatchStatus.COMPLETED, 4, 1)
+    assert counters(done) == rig.full_count(done)
+    tasks = rig.store.get_many([batch_task_id(batch_id, i) for i in range(4)])
+    assert {(t.attempts, t.status) for t in tasks.values()} == {(2, TaskStatus.COMPLETED)}
+    assert all([a.outcome for a in t.attempt_log] == ["failed", "completed"] for t in tasks.values())
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [(r["custom_id"], r["result"]) for r in results] == [
+        (f"r-{i}", reply_text(f"again {i}")) for i in range(4)
+    ]
+    # Each item's moves are in the batch's events, in order; the counts add up at each
+    page = events_page(rig, batch_id)
+    _, last = replay_batch_events(page["events"], 4)
+    assert set(last.values()) == {"completed"}
+    moves = [[i["status"] for e in page["events"] for i in e["items"] if i["index"] == n] for n in range(4)]
+    assert all(
+        m[-3:] == ["failed", "pending", "completed"]
+        or m[-4:] == ["failed", "pending", "processing", "completed"]
+        for m in moves
+    ), moves
+    # Each end sent its own batch.completed, under a webhook-id of its own
+    events = rig.relay(first + middle + second + rig.stream())
+    assert [e.event_type for e in events] == ["batch.completed", "batch.completed"]
+    assert events[0].webhook_id != events[1].webhook_id
+
+
+def test_a_cancelled_batch_s_items_run_when_it_is_retried_with_cancelled(
+    rig: Rig, mock_llm: RunningMock
+) -> None:
+    # Given a batch cancelled before any item ran
+    batch_id = rig.submit([{"prompt": f"later {i}"} for i in range(6)])["batch_id"]
+    rig.api.call("POST", f"/batches/{batch_id}/cancel")
+    rig.fan_out()
+    rig.run_items()
+    rig.count(rig.stream())
+    cancelled = rig.batch(batch_id)
+    assert (cancelled.status, cancelled.cancelled, mock_llm.stats.calls) == (BatchStatus.CANCELLED, 6, 0)
+    assert_problem(rig.api.call("POST", f"/batches/{batch_id}/retry"), 409)  # none failed
+    # When it is retried with its cancelled items
+    reply = rig.api.call("POST", f"/batches/{batch_id}/retry", {"statuses": ["cancelled", "failed"]})
+    assert reply["statusCode"] == 202
+    rig.fan_out()
+    rig.run_items()
+    rig.count(rig.stream())
+    # Then each ran once, and the batch ends completed
+    done = rig.batch(batch_id)
+    assert (done.status, done.completed, mock_llm.stats.calls) == (BatchStatus.COMPLETED, 6, 6)
+    assert counters(done) == rig.full_count(done)
+
+
 class RacingCounts(BatchStore):
     """The batch store, where another counter's transaction lands between this one's read of the
     batch and its own transaction, once."""

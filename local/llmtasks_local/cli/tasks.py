@@ -317,6 +317,37 @@ def batch_cancel(batch_id: str, api_url: str, api_key: str | None, as_json: bool
         _show_batch(client.cancel_batch(batch_id), as_json)
 
 
+@batch.command("retry")
+@click.argument("batch_id")
+@click.option(
+    "--cancelled", is_flag=True, help="Run its cancelled items again too (or alone with --no-failed)."
+)
+@click.option("--failed/--no-failed", default=True, help="Run its failed items again (the default).")
+@click.option(
+    "--wait", "wait_", is_flag=True, help="Follow the batch with a progress bar until it ends again."
+)
+@with_api
+def batch_retry(
+    batch_id: str,
+    cancelled: bool,
+    failed: bool,
+    wait_: bool,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Run an ended batch's failed (and with --cancelled, cancelled) items again, in the same
+    batch: same ids and custom_ids, each a new attempt of its task."""
+    statuses = [name for name, chosen in (("failed", failed), ("cancelled", cancelled)) if chosen]
+    if not statuses:
+        raise click.UsageError("Nothing to retry: --no-failed needs --cancelled.")
+    with client_of(api_url, api_key) as client:
+        view = client.retry_batch(batch_id, statuses=statuses)
+        if wait_:
+            view = _follow_batch(client, batch_id, timeout=None)
+        _show_batch(view, as_json)
+
+
 @click.group()
 def webhooks() -> None:
     """Webhooks: a task's or batch's delivery attempts, an event sent again, a URL enabled again."""

@@ -64,6 +64,7 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
         "BatchResults": ("get", "/batches/{batch_id}/results", {"batch_id": "$response.body#/batch_id"}),
         "BatchEvents": ("get", "/batches/{batch_id}/events", {"batch_id": "$response.body#/batch_id"}),
         "CancelBatch": ("post", "/batches/{batch_id}/cancel", {"batch_id": "$response.body#/batch_id"}),
+        "RetryBatch": ("post", "/batches/{batch_id}/retry", {"batch_id": "$response.body#/batch_id"}),
         "BatchWebhookAttempts": (
             "get",
             "/batches/{batch_id}/webhook/attempts",

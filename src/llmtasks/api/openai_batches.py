@@ -290,9 +290,12 @@ class OpenAIBatches:
         }
 
     def _files_of(self, batch: Batch, invalid: int) -> tuple[str | None, str | None]:
-        """The ended batch's output and error files, written on the first read that needs them."""
+        """The ended batch's output and error files, written on the first read that needs them;
+        a retried batch's end has files of its own (its items' latest outcomes)."""
         tenant = batch.tenant_id
-        output_id, error_id = _file_id(batch.batch_id, "output"), _file_id(batch.batch_id, "errors")
+        ending = f"-retry{batch.retries}" if batch.retries else ""
+        output_id = _file_id(batch.batch_id, "output" + ending)
+        error_id = _file_id(batch.batch_id, "errors" + ending)
         if self._batches.file(tenant, output_id) is None:
             endpoint = (batch.metadata or {})["openai"]["endpoint"]
             outputs: list[bytes] = []

@@ -29,6 +29,7 @@ from llmtasks.domain.batches import (
     BatchEventPage,
     BatchResults,
     BatchView,
+    RetryBatchRequest,
     SubmitBatchRequest,
 )
 from llmtasks.domain.caller import Caller
@@ -260,6 +261,33 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     )
     def cancel_batch(batch_id: str) -> Response[BatchView]:
         return _batch_reply(batches_of(app).cancel(tenant_of(app), batch_id))
+
+    @app.post(
+        "/batches/<batch_id>/retry",
+        status_code=202,
+        summary="Run an ended batch's failed (or cancelled) items again, in the same batch",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            202: {
+                "description": "The retry is under way: the batch, pending until the items end",
+                "content": {"application/json": {"model": BatchView}},
+            },
+            404: openapi_problem("Unknown, expired or another tenant's batch"),
+            409: openapi_problem("The batch has not ended, or has no items of those statuses"),
+            422: openapi_problem("An invalid body (an unknown status)"),
+            503: openapi_problem("The retry could not be queued; nothing changed"),
+        },
+    )
+    def retry_batch(
+        batch_id: str,
+        body: RetryBatchRequest | None = None,
+        idempotency_key: Annotated[str | None, openai_api.IDEMPOTENCY_KEY] = None,
+    ) -> Response[BatchView]:
+        batch, replayed = batches_of(app).retry(
+            tenant_of(app), batch_id, body or RetryBatchRequest(), idempotency_key=idempotency_key
+        )
+        return _accepted(BatchView.of(batch), f"/batches/{batch_id}", replayed=replayed)
 
     @app.post(
         "/tasks/<task_id>/webhook/replay",

@@ -30,7 +30,7 @@ from llmtasks.aws.dynamo import (
     stream_change,
     updated_if,
 )
-from llmtasks.aws.task_items import task_change
+from llmtasks.aws.task_items import task_change, task_key
 from llmtasks.aws.webhook_records import outcome_update
 from llmtasks.domain.batches import ITEM_COUNTS, Batch, BatchCounts, BatchEvent, BatchEventItem, BatchStatus
 from llmtasks.domain.errors import BackendError
@@ -206,8 +206,13 @@ class BatchStore:
         return self._update(
             batch.batch_id,
             update="SET #status = :final, completed_at = :now",
-            condition="#status = :seen",
-            values={":final": batch.final_status().value, ":now": now, ":seen": batch.status.value},
+            condition="#status = :seen AND (attribute_not_exists(retrying) OR retrying <= :zero)",
+            values={
+                ":final": batch.final_status().value,
+                ":now": now,
+                ":seen": batch.status.value,
+                ":zero": 0,
+            },
         )
 
     def record_webhook_outcome(
@@ -232,6 +237,24 @@ class BatchStore:
         its counters do not include any of them yet, with the batch's next event (the items
         whose status moved, the counts after them) when any did. Raises CountsRefused when
         nothing applied."""
+        self._transact(changes, self._count_actions(batch_id, changes, now=now))
+
+    def _transact(self, changes: list[CountedChange], actions: list[TransactWriteItemTypeDef]) -> None:
+        """One transaction whose first actions are `changes`' marks (CountsRefused reads its
+        refusal so)."""
+        try:
+            self._client.transact_write_items(TransactItems=actions)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+            raise self._refusal(changes, exc) from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+
+    def _count_actions(
+        self, batch_id: str, changes: list[CountedChange], *, now: float, retried: int = 0
+    ) -> list[TransactWriteItemTypeDef]:
+        """Each change's mark, then the batch's counters and its next event when any moved."""
         delta: Counter[str] = Counter()
         actions: list[TransactWriteItemTypeDef] = []
         for change in changes:
@@ -255,16 +278,86 @@ class BatchStore:
                     }
                 }
             )
+        if retried:
+            delta["retrying"] -= retried  # moved back by a retry (its batch counts them down)
         if any(change.moves for change in changes):
             actions.extend(self._counted_event(batch_id, changes, delta, now=now))
-        try:
-            self._client.transact_write_items(TransactItems=actions)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
-            raise self._refusal(changes, exc) from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+        return actions
+
+    def request_retry(self, batch: Batch, statuses: list[TaskStatus], *, now: float) -> Batch | None:
+        """An ended batch (as read: `batch`) back to pending, to run its items of `statuses`
+        again; its webhook is due again. None when it changed since that read (another retry
+        came first)."""
+        webhook = {":webhook": WebhookStatus.PENDING.value, ":zero": 0} if batch.wants_webhook() else {}
+        return self._update(
+            batch.batch_id,
+            update=(
+                "SET #status = :pending, retries = :retries, retry_statuses = :statuses,"
+                " retry_requested_at = :now, retrying = :retrying"
+                + (", webhook_status = :webhook, webhook_attempts = :zero" if webhook else "")
+                + " REMOVE completed_at, cancel_requested_at"
+            ),
+            # (A batch stored before retries has none: it was never retried.)
+            condition="#status = :seen AND expires_at > :now"
+            " AND (retries = :seen_retries OR attribute_not_exists(retries))",
+            values={
+                ":pending": BatchStatus.PENDING.value,
+                ":retries": batch.retries + 1,
+                ":seen_retries": batch.retries,
+                ":statuses": [status.value for status in statuses],
+                ":retrying": sum(getattr(batch, status.value) for status in statuses),
+                ":seen": batch.status.value,
+                ":now": now,
+                **webhook,
+            },
+        )
+
+    def retry_items(self, batch_id: str, tasks: list[Task], *, now: float) -> None:
+        """The tasks (ended, as read), each back to pending as a new attempt, in one transaction
+        with the batch's counters and its event (each task's mark set past the change, so the
+        stream's record of it is not counted again). Raises CountsRefused when any task changed
+        since it was read (a copy of this retry ran first)."""
+        changes = [
+            CountedChange(
+                task.task_id,
+                task.revision + 1,
+                task.revision + 1,
+                task.status,
+                TaskStatus.PENDING,
+                task.expires_at,
+                index=task.batch_index or 0,
+                custom_id=task.custom_id,
+            )
+            for task in tasks
+        ]
+        actions = self._count_actions(batch_id, changes, now=now, retried=len(tasks))
+        for task in tasks:
+            actions.append(
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": task_key(task.task_id),
+                        "UpdateExpression": (
+                            "SET #status = :pending, revision = :revision, retried_at = :now,"
+                            " attempts_before_retry = :attempts"
+                            " REMOVE #error, error_code, completed_at, next_attempt_at, dead_letter_at"
+                        ),
+                        "ConditionExpression": "#status = :seen AND revision = :seen_revision",
+                        "ExpressionAttributeNames": {"#status": "status", "#error": "error"},
+                        "ExpressionAttributeValues": serialize(
+                            {
+                                ":pending": TaskStatus.PENDING.value,
+                                ":revision": task.revision + 1,
+                                ":now": now,
+                                ":attempts": task.attempts,
+                                ":seen": task.status.value,
+                                ":seen_revision": task.revision,
+                            }
+                        ),
+                    }
+                }
+            )
+        self._transact(changes, actions)
 
     def _counted_event(
         self, batch_id: str, changes: list[CountedChange], delta: Counter[str], *, now: float

@@ -16,7 +16,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from llmtasks.aws.dynamo import batch_get, deserialize, dynamodb_errors, serialize, updated_if
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtasks.aws.dynamo import (
+    batch_get,
+    deserialize,
+    dynamodb_errors,
+    is_condition_failure,
+    serialize,
+    updated_if,
+)
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.output import OutputChunk, OutputHead
@@ -138,6 +147,24 @@ class TaskOutput:
             },
         )
         return updated is not None
+
+    def restarted(self, task_id: str) -> None:
+        """The head no longer says the task ended: a batch retry runs it again, and its next
+        attempt's chunks follow the earlier ones. Best effort, as `ended`: should it fail, the
+        new chunks are not read (the task's own item still has the text)."""
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=_head_key(task_id),
+                UpdateExpression="REMOVE #status",
+                ConditionExpression="attribute_exists(pk)",  # no head yet: nothing to restart
+                ExpressionAttributeNames=_STATUS,
+            )
+        except ClientError as exc:
+            if not is_condition_failure(exc):
+                logger.warning("the output's restart not written", error=str(exc), task_id=task_id)
+        except BotoCoreError as exc:
+            logger.warning("the output's restart not written", error=str(exc), task_id=task_id)
 
     def ended(self, task: Task, status: TaskStatus, *, offset: int = 0, tokens: int = 0) -> None:
         """The head says `task` ended with `status`, written by the attempt that ended it, whose

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -118,6 +118,18 @@ class SubmitBatchRequest(_Strict):
 
 
 ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
+RetriedStatus = Literal["failed", "cancelled"]
+
+
+class RetryBatchRequest(_Strict):
+    """`POST /batches/{id}/retry`: which ended items to run again."""
+
+    statuses: list[RetriedStatus] = Field(
+        default_factory=lambda: list[RetriedStatus](["failed"]),
+        min_length=1,
+        max_length=2,
+        description="The item statuses to run again: failed (the default), cancelled, or both.",
+    )
 
 
 class Batch(BaseModel):
@@ -155,6 +167,12 @@ class Batch(BaseModel):
     max_running: int | None = None
     # The last event's sequence number (GET /batches/{id}/events): 0 before the first.
     events: int = 0
+    # Times it was retried (POST /batches/{id}/retry), and the item statuses the last one ran again.
+    retries: int = 0
+    retry_statuses: list[TaskStatus] | None = None
+    retry_requested_at: float | None = None
+    # Items the retry has yet to move back to pending: the batch cannot end before it has.
+    retrying: int = 0
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -163,6 +181,11 @@ class Batch(BaseModel):
     def finished(self) -> int:
         """Items that have ended: the counters are exact, so at `total` every item has."""
         return self.completed + self.failed + self.cancelled
+
+    @property
+    def all_ended(self) -> bool:
+        """Every item has ended, and no retry has items still to run again."""
+        return self.finished >= self.total and self.retrying <= 0
 
     @property
     def chunks(self) -> int:
@@ -211,6 +234,7 @@ class BatchView(BaseModel):
     expires_at: datetime
     metadata: dict[str, Any] | None = None
     webhook: WebhookView | None = None
+    retries: int = Field(default=0, description="Times its failed or cancelled items were run again.")
     events: int = Field(
         default=0,
         description="Its last event's sequence number: pass it as `after` to GET /batches/{id}/events"
@@ -234,6 +258,7 @@ class BatchView(BaseModel):
             expires_at=_at(batch.expires_at),
             metadata=batch.metadata,
             webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
+            retries=batch.retries,
             events=batch.events,
         )
 

@@ -79,7 +79,8 @@ class FanoutMessage(BaseModel):
 
     batch_id: str
     chunk: int
-    action: Literal["create", "cancel"] = "create"
+    action: Literal["create", "cancel", "retry"] = "create"
+    retry: int = 0  # which retry of the batch a "retry" message runs (Batch.retries once asked)
 
 
 class WebhookMessage(BaseModel):
@@ -112,9 +113,14 @@ class WebhookMessage(BaseModel):
         )
 
     @classmethod
-    def of_batch(cls, batch_id: str, *, endpoint: str, replay: bool = False) -> WebhookMessage:
+    def of_batch(
+        cls, batch_id: str, *, endpoint: str, retries: int = 0, replay: bool = False
+    ) -> WebhookMessage:
+        """A retried batch's end is an event of its own (its receiver must not take it for the
+        first end's copy): its id names the retry."""
+        subject = batch_id if not retries else f"{batch_id}/retry/{retries}"
         return cls(
-            webhook_id=webhook_id(batch_id, BATCH_COMPLETED),
+            webhook_id=webhook_id(subject, BATCH_COMPLETED),
             batch_id=batch_id,
             event_type=BATCH_COMPLETED,
             endpoint=endpoint,

@@ -381,6 +381,10 @@ class Task(BaseModel):
     started_at: float | None = None
     completed_at: float | None = None
     attempts: int = 0
+    # A batch retry of the item (POST /batches/{id}/retry): when, and the attempts it had then,
+    # so that its retries count from there (its attempt count and log keep the earlier run).
+    retried_at: float | None = None
+    attempts_before_retry: int = 0
     lease_id: str | None = None
     lease_until: float | None = None
     # The TaskQueue message whose delivery holds the lease, and its ApproximateReceiveCount then.

@@ -1,7 +1,8 @@
 """What BatchFunction does with a batch's items.
 
 - `BatchFanout` (from BatchFanoutQueue): one chunk's items become tasks on their lane's queue
-  (BatchTaskQueue; HighTaskQueue if high priority), or are cancelled. A task's id follows from
+  (BatchTaskQueue; HighTaskQueue if high priority), are cancelled, or, after a retry of the
+  batch, its failed or cancelled ones run again. A task's id follows from
   its batch and index, so a repeated chunk finds its own tasks and creates none twice: the LLM
   is called once per item.
 - `BatchProgress` (from the table's stream): each item's status changes move the batch's
@@ -36,6 +37,8 @@ SEND_GROUP = 10
 # Changes in one counting transaction (DynamoDB allows 100 actions; one is the batch's).
 COUNT_GROUP = 50
 COUNT_ATTEMPTS = 8
+# Items moved back by one retry transaction: two actions each (the task, its mark), and two more.
+RETRY_GROUP = 40
 
 
 def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float | None) -> Task:
@@ -87,6 +90,15 @@ class BatchFanout:
         if message.action == "cancel":
             self._cancel_chunk(batch, message.chunk)
             finish_if_done(self._batches, batch.batch_id, now=self._clock())
+            return
+        if message.action == "retry":
+            if batch.retries < message.retry and now - sent_at < self._settings.unwritten_task_grace_s:
+                # The retry's messages go before the batch says so (see BatchService.retry).
+                raise RetryLater(2, "the batch's retry is not written yet")
+            if batch.retries != message.retry:
+                logger.warning("a retry the batch is not in; dropped", batch_id=batch.batch_id)
+                return
+            self._retry_chunk(batch, message.chunk)
             return
         self._create_chunk(batch, message.chunk)
 
@@ -143,11 +155,64 @@ class BatchFanout:
             cancelled += 1
         logger.info("batch chunk cancelled", batch_id=batch.batch_id, chunk=chunk, cancelled=cancelled)
 
+    def _retry_chunk(self, batch: Batch, chunk: int) -> None:
+        """The chunk's items of the retry's statuses back to pending, each a new attempt (see
+        BatchStore.retry_items), then their messages. A chunk that dies between the two is done
+        again: it sends the messages of the items it moved that no worker has claimed yet (a
+        copy costs a redelivery, never a call)."""
+        statuses = set(batch.retry_statuses or ())
+        since = batch.retry_requested_at or 0.0
+        ids = [batch_task_id(batch.batch_id, index) for index in batch.indexes(chunk)]
+        for attempt in range(COUNT_ATTEMPTS):
+            tasks = sorted(self._store.get_many(ids).values(), key=lambda task: task.batch_index or 0)
+            due = [t for t in tasks if t.status in statuses and (t.retried_at or 0.0) < since]
+            moved = [t for t in tasks if t.status is TaskStatus.PENDING and _retried_unclaimed(t, since)]
+            try:
+                for start in range(0, len(due), RETRY_GROUP):
+                    group = due[start : start + RETRY_GROUP]
+                    self._batches.retry_items(batch.batch_id, group, now=self._clock())
+                    moved += [_pending_again(task, self._clock()) for task in group]
+            except CountsRefused:  # a copy of this message moved some first: read them again
+                time.sleep(0.05 * 2**attempt)
+                continue
+            self._lanes.send_many(moved)
+            for task in moved:
+                self._store.output.restarted(task.task_id)
+            logger.info("batch chunk retried", batch_id=batch.batch_id, chunk=chunk, retried=len(moved))
+            return
+        raise BackendError(
+            f"batch {batch.batch_id}: chunk {chunk} not retried after {COUNT_ATTEMPTS} attempts"
+        )
+
+
+def _retried_unclaimed(task: Task, since: float) -> bool:
+    """Moved back to pending by the retry of `since`, and not claimed since."""
+    return (
+        task.retried_at is not None
+        and task.retried_at >= since
+        and task.attempts == task.attempts_before_retry
+    )
+
+
+def _pending_again(task: Task, now: float) -> Task:
+    """The task as a retry left it (what its message is made from)."""
+    return task.model_copy(
+        update={
+            "status": TaskStatus.PENDING,
+            "revision": task.revision + 1,
+            "retried_at": now,
+            "attempts_before_retry": task.attempts,
+            "error": None,
+            "error_code": None,
+            "completed_at": None,
+        }
+    )
+
 
 def finish_if_done(batches: BatchStore, batch_id: str, *, now: float) -> Batch | None:
     """Ends the batch when every item is terminal; that write is the batch webhook's outbox."""
     batch = batches.get(batch_id, now=now)
-    if batch is None or batch.status.is_terminal or batch.finished < batch.total:
+    if batch is None or batch.status.is_terminal or not batch.all_ended:
         return None
     ended = batches.finish(batch, now=now)
     if ended is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmtasks.aws.batch_store import BatchExists, BatchStore
-from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs
@@ -25,6 +25,7 @@ from llmtasks.domain.batches import (
     BatchItem,
     BatchResult,
     BatchStatus,
+    RetryBatchRequest,
     StoredFile,
     SubmitBatchRequest,
 )
@@ -204,6 +205,43 @@ class BatchService:
         """The tenant's batch's events after `after`; with `wait_s`, held until one exists or
         the batch ends, or `wait_s` has passed (see BatchEventReader.read)."""
         return self._events.read(tenant_id, batch_id, after=after, wait_s=wait_s)
+
+    def retry(
+        self, tenant_id: str, batch_id: str, body: RetryBatchRequest, *, idempotency_key: str | None = None
+    ) -> tuple[Batch, bool]:
+        """The ended batch's items of `body.statuses` run again in the background (one message
+        per chunk), as new attempts of the same tasks; the batch is pending until they end, then
+        ends again with a webhook of its own. Once per Idempotency-Key; whether this replayed."""
+
+        def first_time() -> Batch:
+            current = self.get(tenant_id, batch_id)
+            statuses = [TaskStatus(status) for status in body.statuses]
+            if not current.status.is_terminal:
+                raise TaskConflict(
+                    f"Batch '{batch_id}' is {current.read_status.value}: retry it once it has ended."
+                )
+            if not sum(getattr(current, status.value) for status in statuses):
+                raise TaskConflict(f"Batch '{batch_id}' has no {' or '.join(body.statuses)} items to retry.")
+            # The messages first: should the batch's write not follow, they find it not retried and
+            # are dropped; the other order could leave a batch waiting on a retry never sent.
+            self._fanout.send_many(
+                [
+                    FanoutMessage(batch_id=batch_id, chunk=chunk, action="retry", retry=current.retries + 1)
+                    for chunk in range(current.chunks)
+                ]
+            )
+            batch = self._batches.request_retry(current, statuses, now=self._clock())
+            if batch is None:
+                raise TaskConflict(f"Batch '{batch_id}' changed meanwhile: another retry came first.")
+            logger.info(
+                "batch retry requested", batch_id=batch_id, retry=batch.retries, retrying=batch.retrying
+            )
+            return batch
+
+        key = None if idempotency_key is None else f"batch retry\n{batch_id}\n{idempotency_key}"
+        return once_per_key(
+            self._submits.idempotency, first_time, Batch, tenant=tenant_id, key=key, body=body
+        )
 
     def cancel(self, tenant_id: str, batch_id: str) -> Batch:
         """Pending items are cancelled in the background (one message per chunk); running ones

@@ -63,7 +63,9 @@ class WebhookControls:
             raise TaskConflict(
                 f"{name}'s webhook_events leave out batch.completed: there is no event to replay."
             )
-        message = WebhookMessage.of_batch(batch.batch_id, endpoint=endpoint_of(url), replay=True)
+        message = WebhookMessage.of_batch(
+            batch.batch_id, endpoint=endpoint_of(url), retries=batch.retries, replay=True
+        )
         return self._replay(name, batch.tenant_id, url, message)
 
     def enable(self, tenant_id: str, url: str) -> WebhookEndpoint:

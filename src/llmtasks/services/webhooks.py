@@ -175,7 +175,8 @@ class WebhookRelay:
         if not ended or not new.wants_webhook():
             return False
         endpoint = endpoint_of(new.webhook_url or "")
-        self._queue.send(WebhookMessage.of_batch(new.batch_id, endpoint=endpoint), group=endpoint)
+        message = WebhookMessage.of_batch(new.batch_id, endpoint=endpoint, retries=new.retries)
+        self._queue.send(message, group=endpoint)
         logger.info("webhook queued", batch_id=new.batch_id, event_type=BATCH_COMPLETED)
         return True
 

@@ -351,7 +351,7 @@ class TaskRunner:
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
-        if task.attempts > task.max_retries:
+        if task.attempts - task.attempts_before_retry > task.max_retries:
             self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
             return
         delay = self.backoff_s(task.attempts)
