@@ -148,6 +148,29 @@ def test_sqs_batch_size_caps_the_records_of_an_invocation(remote: dict[str, Any]
     assert sorted(b for c in calls_of(tmp_path) for b in c["bodies"]) == sorted(f"m{i}" for i in range(7))
 
 
+def test_sqs_a_batch_over_six_mb_sends_what_fits_and_leaves_the_rest_for_the_next(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """An invocation's records stay within Lambda's 6 MB payload: of ten messages of 1 MB (SQS
+    takes up to 1 MiB), those that do not fit are visible again at once and come in the next
+    invocations, each once."""
+    url, arn = queue(remote, "WebhookQueue")
+    send(remote, url, *[f"{i}" + "x" * 999_999 for i in range(10)])
+    sizes = """
+        import json
+        def handler(event, context):
+            with open(__file__ + ".calls", "a") as calls:
+                calls.write(json.dumps({"n": len(event["Records"]),
+                                        "bodies": [r["body"][0] for r in event["Records"]]}) + "\\n")
+    """
+    stop = threading.Event()
+    source = SqsSource("F", "S", arn, batch_size=10, maximum_concurrency=1)
+    poller = SqsPoller(source, FunctionRuntime(toy_function(tmp_path, sizes)), remote["sqs"], url, stop)
+    run_pollers(poller, stop, lambda: sum(c["n"] for c in calls_of(tmp_path)) >= 10)
+    assert sorted(b for c in calls_of(tmp_path) for b in c["bodies"]) == [str(i) for i in range(10)]
+    assert max(c["n"] for c in calls_of(tmp_path)) <= 6
+
+
 def test_sqs_batching_window_gathers_a_trickle_into_one_batch(remote: dict[str, Any], tmp_path: Path) -> None:
     """With MaximumBatchingWindowInSeconds, a poller waits up to the window to fill its batch, with few receives."""
     url, arn = queue(remote, "WebhookQueue")

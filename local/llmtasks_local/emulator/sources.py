@@ -194,6 +194,12 @@ class SqsPoller:
 
     def deliver(self, batch: list[MessageTypeDef]) -> Invocation:
         records = [sqs_record(m, self.source.queue_arn) for m in batch]
+        fitting, *over = fitting_batches(records)
+        if over:
+            # No event goes over 6 MB (ten SQS messages of 1 MiB would): those that do not fit
+            # are visible again at once, for the next batch.
+            self._queue.make_visible([r["receiptHandle"] for part in over for r in part])
+            records = fitting
         self._in_flight[threading.get_ident()] = [r["receiptHandle"] for r in records]
         try:
             invocation = self._runtime.invoke({"Records": records})
