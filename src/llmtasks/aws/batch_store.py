@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import (
-    batch_get,
     deserialize,
     from_json_text,
     is_condition_failure,
     json_text,
+    numbered_items,
     scan_by_prefix,
     serialize,
     stream_change,
@@ -49,8 +49,13 @@ def _mark_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"counted#{task_id}"}}
 
 
+def _events(batch_id: str) -> str:
+    """The keys of the batch's events: this, then each one's number."""
+    return f"events#{batch_id}#"
+
+
 def _event_key(batch_id: str, sequence: int) -> dict[str, AttributeValueTypeDef]:
-    return {"pk": {"S": f"events#{batch_id}#{sequence}"}}
+    return {"pk": {"S": f"{_events(batch_id)}{sequence}"}}
 
 
 def _event_of(sequence: int, fields: dict[str, Any]) -> BatchEvent:
@@ -418,18 +423,8 @@ class BatchStore:
     def events(self, batch_id: str, first: int, last: int) -> list[BatchEvent]:
         """Events `first`..`last` (at most a hundred), in order, up to the first one missing
         (an event exists once the batch counts it, so only its TTL makes one missing)."""
-        if last < first:
-            return []
-        items = batch_get(
-            self._client, self.table_name, [_event_key(batch_id, n) for n in range(first, last + 1)]
-        )
-        found = []
-        for sequence in range(first, last + 1):
-            item = items.get(f"events#{batch_id}#{sequence}")
-            if item is None:
-                break
-            found.append(_event_of(sequence, deserialize(item)))
-        return found
+        found = numbered_items(self._client, self.table_name, _events(batch_id), first, last)
+        return [_event_of(sequence, fields) for sequence, fields in found]
 
     @staticmethod
     def _refusal(changes: list[CountedChange], exc: ClientError) -> CountsRefused:

@@ -144,6 +144,24 @@ def stream_change(record: Mapping[str, Any], decode: Callable[[Mapping[str, Any]
     return (decode(old) if old else None), decode(images["NewImage"])
 
 
+def numbered_items(
+    client: DynamoDBClient, table: str, prefix: str, first: int, last: int
+) -> list[tuple[int, dict[str, Any]]]:
+    """The items `<prefix><n>` for n in `first`..`last` (at most a hundred), read together, in
+    order, up to the first one missing (a task's output chunks, a batch's events: each exists
+    before anything counts it, so only its TTL makes one missing); each with its fields."""
+    if last < first:
+        return []
+    items = batch_get(client, table, [{"pk": {"S": f"{prefix}{n}"}} for n in range(first, last + 1)])
+    found: list[tuple[int, dict[str, Any]]] = []
+    for sequence in range(first, last + 1):
+        item = items.get(f"{prefix}{sequence}")
+        if item is None:
+            break
+        found.append((sequence, deserialize(item)))
+    return found
+
+
 def batch_get(
     client: DynamoDBClient, table: str, keys: list[dict[str, AttributeValueTypeDef]]
 ) -> dict[str, dict[str, Any]]:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import (
-    batch_get,
     deserialize,
     dynamodb_errors,
     is_condition_failure,
+    numbered_items,
     serialize,
     updated_if,
 )
@@ -42,8 +42,13 @@ def _head_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
     return {"pk": {"S": f"output#{task_id}"}}
 
 
+def _chunks(task_id: str) -> str:
+    """The keys of the task's chunks: this, then each one's number."""
+    return f"output#{task_id}#"
+
+
 def _chunk_key(task_id: str, sequence: int) -> dict[str, AttributeValueTypeDef]:
-    return {"pk": {"S": f"output#{task_id}#{sequence}"}}
+    return {"pk": {"S": f"{_chunks(task_id)}{sequence}"}}
 
 
 def _head(item: dict[str, Any]) -> OutputHead:
@@ -78,27 +83,18 @@ class TaskOutput:
     def chunks(self, task_id: str, first: int, last: int) -> list[OutputChunk]:
         """Chunks `first`..`last` (at most a hundred), in order, up to the first one missing
         (chunks exist before their head counts them, so only their TTL makes one missing)."""
-        if last < first:
-            return []
-        items = batch_get(
-            self._client, self.table_name, [_chunk_key(task_id, n) for n in range(first, last + 1)]
-        )
-        found = []
-        for sequence in range(first, last + 1):
-            item = items.get(f"output#{task_id}#{sequence}")
-            if item is None:
-                break
-            fields = deserialize(item)
-            found.append(
-                OutputChunk(
-                    sequence=sequence,
-                    text=str(fields["text"]),
-                    tokens=int(fields["tokens"]),
-                    attempt=int(fields["attempt"]),
-                    written_at=datetime.fromtimestamp(float(fields["written_at"]), UTC),
-                )
+        return [
+            OutputChunk(
+                sequence=sequence,
+                text=str(fields["text"]),
+                tokens=int(fields["tokens"]),
+                attempt=int(fields["attempt"]),
+                written_at=datetime.fromtimestamp(float(fields["written_at"]), UTC),
             )
-        return found
+            for sequence, fields in numbered_items(
+                self._client, self.table_name, _chunks(task_id), first, last
+            )
+        ]
 
     def append(
         self,

@@ -75,7 +75,8 @@ class TaskMessage(BaseModel):
 
 
 class FanoutMessage(BaseModel):
-    """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, or to cancel."""
+    """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, to cancel, or to
+    run again (a retry)."""
 
     batch_id: str
     chunk: int

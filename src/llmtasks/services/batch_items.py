@@ -171,7 +171,7 @@ class BatchFanout:
                 for start in range(0, len(due), RETRY_GROUP):
                     group = due[start : start + RETRY_GROUP]
                     self._batches.retry_items(batch.batch_id, group, now=self._clock())
-                    moved += [_pending_again(task, self._clock()) for task in group]
+                    moved += group  # a message only names its task (and its lane and tenant)
             except CountsRefused:  # a copy of this message moved some first: read them again
                 time.sleep(0.05 * 2**attempt)
                 continue
@@ -191,21 +191,6 @@ def _retried_unclaimed(task: Task, since: float) -> bool:
         task.retried_at is not None
         and task.retried_at >= since
         and task.attempts == task.attempts_before_retry
-    )
-
-
-def _pending_again(task: Task, now: float) -> Task:
-    """The task as a retry left it (what its message is made from)."""
-    return task.model_copy(
-        update={
-            "status": TaskStatus.PENDING,
-            "revision": task.revision + 1,
-            "retried_at": now,
-            "attempts_before_retry": task.attempts,
-            "error": None,
-            "error_code": None,
-            "completed_at": None,
-        }
     )
 
 
