@@ -16,6 +16,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from datetime import date
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from llmtasks_client.models import (
     TaskOutputPage,
     TaskStatus,
     TaskView,
+    UsageReport,
     WebhookAttempt,
     WebhookAttemptList,
     WebhookEvent,
@@ -106,6 +108,15 @@ class BatchWaitTimeoutError(TimeoutError):
 _WHOLE_LOG = {"limit": 100}
 # (Named here: inside the clients, `list` is their method.)
 Attempts = list[WebhookAttempt]
+
+
+def _usage_query(first: date | None, last: date | None, group_by: str) -> dict[str, str]:
+    query = {"group_by": group_by}
+    if first is not None:
+        query["from"] = first.isoformat()
+    if last is not None:
+        query["to"] = last.isoformat()
+    return query
 
 
 def _attempts(page: Any) -> Attempts:
@@ -442,6 +453,15 @@ class Client:
         request = self._policy.retry_request(statuses, idempotency_key)
         return BatchView.model_validate(self._request("POST", f"/batches/{batch_id}/retry", **request))
 
+    def usage(
+        self, *, first: date | None = None, last: date | None = None, group_by: str = "day"
+    ) -> UsageReport:
+        """The tenant's billed LLM calls, tokens and cost from `first` to `last` (UTC days, both
+        included; by default the 30 days to today), one row a day, model or API key."""
+        return UsageReport.model_validate(
+            self._request("GET", "/usage", params=_usage_query(first, last, group_by))
+        )
+
     def webhook_attempts(self, task_id: str) -> Attempts:
         """Every HTTP attempt at the task's webhook, newest first."""
         return _attempts(self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))
@@ -643,6 +663,12 @@ class AsyncClient:
     ) -> BatchView:
         request = self._policy.retry_request(statuses, idempotency_key)
         return BatchView.model_validate(await self._request("POST", f"/batches/{batch_id}/retry", **request))
+
+    async def usage(
+        self, *, first: date | None = None, last: date | None = None, group_by: str = "day"
+    ) -> UsageReport:
+        reply = await self._request("GET", "/usage", params=_usage_query(first, last, group_by))
+        return UsageReport.model_validate(reply)
 
     async def webhook_attempts(self, task_id: str) -> Attempts:
         return _attempts(await self._request("GET", f"/tasks/{task_id}/webhook/attempts", params=_WHOLE_LOG))

@@ -8,11 +8,11 @@ models (which validate what it accepts) are the source of the OpenAPI document.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Reply(BaseModel):
@@ -45,9 +45,38 @@ class BatchStatus(StrEnum):
 
 
 class Usage(_Reply):
+    """Tokens a task's billed calls used (retries included), and what they cost in USD."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the provider served from its cache
+    cost_usd: float | None = None
+    cost_unknown: bool = False  # a model the deploy's price table lacks (priced at 0)
+
+
+class UsageTotals(_Reply):
+    calls: int = 0  # LLM calls the provider billed
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_unknown_calls: int = 0
+
+
+class UsageRow(UsageTotals):
+    group: str | None  # the day (YYYY-MM-DD), model or key id (None: no key)
+
+
+class UsageReport(_Reply):
+    """`GET /usage`: the tenant's billed calls by day, model or key, from `first` to `last`."""
+
+    first: date = Field(alias="from")
+    last: date = Field(alias="to")
+    group_by: Literal["day", "model", "key"]
+    data: list[UsageRow]
+    total: UsageTotals
 
 
 class WebhookState(_Reply):
@@ -115,6 +144,7 @@ class BatchView(_Reply):
     webhook: WebhookState | None = None
     retries: int = 0  # times its failed or cancelled items were run again (retry_batch)
     events: int = 0  # its last event's number: follow_batch(after=events) reads on from this read
+    usage: Usage | None = None  # its items' billed calls, summed
 
     def after(self, event: BatchEvent) -> BatchView:
         """The batch as `event` left it (its counts; processing once an item has started)."""

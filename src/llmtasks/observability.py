@@ -77,6 +77,7 @@ class Metric:
     QUEUE_WAIT = "QueueWait"  # submit to first claim, seconds
     LLM_LATENCY = "LlmLatency"  # one call, milliseconds
     LLM_TOKENS = "LlmTokens"
+    LLM_COST = "LlmCostUsd"  # one billed call, USD from the price table, by model and tenant
     END_TO_END = "EndToEndLatency"  # submit to completion, seconds
     WEBHOOK_ATTEMPTS = "WebhookAttempts"
     WEBHOOK_FAILURES = "WebhookFailures"  # attempts that did not deliver

@@ -15,11 +15,13 @@ the local stack sets the same names.
 from __future__ import annotations
 
 from functools import cache
+from importlib.resources import files as resources_files
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llmtasks.domain.pricing import PriceTable
 from llmtasks.domain.rules import SizeLimits
 
 KIB = 1024
@@ -216,7 +218,25 @@ class LlmSettings(ModelDefault, CallTimeout):
         return None if value == "" else value
 
 
-class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace):
+def default_price_table() -> PriceTable:
+    """The repository's table (llmtasks/prices.json), dated and sourced."""
+    return PriceTable.model_validate_json(resources_files("llmtasks").joinpath("prices.json").read_text())
+
+
+class Prices(SettingsSection):
+    # Per model: USD per million input, cached-input and output tokens (domain.pricing). The
+    # template's PriceTable parameter replaces the default whole, as JSON ({"models": {...}}).
+    price_table: Annotated[PriceTable, NoDecode] = Field(default_factory=default_price_table)
+
+    @field_validator("price_table", mode="before")
+    @classmethod
+    def _parse_table(cls, value: object) -> object:
+        if isinstance(value, str):
+            return default_price_table() if not value.strip() else PriceTable.model_validate_json(value)
+        return value
+
+
+class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, Prices):
     """A task's run (TaskRunner, call slots, the pace): WorkerFunction."""
 
     # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.

@@ -74,6 +74,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "cancel": ("tasks", "cancel", "Cancel a pending or processing task."),
     "list": ("tasks", "list_tasks", "Your tasks, newest first."),
+    "usage": (
+        "tasks",
+        "usage",
+        "What your LLM calls cost: billed calls, tokens and USD by day, model or API key.",
+    ),
     "webhooks": (
         "tasks",
         "webhooks",

@@ -1,17 +1,18 @@
-"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `batch`,
-`webhooks`."""
+"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `usage`,
+`batch`, `webhooks`."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmtasks_client.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView
+from llmtasks_client.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView, UsageRow
 from llmtasks_local.cli.options import client_of, with_api
 from llmtasks_local.tool_errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
 
@@ -163,6 +164,40 @@ def list_tasks(status_: str | None, limit: int, api_url: str, api_key: str | Non
         else:
             created = task.created_at.strftime("%Y-%m-%d %H:%M:%S")
             click.echo(f"{task.task_id}  {task.status.value:10} {created}  attempts={task.attempts}")
+
+
+@click.command()
+@click.option(
+    "--from", "first", type=click.DateTime(["%Y-%m-%d"]), help="First UTC day (default: 29 days before --to)"
+)
+@click.option(
+    "--to", "last", type=click.DateTime(["%Y-%m-%d"]), help="Last UTC day, included (default: today)"
+)
+@click.option(
+    "--by", "group_by", type=click.Choice(["day", "model", "key"]), default="day", show_default=True
+)
+@with_api
+def usage(
+    first: datetime | None,
+    last: datetime | None,
+    group_by: str,
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """What your LLM calls cost: billed calls, tokens and USD by day, model or API key."""
+    with client_of(api_url, api_key) as client:
+        report = client.usage(
+            first=first.date() if first else None, last=last.date() if last else None, group_by=group_by
+        )
+    if as_json:
+        click.echo(report.model_dump_json(by_alias=True))
+        return
+    click.echo(f"{group_by:<28} {'calls':>8} {'prompt':>12} {'completion':>12} {'cost USD':>14}")
+    for row in [*report.data, UsageRow(group="total", **report.total.model_dump())]:
+        unknown = f"  ({row.cost_unknown_calls} unpriced)" if row.cost_unknown_calls else ""
+        tokens = f"{row.prompt_tokens:>12} {row.completion_tokens:>12}"
+        click.echo(f"{row.group or '(no key)':<28} {row.calls:>8} {tokens} {row.cost_usd:>14.6f}{unknown}")
 
 
 @click.group()
@@ -406,4 +441,4 @@ def webhook_enable(url: str, api_url: str, api_key: str | None, as_json: bool) -
     click.echo(json.dumps({"url": url, "status": "enabled"}) if as_json else f"{url} enabled")
 
 
-COMMANDS = [submit, status, wait_for, cancel, list_tasks, batch, webhooks]
+COMMANDS = [submit, status, wait_for, cancel, list_tasks, usage, batch, webhooks]

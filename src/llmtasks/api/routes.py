@@ -7,6 +7,7 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
@@ -45,11 +46,13 @@ from llmtasks.domain.models import (
     TaskList,
     TaskStatus,
     TaskView,
+    Usage,
     WebhookAttemptList,
     WebhookEndpoint,
     WebhookReplay,
 )
 from llmtasks.domain.output import TaskOutputPage
+from llmtasks.domain.usage import GroupBy, UsageReport
 from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -181,8 +184,8 @@ def _status_reply(task: Task) -> Response[TaskView]:
     return _polled(TaskView.of(task), ended=task.status.is_terminal)
 
 
-def _batch_reply(batch: Batch) -> Response[BatchView]:
-    return _polled(BatchView.of(batch), ended=batch.status.is_terminal)
+def _batch_reply(batch: Batch, usage: Usage | None = None) -> Response[BatchView]:
+    return _polled(BatchView.of(batch, usage), ended=batch.status.is_terminal)
 
 
 def add_commands(app: APIGatewayHttpResolver) -> None:
@@ -422,7 +425,9 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses=_BATCH,
     )
     def get_batch(batch_id: str) -> Response[BatchView]:
-        return _batch_reply(batches_of(app).get(tenant_of(app), batch_id))
+        batches = batches_of(app)
+        batch = batches.get(tenant_of(app), batch_id)
+        return _batch_reply(batch, batches.usage(batch.batch_id))
 
     @app.get(
         "/batches/<batch_id>/events",
@@ -529,6 +534,34 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     )
     def get_webhook_secret() -> WebhookSecret:
         return service_of(app).webhook_secret(tenant_of(app))
+
+    @app.get(
+        "/usage",
+        summary="The tenant's billed LLM calls, tokens and cost, by day, model or API key",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "The totals of each group, and of all",
+                "content": {"application/json": {"model": UsageReport}},
+            },
+            422: openapi_problem(
+                "An invalid parameter: a date that is not YYYY-MM-DD, `from` after `to`, a span over 366 days"
+            ),
+        },
+    )
+    def get_usage(
+        from_: Annotated[
+            date | None,
+            Query(alias="from", description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent"),
+        ] = None,
+        to: Annotated[
+            date | None, Query(description="The last UTC day (YYYY-MM-DD), included; today if absent")
+        ] = None,
+        group_by: Annotated[GroupBy, Query(description="One row a day, a model or an API key")] = "day",
+    ) -> Response[UsageReport]:
+        report = service_of(app).usage(tenant_of(app), first=from_, last=to, group_by=group_by)
+        return _json(report, 200)
 
     @app.get("/health", summary="Liveness")
     def health() -> Health:

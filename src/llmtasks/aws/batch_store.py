@@ -31,10 +31,11 @@ from llmtasks.aws.dynamo import (
     updated_if,
 )
 from llmtasks.aws.task_items import task_change, task_key
+from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import outcome_update
 from llmtasks.domain.batches import ITEM_COUNTS, Batch, BatchCounts, BatchEvent, BatchEventItem, BatchStatus
 from llmtasks.domain.errors import BackendError
-from llmtasks.domain.models import Task, TaskStatus, WebhookAttempt, WebhookStatus
+from llmtasks.domain.models import Task, TaskStatus, Usage, WebhookAttempt, WebhookStatus
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -179,6 +180,10 @@ class BatchStore:
             raise BackendError(f"DynamoDB read failed: {exc}") from exc
         item = reply.get("Item")
         return dict(item) if item else None
+
+    def usage(self, batch_id: str) -> Usage | None:
+        """The same table's spend counter of the batch (aws/usage.py): its items' billed calls."""
+        return UsageCounters(self.table_name, self._client).of_batch(batch_id)
 
     def get(self, batch_id: str, *, now: float, consistent: bool = True) -> Batch | None:
         """The batch, or None when there is none or it has expired."""

@@ -2,8 +2,8 @@
 
 Every state change is a conditional write, so no transition happens twice or backwards;
 `ClientError`s become domain errors here and nowhere else. Items are keyed by `pk`:
-`task#<id>` for tasks; the same table's `batch#<id>` and `tenant#<id>` items have their own
-adapters (batch_store.py, tenant_secrets.py).
+`task#<id>` for tasks; the same table's `batch#<id>`, `tenant#<id>` and `usage#...` items have
+their own adapters (batch_store.py, tenant_secrets.py, usage.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from llmtasks.aws.dynamo import (
 from llmtasks.aws.task_items import failed_task, task_from_item, task_key
 from llmtasks.aws.task_output import TaskOutput
 from llmtasks.aws.tenant_secrets import TenantSecrets
+from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import WebhookEndpoints, outcome_update
 from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
@@ -363,6 +364,20 @@ class TaskStore:
         except _ConditionFailed as failed:
             raise StaleWrite(task_id) from failed
 
+    def record_discarded(self, task_id: str, attempt: AttemptRecord) -> None:
+        """A billed attempt whose answer the task no longer took (cancelled, or taken over while
+        the call ran), added to its timeline so that its usage counts in the task's cost."""
+        try:
+            self._update(
+                task_id,
+                returned="NONE",
+                update="SET attempt_log = list_append(if_not_exists(attempt_log, :no_attempts), :attempt)",
+                condition="attribute_exists(pk)",
+                values={":no_attempts": [], ":attempt": [attempt.model_dump(mode="json", exclude_none=True)]},
+            )
+        except _ConditionFailed:
+            return  # expired meanwhile: nothing left to tell
+
     def requeue_dead_lettered(self, task_id: str, *, now: float) -> bool:
         """processing -> pending for a dead-lettered task (see `Task.is_dead_lettered`) whose
         message is being redriven; False when the task is anything else by now."""
@@ -485,6 +500,11 @@ class TaskStore:
     def output(self) -> TaskOutput:
         """The same table's items of each task's output chunks and their head."""
         return TaskOutput(self.table_name, self._client)
+
+    @property
+    def usage(self) -> UsageCounters:
+        """The same table's spend counters: each tenant's by day, each batch's."""
+        return UsageCounters(self.table_name, self._client)
 
     @property
     def endpoints(self) -> WebhookEndpoints:

@@ -165,6 +165,7 @@ class Batch(BaseModel):
     trace_header: str | None = None
     # Its API key's max_running at submit, passed on to the items.
     max_running: int | None = None
+    key_id: str | None = None  # the API key that submitted it, passed on to the items
     # The last event's sequence number (GET /batches/{id}/events): 0 before the first.
     events: int = 0
     # Times it was retried (POST /batches/{id}/retry), and the item statuses the last one ran again.
@@ -240,6 +241,10 @@ class BatchView(BaseModel):
         description="Its last event's sequence number: pass it as `after` to GET /batches/{id}/events"
         " to follow the batch from this read on.",
     )
+    usage: Usage | None = Field(
+        default=None,
+        description="Its items' billed calls, summed (retries included); absent before the first.",
+    )
 
     @property
     def finished(self) -> int:
@@ -247,7 +252,7 @@ class BatchView(BaseModel):
         return self.completed + self.failed + self.cancelled
 
     @classmethod
-    def of(cls, batch: Batch) -> BatchView:
+    def of(cls, batch: Batch, usage: Usage | None = None) -> BatchView:
         return cls(
             batch_id=batch.batch_id,
             status=batch.read_status,
@@ -260,6 +265,7 @@ class BatchView(BaseModel):
             webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
             retries=batch.retries,
             events=batch.events,
+            usage=usage,
         )
 
 
@@ -307,7 +313,7 @@ class BatchResult(BaseModel):
             error=task.error,
             error_code=task.error_code,
             attempts=task.attempts,
-            usage=task.usage,
+            usage=task.billed_usage,
         )
 
 

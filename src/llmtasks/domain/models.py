@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -245,19 +246,56 @@ class SubmitTaskRequest(TaskOptions):
 
 
 class Usage(BaseModel):
+    """Tokens a call (or a task's calls, summed) used, and what they cost."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = Field(
+        default=0, description="Prompt tokens the provider served from its cache (part of prompt_tokens)."
+    )
+    cost_usd: float | None = Field(
+        default=None,
+        description="What the provider billed, priced from the deploy's price table (every billed"
+        " attempt of a task, retries included).",
+    )
+    cost_unknown: bool = Field(
+        default=False, description="A model the price table lacks was billed: priced at 0, never guessed."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cached_from_details(cls, data: Any) -> Any:
+        """OpenAI reports cached prompt tokens in prompt_tokens_details."""
+        if isinstance(data, dict) and "cached_tokens" not in data:
+            details = data.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                return {**data, "cached_tokens": details["cached_tokens"]}
+        return data
+
+    def __add__(self, other: Usage) -> Usage:
+        costs = [u.cost_usd for u in (self, other) if u.cost_usd is not None]
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            # Summed as decimals: 0.1 + 0.2 is 0.3 here, as in DynamoDB's counters
+            cost_usd=float(sum(Decimal(repr(c)) for c in costs)) if costs else None,
+            cost_unknown=self.cost_unknown or other.cost_unknown,
+        )
 
 
 class AttemptRecord(BaseModel):
-    """One ended attempt at a task's LLM call."""
+    """One ended attempt at a task's LLM call. `discarded`: the provider answered (and billed)
+    but the task had moved on meanwhile (cancelled, or taken over), so the answer was dropped."""
 
     attempt: int
     started_at: float
     ended_at: float
-    outcome: Literal["completed", "failed", "retry"]
+    outcome: Literal["completed", "failed", "retry", "discarded"]
     error_code: str | None = None
+    usage: Usage | None = None  # the attempt the provider billed: what it used and cost
 
 
 WebhookTrigger = Literal["scheduled", "replay"]
@@ -375,6 +413,8 @@ class Task(BaseModel):
     trace_header: str | None = None
     # Its API key's max_running at submit: the worker keeps the tenant's running calls under it.
     max_running: int | None = None
+    # The API key that submitted it (its id, never the key): what /usage groups its cost by.
+    key_id: str | None = None
     # Counts the task's status changes (each conditional write adds one), so the batch counters
     # apply each change once however often its stream record is processed.
     revision: int = 0
@@ -429,6 +469,7 @@ class Task(BaseModel):
         expires_at: int,
         trace_header: str | None = None,
         max_running: int | None = None,
+        key_id: str | None = None,
         batch_id: str | None = None,
         batch_index: int | None = None,
         custom_id: str | None = None,
@@ -462,7 +503,20 @@ class Task(BaseModel):
             completed_at=cancelled_at,
             trace_header=trace_header,
             max_running=max_running,
+            key_id=key_id,
         )
+
+    @property
+    def billed_usage(self) -> Usage | None:
+        """What every attempt the provider billed used and cost, summed (retries included); for
+        an item stored before attempts kept their usage, its completion's."""
+        billed = [a.usage for a in self.attempt_log if a.usage is not None]
+        if not billed:
+            return self.usage
+        total = billed[0]
+        for usage in billed[1:]:
+            total += usage
+        return total
 
     @property
     def deadline(self) -> float | None:
@@ -567,7 +621,7 @@ class TaskView(BaseModel):
             error_code=task.error_code,
             attempts=task.attempts,
             model=task.model,
-            usage=task.usage,
+            usage=task.billed_usage,
             created_at=_at(task.created_at),
             started_at=_utc(task.started_at),
             completed_at=_utc(task.completed_at),

@@ -128,9 +128,12 @@ class BedrockConverse:
         return Completion(
             text="".join(texts),
             model=model,
+            # Converse counts cache reads apart from inputTokens; Usage has them inside the
+            # prompt's tokens, as OpenAI does, so that one price rule serves both.
             usage=Usage(
-                prompt_tokens=usage.get("inputTokens", 0),
+                prompt_tokens=usage.get("inputTokens", 0) + usage.get("cacheReadInputTokens", 0),
                 completion_tokens=usage.get("outputTokens", 0),
                 total_tokens=usage.get("totalTokens", 0),
+                cached_tokens=usage.get("cacheReadInputTokens", 0),
             ),
         )

@@ -51,6 +51,7 @@ def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float 
         expires_at=batch.expires_at,
         trace_header=batch.trace_header,
         max_running=batch.max_running,
+        key_id=batch.key_id,
         batch_id=batch.batch_id,
         batch_index=index,
         custom_id=item.custom_id,

@@ -36,7 +36,7 @@ from llmtasks.domain.errors import (
     TaskConflict,
 )
 from llmtasks.domain.messages import FanoutMessage
-from llmtasks.domain.models import TaskStatus, WebhookStatus
+from llmtasks.domain.models import TaskStatus, Usage, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
@@ -180,6 +180,7 @@ class BatchService:
                 expires_at=int(now + self._settings.task_ttl_seconds),
                 trace_header=trace_header,
                 max_running=caller.max_running if caller is not None else None,
+                key_id=caller.key_id if caller is not None else None,
             )
             # The messages first, then the item, as for a task: a stored batch always has its
             # fan-out messages; messages whose batch never arrives are dropped after a grace.
@@ -200,6 +201,10 @@ class BatchService:
         if batch is None or batch.tenant_id != tenant_id:
             raise BatchNotFound(batch_id)
         return batch
+
+    def usage(self, batch_id: str) -> Usage | None:
+        """What the batch's items' billed calls used and cost, summed."""
+        return self._batches.usage(batch_id)
 
     def events(self, tenant_id: str, batch_id: str, *, after: int, wait_s: float) -> BatchEventPage:
         """The tenant's batch's events after `after`; with `wait_s`, held until one exists or

@@ -10,19 +10,22 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from datetime import date, timedelta
 
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.usage import utc_day
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
-from llmtasks.domain.errors import TaskNotFound
+from llmtasks.domain.errors import InvalidInput, TaskNotFound
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
 from llmtasks.domain.output import TaskOutputPage
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
+from llmtasks.domain.usage import DEFAULT_REPORT_DAYS, MAX_REPORT_DAYS, GroupBy, UsageReport
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.task_output import OutputReader
@@ -117,6 +120,7 @@ class TaskService:
             expires_at=int(now + self._settings.task_ttl_seconds),
             trace_header=trace_header,
             max_running=caller.max_running if caller is not None else None,
+            key_id=caller.key_id if caller is not None else None,
         )
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.
@@ -191,6 +195,20 @@ class TaskService:
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
         return task
+
+    def usage(
+        self, tenant_id: str, *, first: date | None, last: date | None, group_by: GroupBy
+    ) -> UsageReport:
+        """The tenant's billed calls from `first` to `last` (UTC days, both included; by default
+        the last 30 days to today), summed by day, model or key from the daily counters."""
+        last = last or utc_day(self._clock())
+        first = first or last - timedelta(days=DEFAULT_REPORT_DAYS - 1)
+        if first > last:
+            raise InvalidInput("'from' must be on or before 'to'.", field="from")
+        if (last - first).days >= MAX_REPORT_DAYS:
+            raise InvalidInput(f"A report spans at most {MAX_REPORT_DAYS} days.", field="from")
+        days = self._store.usage.days(tenant_id, first, last)
+        return UsageReport.of(days, first=first, last=last, group_by=group_by)
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:
         secrets = self._store.tenants.secrets(tenant_id, new_secret=new_webhook_secret())

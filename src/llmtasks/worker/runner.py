@@ -34,7 +34,7 @@ from llmtasks.domain.errors import (
     TaskNotFound,
 )
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus
+from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
@@ -198,6 +198,7 @@ class TaskRunner:
         completion = await self._call(task, lease_id, timeout, progress)
         if completion is None:
             return
+        completion = await self._charge(task, completion)
         result_ref = None
         if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
             # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
@@ -211,12 +212,17 @@ class TaskRunner:
                 completion=completion,
                 now=self._clock(),
                 result_ref=result_ref,
-                attempt=self._attempt(task, "completed"),
+                attempt=self._attempt(task, "completed", usage=completion.usage),
             )
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
-            # discarded, never written over a terminal state.
+            # discarded, never written over a terminal state; what it cost stays on the timeline.
             logger.info("result discarded", **task_keys(task))
+            await asyncio.to_thread(
+                self._store.record_discarded,
+                task.task_id,
+                self._attempt(task, "discarded", usage=completion.usage),
+            )
             return
         offset, tokens = (progress.offset, progress.tokens) if progress else (0, 0)
         await asyncio.to_thread(
@@ -230,6 +236,26 @@ class TaskRunner:
         emit(Metric.COMPLETED, **dimensions)
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
         emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
+
+    async def _charge(self, task: Task, completion: Completion) -> Completion:
+        """The completion priced, and counted in its tenant's and batch's spend before anything
+        else is written: the provider billed it whatever becomes of the task."""
+        usage = self._settings.price_table.price(completion.usage, completion.model)
+        try:
+            await asyncio.to_thread(
+                self._store.usage.charge, task, usage, model=completion.model, now=self._clock()
+            )
+        except BackendError:
+            # Storing the answer comes first: a retry of the whole delivery would pay for the call again.
+            logger.exception("usage not counted", model=completion.model, **task_keys(task))
+        emit(
+            Metric.LLM_COST,
+            usage.cost_usd or 0.0,
+            MetricUnit.NoUnit,
+            model=completion.model,
+            tenant=task.tenant_id,
+        )
+        return completion.model_copy(update={"usage": usage})
 
     def _progress_writer(self, task: Task, lease_id: str) -> ProgressWriter | None:
         if self._settings.progress_interval_s <= 0:
@@ -407,13 +433,24 @@ class TaskRunner:
         logger.info("retry scheduled", **task_keys(task), attempt=task.attempts, delay_s=delay)
 
     def _attempt(
-        self, task: Task, outcome: Literal["completed", "failed", "retry"], error_code: str | None = None
+        self,
+        task: Task,
+        outcome: Literal["completed", "failed", "retry", "discarded"],
+        error_code: str | None = None,
+        *,
+        usage: Usage | None = None,
     ) -> AttemptRecord:
-        """The attempt this claim ran, as it ends now (for the task's timeline)."""
+        """The attempt this claim ran, as it ends now (for the task's timeline); with the usage
+        the provider billed for it."""
         now = self._clock()
         started = task.attempt_started_at if task.attempt_started_at is not None else now
         return AttemptRecord(
-            attempt=task.attempts, started_at=started, ended_at=now, outcome=outcome, error_code=error_code
+            attempt=task.attempts,
+            started_at=started,
+            ended_at=now,
+            outcome=outcome,
+            error_code=error_code,
+            usage=usage,
         )
 
     def backoff_s(self, attempt: int) -> float:
