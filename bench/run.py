@@ -69,6 +69,7 @@ SECTIONS = (
     "cost",
     "state",
     "limits",
+    "budgets",
     "celery",
     "slots",
     "scheduling",
@@ -195,16 +196,21 @@ class Target(Protocol):
 
 
 def run_clients(
-    count: int, work: Callable[[int, httpx.Client], None], stack: Target, clients: int = CLIENTS
+    count: int,
+    work: Callable[[int, httpx.Client], None],
+    stack: Target,
+    clients: int = CLIENTS,
+    api_key: str | None = None,
 ) -> None:
-    """`work(i, client)` for i in range(count), spread over `clients` threads with a client each."""
+    """`work(i, client)` for i in range(count), spread over `clients` threads with a client each
+    (of `api_key`, else the stack's development key)."""
     next_index = iter(range(count))
     lock = threading.Lock()
     errors: list[BaseException] = []
 
     def loop() -> None:
         try:
-            with stack.client(timeout=60) as client:
+            with stack.client(api_key, timeout=60) as client:
                 while not errors:
                     with lock:
                         i = next(next_index, None)
@@ -796,6 +802,79 @@ def key_limits(report: Report, submits: int) -> None:
         "limits: every key's submits are counted in LimitsTable (one conditional write a request, two"
         " with max-in-flight); a flood is refused by the function, so on this 2-core machine its"
         " requests share the CPU with the other key's: in AWS each runs in its own sandbox"
+    )
+
+
+def budgets(report: Report, submits: int, flood: int) -> None:
+    """Issue 41's figures: what reserving under a key's budget adds to a submit (the same run,
+    budget on against off, alternating), and `flood` submits from 50 clients at once against a
+    month's budget that fits exactly 300 of them: how many are accepted, and the spend reserved."""
+    from llmtasks.domain.models import LLMRequest
+    from llmtasks.settings import default_price_table
+
+    section = "budgets"
+    prompt = "budget {:06d}"  # every prompt the same length: every task the same most cost
+    most = default_price_table().most_cost(LLMRequest(prompt=prompt.format(0)), "gpt-4o-mini")
+    fits = 300
+    with stack_running() as stack:
+        stack.configure_mock(**{**PLAIN_MOCK, "latency_s": 0})
+        free = stack.cli("keys", "create", "--tenant", "free").strip()
+        roomy = stack.cli("keys", "create", "--tenant", "budgeted", "--budget-usd-month", "1000000").strip()
+        tight = stack.cli(
+            "keys", "create", "--tenant", "tight", "--budget-usd-month", str(most * fits)
+        ).strip()
+        off: list[float] = []
+        on: list[float] = []
+        with stack.client(free) as without, stack.client(roomy) as within:
+            for i in range(submits):
+                for client, seconds in ((without, off), (within, on)):
+                    started = time.monotonic()
+                    submit(client, {"prompt": prompt.format(i)})
+                    seconds.append(time.monotonic() - started)
+        statuses: Counter[int] = Counter()
+        lock = threading.Lock()
+
+        def one(i: int, client: httpx.Client) -> None:
+            code = client.post("/tasks", json={"prompt": prompt.format(i)}).status_code
+            with lock:
+                statuses[code] += 1
+
+        # Calls that outlast the flood: no task ends, so no reservation is settled meanwhile and
+        # exactly the tasks whose most cost fits are accepted
+        stack.configure_mock(**{**PLAIN_MOCK, "latency_s": 300})
+        started = time.monotonic()
+        run_clients(flood, one, stack, clients=50, api_key=tight)
+        flood_s = time.monotonic() - started
+    ratio = percentile(on, 0.5) / percentile(off, 0.5)
+    report.add(
+        section, f"submit p50, no budget ({submits}, alternating with the next)", ms(percentile(off, 0.5))
+    )
+    report.add(
+        section,
+        "submit p50, a key with a month's budget",
+        ms(percentile(on, 0.5)),
+        f"ratio {ratio:.2f}, target <= 1.2: {verdict(ratio <= 1.2)}",
+    )
+    report.add(section, "  p95, without / with", f"{ms(percentile(off, 0.95))} / {ms(percentile(on, 0.95))}")
+    accepted = statuses[202]
+    report.add(
+        section,
+        f"{flood} submits from 50 clients at once, a budget that fits {fits}: accepted / refused (429)",
+        f"{accepted} / {statuses[429]}",
+        f"exact: {verdict(accepted == fits and statuses[429] == flood - fits)}",
+    )
+    report.add(
+        section,
+        "  spend reserved / budget (USD)",
+        f"{most * accepted} / {most * fits}",
+        f"never over: {verdict(most * accepted <= most * fits)}",
+    )
+    report.add(section, "  the flood took", f"{flood_s:.1f} s")
+    report.note(
+        f"budgets: a task of a {len(prompt.format(0))}-byte prompt and no max_tokens reserves {most} USD"
+        " (the prompt a token a byte plus the chat format's, and gpt-4o-mini's 16,384 output tokens);"
+        " a refusal past the budget reads the key's in-flight reservations' tasks once to settle"
+        " those that ended, so the refused submits cost more than the accepted ones"
     )
 
 
@@ -1564,6 +1643,7 @@ def main() -> None:
             "burst": 100,
             "stored": 1000,
             "limits": 20,
+            "budgets": 400,
             "sandboxes": 100,
         }
         if args.quick
@@ -1577,6 +1657,7 @@ def main() -> None:
             "burst": 1000,
             "stored": 10000,
             "limits": 60,
+            "budgets": 1000,
             "sandboxes": 300,
         }
     )
@@ -1624,6 +1705,8 @@ def main() -> None:
         durable_state(report, sizes["burst"], sizes["stored"])
     if "limits" in chosen:
         key_limits(report, sizes["limits"])
+    if "budgets" in chosen:
+        budgets(report, sizes["limits"], sizes["budgets"])
     if "celery" in chosen:
         versus_celery(report, sizes["burst"])
     if "slots" in chosen:

@@ -78,7 +78,7 @@ class WorkerResources(TasksTable, TaskLanesQueues, Limits):
     """WorkerFunction."""
 
 
-class BatchResources(TasksTable, TaskLanesQueues, BatchFanoutQueue):
+class BatchResources(TasksTable, TaskLanesQueues, BatchFanoutQueue, Limits):
     """BatchFunction: fans a batch's items out to the lanes, counts them."""
 
 
@@ -173,7 +173,25 @@ class WebhookTargets(SettingsSection):
         return value
 
 
-class SubmitSettings(ModelDefault, WebhookTargets):
+def default_price_table() -> PriceTable:
+    """The repository's table (llmtasks/prices.json), dated and sourced."""
+    return PriceTable.model_validate_json(resources_files("llmtasks").joinpath("prices.json").read_text())
+
+
+class Prices(SettingsSection):
+    # Per model: USD per million input, cached-input and output tokens (domain.pricing). The
+    # template's PriceTable parameter replaces the default whole, as JSON ({"models": {...}}).
+    price_table: Annotated[PriceTable, NoDecode] = Field(default_factory=default_price_table)
+
+    @field_validator("price_table", mode="before")
+    @classmethod
+    def _parse_table(cls, value: object) -> object:
+        if isinstance(value, str):
+            return default_price_table() if not value.strip() else PriceTable.model_validate_json(value)
+        return value
+
+
+class SubmitSettings(ModelDefault, WebhookTargets, Prices):
     """The API's submits and reads (TaskService, BatchService): SubmitFunction, StatusFunction."""
 
     # How long an Idempotency-Key's record lasts (SubmitFunction).
@@ -192,7 +210,7 @@ class SubmitSettings(ModelDefault, WebhookTargets):
         return SizeLimits(max_prompt_bytes=self.max_prompt_bytes, max_metadata_bytes=self.max_metadata_bytes)
 
 
-class FanoutSettings(ModelDefault, SubmitGrace):
+class FanoutSettings(ModelDefault, SubmitGrace, Prices):
     """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
 
 
@@ -216,24 +234,6 @@ class LlmSettings(ModelDefault, CallTimeout):
     def _empty_is_none(cls, value: object) -> object:
         # CloudFormation cannot omit a variable conditionally without ceremony; "" means unset.
         return None if value == "" else value
-
-
-def default_price_table() -> PriceTable:
-    """The repository's table (llmtasks/prices.json), dated and sourced."""
-    return PriceTable.model_validate_json(resources_files("llmtasks").joinpath("prices.json").read_text())
-
-
-class Prices(SettingsSection):
-    # Per model: USD per million input, cached-input and output tokens (domain.pricing). The
-    # template's PriceTable parameter replaces the default whole, as JSON ({"models": {...}}).
-    price_table: Annotated[PriceTable, NoDecode] = Field(default_factory=default_price_table)
-
-    @field_validator("price_table", mode="before")
-    @classmethod
-    def _parse_table(cls, value: object) -> object:
-        if isinstance(value, str):
-            return default_price_table() if not value.strip() else PriceTable.model_validate_json(value)
-        return value
 
 
 class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, Prices):

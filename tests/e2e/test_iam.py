@@ -187,6 +187,12 @@ def drive(stack: RunningStack) -> None:
             timeout_s=HANG_S,
             what="the high-priority batch completed",
         )
+        # A key with a budget: its submit and its batch's items reserve in LimitsTable
+        budgeted = stack.cli("keys", "create", "--tenant", "iam", "--budget-usd-month", "1").strip()
+        with stack.client(budgeted) as spending:
+            spending.post("/tasks", json={"prompt": "within budget"})
+            spending.post("/batches", json={"items": [{"prompt": "budgeted item"}]})
+        client.get("/usage", params={"group_by": "model"})
         items = {"items": [{"prompt": "b1"}, {"prompt": "b2"}], "webhook_url": receiver + "/hook"}
         batch = client.post("/batches", json=items, headers={"Idempotency-Key": "iam-batch"}).json()
         client.post("/batches", json=items, headers={"Idempotency-Key": "iam-batch"})  # a replay

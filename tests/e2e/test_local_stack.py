@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from llmtasks.domain.models import LLMRequest
+from llmtasks.settings import default_price_table
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.ops.deployment import FUNCTIONS
 from llmtasks_local.sam.provision import local_name
@@ -356,3 +358,32 @@ def test_warm_containers_eager_starts_every_function_ahead_so_the_first_task_pay
         assert stack.log.read_text().count("warm container:") == len(functions)
     finally:
         stack.stop()
+
+
+def test_a_task_s_cost_reaches_its_usage_and_a_key_s_budget_refuses_past_it(fresh_mock: RunningStack) -> None:
+    # A key whose month's budget fits one task of this shape (the default table's gpt-4o-mini:
+    # the prompt a token a byte, and its 16,384 output tokens at most)
+    most = default_price_table().most_cost(LLMRequest(prompt="budget e2e 1"), "gpt-4o-mini")
+    key = fresh_mock.cli("keys", "create", "--tenant", "spender", "--budget-usd-month", str(most)).strip()
+    with fresh_mock.client(key) as client:
+        accepted = client.post("/tasks", json={"prompt": "budget e2e 1"})
+        assert accepted.status_code == 202, accepted.text
+        refused = client.post("/tasks", json={"prompt": "budget e2e 2"})
+        assert refused.status_code == 429
+        assert refused.json()["type"].endswith("/budget_exhausted")
+        assert int(refused.headers["retry-after"]) > 0
+        task = wait_terminal(client, accepted.json()["task_id"])
+        # The call is priced: the mock's tokens at gpt-4o-mini's prices
+        usage = task["usage"]
+        expected = (usage["prompt_tokens"] * 0.15 + usage["completion_tokens"] * 0.6) / 1e6
+        assert usage["cost_usd"] == pytest.approx(expected, rel=1e-9)
+        assert usage["cost_unknown"] is False
+        # Settled to its real cost, what is left is less than a task's most cost: still refused
+        assert client.post("/tasks", json={"prompt": "budget e2e 3"}).status_code == 429
+        report = client.get("/usage", params={"group_by": "model"}).json()
+    assert [(r["group"], r["calls"]) for r in report["data"]] == [("gpt-4o-mini", 1)]
+    assert report["total"]["cost_usd"] == pytest.approx(usage["cost_usd"], rel=1e-9)
+    shown = fresh_mock.run_cli("usage", "--by", "key", "--api-key", key)
+    assert shown.returncode == 0, shown.stderr
+    key_id = key.split("_")[1]
+    assert [line.split()[:2] for line in shown.stdout.splitlines()[1:]] == [[key_id, "1"], ["total", "1"]]

@@ -60,6 +60,7 @@ class Api:
         headers: dict[str, str] | None = None,
         base64_body: bool = False,
         tenant: str = "default",
+        key: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         template = "submit_task.json" if method == "POST" else "get_task.json"
         event = copy.deepcopy(load_event(template))
@@ -71,7 +72,7 @@ class Api:
         event["requestContext"].update(routeKey=route_key)
         event["requestContext"]["http"].update(method=method, path=path)
         # What the Api's authorizer puts in the context for a key of the tenant
-        event["requestContext"]["authorizer"] = {"lambda": {"tenant_id": tenant, "key_id": "unit"}}
+        event["requestContext"]["authorizer"] = {"lambda": key or {"tenant_id": tenant, "key_id": "unit"}}
         event.pop("pathParameters", None)
         event.pop("queryStringParameters", None)
         if params:

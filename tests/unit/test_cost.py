@@ -28,8 +28,10 @@ pytestmark = pytest.mark.unit
 # Round prices, so that each expected cost is written out by hand below.
 PRICES = PriceTable(
     models={
-        "mock-model": ModelPrice(input=Decimal(2), cached_input=Decimal("0.5"), output=Decimal(8)),
-        "other-model": ModelPrice(input=Decimal(1), output=Decimal(1)),
+        "mock-model": ModelPrice(
+            input=Decimal(2), cached_input=Decimal("0.5"), output=Decimal(8), max_output_tokens=1000
+        ),
+        "other-model": ModelPrice(input=Decimal(1), output=Decimal(1), max_output_tokens=1000),
     }
 )
 
@@ -61,11 +63,19 @@ def test_the_default_table_is_dated_sourced_and_prices_the_default_model() -> No
 def test_the_price_table_parameter_replaces_the_default_and_a_bad_one_fails_the_cold_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("PRICE_TABLE", '{"models": {"m": {"input": "1.5", "output": 3}}}')
-    assert Settings().price_table.models == {"m": ModelPrice(input=Decimal("1.5"), output=Decimal(3))}
+    monkeypatch.setenv(
+        "PRICE_TABLE", '{"models": {"m": {"input": "1.5", "output": 3, "max_output_tokens": 9}}}'
+    )
+    assert Settings().price_table.models == {
+        "m": ModelPrice(input=Decimal("1.5"), output=Decimal(3), max_output_tokens=9)
+    }
     monkeypatch.setenv("PRICE_TABLE", "")
     assert Settings().price_table == default_price_table()
-    for bad in ('{"models": {"m": {"input": -1, "output": 1}}}', "not json", '{"models": {"m": {}}}'):
+    for bad in (
+        '{"models": {"m": {"input": -1, "output": 1, "max_output_tokens": 9}}}',
+        "not json",
+        '{"models": {"m": {}}}',
+    ):
         monkeypatch.setenv("PRICE_TABLE", bad)
         with pytest.raises(ValueError, match="price_table"):
             Settings()
@@ -243,7 +253,7 @@ def test_a_bad_usage_query_is_a_422_problem(api: Api, query: str) -> None:
 
 def test_a_batch_sums_its_items_billed_calls(aws: Aws, api: Api) -> None:
     counters = TaskStore(api.service._settings.tasks_table_name, aws.dynamodb).usage
-    assert counters.of_batch("b" * 32) is None
+    assert counters.of_batch("b" * 32).usage is None
     at = datetime.now(UTC)
     for model in ("mock-model", "mock-model", "unpriced"):
         task = Task.submitted(
@@ -255,7 +265,7 @@ def test_a_batch_sums_its_items_billed_calls(aws: Aws, api: Api) -> None:
             batch_id="b" * 32,
         )
         counters.charge(task, PRICES.price(CALL, model), model=model, now=at.timestamp())
-    usage = counters.of_batch("b" * 32)
+    usage = counters.of_batch("b" * 32).usage
     assert usage is not None
     assert (usage.total_tokens, usage.cost_usd, usage.cost_unknown) == (4_500, 2 * CALL_COST, True)
 

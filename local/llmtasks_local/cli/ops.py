@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from llmtasks.aws.apikeys import MAX_IN_FLIGHT
+from llmtasks.domain.budgets import Budget
 from llmtasks_local.cli.options import target_of, targeted
 from llmtasks_local.ops.deadletters import QUEUE_NAMES
 from llmtasks_local.ops.deployment import QueueName
@@ -181,6 +183,18 @@ def keys() -> None:
     default=None,
     help="Its tasks whose LLM calls may run at once; the rest wait queued [default: TenantMaxRunning].",
 )
+@click.option(
+    "--budget-usd-day",
+    type=click.FloatRange(min=0, max=1e9),
+    default=None,
+    help="What its tasks may cost a UTC day, in USD: submits past it get 429 [default: no budget].",
+)
+@click.option(
+    "--budget-usd-month",
+    type=click.FloatRange(min=0, max=1e9),
+    default=None,
+    help="What its tasks may cost a UTC month, in USD [default: no budget].",
+)
 @targeted
 def keys_create(
     tenant: str,
@@ -188,12 +202,18 @@ def keys_create(
     rps: int | None,
     max_in_flight: int | None,
     max_running: int | None,
+    budget_usd_day: float | None,
+    budget_usd_month: float | None,
     stack_name: str | None,
     endpoint_url: str | None,
 ) -> None:
     """Create a key; it is printed once and cannot be shown again."""
+    budget = Budget(
+        day_usd=None if budget_usd_day is None else Decimal(repr(budget_usd_day)),
+        month_usd=None if budget_usd_month is None else Decimal(repr(budget_usd_month)),
+    )
     key, record = _api_keys(stack_name, endpoint_url).create(
-        tenant, name=name, rps=rps, max_in_flight=max_in_flight, max_running=max_running
+        tenant, name=name, rps=rps, max_in_flight=max_in_flight, max_running=max_running, budget=budget
     )
     click.echo(key)
     click.echo(f"(key id {record.key_id}, tenant {tenant}; keep the key: only its hash is stored)", err=True)
@@ -233,6 +253,8 @@ def keys_list(stack_name: str | None, endpoint_url: str | None) -> None:
                 ("rps", record.rps),
                 ("max in flight", record.max_in_flight),
                 ("max running", record.max_running),
+                ("budget USD/day", record.budget and record.budget.day_usd),
+                ("budget USD/month", record.budget and record.budget.month_usd),
             )
             if value is not None
         )

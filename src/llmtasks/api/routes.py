@@ -46,13 +46,12 @@ from llmtasks.domain.models import (
     TaskList,
     TaskStatus,
     TaskView,
-    Usage,
     WebhookAttemptList,
     WebhookEndpoint,
     WebhookReplay,
 )
 from llmtasks.domain.output import TaskOutputPage
-from llmtasks.domain.usage import GroupBy, UsageReport
+from llmtasks.domain.usage import BatchSpend, GroupBy, UsageReport
 from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -81,7 +80,8 @@ SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 _AUTH: dict[int, OpenAPIResponse] = {
     **openai_api.GATEWAY_REFUSALS,
     429: openapi_problem(
-        "This key's requests a second, or its tasks in flight, are at its limit (see Retry-After)"
+        "This key's requests a second, or its tasks in flight, are at its limit; or (type"
+        " .../budget_exhausted) its budget has no room for the task's most cost (see Retry-After)"
     ),
 }
 
@@ -184,8 +184,8 @@ def _status_reply(task: Task) -> Response[TaskView]:
     return _polled(TaskView.of(task), ended=task.status.is_terminal)
 
 
-def _batch_reply(batch: Batch, usage: Usage | None = None) -> Response[BatchView]:
-    return _polled(BatchView.of(batch, usage), ended=batch.status.is_terminal)
+def _batch_reply(batch: Batch, spend: BatchSpend | None = None) -> Response[BatchView]:
+    return _polled(BatchView.of(batch, spend), ended=batch.status.is_terminal)
 
 
 def add_commands(app: APIGatewayHttpResolver) -> None:
@@ -427,7 +427,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     def get_batch(batch_id: str) -> Response[BatchView]:
         batches = batches_of(app)
         batch = batches.get(tenant_of(app), batch_id)
-        return _batch_reply(batch, batches.usage(batch.batch_id))
+        return _batch_reply(batch, batches.spend(batch.batch_id))
 
     @app.get(
         "/batches/<batch_id>/events",

@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
 from llmtasks.aws.dynamo import deserialize, is_condition_failure, serialize
+from llmtasks.domain.budgets import Budget
 from llmtasks.domain.caller import authorizer_context
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class ApiKey(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
     # LLM calls of its tasks running at once, whatever is queued (TenantMaxRunning caps them all).
     max_running: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
+    # What its tasks may cost (USD) a UTC day and a UTC month: submits past it are refused.
+    budget: Budget | None = None
 
     def authorizer_context(self) -> dict[str, Any]:
         """What the authorizer hands the functions for this key (domain/caller.py reads it)."""
@@ -54,6 +57,7 @@ class ApiKey(BaseModel):
             rps=self.rps,
             max_in_flight=self.max_in_flight,
             max_running=self.max_running,
+            budget=self.budget,
         )
 
 
@@ -89,6 +93,7 @@ class ApiKeys:
         rps: float | None = None,
         max_in_flight: int | None = None,
         max_running: int | None = None,
+        budget: Budget | None = None,
         now: float | None = None,
     ) -> tuple[str, ApiKey]:
         """A new key for `tenant_id`: the key itself (shown once) and what is stored of it."""
@@ -100,11 +105,12 @@ class ApiKeys:
             rps=rps,
             max_in_flight=max_in_flight,
             max_running=max_running,
+            budget=budget if budget is not None and budget.bounded else None,
         )
         key = f"{PREFIX}{record.key_id}_{secrets.token_urlsafe(32)}"
         self._client.put_item(
             TableName=self.table_name,
-            Item=serialize({**record.model_dump(exclude_none=True), "key_hash": _digest(key)}),
+            Item=serialize({**record.model_dump(mode="json", exclude_none=True), "key_hash": _digest(key)}),
             ConditionExpression="attribute_not_exists(key_id)",
         )
         return key, record

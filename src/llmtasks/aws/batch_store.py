@@ -35,7 +35,8 @@ from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import outcome_update
 from llmtasks.domain.batches import ITEM_COUNTS, Batch, BatchCounts, BatchEvent, BatchEventItem, BatchStatus
 from llmtasks.domain.errors import BackendError
-from llmtasks.domain.models import Task, TaskStatus, Usage, WebhookAttempt, WebhookStatus
+from llmtasks.domain.models import Task, TaskStatus, WebhookAttempt, WebhookStatus
+from llmtasks.domain.usage import BatchSpend
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -181,8 +182,9 @@ class BatchStore:
         item = reply.get("Item")
         return dict(item) if item else None
 
-    def usage(self, batch_id: str) -> Usage | None:
-        """The same table's spend counter of the batch (aws/usage.py): its items' billed calls."""
+    def spend(self, batch_id: str) -> BatchSpend:
+        """The same table's spend counter of the batch (aws/usage.py): its items' billed calls,
+        and the items its key's budget refused."""
         return UsageCounters(self.table_name, self._client).of_batch(batch_id)
 
     def get(self, batch_id: str, *, now: float, consistent: bool = True) -> Batch | None:

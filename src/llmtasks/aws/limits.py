@@ -16,6 +16,7 @@ request. Each counter is one item of LimitsTable (no stream, so counting costs n
   (TenantMaxRunning, a key's max_running).
 - `webhook#<endpoint>`: the deliveries one webhook endpoint has open (the same RunningCalls),
   under WebhookEndpointConcurrency: an endpoint that hangs holds that many, no more.
+- `budget#<key id>`: the key's spend and reservations this UTC day and month (budgets.py).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class KeyLimits:
         if now < self._full_until.get(caller.key_id, 0.0):
             raise self._over_rate(caller)
         try:
-            _update(
+            counter_update(
                 self._client,
                 self.table_name,
                 f"rate#{caller.key_id}#{int(now)}",
@@ -86,7 +87,7 @@ class KeyLimits:
                 "attribute_not_exists(#n) OR #n < :rps",
                 {":zero": 0, ":one": 1, ":rps": caller.rps, ":expires": int(now) + RATE_WINDOW_TTL_S},
             )
-        except _Refused:
+        except CounterRefused:
             if len(self._full_until) > 10_000:
                 self._full_until.clear()
             self._full_until[caller.key_id] = int(now) + 1
@@ -108,7 +109,7 @@ class KeyLimits:
             )
         for attempt in range(2):
             try:
-                _update(
+                counter_update(
                     self._client,
                     self.table_name,
                     f"flight#{key_id}",
@@ -118,7 +119,7 @@ class KeyLimits:
                     names={"#entry": f"{kind}_{work_id}"},
                 )
                 return
-            except _Refused:
+            except CounterRefused:
                 held = self.held(key_id)
                 if any((h.kind, h.work_id) == (kind, work_id) for h in held):
                     return  # held already: the same batch submitted again under its Idempotency-Key
@@ -149,7 +150,7 @@ class KeyLimits:
 
     def _release(self, key_id: str, entry: Held) -> bool:
         try:
-            _update(
+            counter_update(
                 self._client,
                 self.table_name,
                 f"flight#{key_id}",
@@ -158,12 +159,12 @@ class KeyLimits:
                 {":weight": entry.weight},
                 names={"#entry": f"{entry.kind}_{entry.work_id}"},
             )
-        except _Refused:
+        except CounterRefused:
             return False  # another submit removed it first
         return True
 
 
-def _update(
+def counter_update(
     client: DynamoDBClient,
     table_name: str,
     pk: str,
@@ -173,7 +174,7 @@ def _update(
     *,
     names: dict[str, str] | None = None,
 ) -> None:
-    """One counter's conditional update; _Refused when its condition says no."""
+    """One counter's conditional update; CounterRefused when its condition says no."""
     request: dict[str, Any] = {
         "TableName": table_name,
         "Key": {"pk": {"S": pk}},
@@ -190,7 +191,7 @@ def _update(
             client.update_item(**request)
         except ClientError as exc:
             if is_condition_failure(exc):
-                raise _Refused(exc.response.get("Item")) from None  # type: ignore[arg-type]
+                raise CounterRefused(exc.response.get("Item")) from None  # type: ignore[arg-type]
             raise
 
 
@@ -248,7 +249,7 @@ class RunningCalls:
                     task_id,
                 )
                 return Take(taken=True)
-            except _Refused as refused:
+            except CounterRefused as refused:
                 held = _places(refused.item)
                 if task_id in held:
                     self._write(
@@ -288,14 +289,14 @@ class RunningCalls:
                 {":one": 1},
                 task_id,
             )
-        except _Refused:
+        except CounterRefused:
             return False  # given back already, or cleared by another take
         return True
 
     def _write(
         self, tenant_id: str, update: str, condition: str, values: dict[str, Any], task_id: str
     ) -> None:
-        _update(
+        counter_update(
             self._client,
             self.table_name,
             f"{self._prefix}{tenant_id}",
@@ -332,7 +333,7 @@ def work_ended(tasks: TaskStore, batches: BatchStore) -> Ended:
     return ended
 
 
-class _Refused(Exception):
+class CounterRefused(Exception):
     """A counter's condition said no; `item` is the counter as it stood then."""
 
     def __init__(self, item: Mapping[str, Any] | None) -> None:

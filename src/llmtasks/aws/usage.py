@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.dynamo import BATCH_GET_KEYS, batch_get, deserialize, dynamodb_errors
-from llmtasks.domain.usage import NO_KEY, DayTotals, UsageTotals, days_between
+from llmtasks.domain.usage import NO_KEY, BatchSpend, DayTotals, UsageTotals, days_between
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -97,15 +97,27 @@ class UsageCounters:
                     }
         return found
 
-    def of_batch(self, batch_id: str) -> Usage | None:
-        """What the batch's items' billed calls used and cost; None before the first."""
+    def count_over_budget(self, batch_id: str, items: int, *, expires_at: int) -> None:
+        """`items` of the batch created failed: its key's budget had no room for them."""
+        with dynamodb_errors("usage update"):
+            self._client.update_item(
+                TableName=self.table_name,
+                Key={"pk": {"S": _batch_key(batch_id)}},
+                UpdateExpression="SET expires_at = if_not_exists(expires_at, :expires) ADD over_budget :n",
+                ExpressionAttributeValues={":expires": {"N": str(expires_at)}, ":n": {"N": str(items)}},
+            )
+
+    def of_batch(self, batch_id: str) -> BatchSpend:
+        """What the batch's items' billed calls used and cost (None before the first), and how
+        many items its key's budget refused."""
         with dynamodb_errors("usage read"):
             reply = self._client.get_item(TableName=self.table_name, Key={"pk": {"S": _batch_key(batch_id)}})
-        item = reply.get("Item")
-        if item is None:
-            return None
-        totals = _groups(deserialize(item)).get(("all", "batch"))
-        return totals.as_usage() if totals else None
+        fields = deserialize(reply.get("Item") or {})
+        totals = _groups(fields).get(("all", "batch"))
+        return BatchSpend(
+            usage=totals.as_usage() if totals else None,
+            budget_exhausted=int(fields.get("over_budget", 0)),
+        )
 
 
 def _groups(item: dict[str, Any]) -> dict[tuple[Any, str], UsageTotals]:

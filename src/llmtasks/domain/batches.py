@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from llmtasks.domain.budgets import Budget
 from llmtasks.domain.json_schema import alternatives, exactly_one_of
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
@@ -37,6 +38,7 @@ from llmtasks.domain.models import (
     _Strict,
     _utc,
 )
+from llmtasks.domain.usage import BatchSpend
 
 MAX_BATCH_ITEMS = 10_000
 
@@ -166,6 +168,7 @@ class Batch(BaseModel):
     # Its API key's max_running at submit, passed on to the items.
     max_running: int | None = None
     key_id: str | None = None  # the API key that submitted it, passed on to the items
+    budget: Budget | None = None  # that key's budget: its items reserve under it as they fan out
     # The last event's sequence number (GET /batches/{id}/events): 0 before the first.
     events: int = 0
     # Times it was retried (POST /batches/{id}/retry), and the item statuses the last one ran again.
@@ -245,6 +248,10 @@ class BatchView(BaseModel):
         default=None,
         description="Its items' billed calls, summed (retries included); absent before the first.",
     )
+    budget_exhausted: int = Field(
+        default=0,
+        description="Items created failed (budget_exhausted): its key's budget had no room for them.",
+    )
 
     @property
     def finished(self) -> int:
@@ -252,7 +259,7 @@ class BatchView(BaseModel):
         return self.completed + self.failed + self.cancelled
 
     @classmethod
-    def of(cls, batch: Batch, usage: Usage | None = None) -> BatchView:
+    def of(cls, batch: Batch, spend: BatchSpend | None = None) -> BatchView:
         return cls(
             batch_id=batch.batch_id,
             status=batch.read_status,
@@ -265,7 +272,8 @@ class BatchView(BaseModel):
             webhook=WebhookView.of(batch.webhook_status, batch.webhook_attempts),
             retries=batch.retries,
             events=batch.events,
-            usage=usage,
+            usage=spend.usage if spend else None,
+            budget_exhausted=spend.budget_exhausted if spend else 0,
         )
 
 

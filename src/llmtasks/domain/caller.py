@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmtasks.domain.budgets import Budget
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -18,6 +20,7 @@ class Caller:
     rps: int | None = None
     max_in_flight: int | None = None
     max_running: int | None = None
+    budget: Budget | None = None  # what the key may spend a day and a month, when it is bounded
 
 
 def authorizer_context(
@@ -27,12 +30,17 @@ def authorizer_context(
     rps: float | None = None,
     max_in_flight: int | None = None,
     max_running: int | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, Any]:
     """The authorizer's context for a valid key (strings and numbers only, as API Gateway wants;
     a limit the key does not have is left out)."""
     context: dict[str, Any] = {"tenant_id": tenant_id, "key_id": key_id}
     limits = {"rps": rps, "max_in_flight": max_in_flight, "max_running": max_running}
     context.update({name: value for name, value in limits.items() if value is not None})
+    if budget is not None:
+        # Text, so that the amount arrives exactly as it was set (a float would round it)
+        amounts = {"budget_usd_day": budget.day_usd, "budget_usd_month": budget.month_usd}
+        context.update({name: str(value) for name, value in amounts.items() if value is not None})
     return context
 
 
@@ -52,4 +60,12 @@ def caller_of(event: Mapping[str, Any]) -> Caller | None:
         rps=number("rps"),
         max_in_flight=number("max_in_flight"),
         max_running=number("max_running"),
+        budget=_budget(context),
     )
+
+
+def _budget(context: Mapping[str, Any]) -> Budget | None:
+    day, month = context.get("budget_usd_day"), context.get("budget_usd_month")
+    if day is None and month is None:
+        return None
+    return Budget(day_usd=day, month_usd=month)

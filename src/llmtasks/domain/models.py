@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from llmtasks.domain.budgets import Budget
 from llmtasks.domain.json_schema import Ways, alternatives
 
 
@@ -415,6 +416,8 @@ class Task(BaseModel):
     max_running: int | None = None
     # The API key that submitted it (its id, never the key): what /usage groups its cost by.
     key_id: str | None = None
+    # That key's budget at submit: a retry after a billed attempt reserves under it again.
+    budget: Budget | None = None
     # Counts the task's status changes (each conditional write adds one), so the batch counters
     # apply each change once however often its stream record is processed.
     revision: int = 0
@@ -470,6 +473,7 @@ class Task(BaseModel):
         trace_header: str | None = None,
         max_running: int | None = None,
         key_id: str | None = None,
+        budget: Budget | None = None,
         batch_id: str | None = None,
         batch_index: int | None = None,
         custom_id: str | None = None,
@@ -504,7 +508,14 @@ class Task(BaseModel):
             trace_header=trace_header,
             max_running=max_running,
             key_id=key_id,
+            budget=budget,
         )
+
+    @property
+    def billed_cost(self) -> Decimal:
+        """What the provider billed for this task so far (exactly, as the counters add it)."""
+        usage = self.billed_usage
+        return Decimal(repr(usage.cost_usd)) if usage and usage.cost_usd else Decimal(0)
 
     @property
     def billed_usage(self) -> Usage | None:

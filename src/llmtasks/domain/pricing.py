@@ -15,9 +15,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmtasks.domain.models import Usage
+from llmtasks.domain.models import LLMRequest, Usage
 
 PER = Decimal(1_000_000)
+# Tokens a chat format adds around each message and before the reply (OpenAI's is 3-4 a message
+# and 3 for the reply): the bound counts more than any of them.
+MESSAGE_OVERHEAD_TOKENS = 8
 # Costs are kept to the nano-dollar: a token of the cheapest model is 2.5e-8 USD.
 COST_PLACES = Decimal("1e-12")
 
@@ -35,7 +38,7 @@ class ModelPrice(BaseModel):
     # Bedrock's cacheReadInputTokens); the input price when the model has no cache price.
     cached_input: Price | None = None
     # The most a call can write: what a budget reserves for a task that sets no max_tokens.
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int = Field(ge=1, le=10_000_000)
 
 
 class PriceTable(BaseModel):
@@ -58,3 +61,17 @@ class PriceTable(BaseModel):
             + usage.completion_tokens * prices.output
         ) / PER
         return usage.model_copy(update={"cost_usd": float(cost.quantize(COST_PLACES)), "cost_unknown": False})
+
+    def most_cost(self, request: LLMRequest, model: str) -> Decimal:
+        """The most one call of `request` can cost, with no tokenizer: no BPE token is shorter
+        than one byte, so the prompt has at most as many tokens as bytes (plus the chat format's
+        own), at the dearer of the input prices; the reply at most `max_tokens`, else the
+        model's output limit, at the output price. 0 for a model the table lacks (priced at 0)."""
+        prices = self.models.get(model)
+        if prices is None:
+            return Decimal(0)
+        messages = len(request.chat_messages())
+        prompt_tokens = request.text_bytes() + MESSAGE_OVERHEAD_TOKENS * (messages + 1)
+        input_price = max(prices.input, prices.cached_input or prices.input)
+        output_tokens = request.max_tokens or prices.max_output_tokens
+        return ((prompt_tokens * input_price + output_tokens * prices.output) / PER).quantize(COST_PLACES)

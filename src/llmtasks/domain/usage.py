@@ -64,6 +64,13 @@ class UsageTotals(BaseModel):
         )
 
 
+class BatchSpend(BaseModel):
+    """A batch's counter: its items' billed calls, and the items its key's budget refused."""
+
+    usage: Usage | None = None
+    budget_exhausted: int = 0
+
+
 # What one tenant-day's counters hold: the day's totals under each model and key that spent.
 DayTotals = dict[tuple[Literal["model", "key"], str], UsageTotals]
 NO_KEY = "-"  # the group of calls no API key made (the local gateway's --no-auth)

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchStore, CountedChange, CountsRefused
+from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchItem, BatchStatus
+from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import BackendError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import Task, TaskStatus
@@ -71,6 +73,7 @@ class BatchFanout:
         *,
         clock: Clock = time.time,
         results: ResultBlobs,
+        budgets: KeyBudgets | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -78,6 +81,7 @@ class BatchFanout:
         self._lanes = lanes
         self._clock = clock
         self._results = results
+        self._budgets = budgets
 
     def handle(self, message: FanoutMessage, *, sent_at: float) -> None:
         now = self._clock()
@@ -117,10 +121,16 @@ class BatchFanout:
         ]
         created = [item_task(batch, i, item, cancelled_at=cancelled_at) for i, item in items]
         created = [task for task in created if task.task_id not in existing]
+        if not cancelling:
+            created = [self._reserved(batch, task) for task in created]
+        over_budget = 0
         for start in range(0, len(created), SEND_GROUP):
             stored = [task for task in created[start : start + SEND_GROUP] if self._store.create(task)]
+            over_budget += sum(task.status is TaskStatus.FAILED for task in stored)
             if not cancelling:
-                self._lanes.send_many(stored)
+                self._lanes.send_many([task for task in stored if task.status is TaskStatus.PENDING])
+        if over_budget:
+            self._store.usage.count_over_budget(batch.batch_id, over_budget, expires_at=batch.expires_at)
         if not cancelling:
             submitted = Counter(
                 tuple(dimensions_of(task, self._settings.llm_model).items()) for task in created
@@ -143,6 +153,31 @@ class BatchFanout:
             again = self._batches.get(batch.batch_id, now=self._clock())
             if again is not None and again.status is BatchStatus.CANCELLING:
                 self._cancel_chunk(again, chunk)
+
+    def _reserved(self, batch: Batch, task: Task) -> Task:
+        """The item with its most cost reserved under its batch's key's budget; created failed
+        (budget_exhausted, and never queued) when that does not fit."""
+        if batch.budget is None or batch.key_id is None:
+            return task
+        if self._budgets is None:
+            raise BackendError(
+                "This batch's key has a budget, and budgets are counted in LimitsTable: none is set."
+            )
+        most = self._settings.price_table.most_cost(
+            task.request, task.request.model or self._settings.llm_model
+        )
+        try:
+            self._budgets.reserve(batch.key_id, batch.budget, task.task_id, most)
+        except BudgetExhausted as exhausted:
+            return task.model_copy(
+                update={
+                    "status": TaskStatus.FAILED,
+                    "error": exhausted.detail,
+                    "error_code": BUDGET_EXHAUSTED,
+                    "completed_at": self._clock(),
+                }
+            )
+        return task
 
     def _cancel_chunk(self, batch: Batch, chunk: int) -> None:
         cancelled = 0

@@ -36,8 +36,9 @@ from llmtasks.domain.errors import (
     TaskConflict,
 )
 from llmtasks.domain.messages import FanoutMessage
-from llmtasks.domain.models import TaskStatus, Usage, WebhookStatus
+from llmtasks.domain.models import TaskStatus, WebhookStatus
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
+from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
 from llmtasks.services.submits import Held, SubmitSequence
@@ -181,6 +182,7 @@ class BatchService:
                 trace_header=trace_header,
                 max_running=caller.max_running if caller is not None else None,
                 key_id=caller.key_id if caller is not None else None,
+                budget=caller.budget if caller is not None else None,
             )
             # The messages first, then the item, as for a task: a stored batch always has its
             # fan-out messages; messages whose batch never arrives are dropped after a grace.
@@ -202,9 +204,9 @@ class BatchService:
             raise BatchNotFound(batch_id)
         return batch
 
-    def usage(self, batch_id: str) -> Usage | None:
-        """What the batch's items' billed calls used and cost, summed."""
-        return self._batches.usage(batch_id)
+    def spend(self, batch_id: str) -> BatchSpend:
+        """What the batch's items' billed calls used and cost, and the items its budget refused."""
+        return self._batches.spend(batch_id)
 
     def events(self, tenant_id: str, batch_id: str, *, after: int, wait_s: float) -> BatchEventPage:
         """The tenant's batch's events after `after`; with `wait_s`, held until one exists or

@@ -1,5 +1,6 @@
 """The one submit sequence that tasks and batches share: once per Idempotency-Key, the caller's
-key limits held, then the work sent and stored, an outage a 503 that says nothing was kept.
+key limits held and a task's most cost reserved under the key's budget, then the work sent and
+stored, an outage a 503 that says nothing was kept.
 
 What each kind sends and stores (and in which order) is its own `create`; what it checks before
 (sizes, the webhook URL) happens before this sequence, so a refused body leaves no trace.
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TypeVar
 
 from pydantic import BaseModel
 
+from llmtasks.aws.budgets import KeyBudgets
 from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.aws.limits import KeyLimits
 from llmtasks.domain.caller import Caller
@@ -29,12 +32,15 @@ class Held:
     kind: str  # "t": a task, "b": a batch (its items count)
     resource_id: str
     weight: int = 1
+    # A task's most cost, reserved under its key's budget (a batch's items reserve as they fan out).
+    most_cost: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
 class SubmitSequence:
     idempotency: IdempotencyKeys | None
     limits: KeyLimits | None
+    budgets: KeyBudgets | None = None
 
     def run(
         self,
@@ -53,6 +59,12 @@ class SubmitSequence:
         def first_time() -> Created:
             if caller is not None and self.limits is not None:
                 self.limits.hold(caller, held.kind, held.resource_id, weight=held.weight)
+            if held.kind == "t" and caller is not None and caller.budget is not None and caller.key_id:
+                if self.budgets is None:
+                    raise ServiceUnavailable(
+                        "This key has a budget, and budgets are counted in LimitsTable: none is set."
+                    )
+                self.budgets.reserve(caller.key_id, caller.budget, held.resource_id, held.most_cost)
             try:
                 return create()
             except BackendError as exc:

@@ -11,7 +11,9 @@ import itertools
 import time
 from dataclasses import dataclass
 from datetime import date, timedelta
+from decimal import Decimal
 
+from llmtasks.aws.budgets import KeyBudgets
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import TaskLanes
@@ -59,6 +61,7 @@ class TaskService:
         results: ResultBlobs,
         idempotency: IdempotencyKeys | None = None,
         limits: KeyLimits | None = None,
+        budgets: KeyBudgets | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -70,7 +73,7 @@ class TaskService:
         # against the limits (api/app.py).
         self.idempotency = idempotency
         self.limits = limits
-        self._submits = SubmitSequence(idempotency, limits)
+        self._submits = SubmitSequence(idempotency, limits, budgets)
         self._output = OutputReader(store.output, results, self.owned, clock)
 
     def submit(
@@ -99,9 +102,13 @@ class TaskService:
             key=idempotency_key,
             body=body,
             caller=caller,
-            held=Held("t", task_id),
+            held=Held("t", task_id, most_cost=self._most_cost(body)),
         )
         return Submission(task, replayed=replayed)
+
+    def _most_cost(self, body: SubmitTaskRequest) -> Decimal:
+        request = body.llm_request()
+        return self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
 
     def _create(
         self,
@@ -121,6 +128,7 @@ class TaskService:
             trace_header=trace_header,
             max_running=caller.max_running if caller is not None else None,
             key_id=caller.key_id if caller is not None else None,
+            budget=caller.budget if caller is not None else None,
         )
         # The message first, then the item: a stored task always has its message, whatever dies
         # in between. A message whose item never arrives is dropped by the worker after a grace.

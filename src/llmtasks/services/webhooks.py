@@ -225,7 +225,7 @@ class WebhookDelivery:
             return _Subject(
                 url=batch.webhook_url,
                 tenant_id=batch.tenant_id,
-                data=BatchView.of(batch, batches.usage(batch_id)),
+                data=BatchView.of(batch, batches.spend(batch_id)),
                 record=lambda status, attempt: batches.record_webhook_outcome(
                     batch_id, status=status, attempt=attempt, log=batch.webhook_log
                 ),

@@ -10,11 +10,12 @@ import boto3
 from botocore.config import Config
 
 from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.budgets import KeyBudgets
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.stream_skips import StreamSkips
-from llmtasks.settings import TaskLanesQueues, TasksTable, resources
+from llmtasks.settings import Limits, TaskLanesQueues, TasksTable, resources
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -64,6 +65,14 @@ def task_lanes() -> TaskLanes:
 
 def batch_store() -> BatchStore:
     return BatchStore(resources(TasksTable).tasks_table_name, dynamodb())
+
+
+@lru_cache(maxsize=1)
+def key_budgets() -> KeyBudgets | None:
+    """The API keys' budgets, counted in LimitsTable (submits, fan-outs and retries reserve);
+    None where LimitsTable is not configured."""
+    table = resources(Limits).limits_table_name
+    return None if table is None else KeyBudgets(table, dynamodb(), tasks=task_store())
 
 
 @lru_cache(maxsize=1)

@@ -20,7 +20,15 @@ from llmtasks.settings import (
     section,
 )
 from llmtasks.wiring import check_configuration
-from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, sqs, task_lanes, task_store
+from llmtasks.wiring.adapters import (
+    batch_store,
+    dynamodb,
+    key_budgets,
+    result_blobs,
+    sqs,
+    task_lanes,
+    task_store,
+)
 
 
 def cold_start() -> None:
@@ -36,6 +44,7 @@ def task_service() -> TaskService:
         results=result_blobs(),
         idempotency=idempotency_keys(),
         limits=key_limits(),
+        budgets=key_budgets(),
     )
 
 

@@ -8,7 +8,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, resources, section
 from llmtasks.wiring import check_configuration
-from llmtasks.wiring.adapters import batch_store, result_blobs, sqs, task_lanes, task_store
+from llmtasks.wiring.adapters import batch_store, key_budgets, result_blobs, sqs, task_lanes, task_store
 
 
 def cold_start() -> None:
@@ -22,7 +22,12 @@ def batch_fanout_queue() -> Queue:
 @lru_cache(maxsize=1)
 def batch_fanout() -> BatchFanout:
     return BatchFanout(
-        section(FanoutSettings), task_store(), batch_store(), task_lanes(), results=result_blobs()
+        section(FanoutSettings),
+        task_store(),
+        batch_store(),
+        task_lanes(),
+        results=result_blobs(),
+        budgets=key_budgets(),
     )
 
 

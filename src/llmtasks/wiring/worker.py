@@ -18,7 +18,7 @@ from llmtasks.settings import (
     section,
 )
 from llmtasks.wiring import check_configuration
-from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, task_lanes, task_store
+from llmtasks.wiring.adapters import batch_store, dynamodb, key_budgets, result_blobs, task_lanes, task_store
 from llmtasks.worker.runner import TaskRunner
 
 __all__ = ["call_slots", "cold_start", "task_lanes", "task_runner"]
@@ -51,6 +51,7 @@ def task_runner() -> TaskRunner:
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),
         running=running_calls(),
+        budgets=key_budgets(),
     )
 
 

@@ -19,11 +19,13 @@ from typing import Literal
 from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
     RATE_LIMITED,
     BackendError,
@@ -86,8 +88,10 @@ class TaskRunner:
         pacer: CallPacer | None = None,
         cancellations: BatchCancellations | None = None,
         running: RunningCalls | None = None,
+        budgets: KeyBudgets | None = None,
     ) -> None:
         self._settings = settings
+        self._budgets = budgets
         self._store = store
         self._lanes = lanes
         self._cancellations = cancellations
@@ -138,9 +142,9 @@ class TaskRunner:
                 self._cancel(task)
                 return
 
-        deadline = task.deadline
-        if deadline is not None and now >= deadline:
-            self._fail(task, lease_id, "The task's deadline passed before it could run.", "deadline_exceeded")
+        unrunnable = await self._unrunnable(task, now)
+        if unrunnable is not None:
+            self._fail(task, lease_id, *unrunnable)
             return
         if delivery.whole_call and remaining_s() < self.whole_call_s:
             # The receive and the claim ate into the time the refill counted on: no call that
@@ -168,6 +172,32 @@ class TaskRunner:
             except BackendError:
                 # The outcome is stored; the place is cleared once its lease lapses.
                 logger.warning("running place not given back", **task_keys(task))
+
+    async def _unrunnable(self, task: Task, now: float) -> tuple[str, str] | None:
+        """Why the claimed task fails without a call (its error and code), if it does: its
+        deadline passed, or its key's budget has no room for the call."""
+        deadline = task.deadline
+        if deadline is not None and now >= deadline:
+            return "The task's deadline passed before it could run.", "deadline_exceeded"
+        return await self._reserve_again(task)
+
+    async def _reserve_again(self, task: Task) -> tuple[str, str] | None:
+        """A task whose submit's reservation is spent (an attempt was billed) or settled (a batch
+        retry ran it again) reserves its most cost again before this call; the submit's covers
+        the first call."""
+        if task.budget is None or task.key_id is None or self._budgets is None:
+            return None
+        if task.retried_at is None and not task.billed_cost:
+            return None
+        request = task.request
+        most = self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        try:
+            await asyncio.to_thread(
+                self._budgets.reserve, task.key_id, task.budget, task.task_id, most, attempt=task.attempts
+            )
+        except BudgetExhausted as exhausted:
+            return exhausted.detail, BUDGET_EXHAUSTED
+        return None
 
     def _running_cap(self, task: Task) -> int | None:
         """The tenant's running calls this task may join: the tighter of the stack's cap and its
