@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 BUDGET_EXHAUSTED = "budget_exhausted"  # the problem's type and the failed task's error_code
 
-UsdBudget = Annotated[Decimal, Field(ge=0, le=1_000_000_000, allow_inf_nan=False, decimal_places=6)]
+UsdBudget = Annotated[Decimal, Field(ge=0, le=1_000_000_000, allow_inf_nan=False)]
 
 
 class Budget(BaseModel):
