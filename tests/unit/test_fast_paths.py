@@ -280,3 +280,44 @@ def test_item_replies_reply_as_moto_s_serializer_does(aws: Any) -> None:
         [{"N": "2"}, {"N": "1"}],
         [{"N": "0"}],
     ]
+
+
+def test_an_update_copies_the_item_only_for_a_table_with_a_stream(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+
+    from moto.dynamodb.models.dynamo_type import Item
+
+    copied: list[Any] = []
+    deepcopy = copy.deepcopy
+
+    def counted(value: Any, memo: Any = None) -> Any:
+        if isinstance(value, Item):  # a whole item (its lists and maps are copied to be read)
+            copied.append(value)
+        return deepcopy(value, memo)
+
+    monkeypatch.setattr(copy, "deepcopy", counted)
+    for name, stream in (
+        ("streamless", None),
+        ("streamed", {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}),
+    ):
+        aws.dynamodb.create_table(
+            TableName=name,
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+            **({"StreamSpecification": stream} if stream else {}),
+        )
+        aws.dynamodb.put_item(TableName=name, Item=ITEM)
+        copied.clear()
+        aws.dynamodb.update_item(
+            TableName=name,
+            Key={"pk": ITEM["pk"]},
+            UpdateExpression="SET n = n + :one",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
+        item = aws.dynamodb.get_item(TableName=name, Key={"pk": ITEM["pk"]})["Item"]
+        assert item["n"] == {"N": "2.50"}
+        # The stream's old image is the item's only use of a copy
+        assert bool(copied) is (stream is not None), name

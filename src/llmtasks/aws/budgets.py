@@ -3,8 +3,9 @@
 - `day`, `month`: the UTC day and month the counters are of; `dn`, `mn`: what is reserved or
   spent in them (USD, exact decimals). The first reservation of a new day (or month) starts its
   counter over, in a write conditioned on the old one.
-- `t_<task id>` (`t_<task id>_r<attempt>` for a retry's): one reservation, [amount, what the task
-  had been billed before it, its day, its month, when it was made].
+- `t_<task id>` (`t_<task id>_r<attempt>` for a retry's): one reservation, as one string
+  `<amount>|<what the task had been billed before it>|<its day>|<its month>|<when>` (one value:
+  the item is read and written whole, and it holds one a task in flight).
 
 A reservation is one conditional write: the entry is added, and both counters move, only while
 each leaves room for it; so concurrent submits from any number of sandboxes never overshoot.
@@ -61,7 +62,7 @@ def _entries(fields: dict[str, Any]) -> list[Entry]:
     found = []
     for name, value in fields.items():
         if name.startswith("t_"):
-            amount, before, day, month, at = value
+            amount, before, day, month, at = str(value).split("|")
             task_id = name[2:].split("_r", 1)[0]
             found.append(
                 Entry(name, task_id, Decimal(str(amount)), Decimal(str(before)), day, month, float(at))
@@ -128,7 +129,7 @@ class KeyBudgets:
         periods = Periods.at(now)
         condition = ["attribute_not_exists(#entry)", "#day = :day", "#month = :month"]
         values: dict[str, Any] = {
-            ":entry": [amount, billed_before, periods.day, periods.month, Decimal(repr(now))],
+            ":entry": f"{amount}|{billed_before}|{periods.day}|{periods.month}|{now:.3f}",
             ":amount": amount,
             ":day": periods.day,
             ":month": periods.month,
