@@ -1,6 +1,7 @@
 """The local console (`llmtasks up`, /console) in a real headless Chromium (Debian's chromium and
 chromium-driver, driven by Selenium): it lists a completed and a failed task, shows a
-dead-lettered one in its DLQ, and its Redrive button brings that one back to completed.
+dead-lettered one in its DLQ, and its Redrive button brings that one back to completed; a
+batch's Retry button runs its failed items again.
 
 With LLMTASKS_SCREENSHOT=1 it also writes the README's picture, docs/console.png."""
 
@@ -116,7 +117,7 @@ def dead_letter_story(stack: RunningStack, task_id: str) -> str:
     return "\n".join([stack.cli("dlq", "list", "--queue", "tasks"), *lines[-60:]])
 
 
-def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_it(
+def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_it_and_retries_a_batch(
     console_stack: tuple[RunningStack, Path], browser: webdriver.Chrome
 ) -> None:
     stack, faults_file = console_stack
@@ -256,3 +257,47 @@ def test_the_console_lists_tasks_shows_a_dead_letter_and_its_redrive_completes_i
     with stack.client() as client:
         assert client.get(f"/tasks/{poison}").json()["status"] == "completed"
     assert shown(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-dlq=tasks] tr[data-task-id]"))
+    # An ended batch with failed items: its Retry button runs them again
+    retry_button_runs_a_batch_s_failed_items_again(stack, browser)
+
+
+def retry_button_runs_a_batch_s_failed_items_again(stack: RunningStack, browser: webdriver.Chrome) -> None:
+    """The batch table's Retry button (on the same stack and page as the test above)."""
+    stack.configure_mock(rate_500=1.0)
+    with stack.client() as client:
+        items = [{"prompt": f"batch item {i}", "max_retries": 0} for i in range(2)]
+        batch_id = client.post("/batches", json={"items": items}).json()["batch_id"]
+
+        def ended() -> dict[str, Any]:
+            return client.get(f"/batches/{batch_id}").json()  # type: ignore[no-any-return]
+
+        first = eventually(
+            ended, lambda b: b["status"] == "completed_with_errors", timeout_s=HANG_S, what="the batch ended"
+        )
+        assert first["failed"] == 2  # the mock refused both
+        stack.configure_mock(rate_500=0.0)
+        browser.get(stack.console)
+
+        def retry(driver: webdriver.Chrome) -> bool:
+            driver.find_element(By.CSS_SELECTOR, f"button[data-retry='{batch_id}']").click()
+            return True
+
+        assert "Retry 2 failed" in shown(
+            browser, lambda d: d.find_element(By.CSS_SELECTOR, f"button[data-retry='{batch_id}']").text
+        )
+        shown(browser, retry)
+        done = eventually(
+            ended,
+            lambda b: b["status"] == "completed" and b["retries"] == 1,
+            timeout_s=HANG_S,
+            what="the retried batch ended",
+        )
+    assert (done["completed"], done["failed"]) == (2, 0)
+    # Once nothing failed, the row has no button, and the route says why it would do nothing
+    assert shown(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, f"button[data-retry='{batch_id}']"))
+    route = f"{stack.api}/console/api/batches/{batch_id}/retry"
+    assert httpx.post(route).status_code == 401
+    token = {"Authorization": f"Bearer {stack.console.rsplit('token=', 1)[1]}"}
+    nothing = httpx.post(route, headers=token)
+    assert nothing.status_code == 409, nothing.text
+    assert httpx.post(f"{stack.api}/console/api/batches/{'0' * 32}/retry", headers=token).status_code == 404

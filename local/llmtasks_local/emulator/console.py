@@ -2,7 +2,9 @@
 deployed API). One page (console.html, no assets from the internet) that polls two JSON
 views: the deployment's overview (`stats.overview`, what `llmtasks stats` prints) and its
 dead letters, with a button per queue that redrives it (`DeadLetters.redrive`, what
-`llmtasks dlq redrive` does). Both read the tables and queues the functions use.
+`llmtasks dlq redrive` does). Both read the tables and queues the functions use. An ended batch
+with failed items has a Retry button: the service's own retry (`BatchService.retry`, what
+`POST /batches/{id}/retry` and `llmtasks batch retry` run), as the batch's tenant.
 
 It shows every tenant's tasks, so its data needs the token `llmtasks up` prints in the console's
 URL, as Jupyter does: opening /console?token=... keeps it in a cookie for the page (HttpOnly,
@@ -23,6 +25,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks.aws.apikeys import presented_key
+from llmtasks.domain.batches import RetryBatchRequest
+from llmtasks.domain.errors import ApiError
 from llmtasks_local.ops.deadletters import QUEUE_NAMES, DeadLetters
 from llmtasks_local.ops.stats import overview
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
+    from llmtasks.services.batches import BatchService
     from llmtasks_local.ops.deployment import Deployment
 
 PREFIX = "/console"
@@ -49,10 +54,12 @@ class Console:
         dead_letters: DeadLetters,
         *,
         cloudwatch: CloudWatchClient | None = None,
+        batches: BatchService | None = None,
         token: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._token = token
+        self._batches = batches  # the Retry button's: what POST /batches/{id}/retry runs
         self._dynamodb = dynamodb
         self._sqs = sqs
         self._deployment = deployment
@@ -72,6 +79,22 @@ class Console:
             for queue in QUEUE_NAMES
         }
 
+    def retry_batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
+        """The ended batch's failed items run again, as its tenant's POST /batches/{id}/retry
+        would (the console sees every tenant's batches)."""
+        if self._batches is None:
+            return {"message": "This console cannot retry batches."}, 404
+        try:
+            batch = self._batches.get_any(batch_id)
+            retried, _ = self._batches.retry(batch.tenant_id, batch_id, RetryBatchRequest())
+        except ApiError as refused:
+            return {"message": refused.detail}, refused.status
+        return {
+            "batch_id": retried.batch_id,
+            "status": retried.read_status.value,
+            "retries": retried.retries,
+        }, 202
+
     def _is_token(self, given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())
 
@@ -88,15 +111,22 @@ class Console:
             return page
         if not self._allowed(request):
             return JSONResponse(NEEDS_TOKEN, 401)
-        if request.method == "GET" and path == "/api/overview":
-            return JSONResponse(await run_in_threadpool(self.overview))
-        if request.method == "GET" and path == "/api/dlq":
-            return JSONResponse(await run_in_threadpool(self.letters))
+        body, status = await run_in_threadpool(self._answer, request.method, path)
+        return JSONResponse(body, status)
+
+    def _answer(self, method: str, path: str) -> tuple[Any, int]:
+        """The data routes' JSON and status (the caller holds the token)."""
+        if method == "GET" and path == "/api/overview":
+            return self.overview(), 200
+        if method == "GET" and path == "/api/dlq":
+            return self.letters(), 200
+        batch_id = path.removeprefix("/api/batches/").removesuffix("/retry")
+        if method == "POST" and path == f"/api/batches/{batch_id}/retry":
+            return self.retry_batch(batch_id)
         queue = path.removeprefix("/api/dlq/").removesuffix("/redrive")
-        if request.method == "POST" and path == f"/api/dlq/{queue}/redrive" and queue in QUEUE_NAMES:
-            done = await run_in_threadpool(self._dead_letters.redrive, queue)
-            return JSONResponse(done.model_dump(mode="json"))
-        return JSONResponse({"message": "Not Found"}, 404)
+        if method == "POST" and path == f"/api/dlq/{queue}/redrive" and queue in QUEUE_NAMES:
+            return self._dead_letters.redrive(queue).model_dump(mode="json"), 200
+        return {"message": "Not Found"}, 404
 
     def around(self, api: ASGIApp) -> ASGIApp:
         """The API as it was, with /console in front of it."""

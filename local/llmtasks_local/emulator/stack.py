@@ -26,7 +26,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from starlette.types import ASGIApp
 
 from llmtasks.aws.apikeys import ApiKeys
+from llmtasks.aws.batch_store import BatchStore
+from llmtasks.aws.queues import Queue
+from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
+from llmtasks.services.batches import BatchService
+from llmtasks.settings import SubmitSettings
 from llmtasks_local.emulator import hot_reload
 from llmtasks_local.emulator.console import Console
 from llmtasks_local.emulator.gateway import HttpGateway
@@ -55,7 +60,7 @@ from llmtasks_local.emulator.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks_local.ops.deadletters import DeadLetters
 from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.sam.function_spec import FunctionSpec, StreamSource
-from llmtasks_local.sam.provision import LocalResources, provision, provision_alarms
+from llmtasks_local.sam.provision import LocalResources, local_name, provision, provision_alarms
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS, Template
 from llmtasks_local.tool_errors import ToolError
 
@@ -497,13 +502,22 @@ class LocalStack:
     def _console(self, cloudwatch: CloudWatchClient) -> Console:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
         deployment = Deployment.local(sqs)
-        dead_letters = DeadLetters(deployment, store=TaskStore(deployment.tasks_table, dynamodb), sqs=sqs)
+        store = TaskStore(deployment.tasks_table, dynamodb)
+        dead_letters = DeadLetters(deployment, store=store, sqs=sqs)
+        batches = BatchService(
+            SubmitSettings(),
+            store,
+            BatchStore(deployment.tasks_table, dynamodb),
+            Queue(deployment.queue_urls["fanout"], sqs),
+            results=ResultBlobs(local_name("ResultsBucket")),
+        )
         return Console(
             dynamodb,
             sqs,
             deployment,
             dead_letters,
             cloudwatch=cloudwatch,
+            batches=batches,
             token=self.console_token,
         )
 

@@ -203,7 +203,10 @@ def overview(
     stored = scan_batches(dynamodb, deployment.tasks_table, _BATCH_FIELDS, limit=MAX_ITEMS)
     newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
     views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
-    batches = [{**view.model_dump(mode="json"), "finished": view.finished} for view in views]
+    batches = [
+        {**view.model_dump(mode="json"), "finished": view.finished, "ended": view.status.is_terminal}
+        for view in views
+    ]
     view = {
         "generated_at": now,
         "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},
