@@ -326,3 +326,11 @@ def test_make_names_a_python_too_old_or_missing(tmp_path: Path) -> None:
         assert lines[0].startswith("Error: llmtasks needs Python 3.11 or newer"), done.stderr
         assert "PYTHON=" in lines[0]
         assert not venv.exists()
+
+
+@pytest.mark.parametrize("amount", ["-1", "lots", "nan"])
+def test_a_budget_that_is_not_a_non_negative_amount_is_refused_before_any_key_is_made(amount: str) -> None:
+    # The endpoint does not answer: a refusal that reached it would say so instead
+    closed = f"http://127.0.0.1:{free_port()}"
+    done = llmtasks("keys", "create", "--tenant", "t", "--budget-usd-month", amount, "--endpoint-url", closed)
+    said(done, USAGE, "--budget-usd-month")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -157,6 +158,13 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
         click.echo(line + "  (last 15 minutes)")
 
 
+def _finite(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    """An amount of USD: FloatRange lets NaN through (it compares with nothing)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not an amount")
+    return value
+
+
 @click.group()
 def keys() -> None:
     """API keys: each maps to a tenant; only their SHA-256 is stored."""
@@ -186,12 +194,14 @@ def keys() -> None:
 @click.option(
     "--budget-usd-day",
     type=click.FloatRange(min=0, max=1e9),
+    callback=_finite,
     default=None,
     help="What its tasks may cost a UTC day, in USD: submits past it get 429 [default: no budget].",
 )
 @click.option(
     "--budget-usd-month",
     type=click.FloatRange(min=0, max=1e9),
+    callback=_finite,
     default=None,
     help="What its tasks may cost a UTC month, in USD [default: no budget].",
 )
