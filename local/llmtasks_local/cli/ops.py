@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -165,6 +166,19 @@ def _finite(_ctx: click.Context, _param: click.Parameter, value: float | None) -
     return value
 
 
+FC = TypeVar("FC", bound=Callable[..., object])
+
+
+def _budget_option(period: str) -> Callable[[FC], FC]:
+    return click.option(
+        f"--budget-usd-{period}",
+        type=click.FloatRange(min=0, max=1e9),
+        callback=_finite,
+        default=None,
+        help=f"What its tasks may cost a UTC {period}, in USD; submits past it get 429 [default: no budget].",
+    )
+
+
 @click.group()
 def keys() -> None:
     """API keys: each maps to a tenant; only their SHA-256 is stored."""
@@ -191,20 +205,8 @@ def keys() -> None:
     default=None,
     help="Its tasks whose LLM calls may run at once; the rest wait queued [default: TenantMaxRunning].",
 )
-@click.option(
-    "--budget-usd-day",
-    type=click.FloatRange(min=0, max=1e9),
-    callback=_finite,
-    default=None,
-    help="What its tasks may cost a UTC day, in USD: submits past it get 429 [default: no budget].",
-)
-@click.option(
-    "--budget-usd-month",
-    type=click.FloatRange(min=0, max=1e9),
-    callback=_finite,
-    default=None,
-    help="What its tasks may cost a UTC month, in USD [default: no budget].",
-)
+@_budget_option("day")
+@_budget_option("month")
 @targeted
 def keys_create(
     tenant: str,
