@@ -243,6 +243,8 @@ def test_usage_is_summed_by_day_by_model_and_by_key_from_the_daily_counters(aws:
         "group_by=week",
         "from=2026-13-01",
         "from=yesterday",
+        "to=0",
+        "to=20261201",
         "from=2026-02-02&to=2026-02-01",
         "from=2024-01-01&to=2026-01-01",
     ],

@@ -7,7 +7,6 @@ context, put there by the handler, so tests hand in one built on moto.
 
 from __future__ import annotations
 
-from datetime import date
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
@@ -51,7 +50,7 @@ from llmtasks.domain.models import (
     WebhookReplay,
 )
 from llmtasks.domain.output import TaskOutputPage
-from llmtasks.domain.usage import BatchSpend, GroupBy, UsageReport
+from llmtasks.domain.usage import BatchSpend, Day, GroupBy, UsageReport
 from llmtasks.observability import trace_header
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -552,11 +551,11 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     )
     def get_usage(
         from_: Annotated[
-            date | None,
+            Day | None,
             Query(alias="from", description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent"),
         ] = None,
         to: Annotated[
-            date | None, Query(description="The last UTC day (YYYY-MM-DD), included; today if absent")
+            Day | None, Query(description="The last UTC day (YYYY-MM-DD), included; today if absent")
         ] = None,
         group_by: Annotated[GroupBy, Query(description="One row a day, a model or an API key")] = "day",
     ) -> Response[UsageReport]:

@@ -64,9 +64,7 @@ def _entries(fields: dict[str, Any]) -> list[Entry]:
         if name.startswith("t_"):
             amount, before, day, month, at = str(value).split("|")
             task_id = name[2:].split("_r", 1)[0]
-            found.append(
-                Entry(name, task_id, Decimal(str(amount)), Decimal(str(before)), day, month, float(at))
-            )
+            found.append(Entry(name, task_id, Decimal(amount), Decimal(before), day, month, float(at)))
     return found
 
 
@@ -91,13 +89,12 @@ class KeyBudgets:
         the key's budget; BudgetExhausted when it does not fit. Reserving what is reserved
         already (a repeated fan-out, a redelivery) changes nothing."""
         name = f"t_{task_id}" if attempt == 0 else f"t_{task_id}_r{attempt}"
+        billed_before = self._billed_before(task_id, attempt)
         for _ in range(RESERVE_ATTEMPTS):
             now = self._clock()
             periods = Periods.at(now)
             try:
-                self._add(
-                    key_id, budget, name, amount, now, billed_before=self._billed_before(task_id, attempt)
-                )
+                self._add(key_id, budget, name, amount, now, billed_before=billed_before)
                 return
             except CounterRefused as refused:
                 fields = deserialize(refused.item) if refused.item else {}

@@ -6,15 +6,28 @@ sums per tenant and UTC day, and per batch), so a report reads a few counters, n
 
 from __future__ import annotations
 
+import re
 from datetime import date, timedelta
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from llmtasks.domain.models import Usage
 
 GroupBy = Literal["day", "model", "key"]
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_day(value: Any) -> Any:
+    """A day as the document writes one, YYYY-MM-DD (pydantic's lax dates would take `0`, a
+    Unix time, and `20261201`)."""
+    if not isinstance(value, str | date) or (isinstance(value, str) and not _ISO_DAY.fullmatch(value)):
+        raise ValueError("must be a date, YYYY-MM-DD")
+    return value
+
+
+Day = Annotated[date, BeforeValidator(_iso_day)]
 # A report's longest span: a year of daily counters, four BatchGetItem calls.
 MAX_REPORT_DAYS = 366
 DEFAULT_REPORT_DAYS = 30
