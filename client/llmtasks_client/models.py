@@ -32,6 +32,8 @@ class TaskStatus(StrEnum):
 
 
 class BatchStatus(StrEnum):
+    VALIDATING = "validating"  # its input file is being read
+    FAILED = "failed"  # its input file was refused whole (errors say why)
     PENDING = "pending"
     PROCESSING = "processing"
     COMPLETED = "completed"
@@ -41,7 +43,12 @@ class BatchStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.CANCELLED)
+        return self in (
+            BatchStatus.COMPLETED,
+            BatchStatus.COMPLETED_WITH_ERRORS,
+            BatchStatus.CANCELLED,
+            BatchStatus.FAILED,
+        )
 
 
 class Usage(_Reply):
@@ -145,6 +152,9 @@ class BatchView(_Reply):
     retries: int = 0  # times its failed or cancelled items were run again (retry_batch)
     events: int = 0  # its last event's number: follow_batch(after=events) reads on from this read
     usage: Usage | None = None  # its items' billed calls, summed
+    input_file_id: str | None = None  # a batch made from an uploaded file
+    refused_lines: int = 0  # that file's lines that are not items (GET /batches/{id}/refused)
+    errors: list[str] | None = None  # why the whole file was refused (status failed)
 
     def after(self, event: BatchEvent) -> BatchView:
         """The batch as `event` left it (its counts; processing once an item has started)."""

@@ -191,18 +191,11 @@ class Prices(SettingsSection):
         return value
 
 
-class SubmitSettings(ModelDefault, WebhookTargets, Prices):
-    """The API's submits and reads (TaskService, BatchService): SubmitFunction, StatusFunction."""
+class ItemLimits(SettingsSection):
+    """How large a task body may be: checked at submit, and for a batch's file as it is read."""
 
-    # How long an Idempotency-Key's record lasts (SubmitFunction).
-    idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
-    task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
     max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
-    # Items a fan-out message creates (or cancels): one BatchFunction invocation's work.
-    batch_chunk_size: int = Field(default=100, ge=1, le=1000)
-    # After a rotation, the previous secret still signs (beside the new one) this long.
-    webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
 
     @property
     def size_limits(self) -> SizeLimits:
@@ -210,7 +203,19 @@ class SubmitSettings(ModelDefault, WebhookTargets, Prices):
         return SizeLimits(max_prompt_bytes=self.max_prompt_bytes, max_metadata_bytes=self.max_metadata_bytes)
 
 
-class FanoutSettings(ModelDefault, SubmitGrace, Prices):
+class SubmitSettings(ModelDefault, WebhookTargets, Prices, ItemLimits):
+    """The API's submits and reads (TaskService, BatchService): SubmitFunction, StatusFunction."""
+
+    # How long an Idempotency-Key's record lasts (SubmitFunction).
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=60)
+    task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+    # Items a fan-out message creates (or cancels): one BatchFunction invocation's work.
+    batch_chunk_size: int = Field(default=100, ge=1, le=1000)
+    # After a rotation, the previous secret still signs (beside the new one) this long.
+    webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
+
+
+class FanoutSettings(ModelDefault, SubmitGrace, Prices, ItemLimits):
     """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
 
 

@@ -404,3 +404,47 @@ def unreadable_records(stack: RunningStack, key: str) -> set[str]:
             assert found, line
             numbers.add(found[1])
     return numbers
+
+
+def test_a_file_over_lambda_s_6_mb_is_uploaded_around_the_api_and_runs_with_its_refused_lines_named(
+    batch_stack: RunningStack,
+) -> None:
+    # 35 items of ~190 KB: a 6.7 MB file, which no request through the gateway could carry.
+    items = [{"prompt": f"big {i} " + "x" * 190_000, "custom_id": f"big-{i}"} for i in range(35)]
+    lines = [json.dumps(item).encode() for item in items]
+    lines.insert(7, b"{not json")
+    data = b"\n".join(lines) + b"\n"
+    assert len(data) > 6_291_456
+    with batch_stack.client() as client:
+        too_big = client.post("/batches", json={"items": items})
+        assert too_big.status_code == 413, too_big.text  # the gateway's own limit, as in AWS
+        upload = client.post("/batches/uploads")
+        assert upload.status_code == 201, upload.text
+        put = httpx.put(upload.json()["upload_url"], content=data, timeout=60)  # straight to S3
+        assert put.status_code == 200, put.text
+        file_id = upload.json()["file_id"]
+        thief_key = batch_stack.cli("keys", "create", "--tenant", "file-thief").strip()
+        with batch_stack.client(thief_key) as thief:
+            stolen = thief.post("/batches", json={"input_file_id": file_id})
+            assert stolen.status_code == 404, stolen.text
+
+        accepted = client.post("/batches", json={"input_file_id": file_id})
+        assert accepted.status_code == 202, accepted.text
+        assert accepted.json()["status"] == "validating"
+        batch_id = accepted.json()["batch_id"]
+        done = eventually(
+            lambda: client.get(f"/batches/{batch_id}").json(),
+            lambda seen: seen["status"] in ENDED,
+            timeout_s=HANG_S,
+            every_s=1,
+            what=f"batch {batch_id} ended",
+        )
+        assert (done["status"], done["total"], done["completed"]) == ("completed", 35, 35)
+        assert done["refused_lines"] == 1
+        refused = client.get(f"/batches/{batch_id}/refused")
+        assert refused.status_code == 200, refused.text
+        [line] = [json.loads(text) for text in refused.text.splitlines()]
+        assert (line["line"], line["error"]) == (8, "not JSON")
+        results = client.get(f"/batches/{batch_id}/results", params={"limit": 5}).json()["data"]
+        assert [row["custom_id"] for row in results] == [f"big-{i}" for i in range(5)]
+        assert results[3]["result"] == reply_text(items[3]["prompt"])

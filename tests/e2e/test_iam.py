@@ -50,6 +50,9 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
         " it handled; whether this workload's few tasks meet a refilling invocation is timing"
     ),
     ("BatchFunction", "sqs:ChangeMessageVisibility", "*"): "a fan-out chunk whose batch is not stored yet",
+    ("BatchFunction", "dynamodb:GetItem", "llmtasks-local-LimitsTable"): (
+        "a batch file's items that do not fit its key's max_in_flight once read"
+    ),
 }
 # What the SAM policy template used here expands to (SAM's policy_templates.json).
 SAM_POLICY_TEMPLATES = {

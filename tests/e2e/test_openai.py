@@ -186,7 +186,7 @@ def test_a_batch_of_200_requests_runs_to_completed_with_every_custom_id_once_in_
         completion_window="24h",
         metadata={"run": "7"},
     )
-    assert created.status == "in_progress"
+    assert created.status == "validating"  # its file is read in the background
     done = batch_ended(client, created)
 
     assert done.status == "completed"
@@ -272,6 +272,14 @@ def test_a_cancelled_batch_ends_cancelled_with_its_unrun_requests_in_the_error_f
     )
     created = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    # Cancelled once its file is read (cancelled while validating, it would end with no request)
+    eventually(
+        lambda: client.batches.retrieve(created.id),
+        lambda seen: seen.status == "in_progress",
+        timeout_s=60,
+        every_s=0.5,
+        what=f"{created.id} in progress",
     )
 
     client.batches.cancel(created.id)

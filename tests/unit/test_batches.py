@@ -14,18 +14,20 @@ import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 from botocore.exceptions import ClientError
 
+from llmtasks.api.openai_batches import ENDPOINTS, line_parser
 from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.aws.task_items import task_change
-from llmtasks.domain.batches import Batch, BatchStatus
+from llmtasks.domain.batches import MAX_BATCH_ITEMS, Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
 from llmtasks.domain.messages import FanoutMessage, WebhookMessage
 from llmtasks.domain.models import TaskStatus
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.records import sqs_record
+from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.services.batches import BatchService, batch_task_id
 from llmtasks.services.webhooks import WebhookRelay
@@ -75,7 +77,20 @@ class Rig:
         )
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
         self.lanes = task_lanes(settings, aws.sqs)
-        self.fanout = BatchFanout(settings, self.store, self.batches, self.lanes, results=blobs(settings))
+        self.fanout = BatchFanout(
+            settings,
+            self.store,
+            self.batches,
+            self.lanes,
+            results=blobs(settings),
+            inputs=BatchInputReader(
+                settings,
+                self.batches,
+                blobs(settings),
+                self.fanout_queue,
+                parsers={endpoint: line_parser(endpoint) for endpoint in ENDPOINTS},
+            ),
+        )
         self.progress = BatchProgress(self.batches)
         self.worker_fn, self.worker_ctx = handler("WorkerFunction")
         self.webhook_fn, self.webhook_ctx = handler("WebhookFunction")
@@ -725,7 +740,10 @@ def test_a_submit_retried_after_its_key_record_lapsed_finds_the_batch_it_began(r
     ("body", "status", "field"),
     [
         ({"items": []}, 422, "items"),
-        ({"items": [{"prompt": "a"}] * 10_001}, 422, "items"),
+        ({"items": [{"prompt": "a"}] * (MAX_BATCH_ITEMS + 1)}, 422, "items"),
+        ({"items": [{"prompt": "a"}], "input_file_id": "file-" + "0" * 32}, 422, "body"),
+        ({"input_file_id": "file-nope"}, 422, "input_file_id"),
+        ({"input_file_id": "file-" + "0" * 32}, 404, None),
         ({"items": [{"prompt": "a", "webhook_url": "https://x.example"}]}, 422, "items.0.webhook_url"),
         ({"items": [{"prompt": "a", "custom_id": "d"}, {"prompt": "b", "custom_id": "d"}]}, 422, "items"),
         ({"items": [{"messages": []}]}, 422, "items.0.messages"),

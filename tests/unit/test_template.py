@@ -179,9 +179,15 @@ def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
     # The local bucket carries the template's lifecycle rule.
     bucket = aws.resources.bucket_names["ResultsBucket"]
     rules = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
-    # Large results, and batch manifests (a batch's items until they are fanned out).
-    assert {rule["Filter"].get("Prefix", rule.get("Prefix")) for rule in rules} == {"results/", "batches/"}
-    assert {rule["Expiration"]["Days"] for rule in rules} == {int(parameters["ResultRetentionDays"])}
+    # Large results, batch manifests (a batch's items until they are fanned out), files (uploads,
+    # outputs) expire; the parts of a file written in parts that never completed are dropped.
+    expiring = {rule["Filter"].get("Prefix", rule.get("Prefix")) for rule in rules if "Expiration" in rule}
+    assert expiring == {"results/", "batches/", "files/"}
+    assert {rule["Expiration"]["Days"] for rule in rules if "Expiration" in rule} == {
+        int(parameters["ResultRetentionDays"])
+    }
+    [unfinished] = [rule for rule in rules if "AbortIncompleteMultipartUpload" in rule]
+    assert unfinished["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
 
 
 def test_alarms_watch_the_dlqs_the_backlog_and_the_failed_task_rate(aws: Aws) -> None:

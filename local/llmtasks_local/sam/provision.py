@@ -168,22 +168,21 @@ def _create_bucket(
         if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
             raise
     rules = (props.get("LifecycleConfiguration") or {}).get("Rules") or []
-    if rules:
-        s3.put_bucket_lifecycle_configuration(
-            Bucket=name,
-            LifecycleConfiguration={
-                "Rules": [
-                    {
-                        "ID": rule.get("Id", f"rule-{i}"),
-                        "Status": rule["Status"],
-                        "Filter": {"Prefix": rule.get("Prefix", "")},
-                        "Expiration": {"Days": int(rule["ExpirationInDays"])},
-                    }
-                    for i, rule in enumerate(rules)
-                    if "ExpirationInDays" in rule
-                ]
-            },
-        )
+    # The rules S3 itself applies: expiry by prefix, and unfinished multipart uploads aborted.
+    actions = ("ExpirationInDays", "AbortIncompleteMultipartUpload")
+    applied: list[Any] = [
+        {
+            "ID": rule.get("Id", f"rule-{i}"),
+            "Status": rule["Status"],
+            "Filter": {"Prefix": rule.get("Prefix", "")},
+            **({"Expiration": {"Days": int(rule["ExpirationInDays"])}} if "ExpirationInDays" in rule else {}),
+            **{name: rule[name] for name in actions[1:] if name in rule},
+        }
+        for i, rule in enumerate(rules)
+        if any(name in rule for name in actions)
+    ]
+    if applied:
+        s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": applied})
     resources.bucket_names[logical_id] = name
     resources.refs[logical_id] = name
     resources.attributes[(logical_id, "Arn")] = f"arn:aws:s3:::{name}"

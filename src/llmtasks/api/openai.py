@@ -22,6 +22,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
+from llmtasks.api.files import file_reply
 from llmtasks.api.openai_requests import CreateBatch, CreateResponse
 from llmtasks.api.openai_responses import response_object, segment
 from llmtasks.domain.errors import ApiError, TaskNotFound, Unauthorized
@@ -140,6 +141,7 @@ _CONTENT: dict[int, OpenAPIResponse] = {
         "description": "The file's bytes, as uploaded or written",
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     },
+    307: {"description": "Over 4 MiB: a presigned URL to the same bytes (Location)"},
 }
 
 
@@ -253,14 +255,10 @@ def add_queries(
 
     @get("/v1/files/<file_id>/content", "OpenAI: a file's content", _CONTENT)
     def file_content(file_id: str) -> Response[Any]:
-        data = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
-        # The bytes, whatever they hold, base64-encoded for API Gateway (as Powertools would do
-        # with a bytes body, had its response validation not read the body as UTF-8 first).
-        reply: Response[Any] = Response(
-            status_code=200, content_type="application/octet-stream", body=base64.b64encode(data).decode()
-        )
-        reply.base64_encoded = True
-        return reply
+        # A file over 4 MiB (a batch's output of any size) is a redirect to a presigned GET,
+        # which the openai SDK follows: files.content() reads it unchanged.
+        data, link = _openai_batches(app, batches_of).content(tenant_of(app), file_id)
+        return file_reply(data, link, content_type="application/octet-stream")
 
     @get("/v1/batches/<batch_id>", "OpenAI: a batch's status, counts and files")
     def retrieve_batch(batch_id: str) -> Response[Any]:

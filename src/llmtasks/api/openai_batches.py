@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import functools
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from llmtasks.api.openai_requests import CreateBatch, CreateResponse, Endpoint, InputMessage
+from llmtasks.domain.batch_input import LineParser, first_error
 from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, StoredFile, SubmitBatchRequest
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
@@ -31,6 +34,8 @@ ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB
 RESULTS_PAGE = 1000
 _STATUSES = {
+    BatchStatus.VALIDATING: "validating",
+    BatchStatus.FAILED: "failed",
     BatchStatus.PENDING: "in_progress",
     BatchStatus.PROCESSING: "in_progress",
     BatchStatus.COMPLETED: "completed",
@@ -78,7 +83,7 @@ def multipart_fields(content_type: str, body: bytes) -> dict[str, tuple[str | No
     return fields
 
 
-def _line_item(line: dict[str, Any], endpoint: str) -> BatchItem:
+def _line_item(line: Any, endpoint: str) -> BatchItem:
     """One input line as a batch item; ValueError says why it cannot be served."""
     if not isinstance(line, dict):
         raise ValueError("a line must be a JSON object")
@@ -101,16 +106,13 @@ def _line_item(line: dict[str, Any], endpoint: str) -> BatchItem:
         return _chat_item(custom_id, body)
     except (ValidationError, InvalidInput) as invalid:
         raise ValueError(
-            str(invalid).splitlines()[0] if isinstance(invalid, InvalidInput) else _first_error(invalid)
+            str(invalid).splitlines()[0] if isinstance(invalid, InvalidInput) else first_error(invalid)
         ) from invalid
 
 
-def _first_error(invalid: ValidationError) -> str:
-    first = invalid.errors()[0]
-    field = ".".join(str(part) for part in first.get("loc", ()))
-    if first.get("type") == "extra_forbidden":
-        return f"unsupported parameter '{field}'"
-    return f"invalid '{field}': {first.get('msg')}"
+def line_parser(endpoint: str) -> LineParser:
+    """How a batch's input file of OpenAI request lines for `endpoint` is read (BatchFunction)."""
+    return functools.partial(_line_item, endpoint=endpoint)
 
 
 def _chat_item(custom_id: str, body: dict[str, Any]) -> BatchItem:
@@ -162,76 +164,41 @@ class OpenAIBatches:
     def file(self, tenant_id: str, file_id: str) -> dict[str, Any]:
         return file_object(self._file(tenant_id, file_id))
 
-    def content(self, tenant_id: str, file_id: str) -> bytes:
+    def content(self, tenant_id: str, file_id: str) -> tuple[bytes | None, str | None]:
+        """The file's bytes, or a presigned URL to them when too large for a reply."""
         self._file(tenant_id, file_id)
-        return self._batches.file_content(tenant_id, file_id)
+        return self._batches.file_or_link(tenant_id, file_id)
 
     # --- batches ---
 
     def create(self, caller: Caller, body: CreateBatch, *, idempotency_key: str | None) -> dict[str, Any]:
+        """A native batch made from the file: `validating` while BatchFunction reads its lines
+        (in one streaming pass, whatever its size); the lines it cannot serve go to the error
+        file with their line numbers."""
         tenant_id = caller.tenant_id
-        endpoint, input_file_id = body.endpoint, body.input_file_id
-        if self._batches.file(tenant_id, input_file_id) is None:
-            raise InvalidInput(f"No file found with id '{input_file_id[:80]}'.", field="input_file_id")
-        items, invalid = self._read_lines(self._batches.file_content(tenant_id, input_file_id), endpoint)
-        if not items:
-            raise InvalidInput(
-                "no line of the input file can be served; see each line's format", field="input_file_id"
-            )
+        if self._batches.file(tenant_id, body.input_file_id) is None:
+            raise InvalidInput(f"No file found with id '{body.input_file_id[:80]}'.", field="input_file_id")
         described = {
             "openai": {
-                "endpoint": endpoint,
-                "input_file_id": input_file_id,
+                "endpoint": body.endpoint,
+                "input_file_id": body.input_file_id,
                 "metadata": body.metadata,
-                "invalid": len(invalid),
             }
         }
         webhook_url = body.webhook_url
         try:
             request = SubmitBatchRequest(
-                items=items,
+                input_file_id=body.input_file_id,
                 metadata=described,
                 webhook_url=webhook_url,
                 webhook_format="openai" if webhook_url else None,
             )
         except ValidationError as refused:
-            raise InvalidInput(_first_error(refused), field=str(refused.errors()[0]["loc"][0])) from None
-        submission = self._batches.submit(tenant_id, request, idempotency_key=idempotency_key, caller=caller)
-        batch = submission.batch
-        if invalid and not submission.replayed:
-            lines = b"".join(json.dumps(line).encode() + b"\n" for line in invalid)
-            self._batches.put_file(
-                tenant_id,
-                _file_id(batch.batch_id, "invalid"),
-                lines,
-                filename="invalid.jsonl",
-                purpose="batch_output",
-            )
-        return self._batch_object(batch)
-
-    @staticmethod
-    def _read_lines(data: bytes, endpoint: str) -> tuple[list[BatchItem], list[dict[str, Any]]]:
-        items: list[BatchItem] = []
-        invalid: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for number, raw in enumerate(data.splitlines(), start=1):
-            if not raw.strip():
-                continue
-            line: Any = None
-            try:
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    raise ValueError("not a JSON object") from None
-                item = _line_item(line, endpoint)
-                if item.custom_id in seen:
-                    raise ValueError(f"custom_id '{item.custom_id}' is used twice")
-                seen.add(str(item.custom_id))
-                items.append(item)
-            except ValueError as why:
-                custom_id = line.get("custom_id") if isinstance(line, dict) else None
-                invalid.append(_error_line(custom_id, "invalid_request", f"line {number}: {why}"))
-        return items, invalid
+            raise InvalidInput(first_error(refused), field=str(refused.errors()[0]["loc"][0])) from None
+        submission = self._batches.submit(
+            tenant_id, request, idempotency_key=idempotency_key, caller=caller, input_format=body.endpoint
+        )
+        return self._batch_object(submission.batch)
 
     def retrieve(self, tenant_id: str, openai_id: str) -> dict[str, Any]:
         return self._batch_object(self._batch(tenant_id, openai_id), finalize=True)
@@ -255,29 +222,37 @@ class OpenAIBatches:
 
     def _batch_object(self, batch: Batch, *, finalize: bool = False) -> dict[str, Any]:
         described = (batch.metadata or {})["openai"]
-        invalid = int(described.get("invalid", 0))
+        # Lines it could not serve: counted as the file was read (older batches: at create).
+        invalid = batch.input.refused if batch.input is not None else int(described.get("invalid", 0))
         output_file_id = error_file_id = None
         if finalize and batch.status.is_terminal:
             output_file_id, error_file_id = self._files_of(batch, invalid)
         created = int(batch.created_at)
         ended = int(batch.completed_at) if batch.completed_at else None
         status = _STATUSES[batch.status]
+        errors = batch.input.errors if batch.input is not None else None
         return {
             "id": BATCH_ID_PREFIX + batch.batch_id,
             "object": "batch",
             "endpoint": described["endpoint"],
-            "errors": None,
+            "errors": errors
+            and {
+                "object": "list",
+                "data": [
+                    {"code": "invalid_file", "message": error, "param": "input_file_id"} for error in errors
+                ],
+            },
             "input_file_id": described["input_file_id"],
             "completion_window": "24h",
             "status": status,
             "output_file_id": output_file_id,
             "error_file_id": error_file_id,
             "created_at": created,
-            "in_progress_at": created,
+            "in_progress_at": None if status in ("validating", "failed") else created,
             "expires_at": created + 24 * 3600,
             "finalizing_at": ended if status == "completed" else None,
             "completed_at": ended if status == "completed" else None,
-            "failed_at": None,
+            "failed_at": ended if status == "failed" else None,
             "expired_at": None,
             "cancelling_at": None,
             "cancelled_at": ended if status == "cancelled" else None,
@@ -290,51 +265,78 @@ class OpenAIBatches:
         }
 
     def _files_of(self, batch: Batch, invalid: int) -> tuple[str | None, str | None]:
-        """The ended batch's output and error files, written on the first read that needs them;
-        a retried batch's end has files of its own (its items' latest outcomes)."""
+        """The ended batch's output and error files, written on the first read that needs them,
+        a page of results at a time (neither is ever whole in memory); a retried batch's end
+        has files of its own (its items' latest outcomes). A failed batch (its file refused
+        whole) has no output, only the refused lines."""
         tenant = batch.tenant_id
         ending = f"-retry{batch.retries}" if batch.retries else ""
         output_id = _file_id(batch.batch_id, "output" + ending)
         error_id = _file_id(batch.batch_id, "errors" + ending)
-        if self._batches.file(tenant, output_id) is None:
+        failed = batch.status is BatchStatus.FAILED
+        # The file written last says both were: the output, or a failed batch's errors.
+        if self._batches.file(tenant, error_id if failed else output_id) is None:
             endpoint = (batch.metadata or {})["openai"]["endpoint"]
-            outputs: list[bytes] = []
-            errors: list[bytes] = []
-            if invalid:
-                errors.append(self._batches.file_content(tenant, _file_id(batch.batch_id, "invalid")))
-            for row in self._rows(batch):
-                if row.status is TaskStatus.COMPLETED:
-                    outputs.append(_json_line(_output_line(row, endpoint, batch)))
-                else:
+            outputs = self._batches.open_file(
+                tenant, output_id, filename="output.jsonl", purpose="batch_output"
+            )
+            errors = self._batches.open_file(
+                tenant, error_id, filename="errors.jsonl", purpose="batch_output"
+            )
+            try:
+                for line in self._invalid_lines(batch, invalid):
+                    errors.write(line)
+                for row in self._rows(batch):
+                    if row.status is TaskStatus.COMPLETED:
+                        outputs.write(_json_line(_output_line(row, endpoint, batch)))
+                        continue
                     code = (
                         "batch_cancelled"
                         if row.status is TaskStatus.CANCELLED
                         else (row.error_code or "server_error")
                     )
-                    errors.append(
+                    errors.write(
                         _json_line(_error_line(row.custom_id, code, row.error or "The request was not run."))
                     )
-            if errors:
-                self._batches.put_file(
-                    tenant, error_id, b"".join(errors), filename="errors.jsonl", purpose="batch_output"
-                )
-            # The output file last: its presence says both were written.
-            self._batches.put_file(
-                tenant, output_id, b"".join(outputs), filename="output.jsonl", purpose="batch_output"
-            )
+                if errors.size:
+                    errors.close()
+                else:
+                    errors.abort()
+            except BaseException:
+                outputs.abort()
+                errors.abort()
+                raise
+            if failed:
+                outputs.abort()
+            else:
+                outputs.close()
         has_errors = self._batches.file(tenant, error_id) is not None
-        return output_id, error_id if has_errors else None
+        return (None if failed else output_id), error_id if has_errors else None
 
-    def _rows(self, batch: Batch) -> list[BatchResult]:
-        rows: list[BatchResult] = []
+    def _invalid_lines(self, batch: Batch, invalid: int) -> Iterator[bytes]:
+        """The input's lines that were not served, as error lines: read from the batch's refused
+        lines (by line number), or from an older batch's invalid file."""
+        if not invalid:
+            return
+        if batch.input is None:
+            yield self._batches.file_content(batch.tenant_id, _file_id(batch.batch_id, "invalid"))
+            return
+        for refused in self._batches.refused(batch):
+            yield _json_line(
+                _error_line(refused.custom_id, "invalid_request", f"line {refused.line}: {refused.error}")
+            )
+
+    def _rows(self, batch: Batch) -> Iterator[BatchResult]:
+        if batch.status is BatchStatus.FAILED:
+            return
         cursor = None
         while True:
             page, cursor = self._batches.results(
                 batch.tenant_id, batch.batch_id, limit=RESULTS_PAGE, cursor=cursor
             )
-            rows += page
+            yield from page
             if cursor is None:
-                return rows
+                return
 
 
 def _file_id(batch_id: str, kind: str) -> str:

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from llmtasks import __version__
 from llmtasks.api import openai as openai_api
+from llmtasks.api.files import file_reply
 from llmtasks.api.problems import (
     openapi_problem,
 )
@@ -28,6 +29,7 @@ from llmtasks.domain.batches import (
     BatchAccepted,
     BatchEventPage,
     BatchResults,
+    BatchUpload,
     BatchView,
     RetryBatchRequest,
     SubmitBatchRequest,
@@ -230,16 +232,18 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     @app.post(
         "/batches",
         status_code=202,
-        summary="Submit a batch: up to 10,000 task bodies run as one job",
+        summary="Submit a batch: up to 100,000 task bodies run as one job (inline, or an uploaded file)",
         security=SECURITY,
         responses={
             **_AUTH,
             202: {"description": "Accepted", "content": {"application/json": {"model": BatchAccepted}}},
             400: openapi_problem("The body is not valid JSON"),
+            404: openapi_problem("No input file of this id (never uploaded, expired, or another tenant's)"),
             409: openapi_problem("A request with this Idempotency-Key is still being processed"),
-            413: openapi_problem("An item's prompt is over the size limit"),
+            413: openapi_problem("An item's prompt is over the size limit, or the input file over 256 MiB"),
             422: openapi_problem(
-                "An item or field is invalid, or the Idempotency-Key was used with another body"
+                "An item or field is invalid, the input file does not begin as JSON Lines, or the"
+                " Idempotency-Key was used with another body"
             ),
             503: openapi_problem("The batch could not be stored or queued"),
         },
@@ -254,6 +258,25 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         )
         batch = submission.batch
         return _accepted(BatchAccepted.of(batch), f"/batches/{batch.batch_id}", replayed=submission.replayed)
+
+    @app.post(
+        "/batches/uploads",
+        status_code=201,
+        summary="Where to upload a batch's input file (JSON Lines of items, up to 256 MiB)",
+        description="Answers a presigned URL: PUT the file there (its bytes go straight to storage,"
+        " never through the API, so no request limit applies), then POST /batches with"
+        " `input_file_id`. A URL never used expires and leaves nothing.",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            201: {
+                "description": "The upload's URL and file id",
+                "content": {"application/json": {"model": BatchUpload}},
+            },
+        },
+    )
+    def create_batch_upload() -> Response[BatchUpload]:
+        return _json(batches_of(app).create_upload(tenant_of(app)), 201)
 
     @app.post(
         "/batches/<batch_id>/cancel",
@@ -427,6 +450,26 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         batches = batches_of(app)
         batch = batches.get(tenant_of(app), batch_id)
         return _batch_reply(batch, batches.spend(batch.batch_id))
+
+    @app.get(
+        "/batches/<batch_id>/refused",
+        summary="The lines of a batch's input file that are not items, and why (JSON Lines)",
+        security=SECURITY,
+        responses={
+            **_AUTH,
+            200: {
+                "description": "One JSON line a refused line: `line` (from 1), `custom_id`, `error`",
+                "content": {"application/jsonl": {"schema": {"type": "string"}}},
+            },
+            307: {"description": "Over 4 MiB: a presigned URL to the same lines (Location)"},
+            404: openapi_problem(
+                "Unknown, expired or another tenant's batch; one not made from a file, or still read"
+            ),
+        },
+    )
+    def batch_refused_lines(batch_id: str) -> Response[Any]:
+        data, link = batches_of(app).refused_lines(tenant_of(app), batch_id)
+        return file_reply(data, link, content_type="application/jsonl")
 
     @app.get(
         "/batches/<batch_id>/events",

@@ -33,7 +33,15 @@ from llmtasks.aws.dynamo import (
 from llmtasks.aws.task_items import task_change, task_key
 from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import outcome_update
-from llmtasks.domain.batches import ITEM_COUNTS, Batch, BatchCounts, BatchEvent, BatchEventItem, BatchStatus
+from llmtasks.domain.batches import (
+    ITEM_COUNTS,
+    Batch,
+    BatchCounts,
+    BatchEvent,
+    BatchEventItem,
+    BatchInput,
+    BatchStatus,
+)
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task, TaskStatus, WebhookAttempt, WebhookStatus
 from llmtasks.domain.usage import BatchSpend
@@ -202,13 +210,50 @@ class BatchStore:
         return self._update(
             batch_id,
             update="SET #status = :cancelling, cancel_requested_at = :now",
-            condition=f"{_TENANT} = :tenant AND expires_at > :now AND #status = :pending",
+            condition=f"{_TENANT} = :tenant AND expires_at > :now AND #status IN (:pending, :validating)",
             values={
                 ":cancelling": BatchStatus.CANCELLING.value,
                 ":pending": BatchStatus.PENDING.value,
+                ":validating": BatchStatus.VALIDATING.value,
                 ":tenant": tenant_id,
                 ":now": now,
             },
+        )
+
+    def input_read(
+        self, batch_id: str, *, total: int, chunk_offsets: list[int], read: BatchInput
+    ) -> Batch | None:
+        """A batch whose input file was read: validating -> pending with every item counted; None
+        when it is no longer validating (a cancel came while the file was read)."""
+        return self._update(
+            batch_id,
+            update="SET #status = :pending, #total = :total, pending = :total, chunk_offsets = :offsets,"
+            " #input = :input",
+            condition="#status = :validating",
+            values={
+                ":pending": BatchStatus.PENDING.value,
+                ":validating": BatchStatus.VALIDATING.value,
+                ":total": total,
+                ":offsets": chunk_offsets,
+                ":input": read.model_dump(mode="json", exclude_none=True),
+            },
+            names={"#input": "input", "#total": "total"},
+        )
+
+    def input_refused(self, batch_id: str, *, read: BatchInput, now: float) -> Batch | None:
+        """A batch whose input file was refused whole (`read.errors` say why): validating ->
+        failed, with no item; None when it is no longer validating."""
+        return self._update(
+            batch_id,
+            update="SET #status = :failed, completed_at = :now, #input = :input",
+            condition="#status = :validating",
+            values={
+                ":failed": BatchStatus.FAILED.value,
+                ":validating": BatchStatus.VALIDATING.value,
+                ":now": now,
+                ":input": read.model_dump(mode="json", exclude_none=True),
+            },
+            names={"#input": "input"},
         )
 
     def finish(self, batch: Batch, *, now: float) -> Batch | None:

@@ -131,6 +131,32 @@ class KeyLimits:
             retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
         )
 
+    def reweigh(self, key_id: str, cap: int, work_id: str, *, weight: int) -> bool:
+        """A batch held at submit with a weight of 1 (its items unknown: a file not read yet) now
+        weighs its `weight` items; False when the key's max_in_flight (`cap`) has no room."""
+        for attempt in range(2):
+            try:
+                counter_update(
+                    self._client,
+                    self.table_name,
+                    f"flight#{key_id}",
+                    "SET #entry = :entry, #n = #n + :more",
+                    "attribute_exists(#entry) AND #n <= :room",
+                    {":entry": [weight, self._clock()], ":more": weight - 1, ":room": cap - (weight - 1)},
+                    names={"#entry": f"b_{work_id}"},
+                )
+                return True
+            except CounterRefused:
+                held = self.held(key_id)
+                mine = [h for h in held if (h.kind, h.work_id) == ("b", work_id)]
+                if not mine or mine[0].weight == weight:
+                    return True  # released already (ended), or weighed by an earlier read
+                if weight > cap:
+                    return False
+                if attempt == 0 and self._release_ended(key_id, held):
+                    continue
+        return False
+
     def held(self, key_id: str) -> list[Held]:
         with dynamodb_errors("LimitsTable read"):
             item = self._client.get_item(

@@ -6,7 +6,7 @@ do the OpenAI surface's files (a batch's input, output and error files), under t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING
 
 import boto3
@@ -15,9 +15,16 @@ from botocore.exceptions import BotoCoreError, ClientError
 from llmtasks.domain.batches import StoredFile
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task
+from llmtasks.observability import logger
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+
+def manifest_key(batch_id: str) -> str:
+    """Where a batch's items wait as JSON lines until they are fanned out."""
+    return f"batches/{batch_id}.jsonl"
 
 
 @contextmanager
@@ -62,7 +69,7 @@ class ResultBlobs:
 
     def put_manifest(self, batch_id: str, lines: list[bytes]) -> str:
         """Stores a batch's items, one JSON line each; returns the object's key."""
-        key = f"batches/{batch_id}.jsonl"
+        key = manifest_key(batch_id)
         with _s3("put"):
             self._client.put_object(
                 Bucket=self.bucket, Key=key, Body=b"".join(lines), ContentType="application/jsonl"
@@ -79,6 +86,57 @@ class ResultBlobs:
 
     def _file_key(self, tenant_id: str, file_id: str) -> str:
         return f"files/{tenant_id}/{file_id}"
+
+    def presign_upload(self, tenant_id: str, file_id: str, *, expires_s: int) -> str:
+        """A URL that PUTs the tenant's file (up to S3's 5 GB a PUT) straight into the bucket:
+        its bytes never pass through the API or a function."""
+        with _s3("presign"):
+            return self._client.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": self.bucket, "Key": self._file_key(tenant_id, file_id)},
+                ExpiresIn=expires_s,
+            )
+
+    def presign_download(self, tenant_id: str, file_id: str, *, expires_s: int, filename: str) -> str:
+        """A URL that GETs the tenant's file from the bucket, whatever its size."""
+        with _s3("presign"):
+            return self._client.generate_presigned_url(
+                "get_object",
+                Params={
+                    "Bucket": self.bucket,
+                    "Key": self._file_key(tenant_id, file_id),
+                    "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                },
+                ExpiresIn=expires_s,
+            )
+
+    def file_chunks(self, tenant_id: str, file_id: str, *, chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
+        """The tenant's file as it streams from S3, `chunk_bytes` at a time (never whole)."""
+        with _s3("get"):
+            body = self._client.get_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))["Body"]
+        with _s3("get"), closing(body):
+            yield from body.iter_chunks(chunk_bytes)
+
+    def file_head(self, tenant_id: str, file_id: str, size: int) -> bytes:
+        """The first `size` bytes of the tenant's file (one ranged GET)."""
+        with _s3("get"):
+            body = self._client.get_object(
+                Bucket=self.bucket, Key=self._file_key(tenant_id, file_id), Range=f"bytes=0-{size - 1}"
+            )
+            return body["Body"].read()
+
+    def file_writer(self, tenant_id: str, file_id: str, *, filename: str, purpose: str) -> ObjectWriter:
+        """A writer of the tenant's file, in parts as it grows (see ObjectWriter)."""
+        return ObjectWriter(
+            self._client,
+            self.bucket,
+            self._file_key(tenant_id, file_id),
+            metadata={"filename": filename, "purpose": purpose},
+        )
+
+    def manifest_writer(self, batch_id: str) -> ObjectWriter:
+        """A writer of a batch's manifest (the put_manifest of a batch read from a file)."""
+        return ObjectWriter(self._client, self.bucket, manifest_key(batch_id))
 
     def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
         with _s3("put"):
@@ -112,3 +170,83 @@ class ResultBlobs:
             return self._client.get_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))[
                 "Body"
             ].read()
+
+
+# S3's smallest part but the last (5 MiB); a writer sends a part each time this much is buffered.
+PART_BYTES = 8 * 1024 * 1024
+
+
+class ObjectWriter:
+    """An S3 object written as it grows: its bytes buffered up to PART_BYTES, then sent as one
+    part of a multipart upload, so writing a file of any size holds at most one part in memory.
+    A small object (one part's worth) is one PutObject; `abort` leaves nothing behind."""
+
+    def __init__(
+        self, client: S3Client, bucket: str, key: str, *, metadata: dict[str, str] | None = None
+    ) -> None:
+        self._client, self._bucket, self.key = client, bucket, key
+        self._metadata = metadata or {}
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[CompletedPartTypeDef] = []
+        self.size = 0  # bytes written so far
+
+    def write(self, data: bytes) -> None:
+        self._buffer += data
+        self.size += len(data)
+        if len(self._buffer) >= PART_BYTES:
+            self._send_part()
+
+    def _send_part(self) -> None:
+        with _s3("multipart upload"):
+            if self._upload_id is None:
+                self._upload_id = self._client.create_multipart_upload(
+                    Bucket=self._bucket,
+                    Key=self.key,
+                    ContentType="application/jsonl",
+                    Metadata=self._metadata,
+                )["UploadId"]
+            number = len(self._parts) + 1
+            sent = self._client.upload_part(
+                Bucket=self._bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=bytes(self._buffer),
+            )
+        self._parts.append({"PartNumber": number, "ETag": sent["ETag"]})
+        self._buffer.clear()
+
+    def close(self) -> None:
+        """Writes what is buffered and makes the object whole."""
+        if self._upload_id is None:
+            with _s3("put"):
+                self._client.put_object(
+                    Bucket=self._bucket,
+                    Key=self.key,
+                    Body=bytes(self._buffer),
+                    ContentType="application/jsonl",
+                    Metadata=self._metadata,
+                )
+            return
+        if self._buffer:
+            self._send_part()
+        with _s3("multipart upload"):
+            self._client.complete_multipart_upload(
+                Bucket=self._bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
+
+    def abort(self) -> None:
+        """Drops the parts sent so far, best effort: a part left behind is removed by the bucket's
+        lifecycle rule (abort-unfinished-uploads) a day later."""
+        if self._upload_id is not None:
+            try:
+                self._client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=self.key, UploadId=self._upload_id
+                )
+            except (BotoCoreError, ClientError) as exc:
+                logger.warning("multipart upload not aborted", key=self.key, error=str(exc))
+            self._upload_id = None

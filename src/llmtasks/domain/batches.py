@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from llmtasks.domain.budgets import Budget
-from llmtasks.domain.json_schema import alternatives, exactly_one_of
+from llmtasks.domain.json_schema import Ways, alternatives, exactly_one_of
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
     WEBHOOK_URL,
@@ -40,10 +40,20 @@ from llmtasks.domain.models import (
 )
 from llmtasks.domain.usage import BatchSpend
 
-MAX_BATCH_ITEMS = 10_000
+MAX_BATCH_ITEMS = 100_000
+# A batch's input file (POST /batches/uploads, then {"input_file_id": ...}): read in one
+# streaming pass by the fan-out, never whole; a line is one item's JSON.
+MAX_INPUT_FILE_BYTES = 256 * 1024 * 1024
+MAX_INPUT_LINE_BYTES = 1024 * 1024
+# Refused lines a batch keeps on its item (all of them are in its refused-lines file).
+REFUSED_SAMPLE = 20
+FILE_ID_PATTERN = r"^file-[0-9a-f]{32}$"
+ITEMS_OR_FILE: Ways = [{"items": True, "input_file_id": False}, {"items": False, "input_file_id": True}]
 
 
 class BatchStatus(StrEnum):
+    VALIDATING = "validating"  # its input file is being read (items not counted yet)
+    FAILED = "failed"  # its input file was refused whole (no line to serve, too many): see errors
     PENDING = "pending"  # no item has started yet
     PROCESSING = "processing"
     COMPLETED = "completed"  # every item completed
@@ -53,7 +63,12 @@ class BatchStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.CANCELLED)
+        return self in (
+            BatchStatus.COMPLETED,
+            BatchStatus.COMPLETED_WITH_ERRORS,
+            BatchStatus.CANCELLED,
+            BatchStatus.FAILED,
+        )
 
 
 class BatchItem(TaskOptions):
@@ -72,9 +87,16 @@ class BatchItem(TaskOptions):
 class SubmitBatchRequest(_Strict):
     """`POST /batches`."""
 
-    model_config = ConfigDict(json_schema_extra=alternatives(WEBHOOK_URL))
+    model_config = ConfigDict(json_schema_extra=alternatives(ITEMS_OR_FILE, WEBHOOK_URL))
 
-    items: list[BatchItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    items: list[BatchItem] | None = Field(default=None, min_length=1, max_length=MAX_BATCH_ITEMS)
+    input_file_id: str | None = Field(
+        default=None,
+        pattern=FILE_ID_PATTERN,
+        description="Instead of `items`: a JSON Lines file of items uploaded through"
+        " POST /batches/uploads (up to 256 MiB and 100,000 lines), read in the background; the"
+        " batch is `validating` until then, and its refused lines are reported by line number.",
+    )
     webhook_url: Text | None = Field(
         default=None,
         max_length=2048,
@@ -93,7 +115,9 @@ class SubmitBatchRequest(_Strict):
 
     @field_validator("items")
     @classmethod
-    def _unique_custom_ids(cls, items: list[BatchItem]) -> list[BatchItem]:
+    def _unique_custom_ids(cls, items: list[BatchItem] | None) -> list[BatchItem] | None:
+        if items is None:
+            return items
         seen: set[str] = set()
         for index, item in enumerate(items):
             if item.custom_id is not None:
@@ -103,9 +127,15 @@ class SubmitBatchRequest(_Strict):
         return items
 
     @model_validator(mode="after")
+    def _items_or_a_file(self) -> SubmitBatchRequest:
+        if (self.items is None) == (self.input_file_id is None):
+            raise ValueError("give either 'items' or 'input_file_id'")
+        return self
+
+    @model_validator(mode="after")
     def _items_take_the_batch_s_priority(self) -> SubmitBatchRequest:
         if self.priority is not None:
-            for item in self.items:
+            for item in self.items or []:
                 if "priority" not in item.model_fields_set:
                     item.priority = self.priority
         return self
@@ -132,6 +162,27 @@ class RetryBatchRequest(_Strict):
         max_length=2,
         description="The item statuses to run again: failed (the default), cancelled, or both.",
     )
+
+
+class RefusedLine(BaseModel):
+    """A line of a batch's input file that is not an item: why, by its line number (from 1)."""
+
+    line: int = Field(ge=1)
+    custom_id: str | None = None
+    error: str
+
+
+class BatchInput(BaseModel):
+    """Where a batch made from a file (POST /batches with input_file_id) took its items from, and
+    what reading it found."""
+
+    file_id: str
+    # llmtasks: each line is a batch item; else OpenAI's request lines for this endpoint.
+    format: str = "llmtasks"
+    priority: Priority | None = None  # for the lines that give none
+    refused: int = 0  # lines that are not items (every one is in the refused-lines file)
+    refused_sample: list[RefusedLine] = Field(default_factory=list)
+    errors: list[str] | None = None  # why the whole file was refused (the batch is failed)
 
 
 class Batch(BaseModel):
@@ -177,6 +228,9 @@ class Batch(BaseModel):
     retry_requested_at: float | None = None
     # Items the retry has yet to move back to pending: the batch cannot end before it has.
     retrying: int = 0
+    input: BatchInput | None = None  # a batch made from an uploaded file
+    # Its API key's max_in_flight at submit: a file's items are weighed against it once read.
+    max_in_flight: int | None = None
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -188,8 +242,11 @@ class Batch(BaseModel):
 
     @property
     def all_ended(self) -> bool:
-        """Every item has ended, and no retry has items still to run again."""
-        return self.finished >= self.total and self.retrying <= 0
+        """Every item has ended, and no retry has items still to run again (a file still being
+        read has items to come)."""
+        return (
+            self.status is not BatchStatus.VALIDATING and self.finished >= self.total and self.retrying <= 0
+        )
 
     @property
     def chunks(self) -> int:
@@ -252,6 +309,16 @@ class BatchView(BaseModel):
         default=0,
         description="Items created failed (budget_exhausted): its key's budget had no room for them.",
     )
+    input_file_id: str | None = Field(default=None, description="The file its items were read from.")
+    refused_lines: int = Field(
+        default=0,
+        description="Lines of its input file that are not items; each one, with why, is in"
+        " GET /batches/{id}/refused (the first 20 are here).",
+    )
+    refused: list[RefusedLine] | None = Field(default=None, description="The first refused lines.")
+    errors: list[str] | None = Field(
+        default=None, description="Why the whole input file was refused (the batch is failed)."
+    )
 
     @property
     def finished(self) -> int:
@@ -274,7 +341,33 @@ class BatchView(BaseModel):
             events=batch.events,
             usage=spend.usage if spend else None,
             budget_exhausted=spend.budget_exhausted if spend else 0,
+            **_input_fields(batch.input),
         )
+
+
+def _input_fields(read: BatchInput | None) -> dict[str, Any]:
+    if read is None:
+        return {}
+    return {
+        "input_file_id": read.file_id,
+        "refused_lines": read.refused,
+        "refused": read.refused_sample or None,
+        "errors": read.errors,
+    }
+
+
+class BatchUpload(BaseModel):
+    """`POST /batches/uploads`: where to PUT a batch's input file, then name it in POST /batches."""
+
+    file_id: str = Field(description="Give it as `input_file_id` to POST /batches once the PUT is done.")
+    upload_url: str = Field(
+        description="PUT the file's bytes here (one request, no other header needed): they go straight"
+        " to storage, never through the API."
+    )
+    method: Literal["PUT"] = "PUT"
+    expires_at: datetime = Field(description="The URL works until then; an upload never made costs nothing.")
+    max_bytes: int = Field(description="The largest file a batch reads.")
+    max_items: int = Field(description="The most items (lines) a batch holds.")
 
 
 class BatchAccepted(BaseModel):

@@ -36,6 +36,13 @@ class BatchNotFound(ApiError):
         super().__init__(f"No batch '{batch_id}' (unknown, expired, or not yours).")
 
 
+class FileNotFound(ApiError):
+    status, title, slug = 404, "File not found", "not-found"
+
+    def __init__(self, file_id: str) -> None:
+        super().__init__(f"No file '{file_id[:80]}' (unknown, expired, never uploaded, or not yours).")
+
+
 class TaskConflict(ApiError):
     status, title, slug = 409, "Conflict", "conflict"
 

@@ -76,11 +76,11 @@ class TaskMessage(BaseModel):
 
 class FanoutMessage(BaseModel):
     """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, to cancel, or to
-    run again (a retry)."""
+    run again (a retry); or a batch's input file to read (`read`, chunk 0)."""
 
     batch_id: str
     chunk: int
-    action: Literal["create", "cancel", "retry"] = "create"
+    action: Literal["create", "cancel", "retry", "read"] = "create"
     retry: int = 0  # which retry of the batch a "retry" message runs (Batch.retries once asked)
 
 

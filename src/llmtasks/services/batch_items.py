@@ -31,6 +31,7 @@ from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.observability import Metric, emit, logger
+from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batches import batch_task_id, read_chunk
 from llmtasks.settings import FanoutSettings
 
@@ -74,8 +75,10 @@ class BatchFanout:
         clock: Clock = time.time,
         results: ResultBlobs,
         budgets: KeyBudgets | None = None,
+        inputs: BatchInputReader | None = None,
     ) -> None:
         self._settings = settings
+        self._inputs = inputs
         self._store = store
         self._batches = batches
         self._lanes = lanes
@@ -86,26 +89,41 @@ class BatchFanout:
     def handle(self, message: FanoutMessage, *, sent_at: float) -> None:
         now = self._clock()
         batch = self._batches.get(message.batch_id, now=now)
+        fresh = now - sent_at < self._settings.unwritten_task_grace_s
         if batch is None:
-            if now - sent_at < self._settings.unwritten_task_grace_s:
+            if fresh:
                 # Submit writes the batch item just after its messages.
                 raise RetryLater(2, "the batch's item is not written yet")
             logger.warning("no batch for this message; dropped", batch_id=message.batch_id)
-            return
-        if message.action == "cancel":
-            self._cancel_chunk(batch, message.chunk)
+        elif message.action == "read":
+            self._read_input(batch)
+        elif message.action == "cancel":
+            if message.chunk < max(batch.chunks, 1):  # a batch cancelled while validating has none
+                self._cancel_chunk(batch, message.chunk)
             finish_if_done(self._batches, batch.batch_id, now=self._clock())
-            return
-        if message.action == "retry":
-            if batch.retries < message.retry and now - sent_at < self._settings.unwritten_task_grace_s:
+        elif batch.status is BatchStatus.VALIDATING and fresh:
+            # Its file's read sends the chunks' messages just before it counts the items.
+            raise RetryLater(2, "the batch's input is not counted yet")
+        elif message.chunk >= batch.chunks:
+            logger.warning(
+                "a chunk the batch does not have; dropped", batch_id=batch.batch_id, chunk=message.chunk
+            )
+        elif message.action == "retry":
+            if batch.retries < message.retry and fresh:
                 # The retry's messages go before the batch says so (see BatchService.retry).
                 raise RetryLater(2, "the batch's retry is not written yet")
             if batch.retries != message.retry:
                 logger.warning("a retry the batch is not in; dropped", batch_id=batch.batch_id)
                 return
             self._retry_chunk(batch, message.chunk)
+        else:
+            self._create_chunk(batch, message.chunk)
+
+    def _read_input(self, batch: Batch) -> None:
+        if batch.status is not BatchStatus.VALIDATING or self._inputs is None:
+            logger.warning("a read of a batch not validating; dropped", batch_id=batch.batch_id)
             return
-        self._create_chunk(batch, message.chunk)
+        self._inputs.read(batch)
 
     def _create_chunk(self, batch: Batch, chunk: int) -> None:
         """Each task is written before its message (the reverse of a single submit): a worker

@@ -8,23 +8,32 @@ does with them (fan-out, counting) is in batch_items.py.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from llmtasks.aws.batch_store import BatchExists, BatchStore
 from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
 from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import Queue
-from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.results import ResultBlobs, manifest_key
 from llmtasks.aws.store import TaskStore
+from llmtasks.domain.batch_input import numbered_lines
 from llmtasks.domain.batches import (
+    MAX_BATCH_ITEMS,
+    MAX_INPUT_FILE_BYTES,
+    MAX_INPUT_LINE_BYTES,
     Batch,
     BatchEventPage,
+    BatchInput,
     BatchItem,
     BatchResult,
     BatchStatus,
+    BatchUpload,
+    RefusedLine,
     RetryBatchRequest,
     StoredFile,
     SubmitBatchRequest,
@@ -33,14 +42,18 @@ from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import results_cursor, results_index
 from llmtasks.domain.errors import (
     BatchNotFound,
+    FileNotFound,
+    InvalidInput,
+    PayloadTooLarge,
     TaskConflict,
 )
 from llmtasks.domain.messages import FanoutMessage
-from llmtasks.domain.models import TaskStatus, WebhookStatus
+from llmtasks.domain.models import TaskStatus, WebhookStatus, _at
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
+from llmtasks.services.batch_inputs import LLMTASKS_FORMAT, refused_file_id
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
@@ -49,6 +62,15 @@ Clock = Callable[[], float]
 _BATCH_NAMESPACE = uuid.UUID("0f5b7a4e-3c1d-4f7e-9a2b-6d8c5e4f3a21")
 # A results page stops adding items past this many bytes of text (Lambda replies up to 6 MB).
 MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024
+# A file answered in a reply at most (a Lambda reply holds 6 MB); larger ones by a presigned GET.
+MAX_INLINE_FILE_BYTES = 4 * 1024 * 1024
+UPLOAD_URL_TTL_S = 3600
+DOWNLOAD_URL_TTL_S = 3600
+FILE_HEAD_BYTES = 64 * 1024
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
 
 
 def new_batch_id(tenant_id: str, idempotency_key: str | None) -> str:
@@ -66,6 +88,16 @@ def batch_task_id(batch_id: str, index: int) -> str:
 def _results_start(cursor: str | None, batch: Batch) -> int:
     """Where a results page starts: the item index a cursor carries (past the end: the end)."""
     return 0 if cursor is None else min(results_index(cursor), batch.total)
+
+
+class FileSink(Protocol):
+    """Where a file is written as it grows (the results bucket's ObjectWriter)."""
+
+    size: int
+
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -113,6 +145,52 @@ class BatchService:
     def file_content(self, tenant_id: str, file_id: str) -> bytes:
         return self._results.file_content(tenant_id, file_id)
 
+    def open_file(self, tenant_id: str, file_id: str, *, filename: str, purpose: str) -> FileSink:
+        """A tenant's file written as it grows (it exists once closed)."""
+        return self._results.file_writer(tenant_id, file_id, filename=filename, purpose=purpose)
+
+    def refused(self, batch: Batch) -> Iterator[RefusedLine]:
+        """A batch's refused input lines, in line order, as they stream from its file."""
+        chunks = self._results.file_chunks(batch.tenant_id, refused_file_id(batch.batch_id))
+        for _, raw in numbered_lines(chunks, MAX_INPUT_LINE_BYTES):
+            if raw:
+                yield RefusedLine.model_validate_json(raw)
+
+    def create_upload(self, tenant_id: str) -> BatchUpload:
+        """Where the tenant PUTs a batch's input file (JSON Lines) before POST /batches names it:
+        straight into the bucket, so no byte of it passes through the API. An upload never made
+        leaves nothing; its URL expires."""
+        file_id = new_file_id()
+        url = self._results.presign_upload(tenant_id, file_id, expires_s=UPLOAD_URL_TTL_S)
+        return BatchUpload(
+            file_id=file_id,
+            upload_url=url,
+            expires_at=_at(self._clock() + UPLOAD_URL_TTL_S),
+            max_bytes=MAX_INPUT_FILE_BYTES,
+            max_items=MAX_BATCH_ITEMS,
+        )
+
+    def refused_lines(self, tenant_id: str, batch_id: str) -> tuple[bytes | None, str | None]:
+        """The batch's refused input lines (JSON Lines): their bytes when small enough to answer
+        with, else a presigned URL to them; FileNotFound for a batch made without a file."""
+        batch = self.get(tenant_id, batch_id)
+        if batch.input is None or batch.status is BatchStatus.VALIDATING:
+            raise FileNotFound(refused_file_id(batch_id))
+        return self.file_or_link(tenant_id, refused_file_id(batch_id))
+
+    def file_or_link(self, tenant_id: str, file_id: str) -> tuple[bytes | None, str | None]:
+        """A tenant's file: its bytes up to MAX_INLINE_FILE_BYTES (a Lambda reply holds 6 MB),
+        else a presigned GET of it (a redirect's Location); FileNotFound when it has none."""
+        stored = self.file(tenant_id, file_id)
+        if stored is None:
+            raise FileNotFound(file_id)
+        if stored.size <= MAX_INLINE_FILE_BYTES:
+            return self.file_content(tenant_id, file_id), None
+        url = self._results.presign_download(
+            tenant_id, file_id, expires_s=DOWNLOAD_URL_TTL_S, filename=stored.filename
+        )
+        return None, url
+
     def submit(
         self,
         tenant_id: str,
@@ -121,24 +199,30 @@ class BatchService:
         idempotency_key: str | None = None,
         trace_header: str | None = None,
         caller: Caller | None = None,
+        input_format: str = LLMTASKS_FORMAT,
     ) -> BatchSubmission:
-        """A new batch (its items count against the caller key's max_in_flight until it ends)."""
-        self._check(body)
+        """A new batch (its items count against the caller key's max_in_flight until it ends).
+        From `body.input_file_id`: validating until BatchFunction has read the file (its lines
+        of `input_format`: llmtasks' items, or OpenAI's request lines of that endpoint)."""
+        self._check(tenant_id, body)
         batch_id = new_batch_id(tenant_id, idempotency_key)
         batch, replayed = self._submits.run(
-            lambda: self._create(tenant_id, batch_id, body, trace_header, caller),
+            lambda: self._create(tenant_id, batch_id, body, trace_header, caller, input_format),
             Batch,
             what="batch",
             tenant=tenant_id,
             key=None if idempotency_key is None else f"batch\n{idempotency_key}",  # never a task's
             body=body,
             caller=caller,
-            held=Held("b", batch_id, weight=len(body.items)),
+            # A file's items are weighed once read (BatchInputReader): 1 until then.
+            held=Held("b", batch_id, weight=len(body.items) if body.items is not None else 1),
         )
         return BatchSubmission(batch, replayed=replayed)
 
-    def _check(self, body: SubmitBatchRequest) -> None:
-        for index, item in enumerate(body.items):
+    def _check(self, tenant_id: str, body: SubmitBatchRequest) -> None:
+        if body.input_file_id is not None:
+            self._check_file(tenant_id, body.input_file_id)
+        for index, item in enumerate(body.items or []):
             check_limits(item, self._settings.size_limits, where=f"items[{index}]")
         if body.metadata is not None:
             check_metadata(body.metadata, self._settings.size_limits)
@@ -147,6 +231,32 @@ class BatchService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
 
+    def _check_file(self, tenant_id: str, file_id: str) -> None:
+        """What can be told of an input file without reading it: that it is the tenant's, its
+        size, and that it begins as JSON Lines of objects. Its lines are checked as it is read."""
+        stored = self.file(tenant_id, file_id)
+        if stored is None:
+            raise FileNotFound(file_id)
+        if stored.size > MAX_INPUT_FILE_BYTES:
+            raise PayloadTooLarge(
+                f"The file is {stored.size} bytes; a batch's input file holds at most {MAX_INPUT_FILE_BYTES}."
+            )
+        head = self._results.file_head(tenant_id, file_id, FILE_HEAD_BYTES) if stored.size else b""
+        first = head.lstrip()
+        if not first.startswith(b"{"):
+            raise InvalidInput(
+                "The file is not JSON Lines of items: its first line is not a JSON object.",
+                field="input_file_id",
+            )
+        line, ended, _ = first.partition(b"\n")
+        if ended:
+            try:
+                json.loads(line)
+            except ValueError:
+                raise InvalidInput(
+                    "The file is not JSON Lines: its first line is not JSON.", field="input_file_id"
+                ) from None
+
     def _create(
         self,
         tenant_id: str,
@@ -154,19 +264,22 @@ class BatchService:
         body: SubmitBatchRequest,
         trace_header: str | None,
         caller: Caller | None,
+        input_format: str,
     ) -> Batch:
         now = self._clock()
         chunk_size = self._settings.batch_chunk_size
-        lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items]
+        lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items or []]
         offsets = [0]
         for start in range(0, len(lines), chunk_size):
             offsets.append(offsets[-1] + sum(len(line) for line in lines[start : start + chunk_size]))
+        from_file = body.input_file_id is not None
         try:
-            manifest = self._results.put_manifest(batch_id, lines)
+            # A file's manifest is written as the file is read (BatchInputReader).
+            manifest = manifest_key(batch_id) if from_file else self._results.put_manifest(batch_id, lines)
             batch = Batch(
                 batch_id=batch_id,
                 tenant_id=tenant_id,
-                status=BatchStatus.PENDING,
+                status=BatchStatus.VALIDATING if from_file else BatchStatus.PENDING,
                 total=len(lines),
                 pending=len(lines),
                 manifest_ref=manifest,
@@ -183,10 +296,16 @@ class BatchService:
                 max_running=caller.max_running if caller is not None else None,
                 key_id=caller.key_id if caller is not None else None,
                 budget=caller.budget if caller is not None else None,
+                max_in_flight=caller.max_in_flight if caller is not None else None,
+                input=BatchInput(file_id=body.input_file_id, format=input_format, priority=body.priority)
+                if body.input_file_id is not None
+                else None,
             )
             # The messages first, then the item, as for a task: a stored batch always has its
             # fan-out messages; messages whose batch never arrives are dropped after a grace.
             chunks = [FanoutMessage(batch_id=batch_id, chunk=c) for c in range(batch.chunks)]
+            if from_file:
+                chunks = [FanoutMessage(batch_id=batch_id, chunk=0, action="read")]
             self._fanout.send_many(chunks, trace_header=trace_header)
             self._batches.create(batch)
         except BatchExists as exists:
@@ -267,8 +386,10 @@ class BatchService:
             if current.status is BatchStatus.CANCELLING:
                 return current  # asked twice: the first request's sweep is on its way
             raise TaskConflict(f"Batch '{batch_id}' is already {current.read_status.value}.")
+        # The chunks as cancelled (not as read before): a file read meanwhile counted its items;
+        # one message even for none (a file not read yet), which ends the batch.
         self._fanout.send_many(
-            [FanoutMessage(batch_id=batch_id, chunk=c, action="cancel") for c in range(current.chunks)]
+            [FanoutMessage(batch_id=batch_id, chunk=c, action="cancel") for c in range(max(batch.chunks, 1))]
         )
         logger.info("batch cancel requested", batch_id=batch_id, tenant_id=tenant_id)
         return batch

@@ -11,6 +11,7 @@ from botocore.config import Config
 
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.budgets import KeyBudgets
+from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
@@ -73,6 +74,15 @@ def key_budgets() -> KeyBudgets | None:
     None where LimitsTable is not configured."""
     table = resources(Limits).limits_table_name
     return None if table is None else KeyBudgets(table, dynamodb(), tasks=task_store())
+
+
+@lru_cache(maxsize=1)
+def key_limits() -> KeyLimits | None:
+    """The per-key limits' counters; None where LimitsTable is not configured (no limits)."""
+    table = resources(Limits).limits_table_name
+    if table is None:
+        return None
+    return KeyLimits(table, dynamodb(), ended=work_ended(task_store(), batch_store()))
 
 
 @lru_cache(maxsize=1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmtasks.aws.idempotency import IdempotencyKeys
-from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.queues import Queue
 from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
@@ -13,7 +12,6 @@ from llmtasks.services.webhook_controls import WebhookControls
 from llmtasks.settings import (
     ApiResources,
     BatchFanoutQueue,
-    Limits,
     SubmitSettings,
     WebhookQueue,
     resources,
@@ -24,6 +22,7 @@ from llmtasks.wiring.adapters import (
     batch_store,
     dynamodb,
     key_budgets,
+    key_limits,
     result_blobs,
     sqs,
     task_lanes,
@@ -67,15 +66,6 @@ def webhook_controls() -> WebhookControls:
     # SubmitFunction sends replays to it, WebhookFunction delivers them.
     queue = Queue(resources(WebhookQueue).webhook_queue_url, sqs())
     return WebhookControls(section(SubmitSettings), task_store().endpoints, queue)
-
-
-@lru_cache(maxsize=1)
-def key_limits() -> KeyLimits | None:
-    """The per-key limits' counters; None where LimitsTable is not configured (no limits)."""
-    table = resources(Limits).limits_table_name
-    if table is None:
-        return None
-    return KeyLimits(table, dynamodb(), ended=work_ended(task_store(), batch_store()))
 
 
 @lru_cache(maxsize=1)

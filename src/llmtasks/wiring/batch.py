@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from llmtasks.api.openai_batches import ENDPOINTS, line_parser
 from llmtasks.aws.queues import Queue
+from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, resources, section
 from llmtasks.wiring import check_configuration
-from llmtasks.wiring.adapters import batch_store, key_budgets, result_blobs, sqs, task_lanes, task_store
+from llmtasks.wiring.adapters import (
+    batch_store,
+    key_budgets,
+    key_limits,
+    result_blobs,
+    sqs,
+    task_lanes,
+    task_store,
+)
 
 
 def cold_start() -> None:
@@ -28,6 +38,15 @@ def batch_fanout() -> BatchFanout:
         task_lanes(),
         results=result_blobs(),
         budgets=key_budgets(),
+        inputs=BatchInputReader(
+            section(FanoutSettings),
+            batch_store(),
+            result_blobs(),
+            batch_fanout_queue(),
+            # A batch made through the OpenAI surface reads OpenAI's request lines.
+            parsers={endpoint: line_parser(endpoint) for endpoint in ENDPOINTS},
+            limits=key_limits(),
+        ),
     )
 
 
