@@ -193,15 +193,25 @@ class _Policy:
 
     @staticmethod
     def batch_submission(
-        items: Sequence[Mapping[str, Any]], idempotency_key: str | None, options: dict[str, Any]
+        items: Sequence[Mapping[str, Any]] | str, idempotency_key: str | None, options: dict[str, Any]
     ) -> dict[str, Any]:
-        """A batch submit's POST, under one Idempotency-Key across its retries: a retried submit
-        fans the batch out once."""
-        body = {
-            "items": [dict(item) for item in items],
-            **{k: v for k, v in options.items() if v is not None},
-        }
+        """A batch submit's POST (its items, or the id of an uploaded file of them), under one
+        Idempotency-Key across its retries: a retried submit fans the batch out once."""
+        given = (
+            {"input_file_id": items} if isinstance(items, str) else {"items": [dict(item) for item in items]}
+        )
+        body = {**given, **{k: v for k, v in options.items() if v is not None}}
         return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    @staticmethod
+    def upload_request(
+        http: httpx.Client | httpx.AsyncClient, url: str, content: Any, size: int
+    ) -> httpx.Request:
+        """The PUT of a batch's file to its presigned URL: the URL carries its own signature, so
+        the request carries no Authorization header (S3 refuses two ways of signing)."""
+        request = http.build_request("PUT", url, content=content, headers={"Content-Length": str(size)})
+        del request.headers["Authorization"]
+        return request
 
     @staticmethod
     def retry_request(statuses: Sequence[str], idempotency_key: str | None) -> dict[str, Any]:
@@ -307,6 +317,16 @@ class _Following:
         return TaskFailedError(task)
 
 
+async def _chunks_of(path: str | os.PathLike[str], size: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    """A file's bytes, read a megabyte at a time off the event loop."""
+    data = await asyncio.to_thread(open, path, "rb")
+    try:
+        while chunk := await asyncio.to_thread(data.read, size):
+            yield chunk
+    finally:
+        data.close()
+
+
 class Client:
     """`Client(base_url, api_key)`; both default to LLMTASKS_API_URL and LLMTASKS_API_KEY."""
 
@@ -407,13 +427,32 @@ class Client:
                 raise WaitTimeoutError(self.get(task_id), following.timeout or 0)
 
     def submit_batch(
-        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+        self, items: Sequence[Mapping[str, Any]] | str, *, idempotency_key: str | None = None, **options: Any
     ) -> BatchView:
-        """A new batch (`202`) of task bodies, each with an optional `custom_id`; `options`:
-        webhook_url, webhook_events, metadata. Retried under one Idempotency-Key."""
+        """A new batch (`202`) of task bodies, each with an optional `custom_id`, or of the
+        lines of a file `upload_batch_file` sent (its file id); `options`: webhook_url,
+        webhook_events, metadata, priority. Retried under one Idempotency-Key."""
         request = self._policy.batch_submission(items, idempotency_key, options)
         accepted = self._request("POST", "/batches", **request)
         return self.get_batch(accepted["batch_id"])
+
+    def upload_batch_file(self, file: str | os.PathLike[str] | bytes) -> str:
+        """Sends a JSON Lines file of batch items (a path, or its bytes; up to 256 MiB) straight
+        to storage through a presigned URL, around the API's 6 MB request limit; its file id, for
+        `submit_batch`. Its lines are checked once the batch is made (see BatchView.refused_lines)."""
+        upload = self._request("POST", "/batches/uploads")
+        if isinstance(file, bytes):
+            sent = self._http.send(
+                self._policy.upload_request(self._http, upload["upload_url"], file, len(file))
+            )
+        else:
+            with open(file, "rb") as data:
+                size = os.fstat(data.fileno()).st_size
+                sent = self._http.send(
+                    self._policy.upload_request(self._http, upload["upload_url"], data, size)
+                )
+        sent.raise_for_status()
+        return str(upload["file_id"])
 
     def get_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(self._request("GET", f"/batches/{batch_id}"))
@@ -624,11 +663,25 @@ class AsyncClient:
                 raise WaitTimeoutError(await self.get(task_id), following.timeout or 0)
 
     async def submit_batch(
-        self, items: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None, **options: Any
+        self, items: Sequence[Mapping[str, Any]] | str, *, idempotency_key: str | None = None, **options: Any
     ) -> BatchView:
         request = self._policy.batch_submission(items, idempotency_key, options)
         accepted = await self._request("POST", "/batches", **request)
         return await self.get_batch(accepted["batch_id"])
+
+    async def upload_batch_file(self, file: str | os.PathLike[str] | bytes) -> str:
+        upload = await self._request("POST", "/batches/uploads")
+        if isinstance(file, bytes):
+            content: Any = file
+            size = len(file)
+        else:
+            size = os.stat(file).st_size
+            content = _chunks_of(file)
+        sent = await self._http.send(
+            self._policy.upload_request(self._http, upload["upload_url"], content, size)
+        )
+        sent.raise_for_status()
+        return str(upload["file_id"])
 
     async def get_batch(self, batch_id: str) -> BatchView:
         return BatchView.model_validate(await self._request("GET", f"/batches/{batch_id}"))

@@ -280,6 +280,11 @@ def test_the_cli_submits_follows_and_reads_a_batch(batch_stack: RunningStack) ->
     refused_file = batch_stack.run_cli("batch", "submit", str(bad))
     assert refused_file.returncode == 2
     assert "line 2" in refused_file.stderr
+    # Sent through an upload URL instead, the same file runs its good line; the bad one is reported
+    uploaded = batch_stack.run_cli("batch", "submit", "--upload", "--wait", str(bad))
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert "completed  total=1  pending=0  processing=0  completed=1" in uploaded.stdout
+    assert "1 line(s) of its file are not items" in uploaded.stderr
 
 
 def test_the_cli_retries_a_batch_s_failed_items_in_the_same_batch(batch_stack: RunningStack) -> None:

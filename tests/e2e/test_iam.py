@@ -217,7 +217,25 @@ def drive(stack: RunningStack) -> None:
         file_id = upload.json()["id"]
         client.get(f"/v1/files/{file_id}")
         client.get(f"/v1/files/{file_id}/content")
-        created = {"input_file_id": file_id, "endpoint": "/v1/responses", "completion_window": "24h"}
+        # The same lines sent in a part through the Uploads API: the batch is made of that file
+        begun = client.post(
+            "/v1/uploads",
+            json={
+                "bytes": len(lines),
+                "filename": "in.jsonl",
+                "mime_type": "application/jsonl",
+                "purpose": "batch",
+            },
+        ).json()
+        part = client.post(
+            f"/v1/uploads/{begun['id']}/parts", files={"data": ("p", io.BytesIO(lines.encode()))}
+        )
+        joined = client.post(f"/v1/uploads/{begun['id']}/complete", json={"part_ids": [part.json()["id"]]})
+        created = {
+            "input_file_id": joined.json()["file"]["id"],
+            "endpoint": "/v1/responses",
+            "completion_window": "24h",
+        }
         openai_batch = client.post("/v1/batches", json=created).json()
         eventually(
             lambda: client.get(f"/v1/batches/{openai_batch['id']}").json()["status"],

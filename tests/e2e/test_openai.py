@@ -308,6 +308,82 @@ def test_a_cancelled_batch_ends_cancelled_with_its_unrun_requests_in_the_error_f
     assert sorted(line["custom_id"] for line in output) == sorted(f"slow-{i}" for i in range(20))
 
 
+@pytest.mark.timeout(600)
+def test_a_file_over_the_gateway_s_limit_goes_up_in_parts_and_its_large_output_comes_down_presigned(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    fresh_mock.configure_mock(reply_chars=200_000)  # 40 answers of 200 KB: an 8 MB output file
+    lines = [chat_line(f"big-{i}", f"question {i} " + "y" * 170_000) for i in range(40)]
+    data = jsonl(lines) + b"{broken\n"
+    assert len(data) > 6_291_456  # more than one request through the gateway can carry
+
+    # The SDK's own chunked upload, unchanged but for a part size within a request's 6 MB (its
+    # body base64-encoded in the invocation's event).
+    upload = client.uploads.upload_file_chunked(
+        file=data,
+        filename="big.jsonl",
+        bytes=len(data),
+        mime_type="application/jsonl",
+        purpose="batch",
+        part_size=4 * 1024 * 1024,
+    )
+    assert upload.status == "completed"
+    assert upload.file is not None
+    assert (upload.file.bytes, upload.file.filename) == (len(data), "big.jsonl")
+    other_key = fresh_mock.cli("keys", "create", "--tenant", "upload-snoop").strip()
+    with OpenAI(base_url=fresh_mock.api + "/v1", api_key=other_key, max_retries=0) as other:
+        with pytest.raises(openai.NotFoundError):
+            other.uploads.parts.create(upload_id=upload.id, data=b"{}")
+        with pytest.raises(openai.BadRequestError):  # its file is not another tenant's either
+            other.batches.create(
+                input_file_id=upload.file.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+    with pytest.raises(openai.BadRequestError):  # completed: it takes no more parts
+        client.uploads.parts.create(upload_id=upload.id, data=b"{}")
+
+    done = batch_ended(
+        client,
+        client.batches.create(
+            input_file_id=upload.file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    )
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        41,
+        40,
+        1,
+    )
+    assert done.output_file_id is not None
+    assert done.error_file_id is not None
+    # Over 4 MiB: a 307 to a presigned GET, which the SDK follows.
+    output = client.files.content(done.output_file_id).content
+    assert len(output) > 8_000_000
+    answers = {line["custom_id"]: line for line in map(json.loads, output.splitlines())}
+    assert sorted(answers) == sorted(f"big-{i}" for i in range(40))
+    content = answers["big-7"]["response"]["body"]["choices"][0]["message"]["content"]
+    assert content == reply_text(lines[7]["body"]["messages"][0]["content"], 200_000)  # type: ignore[index]
+    [refused] = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    assert refused["error"]["message"] == "line 41: not JSON"
+
+
+def test_an_upload_s_parts_must_add_up_and_an_ended_upload_takes_no_more(client: OpenAI) -> None:
+    upload = client.uploads.create(
+        bytes=10, filename="x.jsonl", mime_type="application/jsonl", purpose="batch"
+    )
+    part = client.uploads.parts.create(upload_id=upload.id, data=b'{"a": 1}\n')
+    with pytest.raises(openai.BadRequestError) as short:
+        client.uploads.complete(upload_id=upload.id, part_ids=[part.id])
+    assert "9 bytes" in short.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.uploads.complete(upload_id=upload.id, part_ids=[part.id, "part_nope"])
+    assert client.uploads.cancel(upload.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError):
+        client.uploads.parts.create(upload_id=upload.id, data=b"{}")
+    with pytest.raises(openai.BadRequestError):
+        client.uploads.create(bytes=10, filename="x.jsonl", mime_type="text/plain", purpose="fine-tune")
+
+
 def test_batch_api_refusals_are_the_sdks_exceptions(client: OpenAI, fresh_mock: RunningStack) -> None:
     with pytest.raises(openai.BadRequestError) as no_file:
         client.batches.create(

@@ -4,21 +4,28 @@ the file is read; and the pieces the read is made of (lines across chunks, the p
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import json
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import boto3
+import httpx
 import pytest
 
 from llmtasks.aws.results import PART_BYTES, ObjectWriter
 from llmtasks.domain.batch_input import numbered_lines
-from llmtasks.domain.batches import BatchStatus
+from llmtasks.domain.batches import UPLOAD_TTL_S, BatchStatus
+from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.services import batch_inputs
 from llmtasks.services.batches import batch_task_id
+from llmtasks.services.file_uploads import FileUploads
 from llmtasks.settings import Settings
+from llmtasks_client import AsyncClient, Client, ProblemError
 from tests.conftest import Aws, RunningMock
+from tests.helpers import blobs
 from tests.unit.test_api import assert_problem
 from tests.unit.test_batches import CHUNK, Rig
 
@@ -203,3 +210,101 @@ def test_an_object_written_in_parts_reads_back_whole_and_an_aborted_one_leaves_n
     aborted.abort()
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="files/t/aborted")
+
+
+def test_an_upload_s_parts_are_joined_in_the_order_complete_names_them(rig: Rig) -> None:
+    uploads = rig.service.uploads
+    pieces = [b'{"prompt": "a"}\n', b'{"prompt": "b"}\n' * 3, b'{"prompt": "c"}\n']
+    upload = uploads.create("default", size=sum(map(len, pieces)), filename="in.jsonl", purpose="batch")
+    ids = [uploads.add_part("default", upload.upload_id, piece)[0] for piece in reversed(pieces)]
+    completed = uploads.complete("default", upload.upload_id, list(reversed(ids)), None)
+    assert completed.status == "completed"
+    assert rig.service.file_content("default", upload.file_id) == b"".join(pieces)
+    stored = rig.service.file("default", upload.file_id)
+    assert stored is not None
+    assert (stored.filename, stored.size) == ("in.jsonl", sum(map(len, pieces)))
+
+
+def test_an_upload_refused_at_complete_makes_no_file(rig: Rig) -> None:
+    uploads = rig.service.uploads
+    upload = uploads.create("default", size=4, filename="x.jsonl", purpose="batch")
+    part, _ = uploads.add_part("default", upload.upload_id, b"{}\n\n\n")
+    with pytest.raises(InvalidInput, match="5 bytes"):  # the parts add up to more than announced
+        uploads.complete("default", upload.upload_id, [part], None)
+    exact = uploads.create("default", size=3, filename="x.jsonl", purpose="batch")
+    part, _ = uploads.add_part("default", exact.upload_id, b"{}\n")
+    with pytest.raises(InvalidInput, match="md5"):
+        uploads.complete("default", exact.upload_id, [part], "0" * 32)
+    assert rig.service.file("default", exact.file_id) is None
+    with pytest.raises(ApiError) as elsewhere:
+        uploads.complete("other", exact.upload_id, [part], None)
+    assert elsewhere.value.status == 404
+    right = hashlib.md5(b"{}\n", usedforsecurity=False).hexdigest()
+    assert uploads.complete("default", exact.upload_id, [part], right).status == "completed"
+
+
+def test_an_expired_upload_takes_no_part(rig: Rig) -> None:
+    now = [1000.0]
+    uploads = FileUploads(blobs(rig.settings), clock=lambda: now[0])
+    upload = uploads.create("default", size=3, filename="x.jsonl", purpose="batch")
+    now[0] += UPLOAD_TTL_S
+    with pytest.raises(InvalidInput, match="expired"):
+        uploads.add_part("default", upload.upload_id, b"{}\n")
+
+
+@pytest.mark.parametrize("given", ["path", "bytes"])
+def test_the_sdk_puts_a_batch_file_to_its_url_without_the_api_key(tmp_path: Any, given: str) -> None:
+    data = lines({"prompt": "a"}, {"prompt": "b"})
+    seen: list[httpx.Request] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/batches/uploads":
+            upload_url = "http://127.0.0.1:9/bucket/files/t/file-1?X-Amz-Signature=abc"
+            return httpx.Response(201, json={"file_id": "file-1", "upload_url": upload_url})
+        if request.method == "PUT":
+            assert request.read() == data
+            return httpx.Response(200)
+        if request.method == "GET":  # the batch, read after the submit: not served by this fake
+            return httpx.Response(404, json={"title": "Batch not found", "status": 404, "detail": "fake"})
+        assert json.loads(request.content) == {"input_file_id": "file-1", "priority": "low"}
+        return httpx.Response(202, json={"batch_id": "b" * 32})
+
+    source: Any = data if given == "bytes" else tmp_path / "items.jsonl"
+    if given == "path":
+        source.write_bytes(data)
+    client = Client("http://api.test", "key-1", transport=httpx.MockTransport(serve))
+    file_id = client.upload_batch_file(source)
+    assert file_id == "file-1"
+    with pytest.raises(ProblemError):
+        client.submit_batch(file_id, priority="low")
+    put = seen[1]
+    assert put.method == "PUT"
+    assert "authorization" not in put.headers  # the URL is signed: S3 refuses a second signature
+    assert put.headers["content-length"] == str(len(data))
+    assert seen[0].headers["authorization"] == "Bearer key-1"
+
+
+def test_the_async_sdk_streams_a_batch_file_from_its_path(tmp_path: Any) -> None:
+    data = lines(*[{"prompt": str(i)} for i in range(50_000)])  # a few megabytes, read in chunks
+    path = tmp_path / "items.jsonl"
+    path.write_bytes(data)
+    put: list[tuple[bytes, httpx.Headers]] = []
+
+    async def serve(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            put.append((await request.aread(), request.headers))
+            return httpx.Response(200)
+        return httpx.Response(
+            201, json={"file_id": "file-2", "upload_url": "http://127.0.0.1:9/b/k?X-Amz-Signature=s"}
+        )
+
+    async def run() -> str:
+        async with AsyncClient("http://api.test", "key-2", transport=httpx.MockTransport(serve)) as client:
+            return await client.upload_batch_file(path)
+
+    assert asyncio.run(run()) == "file-2"
+    [(body, headers)] = put
+    assert body == data
+    assert headers["content-length"] == str(len(data))
+    assert "authorization" not in headers

@@ -205,6 +205,17 @@ def batch() -> None:
     """Batches: many prompts as one job (submit a JSON Lines file, follow it, read its results)."""
 
 
+# Larger files go through an upload URL: a request's body is at most 6 MB.
+INLINE_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as error:
+        raise ToolError(f"cannot read the batch file: {error.strerror}", where=str(path)) from error
+
+
 def _read_items(path: Path) -> list[dict[str, Any]]:
     """One task body a line (blank lines skipped). A line that is not a JSON object stops the
     command before anything is sent, naming the file and the line."""
@@ -241,6 +252,13 @@ def _show_batch(view: BatchView, as_json: bool) -> None:
         return
     counts = "  ".join(f"{name}={getattr(view, name)}" for name in ITEM_COUNTS)
     click.echo(f"{view.batch_id}  {view.status.value}  total={view.total}  {counts}")
+    if view.refused_lines:
+        click.echo(
+            f"{view.refused_lines} line(s) of its file are not items: GET /batches/{view.batch_id}/refused",
+            err=True,
+        )
+    for error in view.errors or []:
+        click.echo(f"Error: {error}", err=True)
 
 
 def _follow_batch(client: Client, batch_id: str, timeout: float | None) -> BatchView:
@@ -299,6 +317,13 @@ def _follow_batch(client: Client, batch_id: str, timeout: float | None) -> Batch
 @click.option(
     "--idempotency-key", default=None, help="Send the same batch again safely: it fans out only once."
 )
+@click.option(
+    "--upload",
+    is_flag=True,
+    help="Send FILE to storage through an upload URL and let the service read it (up to 256 MiB; its"
+    " lines that are not items are reported, not fatal). Files over"
+    f" {INLINE_BATCH_BYTES // 2**20} MiB always are.",
+)
 @with_api
 def batch_submit(
     file: Path,
@@ -306,15 +331,18 @@ def batch_submit(
     timeout: float | None,
     webhook: str | None,
     idempotency_key: str | None,
+    upload: bool,
     api_url: str,
     api_key: str | None,
     as_json: bool,
 ) -> None:
     """Submit FILE (JSON Lines: one task body a line, each with an optional custom_id; - reads
     stdin); print the batch id, or with --wait follow it to the end (exit 1 if items failed)."""
-    items = _read_items(file)
+    uploaded = str(file) != "-" and (upload or _size_of(file) > INLINE_BATCH_BYTES)
+    items = None if uploaded else _read_items(file)
     with client_of(api_url, api_key) as client:
-        view = client.submit_batch(items, idempotency_key=idempotency_key, webhook_url=webhook)
+        given = client.upload_batch_file(file) if items is None else items
+        view = client.submit_batch(given, idempotency_key=idempotency_key, webhook_url=webhook)
         if not wait_:
             click.echo(view.model_dump_json() if as_json else view.batch_id)
             return

@@ -28,12 +28,12 @@ from llmtasks.api.routes import (
     PUBLIC_ROUTES,
     SECURITY,
     SECURITY_SCHEMES,
-    UPLOAD_PATH,
     add_commands,
     add_queries,
     batches_of,
     caller_of,
     service_of,
+    takes_multipart,
     tenant_of,
 )
 from llmtasks.domain.caller import Caller
@@ -117,7 +117,8 @@ def handle(
     called by the batch and webhook routes alone) from the resolver's context."""
     headers = event.get("headers") or {}
     openai_shaped = openai_api.is_openai_path(event.get("rawPath") or "")
-    if event.get("body") and event.get("isBase64Encoded") and event.get("rawPath") != UPLOAD_PATH:
+    multipart = takes_multipart(event.get("rawPath") or "")
+    if event.get("body") and event.get("isBase64Encoded") and not multipart:
         # API Gateway base64-encodes bodies it does not take for text; JSON must be UTF-8 (an
         # upload's multipart body is bytes, read as such by its route).
         try:
@@ -131,7 +132,7 @@ def handle(
     if (
         (event.get("body") or headers.get("content-type"))
         and "json" not in headers.get("content-type", "")
-        and event.get("rawPath") != UPLOAD_PATH
+        and not multipart
     ):
         # Bodies are JSON whatever the client labels them: `curl -d '{...}'` sends a form type
         # (an upload's multipart body is the one that is not). An empty body labelled otherwise

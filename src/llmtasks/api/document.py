@@ -63,6 +63,11 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
         "GetBatch": ("get", "/batches/{batch_id}", {"batch_id": "$response.body#/batch_id"}),
         "BatchResults": ("get", "/batches/{batch_id}/results", {"batch_id": "$response.body#/batch_id"}),
         "BatchEvents": ("get", "/batches/{batch_id}/events", {"batch_id": "$response.body#/batch_id"}),
+        "BatchRefusedLines": (
+            "get",
+            "/batches/{batch_id}/refused",
+            {"batch_id": "$response.body#/batch_id"},
+        ),
         "CancelBatch": ("post", "/batches/{batch_id}/cancel", {"batch_id": "$response.body#/batch_id"}),
         "RetryBatch": ("post", "/batches/{batch_id}/retry", {"batch_id": "$response.body#/batch_id"}),
         "BatchWebhookAttempts": (
@@ -87,6 +92,11 @@ LINKS: dict[tuple[str, str, str], dict[str, _Link]] = {
     ("post", "/v1/files", "200"): {
         "RetrieveFile": ("get", "/v1/files/{file_id}", {"file_id": "$response.body#/id"}),
         "FileContent": ("get", "/v1/files/{file_id}/content", {"file_id": "$response.body#/id"}),
+    },
+    ("post", "/v1/uploads", "200"): {
+        "AddUploadPart": ("post", "/v1/uploads/{upload_id}/parts", {"upload_id": "$response.body#/id"}),
+        "CompleteUpload": ("post", "/v1/uploads/{upload_id}/complete", {"upload_id": "$response.body#/id"}),
+        "CancelUpload": ("post", "/v1/uploads/{upload_id}/cancel", {"upload_id": "$response.body#/id"}),
     },
     ("post", "/v1/batches", "200"): {
         "RetrieveBatch": ("get", "/v1/batches/{batch_id}", {"batch_id": "$response.body#/id"}),
@@ -116,6 +126,27 @@ UPLOAD_BODY: dict[str, Any] = {
     },
 }
 
+PART_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {
+                    "data": {
+                        "type": "string",
+                        "format": "binary",
+                        "minLength": 1,
+                        "description": "A part of the file's bytes: at most about 4.5 MB (the request's 6 MB"
+                        " holds its body base64-encoded).",
+                    },
+                },
+            }
+        }
+    },
+}
+
 
 METADATA: dict[str, Any] = {
     "type": "object",
@@ -130,6 +161,7 @@ def complete(document: dict[str, Any]) -> dict[str, Any]:
     document["components"]["schemas"]["Metadata"] = METADATA
     paths = document["paths"]
     paths["/v1/files"]["post"]["requestBody"] = UPLOAD_BODY
+    paths["/v1/uploads/{upload_id}/parts"]["post"]["requestBody"] = PART_BODY
     for (method, path, status), links in LINKS.items():
         response = paths[path][method]["responses"][status]
         response["links"] = {

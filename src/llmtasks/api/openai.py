@@ -23,7 +23,7 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
 from llmtasks.api.files import file_reply
-from llmtasks.api.openai_requests import CreateBatch, CreateResponse
+from llmtasks.api.openai_requests import CompleteUpload, CreateBatch, CreateResponse, CreateUpload
 from llmtasks.api.openai_responses import response_object, segment
 from llmtasks.domain.errors import ApiError, TaskNotFound, Unauthorized
 from llmtasks.domain.events import task_id_of
@@ -202,6 +202,26 @@ def add_commands(
     def upload_file() -> Response[Any]:
         content_type = app.current_event.headers.get("content-type", "")
         return _reply(_openai_batches(app, batches_of).upload(tenant_of(app), content_type, _body_bytes(app)))
+
+    @post("/v1/uploads", "OpenAI: begin an upload of a file in parts (a batch's input of any size)")
+    def create_upload(body: CreateUpload) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).create_upload(tenant_of(app), body))
+
+    @post("/v1/uploads/<upload_id>/parts", "OpenAI: add a part (multipart/form-data, field data)")
+    def add_upload_part(upload_id: str) -> Response[Any]:
+        content_type = app.current_event.headers.get("content-type", "")
+        part = _openai_batches(app, batches_of).add_part(
+            tenant_of(app), upload_id, content_type, _body_bytes(app)
+        )
+        return _reply(part)
+
+    @post("/v1/uploads/<upload_id>/complete", "OpenAI: join the parts, in order, into the file")
+    def complete_upload(upload_id: str, body: CompleteUpload) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).complete_upload(tenant_of(app), upload_id, body))
+
+    @post("/v1/uploads/<upload_id>/cancel", "OpenAI: cancel an upload (its parts expire)")
+    def cancel_upload(upload_id: str) -> Response[Any]:
+        return _reply(_openai_batches(app, batches_of).cancel_upload(tenant_of(app), upload_id))
 
     @post("/v1/batches", "OpenAI: create a batch from an uploaded file")
     def create_batch(

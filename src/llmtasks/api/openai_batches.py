@@ -21,9 +21,24 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from llmtasks.api.openai_requests import CreateBatch, CreateResponse, Endpoint, InputMessage
+from llmtasks.api.openai_requests import (
+    CompleteUpload,
+    CreateBatch,
+    CreateResponse,
+    CreateUpload,
+    Endpoint,
+    InputMessage,
+)
 from llmtasks.domain.batch_input import LineParser, first_error
-from llmtasks.domain.batches import Batch, BatchItem, BatchResult, BatchStatus, StoredFile, SubmitBatchRequest
+from llmtasks.domain.batches import (
+    Batch,
+    BatchItem,
+    BatchResult,
+    BatchStatus,
+    FileUpload,
+    StoredFile,
+    SubmitBatchRequest,
+)
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.domain.events import BATCH_ID_PREFIX, response_id
@@ -168,6 +183,40 @@ class OpenAIBatches:
         """The file's bytes, or a presigned URL to them when too large for a reply."""
         self._file(tenant_id, file_id)
         return self._batches.file_or_link(tenant_id, file_id)
+
+    # --- uploads (a file in parts: OpenAI's Uploads API) ---
+
+    def create_upload(self, tenant_id: str, body: CreateUpload) -> dict[str, Any]:
+        upload = self._batches.uploads.create(
+            tenant_id, size=body.bytes, filename=body.filename, purpose=body.purpose
+        )
+        return self._upload_object(upload)
+
+    def add_part(self, tenant_id: str, upload_id: str, content_type: str, body: bytes) -> dict[str, Any]:
+        data = multipart_fields(content_type, body).get("data", (None, b""))[1]
+        part_id, added_at = self._batches.uploads.add_part(tenant_id, upload_id, data)
+        return {"id": part_id, "object": "upload.part", "created_at": int(added_at), "upload_id": upload_id}
+
+    def complete_upload(self, tenant_id: str, upload_id: str, body: CompleteUpload) -> dict[str, Any]:
+        upload = self._batches.uploads.complete(tenant_id, upload_id, body.part_ids, body.md5)
+        return self._upload_object(upload)
+
+    def cancel_upload(self, tenant_id: str, upload_id: str) -> dict[str, Any]:
+        return self._upload_object(self._batches.uploads.cancel(tenant_id, upload_id))
+
+    def _upload_object(self, upload: FileUpload) -> dict[str, Any]:
+        made = self._batches.file(upload.tenant_id, upload.file_id) if upload.status == "completed" else None
+        return {
+            "id": upload.upload_id,
+            "object": "upload",
+            "bytes": upload.bytes,
+            "created_at": int(upload.created_at),
+            "filename": upload.filename,
+            "purpose": upload.purpose,
+            "status": upload.status_at(self._clock()),
+            "expires_at": int(upload.expires_at),
+            "file": made and file_object(made),
+        }
 
     # --- batches ---
 

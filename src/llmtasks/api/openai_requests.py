@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, WithJsonSchema
 
+from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.models import WEBHOOK_URL_RULE, ChatMessage, MaxTokens, SubmitTaskRequest, Temperature
 
@@ -116,6 +117,25 @@ class CreateBatch(_Closed):
     completion_window: Literal["24h"]
     metadata: OpenAIMetadata | None = None
     webhook_url: WebhookUrl | None = None
+
+
+class CreateUpload(_Closed):
+    """`POST /v1/uploads`: a file to send in parts (`expires_after` is refused: files expire with
+    the results, ResultRetentionDays)."""
+
+    bytes: int = Field(
+        ge=1, le=MAX_INPUT_FILE_BYTES, description="The file's size: its parts must add up to it."
+    )
+    filename: str = Field(min_length=1, max_length=256)
+    mime_type: str = Field(max_length=200)
+    purpose: Literal["batch"] = Field(description="llmtasks keeps files for batches only.")
+
+
+class CompleteUpload(_Closed):
+    """`POST /v1/uploads/{id}/complete`: the parts, in the file's order."""
+
+    part_ids: list[str] = Field(min_length=1, max_length=10_000)
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{32}$")
 
 
 # A task's field names, as OpenAI's request calls them.

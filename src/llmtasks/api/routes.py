@@ -67,7 +67,13 @@ MAX_OUTPUT_SEQUENCE = 10_000_000
 MAX_LIST_LIMIT = 100
 MAX_RESULTS_LIMIT = 1000
 JSONL = "application/jsonl"
-UPLOAD_PATH = "/v1/files"  # the one route whose body is not JSON (multipart/form-data)
+
+
+def takes_multipart(path: str) -> bool:
+    """The routes whose body is not JSON but multipart/form-data: a file, an upload's part."""
+    return path == "/v1/files" or (path.startswith("/v1/uploads/") and path.endswith("/parts"))
+
+
 # Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
 PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
 
@@ -298,6 +304,7 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
                 "description": "The retry is under way: the batch, pending until the items end",
                 "content": {"application/json": {"model": BatchView}},
             },
+            400: openapi_problem("The body is not valid JSON"),
             404: openapi_problem("Unknown, expired or another tenant's batch"),
             409: openapi_problem("The batch has not ended, or has no items of those statuses"),
             422: openapi_problem("An invalid body (an unknown status)"),

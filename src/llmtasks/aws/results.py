@@ -6,13 +6,14 @@ do the OpenAI surface's files (a batch's input, output and error files), under t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtasks.domain.batches import StoredFile
+from llmtasks.domain.batches import FileUpload, StoredFile
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task
 from llmtasks.observability import logger
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
 def manifest_key(batch_id: str) -> str:
     """Where a batch's items wait as JSON lines until they are fanned out."""
     return f"batches/{batch_id}.jsonl"
+
+
+# An upload's parts are looked up this many at once: S3 answers each in about 0.1 s.
+HEAD_THREADS = 8
+
+
+def _missing(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 @contextmanager
@@ -138,6 +147,68 @@ class ResultBlobs:
         """A writer of a batch's manifest (the put_manifest of a batch read from a file)."""
         return ObjectWriter(self._client, self.bucket, manifest_key(batch_id))
 
+    # OpenAI's Uploads API: an upload's record and its parts wait under uploads/ (which expires
+    # after a day: an upload never completed costs a day's storage of what was sent, at most).
+
+    def _upload_key(self, tenant_id: str, upload_id: str, name: str) -> str:
+        return f"uploads/{tenant_id}/{upload_id}/{name}"
+
+    def put_upload(self, upload: FileUpload) -> None:
+        with _s3("put"):
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._upload_key(upload.tenant_id, upload.upload_id, "upload.json"),
+                Body=upload.model_dump_json().encode(),
+                ContentType="application/json",
+            )
+
+    def upload(self, tenant_id: str, upload_id: str) -> FileUpload | None:
+        """The tenant's upload, or None (another tenant's uploads are none of its own)."""
+        with _s3("get"):
+            try:
+                body = self._client.get_object(
+                    Bucket=self.bucket, Key=self._upload_key(tenant_id, upload_id, "upload.json")
+                )["Body"].read()
+            except ClientError as exc:
+                if _missing(exc):
+                    return None
+                raise
+        return FileUpload.model_validate_json(body)
+
+    def put_part(self, tenant_id: str, upload_id: str, part_id: str, data: bytes) -> None:
+        with _s3("put"):
+            self._client.put_object(
+                Bucket=self.bucket, Key=self._upload_key(tenant_id, upload_id, part_id), Body=data
+            )
+
+    def part_sizes(self, tenant_id: str, upload_id: str, part_ids: list[str]) -> list[int | None]:
+        """Each part's size, in the given order; None for a part the upload does not have."""
+
+        def size(part_id: str) -> int | None:
+            with _s3("head"):
+                try:
+                    head = self._client.head_object(
+                        Bucket=self.bucket, Key=self._upload_key(tenant_id, upload_id, part_id)
+                    )
+                except ClientError as exc:
+                    if _missing(exc):
+                        return None
+                    raise
+            return head["ContentLength"]
+
+        with ThreadPoolExecutor(max_workers=HEAD_THREADS) as pool:
+            return list(pool.map(size, part_ids))
+
+    def part_chunks(self, tenant_id: str, upload_id: str, part_ids: list[str]) -> Iterator[bytes]:
+        """The parts' bytes in the given order, streamed."""
+        for part_id in part_ids:
+            with _s3("get"):
+                body = self._client.get_object(
+                    Bucket=self.bucket, Key=self._upload_key(tenant_id, upload_id, part_id)
+                )["Body"]
+            with _s3("get"), closing(body):
+                yield from body.iter_chunks(1024 * 1024)
+
     def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
         with _s3("put"):
             self._client.put_object(
@@ -154,7 +225,7 @@ class ResultBlobs:
             try:
                 head = self._client.head_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                if _missing(exc):
                     return None
                 raise
         return StoredFile(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -48,6 +49,12 @@ MAX_INPUT_LINE_BYTES = 1024 * 1024
 # Refused lines a batch keeps on its item (all of them are in its refused-lines file).
 REFUSED_SAMPLE = 20
 FILE_ID_PATTERN = r"^file-[0-9a-f]{32}$"
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
 ITEMS_OR_FILE: Ways = [{"items": True, "input_file_id": False}, {"items": False, "input_file_id": True}]
 
 
@@ -478,3 +485,26 @@ class StoredFile:
     purpose: str
     size: int
     created_at: float
+
+
+# OpenAI's Uploads API: a file sent in parts, each within a request's 6 MB (base64-encoded in
+# the invocation's event: about 4.5 MB of bytes), then made whole.
+UPLOAD_TTL_S = 3600  # a pending upload expires an hour after it began (OpenAI's default)
+UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
+
+
+class FileUpload(BaseModel):
+    """One upload of OpenAI's Uploads API, as the results bucket keeps it (beside its parts)."""
+
+    upload_id: str
+    tenant_id: str
+    file_id: str  # the file it makes once completed
+    bytes: int
+    filename: str
+    purpose: str
+    created_at: float
+    expires_at: float
+    status: UploadStatus = "pending"
+
+    def status_at(self, now: float) -> UploadStatus:
+        return "expired" if self.status == "pending" and now >= self.expires_at else self.status

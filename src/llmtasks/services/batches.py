@@ -37,6 +37,7 @@ from llmtasks.domain.batches import (
     RetryBatchRequest,
     StoredFile,
     SubmitBatchRequest,
+    new_file_id,
 )
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import results_cursor, results_index
@@ -54,6 +55,7 @@ from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
 from llmtasks.services.batch_inputs import LLMTASKS_FORMAT, refused_file_id
+from llmtasks.services.file_uploads import FileUploads
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
@@ -67,10 +69,6 @@ MAX_INLINE_FILE_BYTES = 4 * 1024 * 1024
 UPLOAD_URL_TTL_S = 3600
 DOWNLOAD_URL_TTL_S = 3600
 FILE_HEAD_BYTES = 64 * 1024
-
-
-def new_file_id() -> str:
-    return f"file-{uuid.uuid4().hex}"
 
 
 def new_batch_id(tenant_id: str, idempotency_key: str | None) -> str:
@@ -144,6 +142,11 @@ class BatchService:
 
     def file_content(self, tenant_id: str, file_id: str) -> bytes:
         return self._results.file_content(tenant_id, file_id)
+
+    @property
+    def uploads(self) -> FileUploads:
+        """OpenAI's Uploads API: files sent in parts (see file_uploads.py)."""
+        return FileUploads(self._results, clock=self._clock)
 
     def open_file(self, tenant_id: str, file_id: str, *, filename: str, purpose: str) -> FileSink:
         """A tenant's file written as it grows (it exists once closed)."""
