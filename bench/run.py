@@ -1561,7 +1561,7 @@ def batch_file_lines(items: int, line_bytes: int) -> bytes:
 
 
 def queue_drained(stack: LaunchedStack, name: str) -> bool:
-    sqs = boto3.client("sqs", endpoint_url=stack.endpoint, region_name="us-east-1")
+    sqs = moto_session().client("sqs", endpoint_url=stack.endpoint)
     url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
     counts = sqs.get_queue_attributes(
         QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
