@@ -201,6 +201,25 @@ def test_a_key_s_requests_a_second_are_counted_per_second_and_refused_with_retry
     assert (window["Item"]["n"]["N"], window["Item"]["expires_at"]["N"]) == ("2", "1060")
 
 
+def test_a_file_batch_held_as_one_is_weighed_as_its_items_once_read(aws: Aws, settings: Settings) -> None:
+    clock = [1000.0]
+    counters = limits(aws, settings, clock)
+    capped = Caller("acme", "files", max_in_flight=12)
+    counters.hold(capped, "t", "task-1", weight=4)
+    counters.hold(capped, "b", "batch-1")  # a file not read yet
+    assert counters.reweigh("files", 12, "batch-1", weight=6)  # 4 + 6
+    assert counters.reweigh("files", 12, "batch-1", weight=6)  # read again (a redelivery): no change
+    assert {(h.work_id, h.weight) for h in counters.held("files")} == {("task-1", 4), ("batch-1", 6)}
+    counters.hold(capped, "b", "batch-2")
+    counters.hold(capped, "t", "task-2")  # 12: full
+    with pytest.raises(TooManyRequests):
+        counters.hold(capped, "t", "task-3")
+    assert not counters.reweigh("files", 12, "batch-2", weight=2)  # 13 would be over 12
+    assert not counters.reweigh("files", 12, "batch-2", weight=13)  # over the cap alone
+    assert counters.reweigh("files", 12, "batch-3", weight=5)  # no entry (released): nothing to weigh
+    assert sum(h.weight for h in counters.held("files")) == 12
+
+
 def test_a_key_s_tasks_in_flight_are_capped_until_some_end(aws: Aws, settings: Settings) -> None:
     clock = [1000.0]
     store = TaskStore(settings.tasks_table_name, aws.dynamodb)

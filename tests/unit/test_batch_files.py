@@ -15,12 +15,15 @@ import boto3
 import httpx
 import pytest
 
+from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.results import PART_BYTES, ObjectWriter
 from llmtasks.domain.batch_input import numbered_lines
-from llmtasks.domain.batches import UPLOAD_TTL_S, BatchStatus
+from llmtasks.domain.batches import UPLOAD_TTL_S, BatchStatus, SubmitBatchRequest
+from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.services import batch_inputs
-from llmtasks.services.batches import batch_task_id
+from llmtasks.services.batch_inputs import BatchInputReader
+from llmtasks.services.batches import BatchService, batch_task_id
 from llmtasks.services.file_uploads import FileUploads
 from llmtasks.settings import Settings
 from llmtasks_client import AsyncClient, Client, ProblemError
@@ -308,3 +311,27 @@ def test_the_async_sdk_streams_a_batch_file_from_its_path(tmp_path: Any) -> None
     assert body == data
     assert headers["content-length"] == str(len(data))
     assert "authorization" not in headers
+
+
+def test_a_file_whose_items_do_not_fit_its_key_s_in_flight_fails_its_batch(rig: Rig) -> None:
+    assert rig.settings.limits_table_name is not None
+    ended = work_ended(rig.store, rig.batches)
+    counters = KeyLimits(rig.settings.limits_table_name, rig.aws.dynamodb, ended=ended)
+    service = BatchService(
+        rig.settings, rig.store, rig.batches, rig.fanout_queue, results=blobs(rig.settings), limits=counters
+    )
+    reader = BatchInputReader(
+        rig.settings, rig.batches, blobs(rig.settings), rig.fanout_queue, limits=counters
+    )
+    caller = Caller("default", "k1", max_in_flight=4)
+    fits = upload(rig, lines(*[{"prompt": str(i)} for i in range(4)]))
+    too_many = upload(rig, lines(*[{"prompt": str(i)} for i in range(5)]))
+    first = service.submit("default", SubmitBatchRequest(input_file_id=too_many), caller=caller).batch
+    reader.read(first)
+    failed = rig.batch(first.batch_id)
+    assert failed.status is BatchStatus.FAILED
+    assert failed.input is not None
+    assert failed.input.errors == ["its 5 items are more than its API key may have in flight (4)"]
+    second = service.submit("default", SubmitBatchRequest(input_file_id=fits), caller=caller).batch
+    reader.read(second)  # the failed batch's hold is released (it ended), so 4 fit
+    assert rig.batch(second.batch_id).status is BatchStatus.PENDING

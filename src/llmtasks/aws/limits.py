@@ -109,14 +109,12 @@ class KeyLimits:
             )
         for attempt in range(2):
             try:
-                counter_update(
-                    self._client,
-                    self.table_name,
-                    f"flight#{key_id}",
+                self._in_flight(
+                    key_id,
+                    f"{kind}_{work_id}",
                     "SET #entry = :entry, #n = if_not_exists(#n, :zero) + :weight",
                     "attribute_not_exists(#entry) AND (attribute_not_exists(#n) OR #n <= :room)",
                     {":entry": [weight, self._clock()], ":zero": 0, ":weight": weight, ":room": cap - weight},
-                    names={"#entry": f"{kind}_{work_id}"},
                 )
                 return
             except CounterRefused:
@@ -136,14 +134,12 @@ class KeyLimits:
         weighs its `weight` items; False when the key's max_in_flight (`cap`) has no room."""
         for attempt in range(2):
             try:
-                counter_update(
-                    self._client,
-                    self.table_name,
-                    f"flight#{key_id}",
+                self._in_flight(
+                    key_id,
+                    f"b_{work_id}",
                     "SET #entry = :entry, #n = #n + :more",
                     "attribute_exists(#entry) AND #n <= :room",
                     {":entry": [weight, self._clock()], ":more": weight - 1, ":room": cap - (weight - 1)},
-                    names={"#entry": f"b_{work_id}"},
                 )
                 return True
             except CounterRefused:
@@ -156,6 +152,21 @@ class KeyLimits:
                 if attempt == 0 and self._release_ended(key_id, held):
                     continue
         return False
+
+    def _in_flight(
+        self, key_id: str, entry: str, update: str, condition: str, values: dict[str, Any]
+    ) -> None:
+        """One conditional write of the key's in-flight item, on its count and `entry` (#entry);
+        CounterRefused when `condition` does not hold."""
+        counter_update(
+            self._client,
+            self.table_name,
+            f"flight#{key_id}",
+            update,
+            condition,
+            values,
+            names={"#entry": entry},
+        )
 
     def held(self, key_id: str) -> list[Held]:
         with dynamodb_errors("LimitsTable read"):
@@ -176,14 +187,12 @@ class KeyLimits:
 
     def _release(self, key_id: str, entry: Held) -> bool:
         try:
-            counter_update(
-                self._client,
-                self.table_name,
-                f"flight#{key_id}",
+            self._in_flight(
+                key_id,
+                f"{entry.kind}_{entry.work_id}",
                 "REMOVE #entry SET #n = #n - :weight",
                 "attribute_exists(#entry)",
                 {":weight": entry.weight},
-                names={"#entry": f"{entry.kind}_{entry.work_id}"},
             )
         except CounterRefused:
             return False  # another submit removed it first
