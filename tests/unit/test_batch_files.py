@@ -335,3 +335,15 @@ def test_a_file_whose_items_do_not_fit_its_key_s_in_flight_fails_its_batch(rig: 
     second = service.submit("default", SubmitBatchRequest(input_file_id=fits), caller=caller).batch
     reader.read(second)  # the failed batch's hold is released (it ended), so 4 fit
     assert rig.batch(second.batch_id).status is BatchStatus.PENDING
+
+
+def test_a_batch_whose_file_is_refused_whole_still_sends_its_webhook(rig: Rig) -> None:
+    file_id = upload(rig, lines({"nope": 1}))
+    reply = rig.api.call(
+        "POST", "/batches", {"input_file_id": file_id, "webhook_url": "http://127.0.0.1:9/hook"}
+    )
+    batch_id = reply["json"]["batch_id"]
+    rig.fan_out()
+    assert rig.batch(batch_id).status is BatchStatus.FAILED
+    [event] = rig.relay(rig.stream())  # through WebhookFunction's stream filter, as the template has it
+    assert (event.batch_id, event.event_type) == (batch_id, "batch.completed")

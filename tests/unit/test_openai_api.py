@@ -166,6 +166,7 @@ def test_a_responses_webhook_event_is_openais_for_its_terminal_state(
         (BatchStatus.COMPLETED, "batch.completed"),
         (BatchStatus.COMPLETED_WITH_ERRORS, "batch.completed"),
         (BatchStatus.CANCELLED, "batch.cancelled"),
+        (BatchStatus.FAILED, "batch.failed"),
     ],
 )
 def test_a_batchs_webhook_event_is_openais_for_its_terminal_state(

@@ -465,8 +465,9 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **_AUTH,
             200: {
-                "description": "One JSON line a refused line: `line` (from 1), `custom_id`, `error`",
-                "content": {"application/jsonl": {"schema": {"type": "string"}}},
+                "description": "A file of JSON Lines, one a refused line: `line` (from 1), `custom_id`,"
+                " `error`",
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
             },
             307: {"description": "Over 4 MiB: a presigned URL to the same lines (Location)"},
             404: openapi_problem(
@@ -476,7 +477,8 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
     )
     def batch_refused_lines(batch_id: str) -> Response[Any]:
         data, link = batches_of(app).refused_lines(tenant_of(app), batch_id)
-        return file_reply(data, link, content_type="application/jsonl")
+        # A file, as the OpenAI surface serves its files (and as client generators read one).
+        return file_reply(data, link, content_type="application/octet-stream")
 
     @app.get(
         "/batches/<batch_id>/events",

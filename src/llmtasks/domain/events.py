@@ -41,12 +41,14 @@ class WebhookEvent(BaseModel):
 
 def openai_event(webhook_id: str, subject: TaskView | BatchView) -> dict[str, Any]:
     """OpenAI's webhook event for a response or a batch that ended (response.completed, .failed,
-    .cancelled; batch.completed, .cancelled), signed like llmtasks' own (Standard Webhooks), as
-    OpenAI signs its."""
+    .cancelled; batch.completed, .cancelled, .failed: its file refused whole), signed like
+    llmtasks' own (Standard Webhooks), as OpenAI signs its."""
     if isinstance(subject, TaskView):
         kind, object_id = "response." + subject.status.value, response_id(subject.task_id)
     else:
-        ended = "cancelled" if subject.status is BatchStatus.CANCELLED else "completed"
+        ended = {BatchStatus.CANCELLED: "cancelled", BatchStatus.FAILED: "failed"}.get(
+            subject.status, "completed"
+        )
         kind, object_id = "batch." + ended, BATCH_ID_PREFIX + subject.batch_id
     return {
         "object": "event",
