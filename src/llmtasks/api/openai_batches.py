@@ -41,6 +41,7 @@ from llmtasks.domain.batches import (
 )
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
+from llmtasks.domain.errors import FileNotFound as NoSuchFile
 from llmtasks.domain.events import BATCH_ID_PREFIX, response_id
 from llmtasks.domain.models import TaskStatus
 from llmtasks.services.batches import BatchService
@@ -180,9 +181,12 @@ class OpenAIBatches:
         return file_object(self._file(tenant_id, file_id))
 
     def content(self, tenant_id: str, file_id: str) -> tuple[bytes | None, str | None]:
-        """The file's bytes, or a presigned URL to them when too large for a reply."""
-        self._file(tenant_id, file_id)
-        return self._batches.file_or_link(tenant_id, file_id)
+        """The file's bytes, or a presigned URL to them when too large for a reply (one look at
+        the file, which also says whether the tenant has it)."""
+        try:
+            return self._batches.file_or_link(tenant_id, file_id)
+        except NoSuchFile:
+            raise FileNotFound(f"No file found with id '{file_id[:80]}'.") from None
 
     # --- uploads (a file in parts: OpenAI's Uploads API) ---
 

@@ -119,12 +119,16 @@ class ResultBlobs:
                 ExpiresIn=expires_s,
             )
 
-    def file_chunks(self, tenant_id: str, file_id: str, *, chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
-        """The tenant's file as it streams from S3, `chunk_bytes` at a time (never whole)."""
+    def _object_chunks(self, key: str) -> Iterator[bytes]:
+        """An object as it streams from S3, a mebibyte at a time (never whole)."""
         with _s3("get"):
-            body = self._client.get_object(Bucket=self.bucket, Key=self._file_key(tenant_id, file_id))["Body"]
+            body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
         with _s3("get"), closing(body):
-            yield from body.iter_chunks(chunk_bytes)
+            yield from body.iter_chunks(1024 * 1024)
+
+    def file_chunks(self, tenant_id: str, file_id: str) -> Iterator[bytes]:
+        """The tenant's file as it streams from S3."""
+        return self._object_chunks(self._file_key(tenant_id, file_id))
 
     def file_head(self, tenant_id: str, file_id: str, size: int) -> bytes:
         """The first `size` bytes of the tenant's file (one ranged GET)."""
@@ -202,12 +206,7 @@ class ResultBlobs:
     def part_chunks(self, tenant_id: str, upload_id: str, part_ids: list[str]) -> Iterator[bytes]:
         """The parts' bytes in the given order, streamed."""
         for part_id in part_ids:
-            with _s3("get"):
-                body = self._client.get_object(
-                    Bucket=self.bucket, Key=self._upload_key(tenant_id, upload_id, part_id)
-                )["Body"]
-            with _s3("get"), closing(body):
-                yield from body.iter_chunks(1024 * 1024)
+            yield from self._object_chunks(self._upload_key(tenant_id, upload_id, part_id))
 
     def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
         with _s3("put"):
