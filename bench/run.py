@@ -1626,7 +1626,8 @@ def projected_fanout_s(calls: dict[str, int], concurrency: int) -> float:
 def batch_files(report: Report, quick: bool) -> None:
     """Issue 45's figures: a batch from a file (2,000 and 20,000 lines of ~2 KB: 4 and 40 MB),
     its read and fan-out, the fan-out function's peak memory at each size, the same file
-    downloaded through its presigned redirect, and an Uploads API join of it."""
+    downloaded through its presigned redirect, an Uploads API join of it, and an OpenAI batch of
+    as many requests run to its end, its ~2 KB answers in an output file as large, downloaded."""
     section = "batch files"
     sizes = (200, 2000) if quick else (2000, 20000)
     line_bytes = 2000
@@ -1701,10 +1702,101 @@ def batch_files(report: Report, quick: bool) -> None:
         f"{download_s:.2f} s",
         f"bytes exact: {verdict(content.content == data)}",
     )
+    output = openai_output_file(sizes[1], line_bytes)
+    report.add(
+        section,
+        f"OpenAI batch of {output.lines:,} requests: run to its last answer",
+        f"{output.run_s:.0f} s",
+        f"{output.lines / output.run_s:.0f} requests/s",
+    )
+    report.add(
+        section,
+        "  finalizing (BatchFunction writes its output file, then it ends)",
+        f"{output.finalizing_s:.1f} s",
+        f"{output.lines / max(output.finalizing_s, 0.01):.0f} lines/s",
+    )
+    report.add(
+        section,
+        f"  its {output.bytes / 1e6:.0f} MB output file downloaded (307 to a presigned GET)",
+        f"{output.download_s:.2f} s",
+        f"every custom_id once, answered: {verdict(output.exact)}",
+    )
+    report.add(
+        section,
+        "  BatchFunction peak RSS (fan-out, counting, the file)",
+        f"{output.peak_rss_kib / 1024:.0f} MiB",
+    )
     report.note(
         "batch files: the items' calls wait on a mock answering in 300 s, so only the fan-out works;"
         f" the AWS projection counts each call of the fan-out at {AWS_CALL_MS} ms and spreads them"
         f" over BatchFunction's {concurrency} concurrent fan-out invocations"
+    )
+
+
+@dataclass
+class OutputFile:
+    lines: int
+    run_s: float  # from batches.create to every request ended (finalizing, or completed)
+    finalizing_s: float  # from first seen finalizing to completed: its files written
+    bytes: int
+    download_s: float
+    exact: bool  # every custom_id once, each answered
+    peak_rss_kib: int
+
+
+def openai_output_file(items: int, reply_chars: int) -> OutputFile:
+    """An OpenAI batch of `items` requests run to its end on a fresh stack (the mock answering at
+    once with `reply_chars` characters), its output file written by BatchFunction as it ends,
+    then downloaded through the presigned redirect."""
+    lines = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"row-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]},
+            }
+        ).encode()
+        + b"\n"
+        for i in range(items)
+    )
+    with stack_running() as stack:
+        stack.configure_mock(**{**PLAIN_MOCK, "latency_s": 0, "reply_chars": reply_chars})
+        with stack.client() as client:
+            upload = client.post("/batches/uploads").json()
+            httpx.put(upload["upload_url"], content=lines, timeout=300).raise_for_status()
+            create = {
+                "input_file_id": upload["file_id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            }
+            started = time.monotonic()
+            openai_id = client.post("/v1/batches", json=create).json()["id"]
+            finalizing_at = None
+            while (batch := client.get(f"/v1/batches/{openai_id}").json())["status"] != "completed":
+                if batch["status"] == "finalizing" and finalizing_at is None:
+                    finalizing_at = time.monotonic()
+                time.sleep(0.25)
+            ended_at = time.monotonic()
+            started_download = time.monotonic()
+            content = client.get(
+                f"/v1/files/{batch['output_file_id']}/content", follow_redirects=True, timeout=300
+            ).content
+            download_s = time.monotonic() - started_download
+        peaks = [status_kib(pid, "VmHWM") or 0 for pid in sandbox_functions(stack).get("BatchFunction", [])]
+    answered = [json.loads(line) for line in content.splitlines()]
+    exact = sorted(line["custom_id"] for line in answered) == sorted(
+        f"row-{i}" for i in range(items)
+    ) and all(line["response"]["status_code"] == 200 for line in answered)
+    run_s = (finalizing_at or ended_at) - started
+    return OutputFile(
+        items,
+        run_s,
+        ended_at - (finalizing_at or ended_at),
+        len(content),
+        download_s,
+        exact,
+        max(peaks, default=0),
     )
 
 

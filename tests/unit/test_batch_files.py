@@ -23,7 +23,8 @@ from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.services import batch_inputs
 from llmtasks.services.batch_inputs import BatchInputReader
-from llmtasks.services.batches import BatchService, batch_task_id
+from llmtasks.services.batch_outcomes import batch_task_id
+from llmtasks.services.batches import BatchService
 from llmtasks.services.file_uploads import FileUploads
 from llmtasks.settings import Settings
 from llmtasks_client import AsyncClient, Client, ProblemError
@@ -222,7 +223,7 @@ def test_an_upload_s_parts_are_joined_in_the_order_complete_names_them(rig: Rig)
     ids = [uploads.add_part("default", upload.upload_id, piece)[0] for piece in reversed(pieces)]
     completed = uploads.complete("default", upload.upload_id, list(reversed(ids)), None)
     assert completed.status == "completed"
-    assert rig.service.file_content("default", upload.file_id) == b"".join(pieces)
+    assert rig.service.outcomes.file_content("default", upload.file_id) == b"".join(pieces)
     stored = rig.service.file("default", upload.file_id)
     assert stored is not None
     assert (stored.filename, stored.size) == ("in.jsonl", sum(map(len, pieces)))
@@ -347,3 +348,111 @@ def test_a_batch_whose_file_is_refused_whole_still_sends_its_webhook(rig: Rig) -
     assert rig.batch(batch_id).status is BatchStatus.FAILED
     [event] = rig.relay(rig.stream())  # through WebhookFunction's stream filter, as the template has it
     assert (event.batch_id, event.event_type) == (batch_id, "batch.completed")
+
+
+def test_an_openai_batch_ends_once_its_files_are_written_so_its_webhook_finds_them(rig: Rig) -> None:
+    request = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+    data = lines(
+        *(
+            {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": request}
+            for i in range(5)
+        ),
+        b"not json",
+    )
+    rig.service.put_file("default", "file-" + "a" * 32, data, filename="in.jsonl", purpose="batch")
+    created = rig.api.call(
+        "POST",
+        "/v1/batches",
+        {
+            "input_file_id": "file-" + "a" * 32,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "webhook_url": "http://127.0.0.1:9/hook",
+        },
+    )
+    assert created["statusCode"] == 200, created
+    openai_id = created["json"]["id"]
+    batch_id = openai_id.removeprefix("batch_")
+    rig.fan_out()  # the read
+    rig.fan_out()  # the chunks
+    assert rig.run_items() == 5
+    rig.count(rig.stream())
+
+    # Every request has ended: the batch is finalizing, and has not ended (no webhook yet)
+    seen = rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]
+    assert (seen["status"], seen["output_file_id"], seen["error_file_id"]) == ("finalizing", None, None)
+    assert rig.batch(batch_id).status is BatchStatus.PENDING
+    assert rig.relay(rig.stream()) == []
+    # BatchFunction writes its files, and ends it in the same write that records them
+    [written] = rig.fan_out()
+    assert json.loads(written["Body"])["action"] == "files"
+    ended = rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]
+    assert ended["status"] == "completed"
+    assert ended["request_counts"] == {"total": 6, "completed": 5, "failed": 1}
+    output = rig.api.call("GET", f"/v1/files/{ended['output_file_id']}/content")
+    body = base64.b64decode(output["body"]) if output.get("isBase64Encoded") else output["body"].encode()
+    assert sorted(json.loads(line)["custom_id"] for line in body.splitlines()) == [f"r{i}" for i in range(5)]
+    assert ended["error_file_id"] is not None
+    [event] = rig.relay(rig.stream())
+    assert (event.batch_id, event.event_type) == (batch_id, "batch.completed")
+
+    # A copy of the files message (SQS is at-least-once) finds it ended: nothing moves
+    batch = rig.batch(batch_id)
+    rig.batch_fn(rig._sqs_event("BatchFanoutQueue", [written]), rig.batch_ctx)
+    assert rig.batch(batch_id) == batch
+    assert rig.relay(rig.stream()) == []
+
+
+def test_a_copy_of_an_end_s_files_message_met_after_a_retry_writes_nothing(rig: Rig) -> None:
+    # Given an OpenAI batch cancelled before its requests ran, ended with its files
+    file_id = "file-" + "b" * 32
+    body = {"messages": [{"role": "user", "content": "q"}]}
+    line = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    rig.service.put_file(
+        "default", file_id, lines(line, line | {"custom_id": "y"}), filename="i", purpose="batch"
+    )
+    create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    openai_id = rig.api.call("POST", "/v1/batches", create)["json"]["id"]
+    batch_id = openai_id.removeprefix("batch_")
+    rig.fan_out()
+    rig.fan_out()
+    assert rig.api.call("POST", f"/v1/batches/{openai_id}/cancel")["json"]["status"] == "cancelling"
+    rig.fan_out()  # the cancel: both items cancelled, and the batch's end asks for its files
+    rig.count(rig.stream())
+    assert rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]["status"] == "cancelling"
+    ends = rig.fan_out()
+    assert {json.loads(m["Body"])["action"] for m in ends} == {"files"}
+    first = rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]
+    assert first["status"] == "cancelled"
+    assert first["error_file_id"] == f"file-{batch_id}-errors"
+    # When it is retried, and a copy of that end's message comes again
+    assert (
+        rig.api.call("POST", f"/batches/{batch_id}/retry", {"statuses": ["cancelled"]})["statusCode"] == 202
+    )
+    rig.batch_fn(rig._sqs_event("BatchFanoutQueue", ends[:1]), rig.batch_ctx)
+    # Then it writes nothing and ends nothing: the retry's own end writes its files
+    assert not rig.batch(batch_id).status.is_terminal
+    rig.fan_out()  # the retry's chunk
+    rig.run_items(allow_retries=True)  # (the cancelled items' first messages are there too)
+    rig.count(rig.stream())
+    assert rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]["status"] == "finalizing"
+    rig.fan_out()
+    again = rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]
+    assert (again["status"], again["error_file_id"]) == ("completed", None)
+    assert again["output_file_id"] == f"file-{batch_id}-output-retry1"
+
+
+def test_an_openai_batch_whose_every_line_is_refused_fails_with_each_line_in_its_errors(rig: Rig) -> None:
+    file_id = "file-" + "c" * 32
+    rig.service.put_file("default", file_id, lines({"custom_id": "a"}, b"[1]"), filename="i", purpose="batch")
+    create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    openai_id = rig.api.call("POST", "/v1/batches", create)["json"]["id"]
+    rig.fan_out()
+    failed = rig.api.call("GET", f"/v1/batches/{openai_id}")["json"]
+    assert (failed["status"], failed["output_file_id"], failed["error_file_id"]) == ("failed", None, None)
+    assert [(e["code"], e["line"]) for e in failed["errors"]["data"]] == [
+        ("invalid_file", None),
+        ("invalid_request", 1),
+        ("invalid_request", 2),
+    ]
+    assert rig.aws.messages("BatchFanoutQueue") == []  # a failed batch has no files to write

@@ -14,7 +14,7 @@ import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 from botocore.exceptions import ClientError
 
-from llmtasks.api.openai_batches import ENDPOINTS, line_parser
+from llmtasks.api.openai_batches import ENDPOINTS, OpenAIBatchFiles, line_parser
 from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
@@ -28,8 +28,9 @@ from llmtasks.domain.models import TaskStatus
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.records import sqs_record
 from llmtasks.services.batch_inputs import BatchInputReader
-from llmtasks.services.batch_items import BatchFanout, BatchProgress
-from llmtasks.services.batches import BatchService, batch_task_id
+from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
+from llmtasks.services.batch_outcomes import batch_task_id
+from llmtasks.services.batches import BatchService
 from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
@@ -77,11 +78,16 @@ class Rig:
         )
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
         self.lanes = task_lanes(settings, aws.sqs)
+        # An OpenAI batch's output files, written as it ends, as BatchFunction is wired.
+        self.ends = BatchEnds(
+            self.batches, self.fanout_queue, files=OpenAIBatchFiles(self.service.outcomes).write
+        )
         self.fanout = BatchFanout(
             settings,
             self.store,
             self.batches,
             self.lanes,
+            ends=self.ends,
             results=blobs(settings),
             inputs=BatchInputReader(
                 settings,
@@ -91,7 +97,7 @@ class Rig:
                 parsers={endpoint: line_parser(endpoint) for endpoint in ENDPOINTS},
             ),
         )
-        self.progress = BatchProgress(self.batches)
+        self.progress = BatchProgress(self.batches, ends=self.ends)
         self.worker_fn, self.worker_ctx = handler("WorkerFunction")
         self.webhook_fn, self.webhook_ctx = handler("WebhookFunction")
         llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock-model")
@@ -321,7 +327,7 @@ def test_a_plain_task_s_change_among_the_records_leaves_the_items_after_it_count
     [alone] = [task_change(r) for r in records if r["dynamodb"]["Keys"]["pk"]["S"].endswith(plain)]
     # When its change comes first in what the progress is handed (the stream filter would drop it)
     watched = WatchedCounts(rig)
-    BatchProgress(watched).apply([alone, *items])
+    BatchProgress(watched, ends=rig.ends).apply([alone, *items])
     # Then it is passed over, and the items after it are counted, in one transaction
     assert watched.transactions == 1
     batch = rig.batch(batch_id)
@@ -588,7 +594,7 @@ def counted_batch(rig: Rig, items: int) -> tuple[str, list[dict[str, Any]]]:
 def test_a_replay_is_refused_by_the_marks_it_finds_without_reading_them_again(rig: Rig) -> None:
     batch_id, records = counted_batch(rig, 3)
     watched = WatchedCounts(rig)
-    rig.progress = BatchProgress(watched)
+    rig.progress = BatchProgress(watched, ends=rig.ends)
     rig.count(records)
     # One refused transaction, whose reasons hold each mark's revision: nothing more is read
     assert (watched.transactions, watched.mark_reads) == (1, 0)
@@ -601,7 +607,7 @@ def test_counts_that_meet_another_transaction_back_off_and_apply(rig: Rig) -> No
     assert rig.run_items() == 2
     slept: list[float] = []
     watched = WatchedCounts(rig, conflicts=2)
-    rig.progress = BatchProgress(watched, sleep=slept.append)
+    rig.progress = BatchProgress(watched, ends=rig.ends, sleep=slept.append)
     rig.count(rig.stream())
     # Two conflicts, each waited out longer than the one before (0.05 s, doubled), then applied
     assert slept == pytest.approx([0.05, 0.1])
@@ -618,7 +624,7 @@ def test_a_replay_whose_refusal_names_no_revision_reads_what_the_counters_includ
     batch_id, records = counted_batch(rig, 3)
     # When its records come again and each refusal leaves out the revision it holds
     watched = RefusalsWithoutItems(rig)
-    rig.progress = BatchProgress(watched)
+    rig.progress = BatchProgress(watched, ends=rig.ends)
     rig.count(records)
     # Then the progress reads each task's counted revision itself, and counts nothing twice
     assert watched.mark_reads == 3
@@ -828,7 +834,9 @@ def test_results_page_in_submission_order_and_as_json_lines(rig: Rig) -> None:
 
 
 def test_a_batch_fan_out_message_without_its_batch_waits_then_is_dropped(rig: Rig) -> None:
-    fanout = BatchFanout(rig.settings, rig.store, rig.batches, rig.lanes, results=blobs(rig.settings))
+    fanout = BatchFanout(
+        rig.settings, rig.store, rig.batches, rig.lanes, ends=rig.ends, results=blobs(rig.settings)
+    )
     message = FanoutMessage(batch_id="e" * 32, chunk=0)
     with pytest.raises(RetryLater):
         fanout.handle(message, sent_at=time.time())

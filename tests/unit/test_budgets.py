@@ -273,6 +273,7 @@ def test_a_batch_reserves_its_items_as_they_fan_out_and_those_past_the_budget_fa
         rig.store,
         rig.batches,
         rig.lanes,
+        ends=rig.ends,
         results=blobs(rig.settings),
         budgets=budgets,
         clock=clock,

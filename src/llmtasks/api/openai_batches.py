@@ -4,8 +4,9 @@ formats, so that code written with the `openai` SDK runs unchanged.
 
 An OpenAI batch is a native batch (`batch_<id>`): its valid lines are the batch's items, with
 their custom_id; a line that cannot be served is reported in the error file and does not fail
-the batch. The output and error files are written once the batch has ended, on the first read
-that sees it ended, with ids derived from the batch's, so every later read finds the same ones.
+the batch. Once every request has ended the batch is `finalizing` while BatchFunction writes
+its output and error files (OpenAIBatchFiles); it ends, `completed` or `cancelled`, in the write
+that records them, so whoever learns it ended (a read, its webhook) finds them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from llmtasks.api.openai_requests import (
 from llmtasks.domain.batch_input import LineParser, first_error
 from llmtasks.domain.batches import (
     Batch,
+    BatchFiles,
     BatchItem,
     BatchResult,
     BatchStatus,
@@ -44,6 +46,7 @@ from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.domain.errors import FileNotFound as NoSuchFile
 from llmtasks.domain.events import BATCH_ID_PREFIX, response_id
 from llmtasks.domain.models import TaskStatus
+from llmtasks.services.batch_outcomes import BatchOutcomes
 from llmtasks.services.batches import BatchService
 
 ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
@@ -254,13 +257,13 @@ class OpenAIBatches:
         return self._batch_object(submission.batch)
 
     def retrieve(self, tenant_id: str, openai_id: str) -> dict[str, Any]:
-        return self._batch_object(self._batch(tenant_id, openai_id), finalize=True)
+        return self._batch_object(self._batch(tenant_id, openai_id))
 
     def cancel(self, tenant_id: str, openai_id: str) -> dict[str, Any]:
         batch = self._batch(tenant_id, openai_id)
         if not batch.status.is_terminal:
             batch = self._batches.cancel(tenant_id, batch.batch_id)
-        return self._batch_object(batch, finalize=True)
+        return self._batch_object(batch)
 
     def _batch(self, tenant_id: str, openai_id: str) -> Batch:
         try:
@@ -273,33 +276,26 @@ class OpenAIBatches:
             raise BatchNotFound(f"No batch found with id '{openai_id[:80]}' (it was made by POST /batches).")
         return batch
 
-    def _batch_object(self, batch: Batch, *, finalize: bool = False) -> dict[str, Any]:
+    def _batch_object(self, batch: Batch) -> dict[str, Any]:
         described = (batch.metadata or {})["openai"]
         # Lines it could not serve: counted as the file was read (older batches: at create).
         invalid = batch.input.refused if batch.input is not None else int(described.get("invalid", 0))
-        output_file_id = error_file_id = None
-        if finalize and batch.status.is_terminal:
-            output_file_id, error_file_id = self._files_of(batch, invalid)
+        files = self._files_of(batch)
         created = int(batch.created_at)
         ended = int(batch.completed_at) if batch.completed_at else None
         status = _STATUSES[batch.status]
-        errors = batch.input.errors if batch.input is not None else None
+        if status == "in_progress" and batch.all_ended:
+            status = "finalizing"  # every request has ended; BatchFunction writes its files
         return {
             "id": BATCH_ID_PREFIX + batch.batch_id,
             "object": "batch",
             "endpoint": described["endpoint"],
-            "errors": errors
-            and {
-                "object": "list",
-                "data": [
-                    {"code": "invalid_file", "message": error, "param": "input_file_id"} for error in errors
-                ],
-            },
+            "errors": _errors_of(batch),
             "input_file_id": described["input_file_id"],
             "completion_window": "24h",
             "status": status,
-            "output_file_id": output_file_id,
-            "error_file_id": error_file_id,
+            "output_file_id": files.output_file_id,
+            "error_file_id": files.error_file_id,
             "created_at": created,
             "in_progress_at": None if status in ("validating", "failed") else created,
             "expires_at": created + 24 * 3600,
@@ -317,79 +313,93 @@ class OpenAIBatches:
             "metadata": described.get("metadata"),
         }
 
-    def _files_of(self, batch: Batch, invalid: int) -> tuple[str | None, str | None]:
-        """The ended batch's output and error files, written on the first read that needs them,
-        a page of results at a time (neither is ever whole in memory); a retried batch's end
-        has files of its own (its items' latest outcomes). A failed batch (its file refused
-        whole) has no output, only the refused lines."""
+    def _files_of(self, batch: Batch) -> BatchFiles:
+        """The files the ended batch's outcomes were written to as it ended. A batch that ended
+        before its files were written so (they were written on the first read that saw it
+        ended) has those a read wrote, if one did."""
+        if not batch.status.is_terminal or batch.status is BatchStatus.FAILED:
+            return BatchFiles()
+        if batch.files is not None:
+            return batch.files
+        ending = f"-retry{batch.retries}" if batch.retries else ""
+        output_id, error_id = (_file_id(batch.batch_id, kind + ending) for kind in ("output", "errors"))
+        return BatchFiles(
+            output_file_id=output_id if self._batches.file(batch.tenant_id, output_id) else None,
+            error_file_id=error_id if self._batches.file(batch.tenant_id, error_id) else None,
+        )
+
+
+def _errors_of(batch: Batch) -> dict[str, Any] | None:
+    """Why a batch failed, in OpenAI's errors object: its file's errors, and the lines it refused
+    (a sample, by line number; every one is in GET /batches/{id}/refused)."""
+    if batch.input is None or batch.status is not BatchStatus.FAILED:
+        return None
+    data: list[dict[str, Any]] = [
+        {"code": "invalid_file", "message": error, "param": "input_file_id", "line": None}
+        for error in batch.input.errors or ()
+    ]
+    data += [
+        {"code": "invalid_request", "message": refused.error, "param": None, "line": refused.line}
+        for refused in batch.input.refused_sample
+    ]
+    return {"object": "list", "data": data}
+
+
+class OpenAIBatchFiles:
+    """An ended batch's outcomes in OpenAI's output and error files, written by BatchFunction
+    before the batch ends (BatchEnds), a page of results at a time (neither file is ever whole
+    in memory): its ids derive from the batch's, and a retried batch's end has files of its own
+    (its items' latest outcomes)."""
+
+    def __init__(self, outcomes: BatchOutcomes, *, clock: Any = time.time) -> None:
+        self._outcomes = outcomes
+        self._clock = clock
+
+    def write(self, batch: Batch) -> BatchFiles:
         tenant = batch.tenant_id
         ending = f"-retry{batch.retries}" if batch.retries else ""
         output_id = _file_id(batch.batch_id, "output" + ending)
         error_id = _file_id(batch.batch_id, "errors" + ending)
-        failed = batch.status is BatchStatus.FAILED
-        # The file written last says both were: the output, or a failed batch's errors.
-        if self._batches.file(tenant, error_id if failed else output_id) is None:
-            endpoint = (batch.metadata or {})["openai"]["endpoint"]
-            outputs = self._batches.open_file(
-                tenant, output_id, filename="output.jsonl", purpose="batch_output"
-            )
-            errors = self._batches.open_file(
-                tenant, error_id, filename="errors.jsonl", purpose="batch_output"
-            )
-            try:
-                for line in self._invalid_lines(batch, invalid):
-                    errors.write(line)
-                for row in self._rows(batch):
-                    if row.status is TaskStatus.COMPLETED:
-                        outputs.write(_json_line(_output_line(row, endpoint, batch)))
-                        continue
-                    code = (
-                        "batch_cancelled"
-                        if row.status is TaskStatus.CANCELLED
-                        else (row.error_code or "server_error")
-                    )
-                    errors.write(
-                        _json_line(_error_line(row.custom_id, code, row.error or "The request was not run."))
-                    )
-                if errors.size:
-                    errors.close()
-                else:
-                    errors.abort()
-            except BaseException:
-                outputs.abort()
-                errors.abort()
-                raise
-            if failed:
-                outputs.abort()
+        endpoint = (batch.metadata or {})["openai"]["endpoint"]
+        ended_at = int(self._clock())
+        outputs = self._outcomes.open_file(tenant, output_id, filename="output.jsonl", purpose="batch_output")
+        errors = self._outcomes.open_file(tenant, error_id, filename="errors.jsonl", purpose="batch_output")
+        try:
+            for line in self._refused_lines(batch):
+                errors.write(line)
+            for row in self._outcomes.every(batch, page_size=RESULTS_PAGE):
+                if row.status is TaskStatus.COMPLETED:
+                    outputs.write(_json_line(_output_line(row, endpoint, ended_at)))
+                    continue
+                code = (
+                    "batch_cancelled"
+                    if row.status is TaskStatus.CANCELLED
+                    else (row.error_code or "server_error")
+                )
+                errors.write(
+                    _json_line(_error_line(row.custom_id, code, row.error or "The request was not run."))
+                )
+            has_errors = errors.size > 0
+            if has_errors:
+                errors.close()
             else:
-                outputs.close()
-        has_errors = self._batches.file(tenant, error_id) is not None
-        return (None if failed else output_id), error_id if has_errors else None
+                errors.abort()
+            outputs.close()
+        except BaseException:
+            outputs.abort()
+            errors.abort()
+            raise
+        return BatchFiles(output_file_id=output_id, error_file_id=error_id if has_errors else None)
 
-    def _invalid_lines(self, batch: Batch, invalid: int) -> Iterator[bytes]:
+    def _refused_lines(self, batch: Batch) -> Iterator[bytes]:
         """The input's lines that were not served, as error lines: read from the batch's refused
-        lines (by line number), or from an older batch's invalid file."""
-        if not invalid:
+        lines (by line number)."""
+        if batch.input is None or not batch.input.refused:
             return
-        if batch.input is None:
-            yield self._batches.file_content(batch.tenant_id, _file_id(batch.batch_id, "invalid"))
-            return
-        for refused in self._batches.refused(batch):
+        for refused in self._outcomes.refused(batch):
             yield _json_line(
                 _error_line(refused.custom_id, "invalid_request", f"line {refused.line}: {refused.error}")
             )
-
-    def _rows(self, batch: Batch) -> Iterator[BatchResult]:
-        if batch.status is BatchStatus.FAILED:
-            return
-        cursor = None
-        while True:
-            page, cursor = self._batches.results(
-                batch.tenant_id, batch.batch_id, limit=RESULTS_PAGE, cursor=cursor
-            )
-            yield from page
-            if cursor is None:
-                return
 
 
 def _file_id(batch_id: str, kind: str) -> str:
@@ -409,7 +419,7 @@ def _error_line(custom_id: Any, code: str, message: str) -> dict[str, Any]:
     }
 
 
-def _output_line(row: BatchResult, endpoint: str, batch: Batch) -> dict[str, Any]:
+def _output_line(row: BatchResult, endpoint: str, ended_at: int) -> dict[str, Any]:
     usage = row.usage
     if endpoint == "/v1/responses":
         body: dict[str, Any] = {
@@ -436,7 +446,7 @@ def _output_line(row: BatchResult, endpoint: str, batch: Batch) -> dict[str, Any
         body = {
             "id": f"chatcmpl-{row.task_id}",
             "object": "chat.completion",
-            "created": int(batch.completed_at or batch.created_at),
+            "created": ended_at,
             "choices": [
                 {
                     "index": 0,

@@ -39,6 +39,7 @@ from llmtasks.domain.batches import (
     BatchCounts,
     BatchEvent,
     BatchEventItem,
+    BatchFiles,
     BatchInput,
     BatchStatus,
 )
@@ -256,20 +257,29 @@ class BatchStore:
             names={"#input": "input"},
         )
 
-    def finish(self, batch: Batch, *, now: float) -> Batch | None:
-        """The batch, read when every item had ended, ended with its final status; None when its
-        status changed since that read (another call ended it, or a cancel came). Once every item
-        has ended no counter moves again, so the read's counts still hold."""
+    def finish(self, batch: Batch, *, now: float, files: BatchFiles | None = None) -> Batch | None:
+        """The batch, read when every item had ended, ended with its final status (and the files
+        its outcomes were written to); None when its status or its retries changed since that
+        read (another call ended it, a cancel came, a retry was asked). Once every item has ended
+        no counter moves again, so the read's counts still hold."""
+        update = "SET #status = :final, completed_at = :now"
+        values: dict[str, Any] = {
+            ":final": batch.final_status().value,
+            ":now": now,
+            ":seen": batch.status.value,
+            ":zero": 0,
+            ":retries": batch.retries,
+        }
+        if files is not None:
+            update += ", #files = :files"
+            values[":files"] = files.model_dump(mode="json", exclude_none=True)
         return self._update(
             batch.batch_id,
-            update="SET #status = :final, completed_at = :now",
-            condition="#status = :seen AND (attribute_not_exists(retrying) OR retrying <= :zero)",
-            values={
-                ":final": batch.final_status().value,
-                ":now": now,
-                ":seen": batch.status.value,
-                ":zero": 0,
-            },
+            update=update,
+            condition="#status = :seen AND (attribute_not_exists(retrying) OR retrying <= :zero)"
+            " AND (attribute_not_exists(retries) OR retries = :retries)",
+            values=values,
+            names={"#files": "files"} if files is not None else None,
         )
 
     def record_webhook_outcome(

@@ -192,6 +192,14 @@ class BatchInput(BaseModel):
     errors: list[str] | None = None  # why the whole file was refused (the batch is failed)
 
 
+class BatchFiles(BaseModel):
+    """The files an ended batch's outcomes were written to (the OpenAI surface's output and error
+    files); None: no such file (nothing went there)."""
+
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+
+
 class Batch(BaseModel):
     """The stored batch: one TasksTable item (`batch#<id>`). Its items are tasks whose ids follow
     from the batch id and their index; the counters move as the items' statuses do."""
@@ -238,6 +246,8 @@ class Batch(BaseModel):
     input: BatchInput | None = None  # a batch made from an uploaded file
     # Its API key's max_in_flight at submit: a file's items are weighed against it once read.
     max_in_flight: int | None = None
+    # Where its outcomes were written as it ended (see ends_in_files): its last end's.
+    files: BatchFiles | None = None
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -254,6 +264,13 @@ class Batch(BaseModel):
         return (
             self.status is not BatchStatus.VALIDATING and self.finished >= self.total and self.retrying <= 0
         )
+
+    @property
+    def ends_in_files(self) -> bool:
+        """Its outcomes go to files as it ends (a batch made through the OpenAI surface, whose
+        input file's lines are OpenAI's requests): it ends once BatchFunction has written them,
+        so a client told it ended (a read, a webhook) finds them."""
+        return self.input is not None and self.input.format != "llmtasks"
 
     @property
     def chunks(self) -> int:

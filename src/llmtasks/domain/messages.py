@@ -76,12 +76,15 @@ class TaskMessage(BaseModel):
 
 class FanoutMessage(BaseModel):
     """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, to cancel, or to
-    run again (a retry); or a batch's input file to read (`read`, chunk 0)."""
+    run again (a retry); a batch's input file to read (`read`, chunk 0); or an ended batch's
+    outcomes to write to its files before it ends (`files`, chunk 0)."""
 
     batch_id: str
     chunk: int
-    action: Literal["create", "cancel", "retry", "read"] = "create"
-    retry: int = 0  # which retry of the batch a "retry" message runs (Batch.retries once asked)
+    action: Literal["create", "cancel", "retry", "read", "files"] = "create"
+    # Which retry of the batch a "retry" message runs (Batch.retries once asked), or whose end a
+    # "files" message writes.
+    retry: int = 0
 
 
 class WebhookMessage(BaseModel):

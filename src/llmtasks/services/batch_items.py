@@ -6,8 +6,9 @@
   its batch and index, so a repeated chunk finds its own tasks and creates none twice: the LLM
   is called once per item.
 - `BatchProgress` (from the table's stream): each item's status changes move the batch's
-  counters exactly once; when every item is terminal the batch ends, and that write (on the
-  stream too) sends the one `batch.completed` webhook.
+  counters exactly once; when every item is terminal the batch ends (`BatchEnds`: at once,
+  or once its outcomes are written to its files), and that write (on the stream too) sends
+  the one `batch.completed` webhook.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
-from llmtasks.aws.queues import TaskLanes
+from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.batches import Batch, BatchItem, BatchStatus
+from llmtasks.domain.batches import Batch, BatchFiles, BatchItem, BatchStatus
 from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import BackendError, RetryLater, TaskConflict, TaskNotFound
 from llmtasks.domain.messages import FanoutMessage
@@ -32,7 +33,7 @@ from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.observability import Metric, emit, logger
 from llmtasks.services.batch_inputs import BatchInputReader
-from llmtasks.services.batches import batch_task_id, read_chunk
+from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
 from llmtasks.settings import FanoutSettings
 
 # Tasks written between two SendMessageBatch calls: a message follows its item closely.
@@ -72,12 +73,14 @@ class BatchFanout:
         batches: BatchStore,
         lanes: TaskLanes,
         *,
+        ends: BatchEnds,
         clock: Clock = time.time,
         results: ResultBlobs,
         budgets: KeyBudgets | None = None,
         inputs: BatchInputReader | None = None,
     ) -> None:
         self._settings = settings
+        self._ends = ends
         self._inputs = inputs
         self._store = store
         self._batches = batches
@@ -100,7 +103,9 @@ class BatchFanout:
         elif message.action == "cancel":
             if message.chunk < max(batch.chunks, 1):  # a batch cancelled while validating has none
                 self._cancel_chunk(batch, message.chunk)
-            finish_if_done(self._batches, batch.batch_id, now=self._clock())
+            self._ends.if_done(batch.batch_id)
+        elif message.action == "files":
+            self._ends.write_files(batch, message.retry)
         elif batch.status is BatchStatus.VALIDATING and fresh:
             # Its file's read sends the chunks' messages just before it counts the items.
             raise RetryLater(2, "the batch's input is not counted yet")
@@ -248,15 +253,50 @@ def _retried_unclaimed(task: Task, since: float) -> bool:
     )
 
 
-def finish_if_done(batches: BatchStore, batch_id: str, *, now: float) -> Batch | None:
-    """Ends the batch when every item is terminal; that write is the batch webhook's outbox."""
-    batch = batches.get(batch_id, now=now)
-    if batch is None or batch.status.is_terminal or not batch.all_ended:
-        return None
-    ended = batches.finish(batch, now=now)
-    if ended is not None:
-        logger.info("batch ended", batch_id=batch_id, status=ended.status.value, total=ended.total)
-    return ended
+# Writes an ended batch's outcomes to its files (the OpenAI surface's OpenAIBatchFiles.write).
+FilesWriter = Callable[[Batch], BatchFiles]
+
+
+class BatchEnds:
+    """How a batch ends once every item has: at once, in the write that is its webhook's outbox;
+    or, when its outcomes go to files (Batch.ends_in_files), once BatchFunction has written them
+    (a `files` message: a file of 100,000 lines takes minutes, which neither a read nor the
+    stream's counting may spend), in the write that records them."""
+
+    def __init__(
+        self, batches: BatchStore, fanout_queue: Queue, *, files: FilesWriter, clock: Clock = time.time
+    ) -> None:
+        self._batches = batches
+        self._queue = fanout_queue
+        self._files = files
+        self._clock = clock
+
+    def if_done(self, batch_id: str) -> Batch | None:
+        """The batch ended now, or None (items still to end, ended already, or its files to
+        write first)."""
+        batch = self._batches.get(batch_id, now=self._clock())
+        if batch is None or batch.status.is_terminal or not batch.all_ended:
+            return None
+        if batch.ends_in_files:
+            # Sent again by each later look until it has ended: a copy writes the same files,
+            # and only one of them ends the batch.
+            self._queue.send(FanoutMessage(batch_id=batch_id, chunk=0, action="files", retry=batch.retries))
+            return None
+        return self._finish(batch, None)
+
+    def write_files(self, batch: Batch, retry: int) -> None:
+        """The `files` message: the outcomes of the end of `retry` written, and the batch ended
+        with them; nothing when it has ended since, or was retried (that end sends its own)."""
+        if batch.status.is_terminal or batch.retries != retry or not batch.all_ended:
+            logger.info("batch files not written: ended or retried since", batch_id=batch.batch_id)
+            return
+        self._finish(batch, self._files(batch))
+
+    def _finish(self, batch: Batch, files: BatchFiles | None) -> Batch | None:
+        ended = self._batches.finish(batch, now=self._clock(), files=files)
+        if ended is not None:
+            logger.info("batch ended", batch_id=batch.batch_id, status=ended.status.value, total=ended.total)
+        return ended
 
 
 @dataclass(frozen=True)
@@ -291,9 +331,15 @@ class BatchProgress:
     """What BatchFunction does with a batch of the table's stream records."""
 
     def __init__(
-        self, batches: BatchStore, *, clock: Clock = time.time, sleep: Callable[[float], None] = time.sleep
+        self,
+        batches: BatchStore,
+        *,
+        ends: BatchEnds,
+        clock: Clock = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._batches = batches
+        self._ends = ends
         self._clock = clock
         self._sleep = sleep  # the back-off after a transaction conflict
 
@@ -311,7 +357,7 @@ class BatchProgress:
             )
         for batch_id, by_task in steps.items():
             self._count(batch_id, by_task)
-            finish_if_done(self._batches, batch_id, now=self._clock())
+            self._ends.if_done(batch_id)
 
     def _count(self, batch_id: str, by_task: dict[str, list[_Step]]) -> None:
         counted: dict[str, int | None] = {}

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from llmtasks.aws.batch_store import BatchExists, BatchStore
 from llmtasks.aws.idempotency import IdempotencyKeys, once_per_key
@@ -21,19 +20,15 @@ from llmtasks.aws.limits import KeyLimits
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs, manifest_key
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.batch_input import numbered_lines
 from llmtasks.domain.batches import (
     MAX_BATCH_ITEMS,
     MAX_INPUT_FILE_BYTES,
-    MAX_INPUT_LINE_BYTES,
     Batch,
     BatchEventPage,
     BatchInput,
-    BatchItem,
     BatchResult,
     BatchStatus,
     BatchUpload,
-    RefusedLine,
     RetryBatchRequest,
     StoredFile,
     SubmitBatchRequest,
@@ -55,15 +50,13 @@ from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
 from llmtasks.services.batch_inputs import LLMTASKS_FORMAT, refused_file_id
+from llmtasks.services.batch_outcomes import BATCH_NAMESPACE, BatchOutcomes
 from llmtasks.services.file_uploads import FileUploads
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
 
 Clock = Callable[[], float]
-_BATCH_NAMESPACE = uuid.UUID("0f5b7a4e-3c1d-4f7e-9a2b-6d8c5e4f3a21")
-# A results page stops adding items past this many bytes of text (Lambda replies up to 6 MB).
-MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024
 # A file answered in a reply at most (a Lambda reply holds 6 MB); larger ones by a presigned GET.
 MAX_INLINE_FILE_BYTES = 4 * 1024 * 1024
 UPLOAD_URL_TTL_S = 3600
@@ -76,26 +69,12 @@ def new_batch_id(tenant_id: str, idempotency_key: str | None) -> str:
     key's record may be gone) finds the batch it began instead of starting a second one."""
     if idempotency_key is None:
         return uuid.uuid4().hex
-    return uuid.uuid5(_BATCH_NAMESPACE, f"{tenant_id}\n{idempotency_key}").hex
-
-
-def batch_task_id(batch_id: str, index: int) -> str:
-    return uuid.uuid5(_BATCH_NAMESPACE, f"{batch_id}/{index}").hex
+    return uuid.uuid5(BATCH_NAMESPACE, f"{tenant_id}\n{idempotency_key}").hex
 
 
 def _results_start(cursor: str | None, batch: Batch) -> int:
     """Where a results page starts: the item index a cursor carries (past the end: the end)."""
     return 0 if cursor is None else min(results_index(cursor), batch.total)
-
-
-class FileSink(Protocol):
-    """Where a file is written as it grows (the results bucket's ObjectWriter)."""
-
-    size: int
-
-    def write(self, data: bytes) -> None: ...
-    def close(self) -> None: ...
-    def abort(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -129,6 +108,7 @@ class BatchService:
         self._results = results
         self._submits = SubmitSequence(idempotency, limits)
         self._events = BatchEventReader(batches, self.get)
+        self.outcomes = BatchOutcomes(store, results, clock=clock)
 
     # The OpenAI surface's files (uploaded inputs, a batch's output and errors), kept per tenant
     # in the results bucket beside the results.
@@ -138,26 +118,12 @@ class BatchService:
 
     def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
         """The tenant's file, or None (another tenant's files are none of its own)."""
-        return self._results.file(tenant_id, file_id)
-
-    def file_content(self, tenant_id: str, file_id: str) -> bytes:
-        return self._results.file_content(tenant_id, file_id)
+        return self.outcomes.file(tenant_id, file_id)
 
     @property
     def uploads(self) -> FileUploads:
         """OpenAI's Uploads API: files sent in parts (see file_uploads.py)."""
         return FileUploads(self._results, clock=self._clock)
-
-    def open_file(self, tenant_id: str, file_id: str, *, filename: str, purpose: str) -> FileSink:
-        """A tenant's file written as it grows (it exists once closed)."""
-        return self._results.file_writer(tenant_id, file_id, filename=filename, purpose=purpose)
-
-    def refused(self, batch: Batch) -> Iterator[RefusedLine]:
-        """A batch's refused input lines, in line order, as they stream from its file."""
-        chunks = self._results.file_chunks(batch.tenant_id, refused_file_id(batch.batch_id))
-        for _, raw in numbered_lines(chunks, MAX_INPUT_LINE_BYTES):
-            if raw:
-                yield RefusedLine.model_validate_json(raw)
 
     def create_upload(self, tenant_id: str) -> BatchUpload:
         """Where the tenant PUTs a batch's input file (JSON Lines) before POST /batches names it:
@@ -188,7 +154,7 @@ class BatchService:
         if stored is None:
             raise FileNotFound(file_id)
         if stored.size <= MAX_INLINE_FILE_BYTES:
-            return self.file_content(tenant_id, file_id), None
+            return self.outcomes.file_content(tenant_id, file_id), None
         url = self._results.presign_download(
             tenant_id, file_id, expires_s=DOWNLOAD_URL_TTL_S, filename=stored.filename
         )
@@ -403,43 +369,6 @@ class BatchService:
         """Up to `limit` items from the cursor on, in submission order, and the next cursor."""
         batch = self.get(tenant_id, batch_id)
         start = _results_start(cursor, batch)
-        indexes = range(start, min(batch.total, start + limit))
-        ids = [batch_task_id(batch_id, i) for i in indexes]
-        tasks = self._store.get_many(ids)
-        # Items not fanned out yet are pending; their custom_ids come from the manifest.
-        custom_ids = self._custom_ids(
-            batch, [i for i, task_id in zip(indexes, ids, strict=True) if task_id not in tasks]
-        )
-        now = self._clock()
-        rows: list[BatchResult] = []
-        size = 0
-        for index, task_id in zip(indexes, ids, strict=True):
-            task = tasks.get(task_id)
-            if task is None:
-                row = BatchResult(
-                    index=index, custom_id=custom_ids.get(index), task_id=task_id, status=TaskStatus.PENDING
-                )
-            else:
-                row = BatchResult.of(self._results.hydrate(task.as_read(now)))
-            size += len(row.result or "") + len(row.error or "")
-            if rows and size > MAX_RESULTS_PAGE_BYTES:
-                break
-            rows.append(row)
+        rows = self.outcomes.page(batch, start, limit)
         following = start + len(rows)
         return rows, results_cursor(following) if following < batch.total else None
-
-    def _custom_ids(self, batch: Batch, indexes: list[int]) -> dict[int, str | None]:
-        found: dict[int, str | None] = {}
-        for chunk in sorted({batch.chunk_of(i) for i in indexes}):
-            for index, item in zip(
-                batch.indexes(chunk), read_chunk(self._results, batch, chunk), strict=True
-            ):
-                found[index] = item.custom_id
-        return found
-
-
-def read_chunk(results: ResultBlobs, batch: Batch, chunk: int) -> list[BatchItem]:
-    start, end = batch.chunk_offsets[chunk], batch.chunk_offsets[chunk + 1]
-    return [
-        BatchItem.model_validate_json(line) for line in results.manifest_lines(batch.manifest_ref, start, end)
-    ]

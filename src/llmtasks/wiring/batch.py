@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from llmtasks.api.openai_batches import ENDPOINTS, line_parser
+from llmtasks.api.openai_batches import ENDPOINTS, OpenAIBatchFiles, line_parser
 from llmtasks.aws.queues import Queue
 from llmtasks.services.batch_inputs import BatchInputReader
-from llmtasks.services.batch_items import BatchFanout, BatchProgress
+from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
+from llmtasks.services.batch_outcomes import BatchOutcomes
 from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, resources, section
 from llmtasks.wiring import check_configuration
 from llmtasks.wiring.adapters import (
@@ -30,12 +31,20 @@ def batch_fanout_queue() -> Queue:
 
 
 @lru_cache(maxsize=1)
+def batch_ends() -> BatchEnds:
+    # A batch made through the OpenAI surface ends with its outcomes in OpenAI's files.
+    files = OpenAIBatchFiles(BatchOutcomes(task_store(), result_blobs()))
+    return BatchEnds(batch_store(), batch_fanout_queue(), files=files.write)
+
+
+@lru_cache(maxsize=1)
 def batch_fanout() -> BatchFanout:
     return BatchFanout(
         section(FanoutSettings),
         task_store(),
         batch_store(),
         task_lanes(),
+        ends=batch_ends(),
         results=result_blobs(),
         budgets=key_budgets(),
         inputs=BatchInputReader(
@@ -52,4 +61,4 @@ def batch_fanout() -> BatchFanout:
 
 @lru_cache(maxsize=1)
 def batch_progress() -> BatchProgress:
-    return BatchProgress(batch_store())
+    return BatchProgress(batch_store(), ends=batch_ends())
