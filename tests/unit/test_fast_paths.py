@@ -321,3 +321,58 @@ def test_an_update_copies_the_item_only_for_a_table_with_a_stream(
         assert item["n"] == {"N": "2.50"}
         # The stream's old image is the item's only use of a copy
         assert bool(copied) is (stream is not None), name
+
+
+def queue_outcomes(aws: Any, name: str) -> dict[str, Any]:
+    """What a queue answers through the paths the fast ones replace: which messages a receive
+    returns (a delayed one is not), a handle kept after a later receive gave a new one, deletes
+    by that old handle, again, and by a handle never given, and the queue's counts after."""
+    sqs = aws.sqs
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=900)
+    for body in ("a", "b"):
+        sqs.send_message(QueueUrl=url, MessageBody=body)
+    first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]
+    again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60)["Messages"]
+    old_handle = next(m["ReceiptHandle"] for m in first if m["Body"] == "a")
+    sqs.change_message_visibility(
+        QueueUrl=url,
+        ReceiptHandle=next(m["ReceiptHandle"] for m in again if m["Body"] == "b"),
+        VisibilityTimeout=0,
+    )
+    deletes = sqs.delete_message_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "old", "ReceiptHandle": old_handle},
+            {"Id": "never", "ReceiptHandle": "not-a-handle"},
+        ],
+    )
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=old_handle)  # deleted already: succeeds
+    counts = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    left = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    return {
+        "received": sorted(m["Body"] for m in first),
+        "again": sorted(m["Body"] for m in again),
+        "deleted": sorted(entry["Id"] for entry in deletes.get("Successful", [])),
+        "refused": [(entry["Id"], entry["Code"]) for entry in deletes.get("Failed", [])],
+        "counts": counts,
+        "left": [m["Body"] for m in left],
+    }
+
+
+def test_a_queue_s_receives_deletes_and_counts_answer_as_moto_s_own_do(aws: Any) -> None:
+    fast, slow = with_and_without(queue_outcomes, aws)
+    assert fast == slow
+    assert fast["received"] == fast["again"] == ["a", "b"]
+    assert (fast["deleted"], fast["refused"], fast["left"]) == (
+        ["old"],
+        [("never", "ReceiptHandleIsInvalid")],
+        ["b"],
+    )
