@@ -321,8 +321,7 @@ class OpenAIBatches:
             return BatchFiles()
         if batch.files is not None:
             return batch.files
-        ending = f"-retry{batch.retries}" if batch.retries else ""
-        output_id, error_id = (_file_id(batch.batch_id, kind + ending) for kind in ("output", "errors"))
+        output_id, error_id = _file_ids(batch)
         return BatchFiles(
             output_file_id=output_id if self._batches.file(batch.tenant_id, output_id) else None,
             error_file_id=error_id if self._batches.file(batch.tenant_id, error_id) else None,
@@ -357,9 +356,7 @@ class OpenAIBatchFiles:
 
     def write(self, batch: Batch) -> BatchFiles:
         tenant = batch.tenant_id
-        ending = f"-retry{batch.retries}" if batch.retries else ""
-        output_id = _file_id(batch.batch_id, "output" + ending)
-        error_id = _file_id(batch.batch_id, "errors" + ending)
+        output_id, error_id = _file_ids(batch)
         endpoint = (batch.metadata or {})["openai"]["endpoint"]
         ended_at = int(self._clock())
         outputs = self._outcomes.open_file(tenant, output_id, filename="output.jsonl", purpose="batch_output")
@@ -402,8 +399,11 @@ class OpenAIBatchFiles:
             )
 
 
-def _file_id(batch_id: str, kind: str) -> str:
-    return f"file-{batch_id}-{kind}"
+def _file_ids(batch: Batch) -> tuple[str, str]:
+    """The ids of the batch's output and error files, derived from its id: a retried batch's end
+    has files of its own."""
+    ending = f"-retry{batch.retries}" if batch.retries else ""
+    return f"file-{batch.batch_id}-output{ending}", f"file-{batch.batch_id}-errors{ending}"
 
 
 def _json_line(line: dict[str, Any]) -> bytes:

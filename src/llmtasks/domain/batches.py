@@ -179,13 +179,18 @@ class RefusedLine(BaseModel):
     error: str
 
 
+# A batch input file whose lines are batch items (POST /batches); any other format names the
+# OpenAI endpoint whose request lines the file holds.
+LLMTASKS_FORMAT = "llmtasks"
+
+
 class BatchInput(BaseModel):
     """Where a batch made from a file (POST /batches with input_file_id) took its items from, and
     what reading it found."""
 
     file_id: str
     # llmtasks: each line is a batch item; else OpenAI's request lines for this endpoint.
-    format: str = "llmtasks"
+    format: str = LLMTASKS_FORMAT
     priority: Priority | None = None  # for the lines that give none
     refused: int = 0  # lines that are not items (every one is in the refused-lines file)
     refused_sample: list[RefusedLine] = Field(default_factory=list)
@@ -270,7 +275,7 @@ class Batch(BaseModel):
         """Its outcomes go to files as it ends (a batch made through the OpenAI surface, whose
         input file's lines are OpenAI's requests): it ends once BatchFunction has written them,
         so a client told it ended (a read, a webhook) finds them."""
-        return self.input is not None and self.input.format != "llmtasks"
+        return self.input is not None and self.input.format != LLMTASKS_FORMAT
 
     @property
     def chunks(self) -> int:

@@ -22,6 +22,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ObjectWriter, ResultBlobs
 from llmtasks.domain.batch_input import LineParser, llmtasks_line, read_items
 from llmtasks.domain.batches import (
+    LLMTASKS_FORMAT,
     MAX_BATCH_ITEMS,
     MAX_INPUT_LINE_BYTES,
     REFUSED_SAMPLE,
@@ -33,8 +34,6 @@ from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.rules import Clock
 from llmtasks.observability import logger
 from llmtasks.settings import FanoutSettings
-
-LLMTASKS_FORMAT = "llmtasks"
 
 
 def refused_file_id(batch_id: str) -> str:

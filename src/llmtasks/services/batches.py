@@ -21,6 +21,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.aws.results import ResultBlobs, manifest_key
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import (
+    LLMTASKS_FORMAT,
     MAX_BATCH_ITEMS,
     MAX_INPUT_FILE_BYTES,
     Batch,
@@ -49,7 +50,7 @@ from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
 from llmtasks.services.batch_events import BatchEventReader
-from llmtasks.services.batch_inputs import LLMTASKS_FORMAT, refused_file_id
+from llmtasks.services.batch_inputs import refused_file_id
 from llmtasks.services.batch_outcomes import BATCH_NAMESPACE, BatchOutcomes
 from llmtasks.services.file_uploads import FileUploads
 from llmtasks.services.submits import Held, SubmitSequence
