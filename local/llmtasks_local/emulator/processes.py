@@ -208,8 +208,9 @@ def _is_llmtasks(host: str, port: int) -> bool:
     for path in ("/health", CALLS_PATH, "/_mock/stats"):
         try:
             # Only an error's wording waits on this: a loaded machine's moto server took over 1 s
-            # to answer, and was named "another program"
-            reply = httpx.get(f"http://{host}:{port}{path}", timeout=10)
+            # to answer, and was named "another program"; a program that takes the connection and
+            # never answers (a stuck process, another protocol) held the error 10 s.
+            reply = httpx.get(f"http://{host}:{port}{path}", timeout=3)
         except httpx.HTTPError:
             return False
         if reply.status_code == 200 and reply.headers.get("content-type", "").startswith("application/json"):
