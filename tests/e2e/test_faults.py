@@ -67,11 +67,15 @@ def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
     # takes the task over at once, on the rule that SQS redelivers only once the earlier
     # delivery's invocation is over. Under CI's load one waited 20 s for its sandbox's cold start
     # before it claimed, so with visibility equal to Timeout its redelivery came while it ran.
+    # Two deliveries before TaskDLQ (TaskMaxReceiveCount's least; 5 by default): a poison task
+    # fails every delivery and waits out the visibility timeout after each, so the suite's time
+    # was 5 x 45 s before the DLQ could be redriven (275 s in all); now 2 x 45 s. A task that an
+    # injected crash meets on both of its deliveries is dead-lettered too, and redriven with them.
     stack = start_stack(
         "-t",
         str(faulty_template(directory)),
         "--parameter-overrides",
-        "WorkerTimeoutSeconds=30 TaskVisibilityTimeoutSeconds=45",
+        "WorkerTimeoutSeconds=30 TaskVisibilityTimeoutSeconds=45 TaskMaxReceiveCount=2",
         env=env,
     )
     try:
