@@ -194,6 +194,58 @@ def test_an_update_expression_is_parsed_once() -> None:
             UpdateExpressionParser.make("SET = :a")
 
 
+def conditional_writes(aws: Any, name: str) -> list[Any]:
+    """What each of a run of conditional updates gets: one condition text with values that
+    pass it, then values that fail it (kept tokens must not keep a request's values), then
+    other names; a condition moto cannot lex, twice (a refused text is not kept)."""
+    dynamodb = aws.dynamodb
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(TableName=name, Item={**ITEM, "status": {"S": "pending"}})
+    claim = "attribute_exists(pk) AND (#s = :pending OR (#s = :processing AND n < :limit))"
+    outcomes: list[Any] = []
+    for condition, names, pending, limit in (
+        (claim, {"#s": "status"}, "pending", "1"),
+        (claim, {"#s": "status"}, "other", "1"),
+        (claim, {"#s": "status"}, "other", "2"),
+        (claim, {"#s": "n"}, "pending", "2"),
+        ("attribute_exists(pk) AND #s = :pending $", {"#s": "status"}, "pending", "1"),
+        ("attribute_exists(pk) AND #s = :pending $", {"#s": "status"}, "pending", "1"),
+    ):
+        values = {":pending": {"S": pending}, ":processing": {"S": "processing"}, ":limit": {"N": limit}}
+        uses = {key: value for key, value in values.items() if key in condition}
+        try:
+            reply = dynamodb.update_item(
+                TableName=name,
+                Key={"pk": ITEM["pk"]},
+                UpdateExpression="SET #s = :processing",
+                ConditionExpression=condition,
+                ExpressionAttributeNames={"#s": "status"} if names["#s"] == "status" else names,
+                ExpressionAttributeValues={**uses, ":processing": values[":processing"]},
+                ReturnValues="UPDATED_NEW",
+            )
+            outcomes.append(reply["Attributes"])
+        except dynamodb.exceptions.ClientError as refused:
+            outcomes.append(refused.response["Error"]["Message"])
+        except ValueError as unparsed:  # moto's parser lets its own error out, in-process
+            outcomes.append(f"ValueError: {unparsed}")
+    return outcomes
+
+
+def test_condition_expressions_lexed_once_judge_as_moto_s_own_do(aws: Any) -> None:
+    fast, slow = with_and_without(conditional_writes, aws)
+    assert fast == slow
+    assert fast[0] == {"status": {"S": "processing"}}
+    assert fast[1] == "The conditional request failed"
+    assert fast[2] == {}  # n (1.50) < 2: passed by the other branch (status already processing)
+    assert all(isinstance(outcome, str) for outcome in fast[3:])
+    assert fast[4] == fast[5] == "ValueError: Cannot parse condition starting at:$"  # each time
+
+
 def received_within_retention(aws: Any, name: str) -> list[str]:
     """The bodies a receive returns from a queue that keeps messages 60 s, of a message sent
     59 s ago and one sent 61 s ago (the send times set in moto's model)."""

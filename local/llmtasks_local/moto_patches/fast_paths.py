@@ -21,6 +21,10 @@ every UpdateExpression node of it, a chain of one a clause: 53 walks for a claim
 an UpdateItem's CPU in moto. A kept tree is checked once for each set of attribute names it
 passes with; a refused one is checked (and refused) every time.
 
+A condition expression is lexed from its text at each parse (moto parses it twice a request),
+half of the parse's CPU: its tokens are kept by text, and the rest of the parse (names and
+values resolved, the tree built from fresh nodes) runs as moto runs it.
+
 Then moto checks and applies it with ten passes over the tree (its DepthFirstTraverser), each
 asking at every node whether it is a Node and which of the pass's processors takes it: two
 isinstance checks against abstract classes, and a fresh tuple and dict of the processors, a
@@ -67,6 +71,7 @@ import functools
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -77,6 +82,7 @@ from moto.core.serialize import TimestampSerializer
 from moto.core.utils import unix_time
 from moto.dynamodb import models as _dynamodb_models
 from moto.dynamodb import responses as _dynamodb_responses
+from moto.dynamodb.comparisons import ConditionExpressionParser
 from moto.dynamodb.models.dynamo_type import Item
 from moto.dynamodb.parsing import ast_nodes, expressions, validators
 from moto.dynamodb.responses import DynamoHandler, DynamoResult
@@ -141,11 +147,47 @@ _moto_update_validator_init = _UpdateValidator.__init__
 _moto_update_passes = _UpdateValidator.get_ast_processors
 # The passes that look at the tree and the attribute names alone (moto runs them first).
 _SHAPE_CHECKS = (validators.ActionCountValidator, validators.OverlappingPathsValidator)
+# A kept tree's mark: the attribute names its shape passed with. Not carried into its copies.
+_SHAPE_PASSED = "llmtasks_shape_passed"
+_KEPT_MARKS = frozenset({_SHAPE_PASSED})
 
 
-def _update_validator_init(self: Any, expression: Any, *args: Any, **kwargs: Any) -> None:
-    self.llmtasks_tree = expression  # the kept tree, which moto's __init__ then copies
-    _moto_update_validator_init(self, expression, *args, **kwargs)
+def _update_validator_init(
+    self: Any,
+    expression: Any,
+    expression_attribute_names: dict[str, str],
+    expression_attribute_values: dict[str, Any],
+    item: Any,
+    table: Any,
+) -> None:
+    """moto's Validator.__init__, with the kept tree copied node by node: its passes write the
+    request's values into the copy. deepcopy's generic walk of it was a third of what moto's
+    UpdateItem cost once the checks below were kept."""
+    self.expression_attribute_names = expression_attribute_names
+    self.expression_attribute_values = expression_attribute_values
+    self.item = item
+    self.table = table
+    self.llmtasks_tree = expression
+    self.processors = self.get_ast_processors()
+    self.node_to_validate = _copy_tree(expression)
+
+
+# What a node of a parsed tree holds besides nodes, and may share with its copy.
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def _copy_tree(node: Any, parent: Any = None) -> Any:
+    """What deepcopy makes of a parsed expression: each node anew with its attributes (a type
+    name, children, a parent), its children copied, its parent the copy's; anything else a node
+    holds deep-copied."""
+    if not isinstance(node, _Node):
+        return node if isinstance(node, _IMMUTABLE) else copy.deepcopy(node)
+    twin = object.__new__(type(node))
+    twin.__dict__.update((name, value) for name, value in node.__dict__.items() if name not in _KEPT_MARKS)
+    twin.parent = parent
+    if node.children is not None:
+        twin.children = [_copy_tree(child, twin) for child in node.children]
+    return twin
 
 
 def _update_passes(self: Any) -> list[Any]:
@@ -156,13 +198,31 @@ def _update_passes(self: Any) -> list[Any]:
     passes = _moto_update_passes(self)
     tree = self.llmtasks_tree
     names = frozenset((self.expression_attribute_names or {}).items())
-    passed: set[frozenset[tuple[str, str]]] = tree.__dict__.setdefault("llmtasks_shape_passed", set())
+    passed: set[frozenset[tuple[str, str]]] = tree.__dict__.setdefault(_SHAPE_PASSED, set())
     if names not in passed:
         for check in passes:
             if isinstance(check, _SHAPE_CHECKS):
                 check.traverse(tree)
         passed.add(names)
     return [each for each in passes if not isinstance(each, _SHAPE_CHECKS)]
+
+
+_moto_lex_condition = ConditionExpressionParser._lex_condition_expression
+# Condition expressions' tokens by text (immutable tuples; a kept sequence is copied per parse,
+# which consumes it). The service sends about twenty distinct conditions.
+_LEXED_CONDITIONS: dict[str, tuple[Any, ...]] = {}
+
+
+def _lex_condition(self: ConditionExpressionParser) -> deque[Any]:
+    """moto's lexing of a condition expression, done once for each text (a refused text is
+    lexed, and refused, every time)."""
+    text = self.condition_expression or ""  # parse() lexes none: it returns first
+    tokens = _LEXED_CONDITIONS.get(text)
+    if tokens is None:
+        tokens = tuple(_moto_lex_condition(self))
+        if len(_LEXED_CONDITIONS) < _PARSED_UPDATES:
+            _LEXED_CONDITIONS[text] = tokens
+    return deque(tokens)
 
 
 # (pass class, node class) -> (whether it is a Node, the pass's processor of it as a function)
@@ -277,6 +337,7 @@ def install() -> None:
     _Traverser.traverse_node_recursively = _traverse_node_recursively
     _UpdateValidator.__init__ = _update_validator_init
     _UpdateValidator.get_ast_processors = _update_passes
+    setattr(ConditionExpressionParser, "_lex_condition_expression", _lex_condition)  # noqa: B010
     setattr(SQSBackend, "is_message_valid_based_on_retention_period", _within_retention)  # noqa: B010
     setattr(_dynamodb_models, "copy", _copies)  # noqa: B010
     setattr(_dynamodb_responses, "copy", _NoItemCopy())  # noqa: B010
@@ -295,6 +356,7 @@ def uninstall() -> None:
     _Traverser.traverse_node_recursively = _traverse_node
     _UpdateValidator.__init__ = _moto_update_validator_init
     _UpdateValidator.get_ast_processors = _moto_update_passes
+    setattr(ConditionExpressionParser, "_lex_condition_expression", _moto_lex_condition)  # noqa: B010
     setattr(SQSBackend, "is_message_valid_based_on_retention_period", _retention_check)  # noqa: B010
     setattr(_dynamodb_models, "copy", copy)  # noqa: B010
     setattr(_dynamodb_responses, "copy", copy)  # noqa: B010
