@@ -84,18 +84,23 @@ def test_get_records_replies_as_moto_s_serializer_does(aws: Any) -> None:
     assert all(type(stamp) is type(stamps[0]) and stamp.microsecond % 1000 == 0 for stamp in stamps)
 
 
-def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
-    """One item after each of three updates (one expression twice with other values: a kept tree
-    must not keep the first request's values; then one of every action), then the messages of
-    four refused updates."""
-    dynamodb = aws.dynamodb
-    dynamodb.create_table(
+def table_holding(aws: Any, name: str, item: dict[str, Any]) -> Any:
+    """A fresh table (key pk, no stream) holding `item`; the DynamoDB client."""
+    aws.dynamodb.create_table(
         TableName=name,
         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
         AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
         BillingMode="PAY_PER_REQUEST",
     )
-    dynamodb.put_item(TableName=name, Item=ITEM)
+    aws.dynamodb.put_item(TableName=name, Item=item)
+    return aws.dynamodb
+
+
+def updated_items(aws: Any, name: str) -> list[dict[str, Any]]:
+    """One item after each of three updates (one expression twice with other values: a kept tree
+    must not keep the first request's values; then one of every action), then the messages of
+    four refused updates."""
+    dynamodb = table_holding(aws, name, ITEM)
     claim = "SET #s = :s, lease = :lease, attempts = if_not_exists(attempts, :zero) + :one REMOVE b"
     seen = []
     for status, lease in (("processing", "first"), ("processing", "second")):
@@ -198,14 +203,7 @@ def conditional_writes(aws: Any, name: str) -> list[Any]:
     """What each of a run of conditional updates gets: one condition text with values that
     pass it, then values that fail it (kept tokens must not keep a request's values), then
     other names; a condition moto cannot lex, twice (a refused text is not kept)."""
-    dynamodb = aws.dynamodb
-    dynamodb.create_table(
-        TableName=name,
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.put_item(TableName=name, Item={**ITEM, "status": {"S": "pending"}})
+    dynamodb = table_holding(aws, name, {**ITEM, "status": {"S": "pending"}})
     claim = "attribute_exists(pk) AND (#s = :pending OR (#s = :processing AND n < :limit))"
     outcomes: list[Any] = []
     for condition, names, pending, limit in (
