@@ -154,6 +154,11 @@ PORT_RACE_RETRIES = 3
 PORT_TAKEN = re.compile(r"port \d+ is in use by|address already in use", re.IGNORECASE)
 
 
+# How long a stack's start may go without printing a line, and in all, before it is taken for hung.
+START_SILENCE_S = 60
+START_MOST_S = 300
+
+
 class _PortTaken(RuntimeError):
     """A port free_port() found was taken before the stack bound it."""
 
@@ -206,9 +211,17 @@ def _launch(extra: tuple[str, ...], env: dict[str, str] | None, cwd: Path | None
         env=child_env,
     )
     try:
-        give_up = time.monotonic() + 60
-        while "Ready." not in log.read_text():
-            if process.poll() is not None or time.monotonic() > give_up:
+        # A start that goes on printing (each eager sandbox's cold start is a line) is not hung:
+        # the wait gives up after START_SILENCE_S without a new line, or START_MOST_S in all.
+        # On a loaded CI machine, eager cold starts took 15-16 s each and the whole start over
+        # the 60 s that once bounded it.
+        began = time.monotonic()
+        heard, seen = began, 0
+        while "Ready." not in (printed := log.read_text()):
+            now = time.monotonic()
+            if len(printed) != seen:
+                heard, seen = now, len(printed)
+            if process.poll() is not None or now - heard > START_SILENCE_S or now - began > START_MOST_S:
                 printed = log.read_text()
                 if process.poll() is not None and PORT_TAKEN.search(printed):
                     raise _PortTaken(printed)
