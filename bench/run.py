@@ -39,7 +39,7 @@ from baseline import running_baseline  # bench/ is on sys.path: this file runs a
 from llmtasks.aws.dynamo import serialize
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks_local.emulator.launcher import LaunchedStack, descendants, launch, peak_rss_kib
-from llmtasks_local.emulator.processes import status_kib
+from llmtasks_local.emulator.processes import cpu_seconds, status_kib
 from llmtasks_local.sam.provision import local_name
 from llmtasks_local.sam.template import Template
 
@@ -72,6 +72,7 @@ SECTIONS = (
     "limits",
     "budgets",
     "celery",
+    "cpu",
     "slots",
     "scheduling",
     "webhooks",
@@ -291,17 +292,6 @@ def outcomes(stack: Target, submitted: list[tuple[float, str]]) -> list[Done]:
 
     run_clients(len(submitted), one, stack)
     return done
-
-
-def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
-    """User + system CPU time a process has used (Linux /proc), with `reaped_children` that of
-    its children that ended and were waited for; 0 for a process already gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = fields[13:15] if reaped_children else fields[11:13]
-    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def resident_kib(pid: int) -> int:
@@ -958,6 +948,131 @@ def versus_celery(report: Report, burst_tasks: int) -> None:
         "tasks not completed (llmtasks / Celery)",
         f"{int(ours['not_completed'])} / {int(theirs['not_completed'])}",
     )
+
+
+# --- where a task's CPU goes, each part beside its floor (issue 38) -----------------------------
+
+
+def journal_floor_s(records: int, written: int) -> float:
+    """The journal's floor: its bytes written, as many writes of the same average size to a
+    file, with neither encoding nor framing (what the journal does beyond that is its cost)."""
+    record = b"x" * (written // max(1, records))
+    descriptor, path = tempfile.mkstemp(prefix="llmtasks-bench-journal-")
+    try:
+        started = time.process_time()
+        for _ in range(records):
+            os.write(descriptor, record)
+        return time.process_time() - started
+    finally:
+        os.close(descriptor)
+        os.unlink(path)
+
+
+def since(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {part: after[part] - before.get(part, 0.0) for part in after}
+
+
+def cpu_account(report: Report, tasks: int) -> None:
+    """A burst of `tasks` (the LLM answering at once, 16 clients) on a warm stack with a state dir,
+    as `llmtasks up` runs by default, and the CPU each part took a task, beside its floor
+    measured in the same run: moto's backend doing the calls' work (timed inside the server,
+    /_llmtasks/calls/backend) for the server; the journal's bytes written for the journal; each
+    handler's own code (timed around it in its sandbox, its boto3 calls included) for the
+    sandboxes. The stack's parts are its threads' CPU clocks by what each thread does
+    (emulator/cpu_account.py); they have no floor of their own here."""
+    section = "CPU account"
+    state_dir = Path(tempfile.mkdtemp(prefix="llmtasks-bench-cpu-")) / "state"
+    with stack_running("--state-dir", str(state_dir)) as stack:
+        stack.aws_calls(reset=True)
+        processes, account, clients = stack_cpu(stack), stack.cpu_account(), time.process_time()
+        figures = burst(stack, tasks)
+        clients = time.process_time() - clients
+        processes, account = (
+            since(stack_cpu(stack), processes),
+            {
+                "stack": since(stack.cpu_account()["stack"], account["stack"]),
+                "sandboxes": {
+                    function: since(after, account["sandboxes"].get(function, {}))
+                    for function, after in stack.cpu_account()["sandboxes"].items()
+                },
+            },
+        )
+        served_us, backend = stack.aws_cpu_us(), stack.aws_backend_cpu()
+        calls = stack.aws_calls()
+
+    def per_task(seconds: float) -> str:
+        return f"{seconds / tasks * 1000:.2f} ms"
+
+    def beside(seconds: float, floor_s: float, what: str) -> str:
+        return f"floor {per_task(floor_s)} ({what}), ratio {seconds / floor_s:.2f}" if floor_s > 0 else ""
+
+    journal = backend["journal"]
+    journal_s, journal_floor = (
+        journal.get("us", 0) / 1e6,
+        journal_floor_s(journal.get("records", 0), journal.get("bytes", 0)),
+    )
+    backend_s = sum(backend["backend_us"].values()) / 1e6 - journal_s
+    served_s = sum(served_us.values()) / 1e6
+    handlers_s = sum(figures.get("handler_s", 0.0) for figures in account["sandboxes"].values())
+    total = sum(processes.values())
+    floors = backend_s + journal_floor + handlers_s
+    report.add(
+        section,
+        f"{tasks} tasks, 0 s LLM, 16 clients: CPU a task, every process",
+        per_task(total),
+        f"target <= 45 ms: {verdict(total / tasks <= 0.045)}; the floors' sum {per_task(floors)},"
+        f" ratio {total / floors:.2f}; {figures['completed_s']:.1f} tasks/s",
+    )
+    moto_floor = backend_s + journal_floor
+    report.add(
+        section,
+        "moto, all",
+        per_task(processes["moto"]),
+        beside(processes["moto"], moto_floor, "backend and journal's bytes"),
+    )
+    report.add(section, "  serving HTTP (werkzeug, sockets, threads)", per_task(processes["moto"] - served_s))
+    report.add(section, "  parsing requests, writing replies", per_task(served_s - backend_s - journal_s))
+    report.add(section, "  the backend's work (journal aside)", per_task(backend_s), "the floor")
+    report.add(
+        section,
+        f"  the journal ({journal.get('bytes', 0) / tasks / 1024:.1f} KiB a task,"
+        f" {journal.get('records', 0) / tasks:.1f} records)",
+        per_task(journal_s),
+        beside(journal_s, journal_floor, "its bytes written"),
+    )
+    busiest = sorted(served_us, key=lambda operation: -served_us[operation])[:6]
+    for operation in busiest:
+        served, work = served_us[operation] / 1e6, backend["backend_us"].get(operation, 0) / 1e6
+        report.add(
+            section,
+            f"  {operation} ({calls.get(operation, 0) / tasks:.2f} a task)",
+            per_task(served),
+            beside(served, work, "its backend work, journal included"),
+        )
+    report.add(
+        section,
+        "sandboxes, all",
+        per_task(processes["sandboxes"]),
+        beside(processes["sandboxes"], handlers_s, "handlers"),
+    )
+    for function, figures in sorted(account["sandboxes"].items()):
+        process_s, init_s, handler_s = (figures.get(key, 0.0) for key in ("process_s", "init_s", "handler_s"))
+        if process_s > 0:
+            report.add(
+                section, f"  {function}", per_task(process_s), beside(process_s, handler_s, "its handler")
+            )
+            if init_s:
+                report.add(section, "    of it, cold starts during the burst", per_task(init_s))
+            transport_s = process_s - init_s - handler_s
+            report.add(section, "    of it, transport (Runtime API, runtime client)", per_task(transport_s))
+    report.add(
+        section, "stack process, all", per_task(processes["stack"]), "no floor measured: routing and relaying"
+    )
+    for part, seconds in sorted(account["stack"].items(), key=lambda item: -item[1]):
+        if seconds >= 0.0005 * tasks:
+            report.add(section, f"  {part}", per_task(seconds))
+    report.add(section, "mock LLM", per_task(processes["mock LLM"]))
+    report.add(section, "the bench's 16 clients (not in the sum)", per_task(clients))
 
 
 # --- call slots kept busy (issue 21) --------------------------------------------------------------
@@ -1974,6 +2089,8 @@ def main() -> None:
         budgets(report, sizes["limits"], sizes["budgets"])
     if "celery" in chosen:
         versus_celery(report, sizes["burst"])
+    if "cpu" in chosen:
+        cpu_account(report, sizes["burst"])
     if "slots" in chosen:
         call_slots(report, args.quick)
     if "scheduling" in chosen:

@@ -20,7 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from llmtasks_local.emulator import journal
-from llmtasks_local.emulator.moto_server import STATE_PATH
+from llmtasks_local.emulator.moto_server import BACKEND_PATH, CALLS_PATH, CPU_PATH, STATE_PATH
 from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
 from llmtasks_local.tool_errors import ToolError
 from tests.helpers import local_client
@@ -316,3 +316,27 @@ def test_a_redrive_survives_a_crash(endpoint: Endpoint) -> None:
 
     assert _messages(sqs, urls["dlq"]) == []
     assert [body for body, _ in _messages(sqs, urls["poison"])] == ["replayed"]
+
+
+def test_the_endpoint_says_how_much_of_each_operation_was_its_backend_s_work_and_the_journal_s(
+    endpoint: Endpoint,
+) -> None:
+    """The floor the bench sets beside what serving costs: moto's backend timed inside the server,
+    charged to the operation served, and the journal's appends within it with their bytes."""
+    _resources(endpoint)
+    dynamodb = endpoint.client("dynamodb")
+    httpx.delete(endpoint.url + CALLS_PATH).raise_for_status()
+    for number in range(20):
+        dynamodb.put_item(TableName="tasks", Item={"pk": {"S": f"t{number}"}, "body": {"S": "x" * 1000}})
+    written = httpx.get(endpoint.url + BACKEND_PATH).json()
+    dynamodb.get_item(TableName="tasks", Key={"pk": {"S": "t1"}})
+    served, account = httpx.get(endpoint.url + CPU_PATH).json(), httpx.get(endpoint.url + BACKEND_PATH).json()
+    for operation in ("dynamodb.PutItem", "dynamodb.GetItem"):
+        assert 0 < account["backend_us"][operation] <= served[operation]
+    # Each put journaled once, its item's bytes in it; the read wrote nothing.
+    assert written["journal"]["records"] == account["journal"]["records"] == 20
+    assert account["journal"]["bytes"] >= 20 * 1000
+    assert 0 < account["journal"]["us"] <= account["backend_us"]["dynamodb.PutItem"]
+    httpx.delete(endpoint.url + BACKEND_PATH).raise_for_status()  # zeroes it with the counts
+    assert httpx.get(endpoint.url + BACKEND_PATH).json() == {"backend_us": {}, "journal": {}}
+    assert httpx.get(endpoint.url + CALLS_PATH).json() == {}

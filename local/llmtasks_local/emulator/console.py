@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llmtasks.aws.apikeys import presented_key
 from llmtasks.domain.batches import RetryBatchRequest
 from llmtasks.domain.errors import ApiError
+from llmtasks_local.emulator.cpu_account import ACCOUNT
 from llmtasks_local.ops.deadletters import QUEUE_NAMES, DeadLetters
 from llmtasks_local.ops.stats import overview
 
@@ -120,6 +121,8 @@ class Console:
             return self.overview(), 200
         if method == "GET" and path == "/api/dlq":
             return self.letters(), 200
+        if method == "GET" and path == "/api/cpu":
+            return ACCOUNT.read(), 200  # where the stack's CPU went, by part (the bench's account)
         batch_id = path.removeprefix("/api/batches/").removesuffix("/retry")
         if method == "POST" and path == f"/api/batches/{batch_id}/retry":
             return self.retry_batch(batch_id)

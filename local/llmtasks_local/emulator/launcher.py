@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from llmtasks_local.emulator.moto_server import CALLS_PATH, CPU_PATH
+from llmtasks_local.emulator.moto_server import BACKEND_PATH, CALLS_PATH, CPU_PATH
 from llmtasks_local.emulator.processes import status_kib
 
 
@@ -128,6 +128,23 @@ class LaunchedStack:
         reply.raise_for_status()
         cpu: dict[str, int] = reply.json()
         return cpu
+
+    def aws_backend_cpu(self) -> dict[str, Any]:
+        """Of `aws_cpu_us`, what moto's backends took, by operation (`backend_us`), and the
+        journal's appends within them (`journal`: us, bytes, records), since the same zeroing."""
+        reply = httpx.get(self.endpoint + BACKEND_PATH)
+        reply.raise_for_status()
+        account: dict[str, Any] = reply.json()
+        return account
+
+    def cpu_account(self) -> dict[str, Any]:
+        """The stack process's CPU seconds by part, and each function's sandboxes' (process and
+        handler), so far (emulator/cpu_account.py), as its console answers them."""
+        page, _, token = self.console.partition("?token=")
+        reply = httpx.get(page.rstrip("/") + "/api/cpu", headers={"Authorization": f"Bearer {token}"})
+        reply.raise_for_status()
+        account: dict[str, Any] = reply.json()
+        return account
 
     def crash(self) -> None:
         """SIGKILL to the stack and every process it started, at once, as a crash or an

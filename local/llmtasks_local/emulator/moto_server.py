@@ -5,10 +5,12 @@ module is where the local stack adds what moto lacks, so every client sees one e
 redrive and atomic conditional writes (llmtasks_local.moto_patches), a count of the AWS API
 calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DELETE zeroes),
 which the benchmark reads to count what a task costs at the backend rather than estimate it,
-and its state kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state):
-`GET /_llmtasks/state` says whether changes can be written there, `POST` takes a clean stop's
-snapshot. Requests signed for Lambda go to the stack's Lambda API (`--lambda-url`), which runs
-the template's functions.
+the CPU each operation's answers took (`/_llmtasks/calls/cpu`) and how much of that was moto's
+backend doing the work asked for and the journal writing it (`/_llmtasks/calls/backend`: the
+floor the bench sets beside what serving costs), and its state kept in a state dir
+(`--state-dir DIR`: a snapshot and a journal, moto_state): `GET /_llmtasks/state` says whether
+changes can be written there, `POST` takes a clean stop's snapshot. Requests signed for
+Lambda go to the stack's Lambda API (`--lambda-url`), which runs the template's functions.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ if TYPE_CHECKING:  # moto is imported by the server process alone, not by the st
 
 CALLS_PATH = "/_llmtasks/calls"
 CPU_PATH = "/_llmtasks/calls/cpu"
+BACKEND_PATH = "/_llmtasks/calls/backend"
+_COUNTS_PATHS = (CALLS_PATH, CPU_PATH, BACKEND_PATH)
 STATE_PATH = "/_llmtasks/state"
 STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
@@ -71,39 +75,119 @@ class CallCounter:
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.cpu_us: Counter[str] = Counter()
+        # Of cpu_us, what moto's backends took (charge_backend), by the operation being served,
+        # and what the journal took of that with what it wrote (charge_journal).
+        self.backend_us: Counter[str] = Counter()
+        self.journal: Counter[str] = Counter()
+        self._serving = threading.local()  # the operation this thread is answering
 
     def count(self, operation: str, cpu_s: float = 0.0) -> None:
         with self._lock:
             self.calls[operation] += 1
             self.cpu_us[operation] += round(cpu_s * 1e6)
 
-    def read(self, *, reset: bool = False, cpu: bool = False) -> bytes:
+    def charge_backend(self, cpu_s: float) -> None:
+        operation = getattr(self._serving, "operation", None) or "outside requests"
         with self._lock:
-            body = json.dumps(dict(self.cpu_us if cpu else self.calls)).encode()
+            self.backend_us[operation] += round(cpu_s * 1e6)
+
+    def charge_journal(self, cpu_s: float, written: int) -> None:
+        with self._lock:
+            self.journal["us"] += round(cpu_s * 1e6)
+            self.journal["bytes"] += written
+            self.journal["records"] += 1
+
+    def read(self, *, reset: bool = False, cpu: bool = False, backend: bool = False) -> bytes:
+        with self._lock:
+            if backend:
+                body = json.dumps({"backend_us": dict(self.backend_us), "journal": dict(self.journal)})
+            else:
+                body = json.dumps(dict(self.cpu_us if cpu else self.calls))
             if reset:
-                self.calls.clear()
-                self.cpu_us.clear()
-        return body
+                for counts in (self.calls, self.cpu_us, self.backend_us, self.journal):
+                    counts.clear()
+        return body.encode()
 
     def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        """Answers a read of the counts at CALLS_PATH and of the CPU at CPU_PATH (DELETE zeroes
-        both); sends any other request to `app`, and counts it."""
-        if environ.get("PATH_INFO") in (CALLS_PATH, CPU_PATH):
+        """Answers a read of the counts at CALLS_PATH, of the CPU at CPU_PATH and of the
+        backend's share of it at BACKEND_PATH (DELETE at any of them zeroes all three); sends any
+        other request to `app`, and counts it."""
+        path = environ.get("PATH_INFO")
+        if path in _COUNTS_PATHS:
             start_response("200 OK", [("Content-Type", "application/json")])
-            return [
-                self.read(
-                    reset=environ.get("REQUEST_METHOD") == "DELETE", cpu=environ.get("PATH_INFO") == CPU_PATH
-                )
-            ]
+            reset = environ.get("REQUEST_METHOD") == "DELETE"
+            return [self.read(reset=reset, cpu=path == CPU_PATH, backend=path == BACKEND_PATH)]
         started = time.thread_time()
         operation = operation_of(environ)
-        reply: Iterable[bytes] = app(environ, start_response)
+        self._serving.operation = operation
+        try:
+            reply: Iterable[bytes] = app(environ, start_response)
+        finally:
+            self._serving.operation = None
         if operation.endswith(".ReceiveMessage"):
             reply = [b"".join(reply)]  # a receive's reply is small; read it to see if it is empty
             if _is_empty_receive(reply[0]):
                 operation += ".empty"
         self.count(operation, time.thread_time() - started)
         return reply
+
+
+def _time_backends(counter: CallCounter) -> None:
+    """Charges `counter` with the CPU moto's backends take (each public method of the services'
+    backend classes, outermost call only), by the operation being served, and the journal's
+    appends within them: the work each call asks for, the floor of what answering it costs.
+    (An empty receive's backend time is charged to sqs.ReceiveMessage: the backend runs before
+    the reply says it is empty.)"""
+    import functools
+    import inspect
+
+    from moto.cloudwatch.models import CloudWatchBackend
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodbstreams.models import DynamoDBStreamsBackend
+    from moto.logs.models import LogsBackend
+    from moto.s3.models import S3Backend
+    from moto.sqs.models import SQSBackend
+
+    from llmtasks_local.emulator.journal import Journal
+
+    inside = threading.local()
+
+    def timed(method: Any) -> Any:
+        @functools.wraps(method)
+        def backend_call(*args: Any, **kwargs: Any) -> Any:
+            if getattr(inside, "backend", False):
+                return method(*args, **kwargs)
+            inside.backend = True
+            started = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                inside.backend = False
+                counter.charge_backend(time.thread_time() - started)
+
+        return backend_call
+
+    for backend_class in (
+        DynamoDBBackend,
+        DynamoDBStreamsBackend,
+        SQSBackend,
+        S3Backend,
+        LogsBackend,
+        CloudWatchBackend,
+    ):
+        for name, member in list(vars(backend_class).items()):
+            if not name.startswith("_") and inspect.isfunction(member):
+                setattr(backend_class, name, timed(member))
+
+    append = Journal.append
+
+    def timed_append(journal: Journal, record: Any) -> int:
+        started, before = time.thread_time(), journal.bytes_since_rotation
+        seq = append(journal, record)
+        counter.charge_journal(time.thread_time() - started, journal.bytes_since_rotation - before)
+        return seq
+
+    Journal.append = timed_append  # type: ignore[method-assign,assignment]
 
 
 def _install_backend_cache() -> None:
@@ -158,6 +242,7 @@ def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> No
 
     dispatch = DomainDispatcherApplication.__call__
     counter = CallCounter()
+    _time_backends(counter)
 
     def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
         if environ.get("PATH_INFO") == STATE_PATH:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -46,6 +47,18 @@ def status_kib(pid: int, field: str) -> int | None:
     except (OSError, IndexError, ValueError):
         pass
     return None
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """User + system CPU time a process has used (/proc/PID/stat; a zombie's too), with
+    `reaped_children` that of its children that ended and were waited for; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    ticks = fields[13:15] if reaped_children else fields[11:13]
+    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def listen_on(host: str, port: int, option: str, what: str) -> socket.socket:

@@ -12,6 +12,7 @@ happens.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -30,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator.cpu_account import ACCOUNT
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
-from llmtasks_local.emulator.sandbox_main import CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
+from llmtasks_local.emulator.sandbox_main import CPU_FILE, CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
 from llmtasks_local.sam.function_spec import FunctionSpec
 from llmtasks_local.sam.template import PSEUDO_PARAMETERS
 
@@ -176,6 +178,14 @@ class _RuntimeApi(http.server.ThreadingHTTPServer):
         """A sandbox killed mid-request (a timeout, its memory, a stop) drops its connection:
         nothing to report."""
 
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """A connection's thread, named for the CPU account, which it is charged to as it ends."""
+        threading.current_thread().name = f"runtime-api-{self.sandbox.spec.logical_id}-connection"
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            ACCOUNT.charge_ending()
+
 
 class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
     """The Lambda Runtime API, as the runtime client of one sandbox calls it."""
@@ -298,9 +308,11 @@ class Sandbox:
             target=self._api.serve_forever, name=f"runtime-api-{spec.logical_id}", daemon=True
         ).start()
         self._cut_file = Path(tempfile.mkstemp(prefix="llmtasks-cut-")[1])
+        self._cpu_file = Path(tempfile.mkstemp(prefix="llmtasks-sandbox-cpu-")[1])
         runtime_api = f"127.0.0.1:{self._api.server_address[1]}"
         environment = lambda_environment(spec, base_environment, runtime_api, self.log_stream)
         environment[CUT_FILE] = str(self._cut_file)
+        environment[CPU_FILE] = str(self._cpu_file)
         if record_aws_calls is not None:
             environment[RECORD_AWS_CALLS] = str(record_aws_calls)
         self.started = time.monotonic()
@@ -317,6 +329,7 @@ class Sandbox:
                 preexec_fn=_die_with_killed,  # noqa: PLW1509 - only calls prctl, before exec
             )
         )
+        ACCOUNT.sandbox_started(self.process.pid, spec.logical_id, self._cpu_file)
         self._on_line = on_line
         threading.Thread(target=self._read_output, name=f"sandbox-log-{spec.logical_id}", daemon=True).start()
 
@@ -360,6 +373,10 @@ class Sandbox:
             # wants them on lines of their own.
             for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
                 self._on_line(line)
+        # Its output ended with it: charged to the account before the wait reaps it.
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
+        ACCOUNT.sandbox_ended(self.process.pid)
         code = self.process.wait()
         if self._end_reason is None:
             if self._oom:
@@ -377,6 +394,7 @@ class Sandbox:
         self._api.shutdown()
         self._api.server_close()
         self._cut_file.unlink(missing_ok=True)
+        self._cpu_file.unlink(missing_ok=True)
 
     # --- the stack's side -----------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 """The first code of a sandbox process: `python -m llmtasks_local.emulator.sandbox_main HANDLER FUNCTION`.
 
 It runs AWS's own runtime client (awslambdaric, what Lambda's Python base images run) against
-the Runtime API the stack serves for this sandbox, after two things only the emulator needs:
-`--record-aws-calls` (each AWS call the function makes, aws_calls.py) and the stop's grace (a
+the Runtime API the stack serves for this sandbox, after three things only the emulator needs:
+`--record-aws-calls` (each AWS call the function makes, aws_calls.py), the stop's grace (a
 stopping stack cuts the running invocation's remaining time, so the worker takes no new work it
-could not finish). Neither touches the handler: both wrap what awslambdaric does around it.
+could not finish), and the CPU the handler takes (written to a file the stack reads for its CPU
+account, cpu_account.py: the rest of the sandbox's CPU is the transport around the handler).
+None touches the handler: each wraps what awslambdaric does around it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 RECORD_AWS_CALLS = "LLMTASKS_RECORD_AWS_CALLS"  # a file: each AWS call appended as a JSON line
 CUT_FILE = "LLMTASKS_SANDBOX_CUT_FILE"  # where the stack writes the deadline (epoch ms) of a stop
 CUT_SIGNAL = signal.SIGUSR1  # "read the cut file": the stack is stopping
+CPU_FILE = "LLMTASKS_SANDBOX_CPU_FILE"  # init and handler CPU so far, microseconds
 
 
 def _cut_remaining_time(bootstrap: Any) -> None:
@@ -47,6 +51,33 @@ def _cut_remaining_time(bootstrap: Any) -> None:
     signal.signal(CUT_SIGNAL, on_cut)
 
 
+def _count_cpu(bootstrap: Any, path: str) -> None:
+    """After each invocation, the CPU this process had taken when its first invocation began (its
+    init) and what the handler has taken in all (the process's CPU, so threads it started count
+    too), in microseconds, are written over `path`: one write, the same length each time."""
+    descriptor = os.open(path, os.O_WRONLY)
+    init_us: list[int] = []
+    spent = [0]
+    get_handler = bootstrap._get_handler
+
+    def get_counted_handler(handler: str) -> Any:
+        request_handler = get_handler(handler)
+
+        def counted(event: Any, context: Any) -> Any:
+            started = time.process_time_ns()
+            if not init_us:
+                init_us.append(started // 1000)
+            try:
+                return request_handler(event, context)
+            finally:
+                spent[0] += (time.process_time_ns() - started) // 1000
+                os.pwrite(descriptor, b"%020d %020d" % (init_us[0], spent[0]), 0)
+
+        return counted
+
+    bootstrap._get_handler = get_counted_handler
+
+
 def main() -> None:
     recording = os.environ.pop(RECORD_AWS_CALLS, None)
     if recording:
@@ -57,6 +88,9 @@ def main() -> None:
     from awslambdaric import bootstrap
 
     _cut_remaining_time(bootstrap)
+    cpu_file = os.environ.pop(CPU_FILE, None)
+    if cpu_file:
+        _count_cpu(bootstrap, cpu_file)
     # The function's code comes first on sys.path, as /var/task does in Lambda (PYTHONPATH
     # holds it too, for the modules the handler's module imports).
     sys.path.insert(0, os.environ["LAMBDA_TASK_ROOT"])
