@@ -445,3 +445,22 @@ def test_a_queue_s_receives_deletes_and_counts_answer_as_moto_s_own_do(aws: Any)
         [("never", "ReceiptHandleIsInvalid")],
         ["b"],
     )
+
+
+def test_a_response_class_s_method_names_are_moto_s_own_made_once() -> None:
+    from moto.cloudwatch.responses import CloudWatchResponse
+    from moto.core import responses
+    from moto.dynamodb.responses import DynamoHandler
+    from moto.logs.responses import LogsResponse
+    from moto.s3.responses import S3Response
+    from moto.sqs.responses import SQSResponse
+
+    for handler in (DynamoHandler, SQSResponse, S3Response, LogsResponse, CloudWatchResponse):
+        kept = responses.method_names_from_class(handler)  # type: ignore[attr-defined]
+        assert responses.method_names_from_class(handler) is kept  # type: ignore[attr-defined]
+        fast_paths.uninstall()
+        try:
+            assert responses.method_names_from_class(handler) == kept  # type: ignore[attr-defined]
+        finally:
+            fast_paths.install()
+    assert "update_item" in responses.method_names_from_class(DynamoHandler)  # type: ignore[attr-defined]
