@@ -585,6 +585,31 @@ def test_streams_starting_position(
     assert stream_keys(tmp_path) == expected
 
 
+def test_streams_a_record_reaches_the_function_as_lambda_sends_it(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """The record as GetRecords' wire has it, as Lambda hands it on: a blob in base64, the
+    creation time in epoch seconds, the stream's ARN and region added."""
+    client, arn = streams(remote)
+    stop = threading.Event()
+    source = StreamSource("F", "S", arn, starting_position="TRIM_HORIZON")
+    recorder = """
+        import json
+        def handler(event, context):
+            with open(__file__ + ".calls", "a") as calls:
+                calls.write(json.dumps({"records": event["Records"]}) + "\\n")
+    """
+    poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, recorder)), client, stop)
+    item = {"pk": {"S": "blob"}, "data": {"B": b"\x00\xffbytes"}}
+    remote["dynamodb"].put_item(TableName=remote["resources"].table_names["TasksTable"], Item=item)
+    run_pollers(poller, stop, lambda: bool(calls_of(tmp_path)))
+    [record] = [r for call in calls_of(tmp_path) for r in call["records"]]
+    assert record["eventName"] == "INSERT"
+    assert record["dynamodb"]["NewImage"]["data"] == {"B": base64.b64encode(b"\x00\xffbytes").decode()}
+    assert isinstance(record["dynamodb"]["ApproximateCreationDateTime"], int | float)
+    assert (record["eventSourceARN"], record["awsRegion"]) == (arn, "us-east-1")
+
+
 def test_streams_filter_criteria_pass_only_matching_records(remote: dict[str, Any], tmp_path: Path) -> None:
     """FilterCriteria: only records matching a pattern reach the function; the others are dropped, not retried."""
     client, arn = streams(remote)

@@ -27,7 +27,8 @@ def burn(seconds: float) -> None:
 
 
 def test_threads_are_parts_by_the_name_they_were_started_with() -> None:
-    assert part_of("sqs-WorkerFunction-3") == part_of("stream-BatchFunction") == "pollers"
+    assert part_of("sqs-WorkerFunction-3") == "SQS pollers"
+    assert part_of("stream-BatchFunction") == "stream pollers"
     assert part_of("runtime-api-SubmitFunction-connection") == "Runtime API"
     assert part_of("http-api") == "HTTP API"
     assert part_of("AnyIO worker thread") == "HTTP API invokes"
@@ -53,10 +54,10 @@ def test_live_threads_are_read_from_their_clocks_and_ended_ones_as_charged() -> 
     ended.join()
     try:
         deadline = time.monotonic() + 30
-        while account.read()["stack"].get("pollers", 0) < 0.05 and time.monotonic() < deadline:
+        while account.read()["stack"].get("SQS pollers", 0) < 0.05 and time.monotonic() < deadline:
             time.sleep(0.01)
         stack = account.read()["stack"]
-        assert stack["pollers"] >= 0.05  # the live thread, by its clock
+        assert stack["SQS pollers"] >= 0.05  # the live thread, by its clock
         assert stack["Runtime API"] >= 0.05  # the ended one, as it charged itself
         # Nothing counted twice, nothing spread: the parts and the rest add up to the process.
         assert sum(stack.values()) == pytest.approx(time.process_time(), abs=0.05)

@@ -33,8 +33,8 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("lambda-api", "Lambda API"),
     ("event-invoc", "Lambda API"),  # the asynchronous invocations' queue and its pool
     ("runtime-api-", "Runtime API"),
-    ("sqs-", "pollers"),
-    ("stream-", "pollers"),
+    ("sqs-", "SQS pollers"),
+    ("stream-", "stream pollers"),
     ("sandbox-log-", "sandboxes' output"),
     ("metrics", "CloudWatch sinks"),
     ("logs", "CloudWatch sinks"),

@@ -8,6 +8,7 @@ unit test, not only the local stack.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -19,18 +20,31 @@ from llmtasks_local.sam.template import PSEUDO_PARAMETERS
 
 
 def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
-    """A DynamoDB Streams record as Lambda hands it to a function: its ApproximateCreationDateTime
-    in epoch seconds, a number, as Lambda's events carry it (boto3 reads it as a datetime)."""
+    """A DynamoDB Streams record as boto3 reads it, as Lambda hands it to a function: its
+    ApproximateCreationDateTime in epoch seconds, a number, and its blobs in base64, as on the
+    wire (boto3 reads them as a datetime and bytes). The local stack's pollers take records as
+    the wire has them (wire_stream_record); the unit tests read theirs through boto3."""
     created = (record.get("dynamodb") or {}).get("ApproximateCreationDateTime")
     if isinstance(created, datetime):
         record = {
             **record,
             "dynamodb": {**record["dynamodb"], "ApproximateCreationDateTime": created.timestamp()},
         }
-    record = json.loads(json.dumps(record, default=str))  # other datetimes to text, as on the wire
-    record["eventSourceARN"] = stream_arn
-    record.setdefault("awsRegion", PSEUDO_PARAMETERS["AWS::Region"])
-    return record
+    return wire_stream_record(json.loads(json.dumps(record, default=_as_on_the_wire)), stream_arn)
+
+
+def _as_on_the_wire(value: Any) -> str:
+    return base64.b64encode(value).decode() if isinstance(value, bytes) else str(value)
+
+
+def wire_stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
+    """A record of GetRecords' reply as the wire has it (its times epoch seconds, its blobs
+    base64, as Lambda's events carry them), with what Lambda adds to each record."""
+    return {
+        **record,
+        "eventSourceARN": stream_arn,
+        "awsRegion": record.get("awsRegion") or PSEUDO_PARAMETERS["AWS::Region"],
+    }
 
 
 def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
