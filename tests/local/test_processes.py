@@ -4,8 +4,6 @@ answers is said so, never mistaken for whatever else listens there."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import socket
 import subprocess
 import sys
@@ -38,44 +36,6 @@ def test_the_port_is_held_from_the_bind_on_so_a_second_claimant_is_refused() -> 
         assert httpx.get(f"http://127.0.0.1:{port}{CALLS_PATH}").status_code == 200
         assert listener.fileno() == -1  # this process's copy is closed: the socket is the child's
     finally:
-        stop(server)
-
-
-def test_the_endpoint_keeps_a_connection_for_the_next_request_once_a_body_is_read_whole() -> None:
-    """werkzeug closes every connection; the endpoint keeps each one whose request body was read
-    to its end (what the app left is read after it), so a boto3 call is not a TCP connect and a
-    thread of the server, and no body's leftover is taken for the next request."""
-    listener = listen_on("127.0.0.1", 0, "--moto-port", "the embedded moto server")
-    port = listener.getsockname()[1]
-    server = spawn_moto_server(listener)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        # The counts' path answers without reading the body: the server reads it after.
-        connection.request("POST", CALLS_PATH, body=b"x" * 100_000)
-        first = connection.getresponse()
-        assert json.loads(first.read()) == {}
-        assert first.getheader("Connection") is None
-        kept = connection.sock
-        assert kept is not None
-        signed = (
-            "AWS4-HMAC-SHA256 Credential=testing/20261203/us-east-1/dynamodb/aws4_request, SignedHeaders=host"
-        )
-        for _ in range(3):
-            connection.request(
-                "POST",
-                "/",
-                body=b"{}",
-                headers={
-                    "X-Amz-Target": "DynamoDB_20120810.ListTables",
-                    "Content-Type": "application/x-amz-json-1.0",
-                    "Authorization": f"{signed}, Signature=0",
-                },
-            )
-            reply = connection.getresponse()
-            assert json.loads(reply.read()) == {"TableNames": []}
-            assert connection.sock is kept  # the same connection, each time
-    finally:
-        connection.close()
         stop(server)
 
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import signal
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -221,84 +220,17 @@ def _install_backend_cache() -> None:
     DomainDispatcherApplication.get_application = get_application  # type: ignore[method-assign]
 
 
-# Set in a request's environ once its whole body has been read: its connection can take another.
-_BODY_READ = "llmtasks.body_read"
-
-
 def _serve_lightly() -> None:
-    """Keep-alive connections and no access log. werkzeug answers HTTP/1.0 by default, and even
-    as HTTP/1.1 it says `Connection: close` after every reply (http.server does not read what a
-    request's body left unread before it parses the next request line), so every boto3 call
-    opened a TCP connection and a thread of this server (978 connections for 978 calls in a
-    burst of 100 tasks), and each client reconnected. A connection is kept when the request's
-    whole body was read (`_read_whole_body`), which is what makes it safe; else it is closed as
-    werkzeug does. It wrote a log line per request to stderr too (7% of its samples)."""
+    """Keep-alive connections and no access log. werkzeug answers HTTP/1.0 by default, so every
+    boto3 call opened a TCP connection and moto's server accepted, selected and closed one (15%
+    of its samples in a burst, beside the clients' own reconnects), and it wrote a log line per
+    request to stderr (7%)."""
     import logging
 
-    from werkzeug import serving
+    from werkzeug.serving import WSGIRequestHandler
 
-    send_header = serving.WSGIRequestHandler.send_header
-    kept = threading.local()  # this thread's reply keeps its connection
-
-    def keep_alive_when_read(handler: serving.WSGIRequestHandler, keyword: str, value: str) -> None:
-        if keyword == "Connection" and value == "close" and getattr(handler, "environ", {}).get(_BODY_READ):
-            kept.alive = True
-            return
-        send_header(handler, keyword, value)
-
-    class Selectors:
-        """werkzeug.serving's `selectors`: after each reply, werkzeug reads whatever the client
-        sends within 10 ms (it knows its connections close), which on a kept connection is the
-        next request, read whole and dropped. After a reply that keeps its connection, its
-        selector finds nothing to read."""
-
-        EVENT_READ = selectors.EVENT_READ
-
-        @staticmethod
-        def DefaultSelector() -> selectors.BaseSelector:  # the name werkzeug calls
-            if getattr(kept, "alive", False):
-                kept.alive = False
-                return _NothingToRead()
-            return selectors.DefaultSelector()
-
-    serving.WSGIRequestHandler.protocol_version = "HTTP/1.1"
-    serving.WSGIRequestHandler.send_header = keep_alive_when_read  # type: ignore[method-assign,assignment]
-    serving.selectors = Selectors  # type: ignore[attr-defined,assignment]
+    WSGIRequestHandler.protocol_version = "HTTP/1.1"
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-
-
-class _NothingToRead(selectors.BaseSelector):
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return selectors.SelectorKey(fileobj, -1, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return selectors.SelectorKey(fileobj, -1, 0, None)
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return {}
-
-
-def _bound_body(environ: dict[str, Any]) -> None:
-    """The request's body, bounded by its Content-Length (werkzeug hands the connection's own
-    stream over, which a read past the body would block on), so that what the app leaves of
-    it can be read after (`_read_whole_body`)."""
-    from werkzeug.wsgi import LimitedStream
-
-    if not environ.get("wsgi.input_terminated"):  # chunked bodies are bounded by their last chunk
-        length = environ.get("CONTENT_LENGTH") or "0"
-        environ["wsgi.input"] = LimitedStream(environ["wsgi.input"], int(length) if length.isdigit() else 0)
-
-
-def _read_whole_body(environ: dict[str, Any]) -> None:
-    """Reads what the app left of the request's body; once all of it is read, the connection
-    can take the next request (`_serve_lightly`)."""
-    body = environ["wsgi.input"]
-    while body.read(65536):
-        pass
-    environ[_BODY_READ] = True
 
 
 # Paths moto's dispatcher routes by path, not by the signing scope.
@@ -313,16 +245,11 @@ def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> No
     _time_backends(counter)
 
     def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
-        _bound_body(environ)
-        reply: Iterable[bytes]
         if environ.get("PATH_INFO") == STATE_PATH:
-            reply = _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
-        elif lambda_url is not None and service_of(environ) == "lambda":
-            reply = counter(lambda e, s: _forward(lambda_url, e, s), environ, start_response)
-        else:
-            reply = counter(lambda e, s: dispatch(self, e, s), environ, start_response)
-        _read_whole_body(environ)
-        return reply
+            return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
+        if lambda_url is not None and service_of(environ) == "lambda":
+            return counter(lambda e, s: _forward(lambda_url, e, s), environ, start_response)
+        return counter(lambda e, s: dispatch(self, e, s), environ, start_response)
 
     DomainDispatcherApplication.__call__ = served  # type: ignore[method-assign]
 
