@@ -164,11 +164,12 @@ def test_the_cli_submits_waits_and_reports_with_exit_codes(fresh_mock: RunningSt
     # CloudWatch (the worker's line is there once its invocations' metrics were sent)
     assert re.search(r"^function   BatchFunction +errors=\d+  throttles=0  stream lag=", stats, re.M)
     assert re.search(r"^function   SubmitFunction +errors=0  throttles=0  \(", stats, re.M)
-    # A task that fails: exit 1, with its error code
+    # A task that fails: exit 1, with its error code; --max-retries 0 fails it at the first 500
     fresh_mock.configure_mock(rate_500=1.0)
-    failed = fresh_mock.run_cli("submit", "cli fails", "--wait")
+    failed = fresh_mock.run_cli("submit", "cli fails", "--wait", "--max-retries", "0")
     assert failed.returncode == 1
     assert "llm_http_5" in failed.stdout
+    assert fresh_mock.mock_stats()["outcomes_by_prompt"]["cli fails"] == ["500"]  # one call, no retry
     # A wait that runs out: exit 3; a wrong id: exit 2 with the problem's words
     # (a minute's call: under a loaded CI machine the three CLI processes before the cancel took
     # more than 10 s, and the task had completed)

@@ -90,6 +90,12 @@ def _end_line(shown: bool) -> None:
 @click.option("--webhook", default=None, help="A URL to POST the outcome to (signed).")
 @click.option("--model", default=None, help="The provider's model id.")
 @click.option("--system", default=None, help="A system prompt.")
+@click.option(
+    "--max-retries",
+    type=click.IntRange(0, 10),
+    default=None,
+    help="Retries of transient LLM errors (0-10; the API's default 3). 0: fail at the first.",
+)
 @with_api
 def submit(
     prompt: str,
@@ -98,6 +104,7 @@ def submit(
     webhook: str | None,
     model: str | None,
     system: str | None,
+    max_retries: int | None,
     api_url: str,
     api_key: str | None,
     as_json: bool,
@@ -105,7 +112,7 @@ def submit(
     """Submit PROMPT (or - to read it from stdin); print the task id, or with --wait the result."""
     text = sys.stdin.read() if prompt == "-" else prompt
     with client_of(api_url, api_key) as client:
-        task = client.submit(text, webhook_url=webhook, model=model, system=system)
+        task = client.submit(text, webhook_url=webhook, model=model, system=system, max_retries=max_retries)
         if wait_:
             _wait_and_show(client, task.task_id, timeout, as_json)
         elif as_json:
