@@ -9,13 +9,15 @@ operator commands' default endpoint, resolve through here. Its default port is a
 
 from __future__ import annotations
 
-from localstack_client.config import get_service_endpoint
-
 LOCALSTACK = "localstack"  # the keyword that --endpoint-url resolves
 
 
 def localstack_endpoint(service: str) -> str:
     """The endpoint of `service` on the LocalStack the environment names."""
+    # Imported here: localstack-client imports boto3 (0.3 s of CPU), which the commands that
+    # import this module (the mock LLM's among them) need only when the keyword is given.
+    from localstack_client.config import get_service_endpoint
+
     endpoint = get_service_endpoint(service)
     if endpoint is None:
         raise ValueError(f"localstack-client knows no endpoint for {service!r}")
