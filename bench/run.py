@@ -987,13 +987,14 @@ def cpu_account(report: Report, tasks: int) -> None:
         processes, account, clients = stack_cpu(stack), stack.cpu_account(), time.process_time()
         figures = burst(stack, tasks)
         clients = time.process_time() - clients
+        after = stack.cpu_account()  # one read: the stack's and the sandboxes' parts of one moment
         processes, account = (
             since(stack_cpu(stack), processes),
             {
-                "stack": since(stack.cpu_account()["stack"], account["stack"]),
+                "stack": since(after["stack"], account["stack"]),
                 "sandboxes": {
-                    function: since(after, account["sandboxes"].get(function, {}))
-                    for function, after in stack.cpu_account()["sandboxes"].items()
+                    function: since(spent, account["sandboxes"].get(function, {}))
+                    for function, spent in after["sandboxes"].items()
                 },
             },
         )
