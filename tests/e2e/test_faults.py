@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.sam.provision import local_name
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack, still_running
-from tests.helpers import eventually
+from tests.helpers import eventually, local_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load]
 
@@ -140,16 +141,36 @@ def test_every_task_is_accounted_for_after_faults(
             ids[reply.json()["task_id"]] = prompt
         task_ids = list(ids)
 
-        # Under faults, every task reaches an end; the poison ones read as dead-lettered
+        sqs = local_client("sqs", stack.endpoint)
+        dlq_url = sqs.get_queue_url(QueueName=local_name("TaskDLQ"))["QueueUrl"]
+
+        def dlq_depth() -> int:
+            name = "ApproximateNumberOfMessages"
+            attributes = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=[name])["Attributes"]
+            return int(attributes[name])
+
+        def in_dlq() -> set[str]:
+            listed = stack.cli("dlq", "list", "--queue", "tasks", "--json")
+            return {json.loads(line)["task_id"] for line in listed.splitlines()}
+
+        # Under faults, every task reaches an end or TaskDLQ. The poison ones read as
+        # dead-lettered (their last delivery's invocation says so). A batch that an injected
+        # crash met on both of its deliveries reaches TaskDLQ as SQS moves it, with no invocation
+        # left to say so: its tasks still read pending, visible in the DLQ, until a redrive.
         def settled() -> bool:
-            if still_running(client):  # a cheap gate: a full read of 303 tasks loads the stack
+            # Cheap gates first (a full read of 303 tasks, or a CLI's listing, loads the stack)
+            running = still_running(client)
+            if running and (dlq_depth() < len(running) or not set(running) <= in_dlq()):
                 return False
-            return all(t["status"] in TERMINAL for t in read_all(client, task_ids).values())
+            views = read_all(client, task_ids)
+            waiting = {i for i, t in views.items() if t["status"] not in TERMINAL}
+            return not waiting or waiting <= in_dlq()
 
         eventually(settled, bool, timeout_s=600, every_s=2, what="every task settled under faults")
         under_faults = read_all(client, task_ids)
         settled_s = time.monotonic() - started
         dead = sorted(i for i, t in under_faults.items() if t.get("error_code") == "dead_lettered")
+        unmarked = sorted(i for i, t in under_faults.items() if t["status"] not in TERMINAL)
         assert {ids[i] for i in dead} >= {p for p in prompts if POISON in p}
 
         # The faults stop
@@ -157,18 +178,22 @@ def test_every_task_is_accounted_for_after_faults(
         stack.configure_mock(reset=False, **{knob: 0 for knob in LLM_FAULTS})
 
         # The dead-lettered messages reach TaskDLQ, and `llmtasks dlq list` shows them
-        def in_dlq() -> bool:
-            listed = stack.cli("dlq", "list", "--queue", "tasks", "--json")
-            return {json.loads(line)["task_id"] for line in listed.splitlines()} >= set(dead)
-
-        eventually(in_dlq, bool, timeout_s=120, every_s=2, what="the dead-lettered messages in TaskDLQ")
+        eventually(
+            lambda: in_dlq() >= {*dead, *unmarked},
+            bool,
+            timeout_s=120,
+            every_s=2,
+            what="the dead-lettered messages in TaskDLQ",
+        )
         listing = stack.cli("dlq", "list")
-        for task_id in dead:
+        for task_id in [*dead, *unmarked]:
             assert task_id in listing
         redrive = stack.cli("dlq", "redrive", "--queue", "tasks")
+        # Every message goes back; the tasks marked dead-lettered go back to pending (the
+        # unmarked ones were never anything else)
         assert f"{len(dead)} task(s) back to pending" in redrive
         eventually(
-            lambda: all(read_all(client, dead)[i]["status"] == "completed" for i in dead),
+            lambda: all(t["status"] == "completed" for t in read_all(client, [*dead, *unmarked]).values()),
             bool,
             timeout_s=120,
             every_s=2,
@@ -200,6 +225,7 @@ def test_every_task_is_accounted_for_after_faults(
         ("completed", by_status["completed"]),
         ("  of which first LLM call succeeded", sum(final[i]["status"] == "completed" for i in first_ok)),
         ("  of which dead-lettered, then redriven", sum(final[i]["status"] == "completed" for i in dead)),
+        ("  of which DLQ'd unmarked, redriven", sum(final[i]["status"] == "completed" for i in unmarked)),
         *((f"failed: {code}", n) for code, n in sorted(failed_codes.items())),
         ("cancelled", by_status["cancelled"]),
         ("pending or processing (stuck)", by_status["pending"] + by_status["processing"]),
