@@ -179,9 +179,14 @@ def pending_task(
     )
 
 
-def toy_function(directory: Path, body: str, *, timeout_s: int = 1) -> FunctionSpec:
-    """A function `F` whose handler (`app.handler`) is `body`, for the emulator's own tests."""
+def toy_function(
+    directory: Path, body: str, *, timeout_s: int = 1, requirements: tuple[str, ...] = ()
+) -> FunctionSpec:
+    """A function `F` whose handler (`app.handler`) is `body`, for the emulator's own tests; the
+    packages it imports beyond the runtime's own (boto3) named in its requirements.txt."""
     (directory / "app.py").write_text(textwrap.dedent(body))
+    if requirements:
+        (directory / "requirements.txt").write_text("".join(f"{name}\n" for name in requirements))
     return FunctionSpec("F", directory, "app.handler", timeout_s, 128, {})
 
 

@@ -61,6 +61,7 @@ def derived_template(directory: Path, replacements: dict[str, str]) -> Path:
         assert old in text, old
         text = text.replace(old, new)
     text = text.replace("CodeUri: functions/", f"CodeUri: {ROOT}/functions/")
+    text = text.replace("ContentUri: src/", f"ContentUri: {ROOT}/src/")
     path = directory / "template.yaml"
     path.write_text(text)
     return path

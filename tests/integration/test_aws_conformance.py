@@ -913,7 +913,8 @@ def test_lambda_log_lines_name_their_own_function_and_request_under_concurrency(
     functions = {}
     for name in ("F", "G"):
         (tmp_path / name).mkdir()
-        functions[name] = dataclasses.replace(toy_function(tmp_path / name, LOGGING), logical_id=name)
+        toy = toy_function(tmp_path / name, LOGGING, requirements=("aws-lambda-powertools",))
+        functions[name] = dataclasses.replace(toy, logical_id=name)
     with (
         FunctionRuntime(functions["F"], concurrency=4, on_line=lines.append) as f,
         FunctionRuntime(functions["G"], concurrency=4, on_line=lines.append) as g,

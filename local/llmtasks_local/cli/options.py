@@ -96,7 +96,7 @@ def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     import boto3
 
     from llmtasks_local.ops.deployment import Deployment
-    from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+    from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS
 
     if stack_name:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")

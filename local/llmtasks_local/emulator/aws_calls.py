@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.client import BaseClient
 
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS
 
 # Batch and transaction calls are authorized action by action, as IAM does.
 _ACTION_OF = {

@@ -22,8 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmtasks_local.emulator.payload_limits import request_too_large
 from llmtasks_local.emulator.runtime import FunctionRuntime
-from llmtasks_local.sam.function_spec import HttpRoute, LambdaAuthorizer
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, HttpRoute, LambdaAuthorizer
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-www-form-urlencoded")
 

@@ -28,9 +28,9 @@ import boto3
 
 from llmtasks_local.emulator.processes import check_answers
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation, print_to_stderr
-from llmtasks_local.sam.function_spec import FunctionSpec
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec
 from llmtasks_local.sam.provision import provision
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS, Template, TemplateError
+from llmtasks_local.sam.template import Template, TemplateError
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,7 @@ from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.payload_limits import EVENT_REQUEST_BYTES, REQUEST_BYTES
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.emulator.sources import SqsPoller, StreamPoller
-from llmtasks_local.sam.function_spec import FunctionSpec, SqsSource, StreamSource
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec, SqsSource, StreamSource
 
 API = "/2015-03-31"
 REGION = PSEUDO_PARAMETERS["AWS::Region"]

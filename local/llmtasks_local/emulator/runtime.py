@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator.function_site import function_site
 from llmtasks_local.emulator.log_groups import LogsSink, log_group, new_log_stream
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.sandbox import FunctionError, Invocation, Sandbox, SandboxDied
@@ -104,6 +105,14 @@ class FunctionRuntime:
         # cold start, so what the stack sets before its first invocation reaches the sandboxes).
         self._environment = environment
         self._on_line = on_line if metrics is None else _tee(on_line, metrics.line)
+        _, missing = function_site(spec.code_dir, spec.layer_dirs)
+        if missing:  # said once, at start: each cold start fails on it as Lambda's init would
+            print(
+                f"{spec.logical_id}: its requirements name {', '.join(missing)}, which this venv has "
+                "not installed: its sandboxes cannot import them (pip install them into the venv)",
+                file=sys.stderr,
+                flush=True,
+            )
         self._record_aws_calls = record_aws_calls
         self._idle_retire_s = idle_retire_s
         self._idle: list[tuple[Sandbox, float]] = []  # with when each went idle (monotonic)

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from llmtasks_local.emulator.cpu_account import ACCOUNT
+from llmtasks_local.emulator.function_site import function_site
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
 from llmtasks_local.emulator.sandbox_main import CPU_FILE, CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
-from llmtasks_local.sam.function_spec import FunctionSpec
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec
 
 RUNTIME_API = "/2018-06-01/runtime"
 # Lambda gives an on-demand init 10 s; one that runs over is tried again within the first
@@ -111,6 +111,7 @@ def lambda_environment(
     Environment, and the variables Lambda itself sets (its log stream the one its lines go to)."""
     region = PSEUDO_PARAMETERS["AWS::Region"]
     python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site, _ = function_site(spec.code_dir, spec.layer_dirs)
     return {
         **base,
         **spec.environment,
@@ -126,8 +127,9 @@ def lambda_environment(
         "AWS_LAMBDA_RUNTIME_API": runtime_api,
         "LAMBDA_TASK_ROOT": str(spec.code_dir),
         "_HANDLER": spec.handler,
-        # The function's code, then its layers (as /var/task, then /opt/python).
-        "PYTHONPATH": os.pathsep.join(str(p) for p in (spec.code_dir, *spec.layer_dirs)),
+        # The function's code, then its layers (as /var/task, then /opt/python), then the
+        # packages their requirements install and the runtime's own (function_site.py).
+        "PYTHONPATH": os.pathsep.join(str(p) for p in (spec.code_dir, *spec.layer_dirs, site)),
         "PYTHONUNBUFFERED": "1",  # each log line reaches the stack as it is written
         "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here; the Tracer would only warn
     }
@@ -319,8 +321,16 @@ class Sandbox:
         self.init_s: float | None = None
         self.process = _spawner.spawn(
             lambda: subprocess.Popen(  # noqa: S603
-                # The function's name last: `ps` shows whose sandbox a process is.
-                [sys.executable, "-m", "llmtasks_local.emulator.sandbox_main", spec.handler, spec.logical_id],
+                # -S: none of the venv's site-packages, only the function's site on PYTHONPATH
+                # (function_site.py). The function's name last: `ps` shows whose sandbox it is.
+                [
+                    sys.executable,
+                    "-S",
+                    "-m",
+                    "llmtasks_local.emulator.sandbox_main",
+                    spec.handler,
+                    spec.logical_id,
+                ],
                 cwd=spec.code_dir,
                 env=environment,
                 stdin=subprocess.DEVNULL,

@@ -59,9 +59,9 @@ from llmtasks_local.emulator.sources import SqsPoller, StreamPoller, StreamPosit
 from llmtasks_local.emulator.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks_local.ops.deadletters import DeadLetters
 from llmtasks_local.ops.deployment import Deployment
-from llmtasks_local.sam.function_spec import FunctionSpec, StreamSource
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec, StreamSource
 from llmtasks_local.sam.provision import LocalResources, local_name, provision, provision_alarms
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS, Template
+from llmtasks_local.sam.template import Template
 from llmtasks_local.tool_errors import ToolError
 
 if TYPE_CHECKING:

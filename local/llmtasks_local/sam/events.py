@@ -16,7 +16,7 @@ from typing import Any
 
 from moto.events.models import EventPattern, EventPatternParser
 
-from llmtasks_local.sam.template import PSEUDO_PARAMETERS
+from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS
 
 
 def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:

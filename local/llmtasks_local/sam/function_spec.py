@@ -8,6 +8,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# The pseudo parameters' values on the local stack (here, not in template.py, for what runs in a
+# sandbox: aws_calls.py names ARNs with them, and a sandbox cannot import the YAML reader).
+PSEUDO_PARAMETERS = {
+    "AWS::Region": "us-east-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::StackName": "llmtasks-local",
+    "AWS::Partition": "aws",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+
 
 @dataclass(frozen=True)
 class LambdaAuthorizer:

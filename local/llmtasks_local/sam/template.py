@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from llmtasks_local.sam.function_spec import (
+    PSEUDO_PARAMETERS,
     EventInvokeConfig,
     FunctionSpec,
     HttpRoute,
@@ -25,13 +26,6 @@ from llmtasks_local.sam.function_spec import (
 )
 from llmtasks_local.tool_errors import ToolError
 
-PSEUDO_PARAMETERS = {
-    "AWS::Region": "us-east-1",
-    "AWS::AccountId": "123456789012",
-    "AWS::StackName": "llmtasks-local",
-    "AWS::Partition": "aws",
-    "AWS::URLSuffix": "amazonaws.com",
-}
 NO_VALUE = object()
 
 
@@ -394,7 +388,15 @@ class Template:
                 f"layer {layer!r} is not an AWS::Serverless::LayerVersion of the template",
                 where=str(self.path),
             )
-        return (self.root / str(props.get("ContentUri", "."))).resolve()
+        folder = (self.root / str(props.get("ContentUri", "."))).resolve()
+        if not folder.is_dir():
+            # A missing layer would leave its packages out of every sandbox that names it.
+            raise TemplateError(
+                f"layer {layer}'s ContentUri {folder} is not a folder",
+                where=str(self.path),
+                fix="point ContentUri at the layer's code, relative to the template",
+            )
+        return folder
 
     def _authorizer_of(
         self,

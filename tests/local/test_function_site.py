@@ -1,0 +1,77 @@
+"""A sandbox imports what `sam build` would install for its function, and no more: the packages
+its code's and its layers' requirements name, theirs followed through, and the runtime's own
+(function_site.py). The venv's other packages (the tests', the linters') are not there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from llmtasks_local.emulator.function_site import closure, function_site, requirements_of
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def names(requirements: list[str]) -> set[str]:
+    distributions, missing = closure(Requirement(text) for text in requirements)
+    assert missing == []
+    return {d.metadata["Name"].lower().replace("_", "-") for d in distributions}
+
+
+def test_the_layer_s_requirements_are_followed_through_with_their_extras_and_markers() -> None:
+    layer = names([str(r) for r in requirements_of([ROOT / "src"])])
+    # The layer's own, what they need (powertools' [tracer] extra brings the X-Ray SDK), and the
+    # runtime's (awslambdaric, boto3)
+    assert {"pydantic", "pydantic-core", "httpx", "httpcore", "boto3", "botocore", "awslambdaric"} <= layer
+    assert {"aws-lambda-powertools", "aws-xray-sdk", "wrapt", "standardwebhooks"} <= layer
+    # Nothing that only the tools need: httpx's command line (rich, click), pytest, moto
+    assert not {"rich", "click", "pygments", "pytest", "moto", "schemathesis"} & layer
+    # Without the extra, powertools alone: the tracer's SDK is not pulled in
+    assert "aws-xray-sdk" not in names(["aws-lambda-powertools"])
+    # A marker that does not hold leaves its requirement out
+    assert "rich" not in names(['rich; python_version < "3"'])
+
+
+def test_requirements_files_are_read_as_sam_build_reads_them(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text(
+        "# what the function needs\n\n-i https://example.invalid/simple\nhttpx>=0.27  # its client\nrich\n"
+    )
+    assert [str(r) for r in requirements_of([tmp_path, tmp_path / "none"])] == ["httpx>=0.27", "rich"]
+    (tmp_path / "requirements.txt").write_text("not a requirement!\n")
+    with pytest.raises(ValueError, match="not a requirement"):
+        requirements_of([tmp_path])
+
+
+def test_a_requirement_the_venv_has_not_installed_is_named(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("httpx\nno-such-package-llmtasks\n")
+    _, missing = function_site(tmp_path, ())
+    assert missing == ("no-such-package-llmtasks",)
+
+
+def sandbox_imports(code_dir: Path, module: str) -> subprocess.CompletedProcess[str]:
+    """`import module` in a process started as a sandbox is (python -S, the site on PYTHONPATH)."""
+    site, _ = function_site(code_dir, (ROOT / "src",))
+    path = os.pathsep.join(str(p) for p in (code_dir, ROOT / "src", site))
+    return subprocess.run(
+        [sys.executable, "-S", "-c", f"import {module}, llmtasks_local.emulator.sandbox_main"],
+        env={"PYTHONPATH": path, "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_a_sandbox_imports_its_requirements_and_not_the_venv_s_other_packages(tmp_path: Path) -> None:
+    for module in ("llmtasks.wiring.worker", "awslambdaric.bootstrap", "boto3", "standardwebhooks"):
+        done = sandbox_imports(tmp_path, module)
+        assert done.returncode == 0, done.stderr
+    assert "No module named 'rich'" in sandbox_imports(tmp_path, "rich").stderr
+    (tmp_path / "requirements.txt").write_text("rich\n")  # named: then it is there
+    function_site.cache_clear()  # read once a process: read it again
+    assert sandbox_imports(tmp_path, "rich").returncode == 0
