@@ -131,6 +131,7 @@ def test_a_template_that_does_not_parse_names_file_line_and_column(tmp_path: Pat
             ["nowhere.lambda_handler", "Handler"],
         ),
         ("CodeUri: functions/submit/", "CodeUri: functions/submitt/", ["submitt", "CodeUri"]),
+        ("ContentUri: src/", "ContentUri: srcc/", ["LlmtasksLayer", "srcc", "ContentUri"]),
         ("!Ref TasksTable", "!Ref TasksTabel", ["a Ref to 'TasksTabel'"]),
         # CreateEventSourceMapping refuses a queue whose messages would come back mid-invocation.
         (
@@ -139,7 +140,14 @@ def test_a_template_that_does_not_parse_names_file_line_and_column(tmp_path: Pat
             ["Queue visibility timeout: 5 seconds is less than Function timeout: 60 seconds", "WebhookQueue"],
         ),
     ],
-    ids=["unknown-type", "missing-handler", "missing-codeuri", "ref-to-nothing", "visibility-under-timeout"],
+    ids=[
+        "unknown-type",
+        "missing-handler",
+        "missing-codeuri",
+        "missing-layer",
+        "ref-to-nothing",
+        "visibility-under-timeout",
+    ],
 )
 def test_a_template_that_names_what_does_not_exist_is_refused_before_anything_starts(
     template_with: Any, old: str, new: str, words: list[str]
