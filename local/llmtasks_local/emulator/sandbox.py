@@ -131,6 +131,10 @@ def lambda_environment(
         # packages their requirements install and the runtime's own (function_site.py).
         "PYTHONPATH": os.pathsep.join(str(p) for p in (spec.code_dir, *spec.layer_dirs, site)),
         "PYTHONUNBUFFERED": "1",  # each log line reaches the stack as it is written
+        # No bytecode written, as Lambda's read-only /var/task writes none: a .pyc a sandbox
+        # wrote names its source by mtime (whole seconds) and size, so a handler saved twice in
+        # one second at one size would run its first version after the hot reload.
+        "PYTHONDONTWRITEBYTECODE": "1",
         "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here; the Tracer would only warn
     }
 
