@@ -10,16 +10,13 @@ STAMP  := $(VENV)/.installed-$(shell cat $(PROJECTS) | cksum | cut -d' ' -f1)-by
 
 $(STAMP): $(PROJECTS)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "Error: llmtasks needs Python 3.11 or newer ($(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo missing)): run make with PYTHON=python3.12 or another 3.11+" >&2; exit 2; }
-	@$(PYTHON) -m venv $(VENV) || { echo "Error: $(PYTHON) could not make the virtual environment $(VENV) (on Debian: apt-get install python3-venv)" >&2; exit 1; }
 	@echo "Installing llmtasks (service, client, local tools) and its development tools into $(VENV) ..."
-	@# uv (a PyPI wheel) resolves and installs in seconds what pip takes minutes for. Unlike pip, it
-	@# writes no bytecode unless told to; where PYTHONDONTWRITEBYTECODE is set (many containers and
-	@# CI images set it) Python never writes it either, and every process compiled every module it
-	@# imported again: a sandbox's cold start 1.25 s of CPU instead of 0.63, the stack's import 2.3 s
-	@# instead of 1.0, `llmtasks invoke`'s test 72 s instead of 40.
-	@$(BIN)/python -m pip install -q uv >$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: pip could not install uv into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
-	@$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e . -e ./client -e ./local --group dev >>$(VENV)/install.log 2>&1 || { tail -20 $(VENV)/install.log; echo "Error: could not install llmtasks into $(VENV) (its log: $(VENV)/install.log)" >&2; exit 1; }
-	@rm -f $(VENV)/.installed-*; touch $@
+	@# uv writes no bytecode unless told to; where PYTHONDONTWRITEBYTECODE is set (many containers
+	@# and CI images set it) Python never writes it either, and every process compiled every module
+	@# it imported again: a sandbox's cold start 1.25 s of CPU instead of 0.63, the stack's import
+	@# 2.3 s instead of 1.0, `llmtasks invoke`'s test 72 s instead of 40.
+	@scripts/install-venv $(VENV) $(PYTHON) llmtasks --compile-bytecode -e . -e ./client -e ./local --group dev
+	@touch $@
 	@echo "The CLI is $(BIN)/llmtasks (the README calls it so; or: export PATH=\"$$PWD/$(BIN):\$$PATH\")"
 
 ## The venv, and the bytecode of the project's own sources (installed editable, so not compiled by
