@@ -80,9 +80,11 @@ def template_with(tmp_path: Path) -> Any:
 
 @pytest.fixture
 def taken_port() -> Iterator[int]:
+    """A port another program holds: bound, and not listening, so the stack's probe of what
+    holds it (an `llmtasks up`?) is refused at once; a listener that never answers holds that
+    probe its whole 3 s timeout, each time."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
-        holder.listen()
         yield holder.getsockname()[1]
 
 

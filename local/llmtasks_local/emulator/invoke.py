@@ -146,6 +146,7 @@ def invoke(
             where=str(template_path),
             fix=f"name one of {', '.join(functions_declared)}",
         )
+    template.check()
     if endpoint_url is not None:
         check_answers(endpoint_url)
     request_id = str(uuid.uuid4())

@@ -257,6 +257,7 @@ class LocalStack:
         }
         # The template first: a mistake in it is said before anything starts.
         template = Template.load(self.options.template, overrides)
+        template.check()
         self._preflight()
         self._prepare_state()
         # Bound before the endpoint starts, which passes Lambda's calls on to it.

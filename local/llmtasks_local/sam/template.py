@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,6 +336,14 @@ class Template:
             self._check_visibility(specs[logical_id], merged.get("Events") or {}, refs, attributes)
         return specs
 
+    def check(self) -> None:
+        """Every function resolved against stand-ins for what provisioning names, so that a
+        mistake in one (a Ref or GetAtt to nothing, a CodeUri, Handler or layer that is not there,
+        a queue's visibility under the function's Timeout) is said before anything starts, not
+        once the endpoint runs and every table and queue is made (2.5 s of CPU, then stopped)."""
+        resources = self.body.get("Resources") or {}
+        self.functions({logical_id: logical_id for logical_id in resources}, _StandIns(resources))
+
     def _check_visibility(
         self,
         spec: FunctionSpec,
@@ -477,3 +485,21 @@ def _stream_source(function_id: str, name: str, props: Mapping[str, Any]) -> Str
         on_failure_arn=str(on_failure) if on_failure else None,
         enabled=bool(props.get("Enabled", True)),
     )
+
+
+class _StandIns(Mapping[tuple[str, str], str]):
+    """Any GetAtt of a resource of the template, answered with a stand-in (Template.check)."""
+
+    def __init__(self, resources: Mapping[str, Any]) -> None:
+        self._resources = resources
+
+    def __getitem__(self, key: tuple[str, str]) -> str:
+        if key[0] not in self._resources:
+            raise KeyError(key)
+        return ".".join(key)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
