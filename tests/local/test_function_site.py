@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from llmtasks_local.emulator import function_site as function_site_module
 from llmtasks_local.emulator.function_site import closure, function_site, requirements_of
 from tests.helpers import ROOT
 
@@ -75,3 +76,28 @@ def test_a_sandbox_imports_its_requirements_and_not_the_venv_s_other_packages(tm
     (tmp_path / "requirements.txt").write_text("rich\n")  # named: then it is there
     function_site.cache_clear()  # read once a process: read it again
     assert sandbox_imports(tmp_path, "rich").returncode == 0
+
+
+def test_which_site_requirements_get_is_kept_until_an_install_changes_the_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    monkeypatch.setattr(function_site_module.sysconfig, "get_path", lambda _: str(installed))
+    monkeypatch.setattr(function_site_module, "SITES", tmp_path / "sites")
+    followed: list[int] = []
+    follow = function_site_module.closure
+    monkeypatch.setattr(function_site_module, "closure", lambda wanted: followed.append(1) or follow(wanted))
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "requirements.txt").write_text("httpx\n")
+
+    def in_a_new_process() -> tuple[Path, tuple[str, ...]]:
+        function_site.cache_clear()
+        function_site_module._site_of_requirements.cache_clear()
+        return function_site(code_dir, ())
+
+    first = in_a_new_process()
+    assert (in_a_new_process(), followed) == (first, [1])  # kept: not followed through again
+    (installed / "something-1.0.dist-info").mkdir()  # an install
+    assert (in_a_new_process(), followed) == (first, [1, 1])
