@@ -436,3 +436,24 @@ def test_an_invocation_during_a_warm_up_waits_for_that_sandbox_instead_of_starti
     finally:
         pool.shutdown()
         runtime.close()
+
+
+def test_moto_s_apps_run_without_flask_s_debug_mode_and_errors_still_propagate() -> None:
+    import moto.server
+
+    from llmtasks_local.emulator import moto_server
+
+    create = moto.server.create_backend_app
+    moto_server._debug_mode_off()
+    try:
+        app = moto.server.create_backend_app("sqs")
+    finally:
+        moto.server.create_backend_app = create
+    assert not app.debug
+
+    @app.route("/_a_bug")
+    def a_bug() -> str:
+        raise RuntimeError("a bug in moto")
+
+    with pytest.raises(RuntimeError, match="a bug in moto"):  # to werkzeug: 500 and its traceback
+        app.test_client().get("/_a_bug")

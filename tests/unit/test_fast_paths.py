@@ -464,3 +464,14 @@ def test_a_response_class_s_method_names_are_moto_s_own_made_once() -> None:
         finally:
             fast_paths.install()
     assert "update_item" in responses.method_names_from_class(DynamoHandler)  # type: ignore[attr-defined]
+
+
+def test_request_ids_are_in_moto_s_form_and_differ(aws: Any) -> None:
+    def request_ids(aws: Any, _name: str) -> list[str]:
+        replies = [aws.dynamodb.describe_limits(), aws.sqs.list_queues(), aws.dynamodb.list_tables()]
+        return [reply["ResponseMetadata"]["RequestId"] for reply in replies]
+
+    fast, slow = with_and_without(request_ids, aws)
+    for ids in (fast, slow):
+        assert len(set(ids)) == len(ids)
+        assert all(len(i) == 52 and i.isascii() and i.isalnum() for i in ids), ids
