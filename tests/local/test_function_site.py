@@ -13,7 +13,8 @@ import pytest
 from packaging.requirements import Requirement
 
 from llmtasks_local.emulator import function_site as function_site_module
-from llmtasks_local.emulator.function_site import closure, function_site, requirements_of
+from llmtasks_local.emulator.function_site import closure, function_site
+from llmtasks_local.sam.template import TemplateError, requirements_of
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
@@ -44,9 +45,10 @@ def test_requirements_files_are_read_as_sam_build_reads_them(tmp_path: Path) -> 
         "# what the function needs\n\n-i https://example.invalid/simple\nhttpx>=0.27  # its client\nrich\n"
     )
     assert [str(r) for r in requirements_of([tmp_path, tmp_path / "none"])] == ["httpx>=0.27", "rich"]
-    (tmp_path / "requirements.txt").write_text("not a requirement!\n")
-    with pytest.raises(ValueError, match="not a requirement"):
+    (tmp_path / "requirements.txt").write_text("httpx\nnot a requirement!\n")
+    with pytest.raises(TemplateError, match="not a requirement") as refused:
         requirements_of([tmp_path])
+    assert refused.value.where == f"{tmp_path / 'requirements.txt'}:2"
 
 
 def test_a_requirement_the_venv_has_not_installed_is_named(tmp_path: Path) -> None:

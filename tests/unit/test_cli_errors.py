@@ -158,6 +158,16 @@ def test_a_template_that_names_what_does_not_exist_is_refused_before_anything_st
     said(llmtasks(*stack_args("-t", str(path))), USAGE, str(path), *words)
 
 
+def test_a_requirements_line_pip_would_not_read_is_refused_before_anything_starts(
+    template_with: Any, tmp_path: Path
+) -> None:
+    code = tmp_path / "submit"
+    shutil.copytree(ROOT / "functions" / "submit", code, ignore=shutil.ignore_patterns("__pycache__"))
+    (code / "requirements.txt").write_text("httpx>=0.27\nhttpx[http2>=1\n")
+    path = template_with("CodeUri: functions/submit/", f"CodeUri: {code}/")
+    said(llmtasks(*stack_args("-t", str(path))), USAGE, f"{code / 'requirements.txt'}:2", "not a requirement")
+
+
 @pytest.mark.parametrize(
     ("override", "words"),
     [

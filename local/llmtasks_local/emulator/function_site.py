@@ -31,32 +31,14 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.markers import default_environment
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from llmtasks_local.sam.template import requirements_of
 
 # What Lambda's Python runtime carries itself, beside a function's own packages.
 RUNTIME_PACKAGES = ("awslambdaric", "boto3")
 SITES = Path(tempfile.gettempdir()) / "llmtasks-function-sites"
-
-
-def requirements_of(folders: Iterable[Path]) -> list[Requirement]:
-    """The requirements.txt of each folder (a function's CodeUri, a layer's ContentUri), as
-    `sam build` reads them: one requirement a line; comments, blank lines and pip's options
-    (`-r`, `--index-url`, ...) left out."""
-    found: list[Requirement] = []
-    for folder in folders:
-        path = folder / "requirements.txt"
-        if not path.is_file():
-            continue
-        for written in path.read_text().splitlines():
-            line = written.split(" #", 1)[0].strip()
-            if not line or line.startswith(("#", "-")):
-                continue
-            try:
-                found.append(Requirement(line))
-            except InvalidRequirement as error:
-                raise ValueError(f"{path}: {line!r} is not a requirement ({error})") from error
-    return found
 
 
 def closure(requirements: Iterable[Requirement]) -> tuple[list[metadata.Distribution], list[str]]:

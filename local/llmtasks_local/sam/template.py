@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 
 from llmtasks_local.sam.function_spec import (
     PSEUDO_PARAMETERS,
@@ -339,10 +340,13 @@ class Template:
     def check(self) -> None:
         """Every function resolved against stand-ins for what provisioning names, so that a
         mistake in one (a Ref or GetAtt to nothing, a CodeUri, Handler or layer that is not there,
-        a queue's visibility under the function's Timeout) is said before anything starts, not
+        a queue's visibility under the function's Timeout, a requirements.txt line pip would not
+        read) is said before anything starts, not
         once the endpoint runs and every table and queue is made (2.5 s of CPU, then stopped)."""
         resources = self.body.get("Resources") or {}
-        self.functions({logical_id: logical_id for logical_id in resources}, _StandIns(resources))
+        functions = self.functions({logical_id: logical_id for logical_id in resources}, _StandIns(resources))
+        for spec in functions.values():  # what sam build would install for it
+            requirements_of([spec.code_dir, *spec.layer_dirs])
 
     def _check_visibility(
         self,
@@ -503,3 +507,28 @@ class _StandIns(Mapping[tuple[str, str], str]):
 
     def __len__(self) -> int:
         return 0
+
+
+def requirements_of(folders: Iterable[Path]) -> list[Requirement]:
+    """The requirements.txt of each folder (a function's CodeUri, a layer's ContentUri), as
+    `sam build` reads them: one requirement a line; comments, blank lines and pip's options
+    (`-r`, `--index-url`, ...) left out."""
+    found: list[Requirement] = []
+    for folder in folders:
+        path = folder / "requirements.txt"
+        if not path.is_file():
+            continue
+        for number, written in enumerate(path.read_text().splitlines(), 1):
+            line = written.split(" #", 1)[0].strip()
+            if not line or line.startswith(("#", "-")):
+                continue
+            try:
+                found.append(Requirement(line))
+            except InvalidRequirement as error:
+                # packaging's message goes on with the line and a caret under the fault
+                raise TemplateError(
+                    f"{line!r} is not a requirement ({str(error).splitlines()[0]})",
+                    where=f"{path}:{number}",
+                    fix="one requirement a line, as pip reads them (name, extras, version, marker)",
+                ) from error
+    return found
