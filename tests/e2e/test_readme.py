@@ -53,8 +53,12 @@ NEAR = {
     "make test": "make -n test",
     "make bench": "make -n bench",
     "make bench ARGS=--quick": "make -n bench ARGS=--quick",
-    "sam build": "scripts/check-template install >/dev/null && .venv-sam/bin/sam build --help",
-    "sam deploy --guided": "scripts/check-template install >/dev/null && .venv-sam/bin/sam deploy --help",
+    # SAM CLI's venv is made by make test's first phases; its check here (scripts/check-template
+    # install) would also start SAM CLI and checkov for their versions, 2 s each.
+    "sam build": "{ test -x .venv-sam/bin/sam || scripts/check-template install >/dev/null; }"
+    " && .venv-sam/bin/sam build --help",
+    "sam deploy --guided": "{ test -x .venv-sam/bin/sam || scripts/check-template install >/dev/null; }"
+    " && .venv-sam/bin/sam deploy --help",
     # Into a venv of its own, from the wheels `make venv` cached: the test downloads nothing.
     # At the dev venv's versions, whose wheels the cache holds (a dev tool may cap one below the newest).
     "pip install ./client": 'd=$(mktemp -d) && .venv/bin/uv venv -q "$d"'
