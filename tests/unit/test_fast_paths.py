@@ -475,3 +475,61 @@ def test_request_ids_are_in_moto_s_form_and_differ(aws: Any) -> None:
     for ids in (fast, slow):
         assert len(set(ids)) == len(ids)
         assert all(len(i) == 52 and i.isascii() and i.isalnum() for i in ids), ids
+
+
+def scans(aws: Any, name: str) -> list[Any]:
+    """A table's scans, whole, filtered, projected, in pages, of an index; then an item changed
+    after a scan, and the scan's reply left as it was read."""
+    aws.dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "g", "AttributeType": "S"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by-g",
+                "KeySchema": [{"AttributeName": "g", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    for i in range(7):
+        item = {**ITEM, "pk": {"S": f"task#{i}"}, "g": {"S": f"g{i % 2}"}, "exp": {"N": str(i)}}
+        aws.dynamodb.put_item(TableName=name, Item=item)
+    filtered = {
+        "FilterExpression": "#e < :n",
+        "ExpressionAttributeNames": {"#e": "exp"},
+        "ExpressionAttributeValues": {":n": {"N": "3"}},
+    }
+    replies = [
+        aws.dynamodb.scan(TableName=name),
+        aws.dynamodb.scan(TableName=name, **filtered),
+        aws.dynamodb.scan(TableName=name, ProjectionExpression="pk, m.deep", **filtered),
+        aws.dynamodb.scan(TableName=name, IndexName="by-g"),
+    ]
+    pages = aws.dynamodb.get_paginator("scan").paginate(TableName=name, PaginationConfig={"PageSize": 3})
+    replies += list(pages)
+    aws.dynamodb.update_item(
+        TableName=name,
+        Key={"pk": {"S": "task#0"}},
+        UpdateExpression="SET m.deep.s = :s, l[0] = :s",
+        ExpressionAttributeValues={":s": {"S": "changed"}},
+    )
+    replies.append(aws.dynamodb.scan(TableName=name, **filtered))
+    for reply in replies:
+        reply.pop("ResponseMetadata", None)
+    return replies
+
+
+def test_scans_copy_only_what_they_keep_and_reply_as_moto_does(aws: Any) -> None:
+    fast, slow = with_and_without(scans, aws)
+    assert fast == slow
+    assert (fast[0]["Count"], fast[1]["Count"], fast[1]["ScannedCount"]) == (7, 3, 7)
+    assert [len(page["Items"]) for page in fast[4:7]] == [3, 3, 1]
+    [changed] = [item for item in fast[-1]["Items"] if item["pk"] == {"S": "task#0"}]
+    assert changed["m"]["M"]["deep"]["M"]["s"] == changed["l"]["L"][0] == {"S": "changed"}
+    [before] = [item for item in fast[1]["Items"] if item["pk"] == {"S": "task#0"}]
+    assert before["m"]["M"]["deep"] == ITEM["m"]["M"]["deep"]
