@@ -285,20 +285,25 @@ def _traverse_node_recursively(self: Any, node: Any, child_id: int = -1) -> Any:
     return node
 
 
-class _CopyUnlessStreamless:
-    """The `copy` module as moto.dynamodb.models sees it: deepcopy is the identity while an
-    UpdateItem on a table without a stream runs (the copy would only be its stream's old image)."""
+class _CopiesOffInThisThread:
+    """The `copy` module as a moto module sees it, whose deepcopy is the identity while this
+    thread has it off (`_off.active`)."""
 
     def __init__(self) -> None:
-        self._streamless = threading.local()
+        self._off = threading.local()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(copy, name)
 
     def deepcopy(self, value: Any, memo: Any = None) -> Any:
-        if getattr(self._streamless, "active", False):
+        if getattr(self._off, "active", False):
             return value
         return copy.deepcopy(value, memo)
+
+
+class _CopyUnlessStreamless(_CopiesOffInThisThread):
+    """moto.dynamodb.models' `copy`: none while an UpdateItem on a table without a stream runs
+    (the copy would only be its stream's old image)."""
 
     def around(self, handle: Callable[[DynamoHandler], Any]) -> Callable[[DynamoHandler], Any]:
         """moto's UpdateItem request handler (whatever wraps it: the lock, the journal), run with
@@ -308,11 +313,11 @@ class _CopyUnlessStreamless:
         def update_item(handler: DynamoHandler) -> Any:
             tables = handler.dynamodb_backend.tables
             table = tables.get(str(handler.body.get("TableName", "")))
-            self._streamless.active = table is not None and table.stream_shard is None
+            self._off.active = table is not None and table.stream_shard is None
             try:
                 return handle(handler)
             finally:
-                self._streamless.active = False
+                self._off.active = False
 
         update_item.__llmtasks_streamless__ = True  # type: ignore[attr-defined]
         return update_item
@@ -321,29 +326,18 @@ class _CopyUnlessStreamless:
 _copies = _CopyUnlessStreamless()
 
 
-class _ScanCopiesWhatItKeeps:
-    """The `copy` module as moto.dynamodb.models.table sees it: deepcopy is the identity while this
-    thread runs a Scan, whose kept items are copied when it returns."""
-
-    def __init__(self) -> None:
-        self._scanning = threading.local()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(copy, name)
-
-    def deepcopy(self, value: Any, memo: Any = None) -> Any:
-        if getattr(self._scanning, "active", False):
-            return value
-        return copy.deepcopy(value, memo)
+class _ScanCopiesWhatItKeeps(_CopiesOffInThisThread):
+    """moto.dynamodb.models.table's `copy`: none while a Scan runs, whose kept items are copied
+    when it returns."""
 
     def around(self, scan: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(scan)
         def scan_copying_what_it_keeps(table: Any, *args: Any, **kwargs: Any) -> Any:
-            self._scanning.active = True
+            self._off.active = True
             try:
                 items, scanned, last_key = scan(table, *args, **kwargs)
             finally:
-                self._scanning.active = False
+                self._off.active = False
             return [copy.deepcopy(item) for item in items], scanned, last_key
 
         return scan_copying_what_it_keeps
