@@ -341,8 +341,8 @@ class Template:
         """Every function resolved against stand-ins for what provisioning names, so that a
         mistake in one (a Ref or GetAtt to nothing, a CodeUri, Handler or layer that is not there,
         a queue's visibility under the function's Timeout, a requirements.txt line pip would not
-        read) is said before anything starts, not
-        once the endpoint runs and every table and queue is made (2.5 s of CPU, then stopped)."""
+        read) is said before anything starts, not once the endpoint runs and every table and
+        queue is made (2.5 s of CPU, then stopped)."""
         resources = self.body.get("Resources") or {}
         functions = self.functions({logical_id: logical_id for logical_id in resources}, _StandIns(resources))
         for spec in functions.values():  # what sam build would install for it
