@@ -30,7 +30,7 @@ from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.e2e.conftest import start_stack, still_running
 from tests.helpers import WebhookReceiver, eventually, serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load]
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load, pytest.mark.crash]
 
 TASKS = 300
 ITEMS = 300
