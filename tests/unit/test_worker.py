@@ -31,6 +31,7 @@ from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.ops.stats import overview
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import (
+    HANG_S,
     SpanJitter,
     blobs,
     emf_records,
@@ -797,18 +798,19 @@ def test_a_call_given_up_before_its_answer_is_counted_gone_at_the_mock(mock_llm:
 def test_the_provider_keeps_one_http_client_per_live_event_loop(mock_llm: RunningMock) -> None:
     # Given a provider used from one event loop after another (each closed after its call, as
     # outside Lambda Powertools runs each batch on a fresh loop)
+    # (each call's timeout a cap only a hang reaches: a CPU-starved run's local call took over 5 s)
     llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
     for i in range(5):
-        asyncio.run(llm.complete(LLMRequest(prompt=f"loop {i}"), timeout_s=5))
+        asyncio.run(llm.complete(LLMRequest(prompt=f"loop {i}"), timeout_s=HANG_S))
     # Then it holds only the last loop's client: the others (each with an SSL context of most of
     # a megabyte) went with their loops instead of piling up in a warm sandbox
     assert len(llm._clients) == 1
     # And a loop that lives on keeps its client, and with it its pooled connection
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept"), timeout_s=5))
+        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept"), timeout_s=HANG_S))
         kept = llm._clients[loop]
-        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept again"), timeout_s=5))
+        loop.run_until_complete(llm.complete(LLMRequest(prompt="kept again"), timeout_s=HANG_S))
         assert llm._clients[loop] is kept
     finally:
         loop.close()
