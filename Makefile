@@ -29,8 +29,10 @@ up: venv
 	$(BIN)/llmtasks up --warm-containers eager $(ARGS)
 
 ## Every check CI runs, phase by phase with their times (scripts/test): system packages, the
-## venvs, format, lint, types, the template (cfn-lint, sam validate --lint, sam build), all tests
-## (unit, integration, e2e, the README's blocks), then the integration suite on LocalStack.
+## venvs, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
+## lint, types and the template's checks (cfn-lint, sam validate --lint, checkov, sam build)
+## beside them, then the fault and scheduling suites beside the integration suite on LocalStack,
+## then the crash suite.
 test:
 	@scripts/test $(PYTEST_ARGS)
 
