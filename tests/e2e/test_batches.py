@@ -35,10 +35,13 @@ ENDED = ("completed", "completed_with_errors", "cancelled")
 @pytest.fixture(scope="module")
 def batch_stack() -> Iterator[RunningStack]:
     # Retries of the injected 500s come back within about a second, not the default 2 s and up.
-    # A stream record stuck past 5 s is said stuck (the test of the operator's skip waits no longer).
+    # A failing stream record held past 1 s is said stuck: the test of the operator's skip then
+    # skips it before its fourth try (retries back off 1, 2, 4, 8 s: the try after a skip is
+    # the one that passes it over). At 5 s, it was said stuck at the fourth try and a loaded run's
+    # skip came after the fifth: the test waited 32 s, 16 s more.
     stack = start_stack(
         "--parameter-overrides",
-        "StreamLagAlarmSeconds=5",
+        "StreamLagAlarmSeconds=1",
         env={"RETRY_BASE_DELAY_S": "0.25", "RETRY_MAX_DELAY_S": "2"},
     )
     try:

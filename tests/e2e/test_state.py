@@ -25,7 +25,7 @@ TASKS = 20
 @pytest.fixture
 def slow_mock() -> Iterator[tuple[MockLLM, str]]:
     # Outside the stack, so that its counts span both runs of the stack.
-    mock = MockLLM(MockConfig(latency_s=3))
+    mock = MockLLM(MockConfig(latency_s=1.5))
     with serve(mock.app()) as url:
         yield mock, url + "/v1"
 
@@ -36,8 +36,8 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
 ) -> None:
     mock, url = slow_mock
     directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
-    # Two invocations of two records at a time: 20 tasks of 3 s take 15 s, so a stop at about
-    # 7 s leaves calls in flight and tasks in the queue.
+    # Two invocations of two records at a time: 20 tasks of 1.5 s take 7.5 s, so a stop once six
+    # are done leaves calls in flight and tasks in the queue.
     batch_of_ten = "BatchSize: 10\n            MaximumBatchingWindowInSeconds"
     template = derived_template(directory, {batch_of_ten: batch_of_ten.replace("10", "2")})
     args = (

@@ -21,7 +21,6 @@ What is journaled, and why at these levels:
 from __future__ import annotations
 
 import contextlib
-import copyreg
 import functools
 import os
 import pickle
@@ -38,14 +37,13 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.s3.models import S3Backend
 from moto.sqs.models import Message, Queue, SQSBackend
 
+from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
 from llmtasks_local.emulator.journal import SNAPSHOT, Journal, JournalUnavailable, StateError
 from llmtasks_local.moto_patches import redrive
 from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
 
 SNAPSHOT_FORMAT = 2
-# What the local stack keeps: tables and their streams, buckets, queues.
-SERVICES = ("dynamodb", "dynamodbstreams", "s3", "sqs")
 COMPACT_AFTER_BYTES = 64 * 1024 * 1024
 
 # The backend methods that change state, journaled as calls.
@@ -204,20 +202,6 @@ def install() -> None:
         method = getattr(owner, name)
         if not getattr(method, "__llmtasks_journaled__", False):
             setattr(owner, name, _journaled(method, sqs_lock(), record_of))
-    _picklable_locks()
-
-
-def _picklable_locks() -> None:
-    """moto's SQS queues hold locks; a snapshot holds fresh ones in their place."""
-    copyreg.pickle(type(threading.RLock()), lambda _: (threading.RLock, ()))
-    copyreg.pickle(type(threading.Lock()), lambda _: (threading.Lock, ()))
-    copyreg.pickle(threading.Condition, lambda _: (threading.Condition, ()))
-
-
-def _backends(name: str) -> Any:
-    from moto.backends import get_backend
-
-    return get_backend(name)  # type: ignore[call-overload]
 
 
 @contextlib.contextmanager
@@ -227,10 +211,9 @@ def _every_writer_stopped() -> Iterator[None]:
 
 
 def _snapshot(seq: int, *, clean: bool) -> bytes:
-    state = {
-        name: {account: dict(regions) for account, regions in _backends(name).items()} for name in SERVICES
-    }
-    return pickle.dumps({"format": SNAPSHOT_FORMAT, "seq": seq, "clean": clean, "backends": state})
+    return pickle.dumps(
+        {"format": SNAPSHOT_FORMAT, "seq": seq, "clean": clean, "backends": moto_backends.state()}
+    )
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -269,11 +252,7 @@ def _load_snapshot(path: Path) -> tuple[int, bool]:
         raise StateError("the snapshot is not one this version wrote", path)
     if data.get("format") != SNAPSHOT_FORMAT:  # written before the journal: a clean stop's
         data = {"seq": 0, "clean": True, "backends": data}
-    for name, accounts in data["backends"].items():
-        backends = _backends(name)
-        for account, regions in accounts.items():
-            for region, backend in regions.items():
-                backends[account][region] = backend
+    moto_backends.install(data["backends"])
     return int(data["seq"]), bool(data["clean"])
 
 
@@ -307,7 +286,7 @@ class _Messages:
 
 
 def _queues() -> Iterator[Queue]:
-    for regions in _backends("sqs").values():
+    for regions in moto_backends.backends("sqs").values():
         for backend in regions.values():
             yield from backend.queues.values()
 
@@ -322,12 +301,12 @@ def _replay(records: list[tuple[int, Any]]) -> int:
         if kind == "call":
             _, service, account, region, name, args, kwargs = record
             try:
-                getattr(_backends(service)[account][region], name)(*args, **kwargs)
+                getattr(moto_backends.backends(service)[account][region], name)(*args, **kwargs)
             except Exception:
                 refused += 1
         elif kind == "put":
             _, account, region, queue_name, message = record
-            messages.put(_backends("sqs")[account][region].queues[queue_name], message)
+            messages.put(moto_backends.backends("sqs")[account][region].queues[queue_name], message)
         elif kind == "delete":
             messages.delete(record[1])
         elif kind == "received":
