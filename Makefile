@@ -32,7 +32,7 @@ up: venv
 ## venvs, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
 ## lint, types and the template's checks (cfn-lint, sam validate --lint, checkov, sam build)
 ## beside them, then the fault and scheduling suites beside the integration suite on LocalStack,
-## then the crash suite.
+## with the crash suite beside them at a low priority.
 test:
 	@scripts/test $(PYTEST_ARGS)
 
