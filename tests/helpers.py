@@ -33,6 +33,7 @@ from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.settings import Settings
+from llmtasks_local import KEEP_ALIVE_S
 from llmtasks_local.sam.function_spec import FunctionSpec
 
 T = TypeVar("T")
@@ -83,7 +84,14 @@ def serve(app: Any) -> Iterator[str]:
     """Serve an ASGI app on 127.0.0.1 in a thread; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

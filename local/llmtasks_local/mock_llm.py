@@ -25,6 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from llmtasks_local import KEEP_ALIVE_S
+
 
 class MockConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MOCK_LLM_", extra="forbid")
@@ -346,7 +348,12 @@ def serve(
     import uvicorn
 
     uv_config = uvicorn.Config(
-        MockLLM(config).app(), host=host, port=port, log_level="warning", access_log=False
+        MockLLM(config).app(),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(uv_config)
     # uvicorn's own `fd` option takes Unix sockets only; a TCP socket goes in as a socket.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shutil
@@ -37,6 +38,23 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
+
+
+def test_an_idle_connection_outlives_a_client_s_keep_alive(stack: RunningStack) -> None:
+    """A client may send on a pooled connection until it has been idle 5 s (httpx, urllib3): the
+    API must not close it first, or a request sent as it closes is lost without an answer."""
+    connection = http.client.HTTPConnection("127.0.0.1", int(stack.api.rsplit(":", 1)[1]), timeout=HANG_S)
+    try:
+        connection.request("GET", "/health")
+        assert connection.getresponse().read()
+        opened = connection.sock
+        assert opened is not None
+        time.sleep(6)  # idle past the clients' 5 s
+        connection.request("GET", "/health")  # on the same socket: RemoteDisconnected had it closed
+        assert connection.getresponse().status == 200
+        assert connection.sock is opened
+    finally:
+        connection.close()
 
 
 def test_a_curl_style_submit_is_polled_to_completion(fresh_mock: RunningStack) -> None:

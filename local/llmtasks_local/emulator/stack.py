@@ -32,6 +32,7 @@ from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.services.batches import BatchService
 from llmtasks.settings import SubmitSettings
+from llmtasks_local import KEEP_ALIVE_S
 from llmtasks_local.emulator import hot_reload
 from llmtasks_local.emulator.console import Console
 from llmtasks_local.emulator.gateway import HttpGateway
@@ -537,7 +538,13 @@ class LocalStack:
         """`app` served by uvicorn in a thread, on host:port or on `sockets` already bound;
         returns once it listens."""
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         server = uvicorn.Server(config)
         self._servers.append(server)
