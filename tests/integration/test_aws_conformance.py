@@ -165,7 +165,10 @@ def test_sqs_a_batch_over_six_mb_sends_what_fits_and_leaves_the_rest_for_the_nex
     """
     stop = threading.Event()
     source = SqsSource("F", "S", arn, batch_size=10, maximum_concurrency=1)
-    poller = SqsPoller(source, FunctionRuntime(toy_function(tmp_path, sizes)), remote["sqs"], url, stop)
+    # A cap only a hang reaches: at 1 s, a run beside another test run timed out on every try
+    # (a cold start and 6 MB of records to parse), and the records never came through.
+    function = toy_function(tmp_path, sizes, timeout_s=30)
+    poller = SqsPoller(source, FunctionRuntime(function), remote["sqs"], url, stop)
     run_pollers(poller, stop, lambda: sum(c["n"] for c in calls_of(tmp_path)) >= 10)
     assert sorted(b for c in calls_of(tmp_path) for b in c["bodies"]) == [str(i) for i in range(10)]
     assert max(c["n"] for c in calls_of(tmp_path)) <= 6
