@@ -33,7 +33,14 @@ from llmtasks_local.emulator import hot_reload
 from llmtasks_local.emulator.hot_reload import CodeWatch
 from llmtasks_local.emulator.lambda_api import EventInvocations, EventSourceMappings, LambdaApi
 from llmtasks_local.emulator.runtime import FunctionRuntime
-from llmtasks_local.emulator.sources import POLL_WAIT_S, SqsPoller, StreamPoller, queue_destination
+from llmtasks_local.emulator.sources import (
+    POLL_WAIT_S,
+    STREAM_IDLE_S,
+    SqsPoller,
+    StreamActivity,
+    StreamPoller,
+    queue_destination,
+)
 from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
 from llmtasks_local.sam.function_spec import EventInvokeConfig, SqsSource, StreamSource
 from llmtasks_local.sam.provision import LocalResources
@@ -640,6 +647,37 @@ def test_streams_batch_size_caps_the_records_of_an_invocation(remote: dict[str, 
     run_pollers(poller, stop, lambda: len(stream_keys(tmp_path)) == 5)
     assert stream_keys(tmp_path) == [f"r{i}" for i in range(5)]
     assert [c["n"] for c in calls_of(tmp_path)] == [2, 2, 1]
+
+
+def test_streams_an_idle_source_reads_again_only_once_its_table_has_taken_a_record(
+    remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """With the embedded endpoint's count of its streams' records (StreamActivity), a source
+    whose last read found nothing reads the stream again once its table has taken a record, and
+    gets that record, instead of reading four times a second for nothing."""
+    client, arn = streams(remote)
+    table = remote["resources"].table_names["TasksTable"]
+    reads = Counter[str]()
+    client.meta.events.register("before-call.dynamodbstreams.GetRecords", lambda **_: reads.update(["read"]))
+    stop = threading.Event()
+    activity = StreamActivity(client.meta.endpoint_url, stop)
+    activity.thread.start()
+    eventually(
+        lambda: activity.count(table) is not None,
+        bool,
+        timeout_s=HANG_S,
+        what="the endpoint's count of its records",
+    )
+    source = StreamSource("F", "S", arn, starting_position="TRIM_HORIZON")
+    recorder = FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER))
+    poller = StreamPoller(source, recorder, client, stop, activity=activity)
+    poller.start()
+    eventually(lambda: reads["read"] > 0, bool, timeout_s=HANG_S, what="the first read")
+    time.sleep(4 * STREAM_IDLE_S)  # four more reads without the count
+    assert reads["read"] == 1
+    put(remote, "written while idle")
+    run_pollers(poller, stop, lambda: stream_keys(tmp_path) == ["written while idle"])
+    assert reads["read"] <= 3  # the one that found it, and perhaps one that found nothing after
 
 
 def test_streams_a_batch_over_six_mb_reaches_the_function_in_invocations_within_it(

@@ -5,6 +5,7 @@ responses, maximum concurrency, filters, retries, on-failure destination)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import math
 import threading
@@ -12,11 +13,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 from llmtasks.aws.queues import Queue
 from llmtasks.records import sqs_record
 from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
+from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
 from llmtasks_local.emulator.payload_limits import fitting_batches
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.sam.events import pattern_matcher, wire_stream_record
@@ -39,6 +42,8 @@ POLL_WAIT_S = 1
 # While a batching window is open, how long the poller waits between receives that fill it.
 FILL_STEP_S = 0.25
 STREAM_IDLE_S = 0.25
+# The longest an endpoint holds a read of its streams' counts (StreamActivity) before answering.
+STREAM_WAIT_S = 2
 
 
 def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[str]) -> set[str]:
@@ -236,6 +241,53 @@ def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any
     return send
 
 
+class StreamActivity:
+    """How many records each table's stream has taken, as the embedded endpoint counts them
+    (moto_server.StreamRecords), kept current by one thread's long polls: a stream poller whose
+    last read found nothing reads again once its table's count has moved, instead of four empty
+    reads a second. None until the endpoint has answered, and for good if it cannot (an endpoint
+    of your own): then every poller reads as Lambda does."""
+
+    def __init__(self, endpoint_url: str, stop: threading.Event) -> None:
+        self._address = urlsplit(endpoint_url)
+        self._stop = stop
+        self.by_table: dict[str, int] | None = None
+        self.thread = threading.Thread(target=self._follow, name="stream-activity", daemon=True)
+
+    def count(self, table: str) -> int | None:
+        counts = self.by_table
+        return None if counts is None else counts.get(table, 0)
+
+    def _follow(self) -> None:
+        total = -1
+        connection = None
+        while not self._stop.is_set():
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection(
+                        self._address.hostname or "127.0.0.1", self._address.port, timeout=STREAM_WAIT_S + 10
+                    )
+                connection.request("GET", f"{STREAM_RECORDS_PATH}?after={total}&wait_s={STREAM_WAIT_S}")
+                reply = connection.getresponse()
+                body = reply.read()
+                if reply.status != 200:
+                    self.by_table = None
+                    return  # not the embedded endpoint: the pollers read as Lambda does
+                answer = json.loads(body)
+                total, self.by_table = answer["total"], answer["by_table"]
+            except (OSError, http.client.HTTPException, ValueError, KeyError):
+                self.by_table = None  # unknown: read until it answers again
+                if connection is not None:
+                    connection.close()
+                    connection = None
+                self._stop.wait(1)
+
+
+def _table_of(stream_arn: str) -> str:
+    """arn:aws:dynamodb:REGION:ACCOUNT:table/NAME/stream/LABEL -> NAME"""
+    return stream_arn.split(":table/", 1)[-1].split("/stream/", 1)[0]
+
+
 class StreamPoller:
     """One DynamoDB stream event source: shards read in order, batches retried, then skipped."""
 
@@ -250,8 +302,11 @@ class StreamPoller:
         on_checkpoint: Callable[[dict[str, str]], None] | None = None,
         metrics: MetricsSink | None = None,
         stuck_after_s: float | None = None,
+        activity: StreamActivity | None = None,
     ) -> None:
         self.source = source
+        self._activity = activity  # None: every read goes to the stream
+        self._table = _table_of(source.stream_arn)
         self._metrics = metrics  # each invocation's IteratorAge, as Lambda measures it
         # A record failing for longer than this is said once (the template's StreamLagAlarmSeconds:
         # the alarm that would fire in AWS); None says nothing.
@@ -299,15 +354,27 @@ class StreamPoller:
         )["ShardIterator"]
         return iterator
 
+    def _nothing_new(self, empty_at: int | None) -> bool:
+        """Whether the stream has taken no record since the count at the start of the last read,
+        which found none: the count is taken before a read, so a record written during it
+        moves the count past `empty_at` whether that read saw it or not."""
+        return (
+            empty_at is not None
+            and self._activity is not None
+            and self._activity.count(self._table) == empty_at
+        )
+
     def _poll(self) -> None:
         iterators: dict[str, str] = {}
+        empty_at: int | None = None  # the table's count when the last read, which found nothing, began
         while not self._stop.is_set():
-            if not self.source.enabled:
+            if not self.source.enabled or self._nothing_new(empty_at):
                 self._stop.wait(STREAM_IDLE_S)
                 continue
             try:
                 if not iterators:
                     iterators = self._iterators()
+                before = None if self._activity is None else self._activity.count(self._table)
                 busy = False
                 for shard_id, iterator in list(iterators.items()):
                     reply = self._streams.get_records(ShardIterator=iterator, Limit=self.source.batch_size)
@@ -322,9 +389,11 @@ class StreamPoller:
                         self.checkpoints[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
                         if self._on_checkpoint is not None:
                             self._on_checkpoint(dict(self.checkpoints))
+                empty_at = None if busy else before
                 if not busy:
                     self._stop.wait(STREAM_IDLE_S)
             except Exception as exc:  # keep polling, as Lambda does
+                empty_at = None
                 if self._stop.is_set():
                     return
                 print(

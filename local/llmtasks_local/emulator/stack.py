@@ -56,7 +56,13 @@ from llmtasks_local.emulator.processes import (
     stop,
 )
 from llmtasks_local.emulator.runtime import COLD_START_SLOTS, FunctionRuntime
-from llmtasks_local.emulator.sources import SqsPoller, StreamPoller, StreamPositions, queue_destination
+from llmtasks_local.emulator.sources import (
+    SqsPoller,
+    StreamActivity,
+    StreamPoller,
+    StreamPositions,
+    queue_destination,
+)
 from llmtasks_local.emulator.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
 from llmtasks_local.ops.deadletters import DeadLetters
 from llmtasks_local.ops.deployment import Deployment
@@ -278,6 +284,7 @@ class LocalStack:
         if self.options.auth:
             self.dev_key = self._create_dev_key()
         streams = boto3.client("dynamodbstreams")
+        activity = self._stream_activity(streams.meta.endpoint_url)
         positions = self._stream_positions()
         metrics, logs = self._start_cloudwatch(cloudwatch)
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
@@ -311,6 +318,7 @@ class LocalStack:
                     on_checkpoint=positions.keeper(name) if positions else None,
                     metrics=metrics,
                     stuck_after_s=float(lag_alarm) if lag_alarm else None,
+                    activity=activity,
                 )
         pollers: list[SqsPoller | StreamPoller] = [*self._sqs_pollers, *self._stream_pollers.values()]
         self._serve_lambda_api(EventSourceMappings(pollers, journal=self._state(EVENT_SOURCE_CHANGES)))
@@ -581,6 +589,15 @@ class LocalStack:
         for child in self._children:
             stop(child)
         self._children.clear()
+
+    def _stream_activity(self, streams_url: str) -> StreamActivity | None:
+        """The embedded endpoint's count of its streams' records, followed while the stack runs,
+        when the streams are the embedded endpoint's."""
+        if self.options.endpoint_url is not None or streams_url.rstrip("/") != self.endpoint_url:
+            return None
+        activity = StreamActivity(streams_url, self._stop)
+        activity.thread.start()  # not waited for at a stop: it holds nothing, and a read may hang 2 s
+        return activity
 
     def _stream_positions(self) -> StreamPositions | None:
         """Where the streams' positions are kept: with the embedded endpoint's state alone (an
