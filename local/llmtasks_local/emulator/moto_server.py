@@ -72,7 +72,7 @@ class StreamRecords:
                 self.total += 1
                 self._added.notify_all()
 
-        StreamShard.add = add_and_count  # type: ignore[method-assign]
+        StreamShard.add = add_and_count  # type: ignore[method-assign,assignment]
 
     def answer(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
         query = parse_qs(environ.get("QUERY_STRING", ""))
