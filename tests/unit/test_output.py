@@ -76,7 +76,9 @@ def test_a_reader_gets_every_chunk_once_in_order_while_the_call_runs_then_the_en
 def test_a_task_that_streamed_nothing_has_its_whole_result_as_one_chunk(worker: Worker) -> None:
     task_id = worker.submit("short")
     assert worker.service.output("default", task_id, after=0).chunks == []  # pending: nothing yet
-    worker.run_queued(progress_interval_s=0.5)
+    # Progress is written (the writer is on) from the call's first 30 s: a short call ends well
+    # before. (At 0.5 s, a call slowed by a loaded machine wrote its text once as it ran.)
+    worker.run_queued(progress_interval_s=30)
     [page] = follow(worker, task_id)
     assert [(c.sequence, c.text, c.attempt) for c in page.chunks] == [(1, worker.task(task_id).result, 1)]
 
