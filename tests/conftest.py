@@ -205,19 +205,29 @@ def handler(aws: Aws) -> Any:
 
 
 # The slowest files first. The test command runs a file a process (pytest-xdist --dist
-# loadfile) in collection order, so the long ones start at once on different processes
-# instead of meeting on one at the end. The crash suite goes last (LAST): started beside the
-# fault suite it overloaded two cores until the fault suite's compressed 20 s timeouts cut
+# loadfile --no-loadscope-reorder) in collection order, so the long ones start at once on
+# different processes instead of meeting on one at the end. (xdist's default order is by the
+# number of tests a file has: the README's one test of 80 s, and the contract's two of 96 s,
+# ran last, each with the other process idle.) The crash suite goes last (LAST): started beside
+# the fault suite it overloaded two cores until the fault suite's compressed 20 s timeouts cut
 # calls short (seen in CI); by the end the fault suite has long finished.
 SLOWEST_FIRST = (
+    # The load suites first (a phase of their own, each alone), then the others by their time in
+    # a make test run (two processes, 2026-12-04): 148, 120, 96, 80, 60, 54, 53, 53, 50, 49, 46
+    # and 45 s.
     "tests/e2e/test_faults.py",
     "tests/e2e/test_batches.py",
-    "tests/e2e/test_readme.py",
+    "tests/e2e/test_local_stack.py",
     "tests/e2e/test_contract.py",
+    "tests/e2e/test_readme.py",
+    "tests/e2e/test_openai.py",
+    "tests/e2e/test_console.py",
+    "tests/e2e/test_client.py",
     "tests/e2e/test_state.py",
     "tests/integration/test_invoke.py",
-    "tests/e2e/test_client.py",
-    "tests/e2e/test_console.py",
+    "tests/e2e/test_iam.py",
+    "tests/e2e/test_auth.py",
+    "tests/integration/test_aws_conformance.py",
 )
 
 
