@@ -1068,9 +1068,19 @@ def lambda_api(
     api = LambdaApi(runtimes, EventSourceMappings(pollers or [], journal=journal), events)
     try:
         with serve(api.app()) as url:
-            # Unchecked on the client's side: the API's own checks are under test
+            # Unchecked on the client's side: the API's own checks are under test. Credentials of
+            # its own: boto3's default session keeps the first it finds, so without them the
+            # client signed only after another test had set some (a NoCredentialsError when this
+            # test came first in its process).
             unchecked = Config(parameter_validation=False)
-            yield boto3.client("lambda", endpoint_url=url, region_name="us-east-1", config=unchecked)
+            yield boto3.client(
+                "lambda",
+                endpoint_url=url,
+                region_name="us-east-1",
+                config=unchecked,
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+            )
     finally:
         stop.set()
         for runtime in runtimes.values():
