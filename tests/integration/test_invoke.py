@@ -146,6 +146,7 @@ def test_the_two_walks_run_every_sample_event() -> None:
     assert {path.name for path in EVENTS.glob("*.json")} == TASK_WALK | BATCH_AND_ROUTES_WALK
 
 
+@pytest.mark.sample_walk
 def test_the_sample_task_s_events_run_through_llmtasks_invoke(
     own_endpoint: str, mock_llm: RunningMock, hook: tuple[WebhookReceiver, str], tmp_path: Path
 ) -> None:
@@ -202,6 +203,7 @@ def test_the_sample_task_s_events_run_through_llmtasks_invoke(
     assert invoke.invoked == TASK_WALK
 
 
+@pytest.mark.sample_walk
 def test_the_sample_batch_s_and_the_open_routes_events_run_through_llmtasks_invoke(
     own_endpoint: str, tmp_path: Path
 ) -> None:
