@@ -34,8 +34,10 @@ from llmtasks_local.emulator.hot_reload import CodeWatch
 from llmtasks_local.emulator.lambda_api import EventInvocations, EventSourceMappings, LambdaApi
 from llmtasks_local.emulator.runtime import FunctionRuntime
 from llmtasks_local.emulator.sources import (
+    INITIAL_SQS_POLLERS,
     POLL_WAIT_S,
     STREAM_IDLE_S,
+    QueueActivity,
     SqsPoller,
     StreamActivity,
     StreamPoller,
@@ -141,6 +143,49 @@ def test_sqs_long_polling_delivers_a_message_sent_during_the_wait(
     batch = poller.next_batch()
     assert [m["Body"] for m in batch] == ["late"]
     assert receives["r"] == 1  # the one receive waited for the late message: no empty poll first
+
+
+def test_sqs_an_idle_source_receives_again_only_once_its_queue_holds_a_message(
+    endpoint_url: str, tmp_path: Path
+) -> None:
+    """With the embedded endpoint's word on which queues hold a message to receive
+    (QueueActivity), a quiet source (its receives came back empty, nothing running) sends no
+    receive until its queue holds one, instead of one a second; then it gets it, and a delayed
+    message once its delay is over. (The queue is the embedded endpoint's even when the suite
+    runs SQS on LocalStack: this is what the embedded endpoint adds.)"""
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    url = sqs.create_queue(QueueName=f"idle-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    receives = Counter[str]()
+    sqs.meta.events.register("before-call.sqs.ReceiveMessage", lambda **_: receives.update(["r"]))
+    stop = threading.Event()
+    activity = QueueActivity(endpoint_url, stop)
+    activity.thread.start()
+    recorder = FunctionRuntime(toy_function(tmp_path, RECORDER))
+    poller = SqsPoller(SqsSource("F", "S", arn), recorder, sqs, url, stop, activity)
+    poller.start()
+    # The five pollers' first receives come back empty, and the source is quiet.
+    eventually(
+        lambda: receives["r"] >= INITIAL_SQS_POLLERS, bool, timeout_s=HANG_S, what="the first receives"
+    )
+    time.sleep(2 * POLL_WAIT_S)
+    quiet = receives["r"]
+    time.sleep(3 * POLL_WAIT_S)  # three receives without the endpoint's word
+    assert receives["r"] == quiet
+    sqs.send_message(QueueUrl=url, MessageBody="sent while idle")
+    sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=2)
+
+    def delivered() -> list[str]:
+        return [body for call in calls_of(tmp_path) for body in call["bodies"]]
+
+    run_pollers(poller, stop, lambda: sorted(delivered()) == ["delayed", "sent while idle"])
+    assert delivered()[0] == "sent while idle"
 
 
 def test_sqs_batch_size_caps_the_records_of_an_invocation(remote: dict[str, Any], tmp_path: Path) -> None:

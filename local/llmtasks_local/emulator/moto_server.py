@@ -11,12 +11,16 @@ floor the bench sets beside what serving costs), and its state kept in a state d
 (`--state-dir DIR`: a snapshot and a journal, moto_state): `GET /_llmtasks/state` says whether
 changes can be written there, `POST` takes a clean stop's snapshot. `/_llmtasks/streams/records`
 counts the records each table's stream has taken, and waits for the next (StreamRecords), so
-the stack's stream pollers read a stream only when it has something new. Requests signed for
+the stack's stream pollers read a stream only when it has something new, and
+`/_llmtasks/queues/receivable` names the queues holding a message a receive would take now, and
+waits for that to change (ReceivableQueues), so an idle queue's poller sends no receive. Requests
+signed for
 Lambda go to the stack's Lambda API (`--lambda-url`), which runs the template's functions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,6 +46,10 @@ STATE_PATH = "/_llmtasks/state"
 # or S seconds on): what lets the stack's stream pollers skip reads of a stream with nothing new.
 STREAM_RECORDS_PATH = "/_llmtasks/streams/records"
 STREAM_WAIT_MAX_S = 5.0
+# The queues holding a message a receive would take now (GET ?after=VERSION&wait_s=S: once that
+# set's version differs from VERSION, or S seconds on): what lets an idle queue's poller wait
+# without receiving.
+RECEIVABLE_QUEUES_PATH = "/_llmtasks/queues/receivable"
 STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
 
@@ -75,18 +83,97 @@ class StreamRecords:
         StreamShard.add = add_and_count  # type: ignore[method-assign,assignment]
 
     def answer(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        query = parse_qs(environ.get("QUERY_STRING", ""))
-        try:
-            after = int(query.get("after", ["-1"])[0])
-            wait_s = min(STREAM_WAIT_MAX_S, max(0.0, float(query.get("wait_s", ["0"])[0])))
-        except ValueError:
+        asked = _long_poll_query(environ, after_default="-1")
+        if asked is None or not asked[0].removeprefix("-").isdigit():
             start_response("400 Bad Request", [("Content-Type", "application/json")])
             return [b'{"error": "after is an integer, wait_s a number of seconds"}']
+        after, wait_s = int(asked[0]), asked[1]
         with self._added:
             self._added.wait_for(lambda: self.total > after, timeout=wait_s)
             body = json.dumps({"total": self.total, "by_table": dict(self.by_table)})
         start_response("200 OK", [("Content-Type", "application/json")])
         return [body.encode()]
+
+
+def _long_poll_query(environ: dict[str, Any], after_default: str) -> tuple[str, float] | None:
+    """`after` and `wait_s` (capped at STREAM_WAIT_MAX_S) of an activity endpoint's query."""
+    query = parse_qs(environ.get("QUERY_STRING", ""))
+    try:
+        wait_s = min(STREAM_WAIT_MAX_S, max(0.0, float(query.get("wait_s", ["0"])[0])))
+    except ValueError:
+        return None
+    return query.get("after", [after_default])[0], wait_s
+
+
+class ReceivableQueues:
+    """The queues holding a message a receive would take now (visible, not delayed), by ARN, and
+    a wait for that set to change. Lambda's idle pollers long-poll each queue, for no one's CPU;
+    in the local stack the quiet poller of each of a stack's five queues received once a second
+    (a boto3 call in the stack, moto's answer: 3.7 ms each), half of an idle stack's CPU, and the
+    test suite keeps several stacks idle at once. A quiet poller receives once its queue is in
+    the set (sources.QueueActivity): a send wakes the wait at once; a message whose delay or
+    visibility timeout runs out is seen within RESCAN_S, as moto's own long poll sees it within
+    its one-second slices."""
+
+    RESCAN_S = 0.25
+
+    def __init__(self) -> None:
+        self._sent = threading.Condition()
+        self._sends = 0  # read before each scan: a send during the scan ends the wait after it
+
+    def install(self) -> None:
+        """A send (Queue.add_message: SendMessage, its batch, a redrive) wakes the waits."""
+        from moto.sqs.models import Message, Queue
+
+        add = Queue.add_message
+
+        def add_and_wake(queue: Queue, message: Message) -> None:
+            add(queue, message)
+            with self._sent:
+                self._sends += 1
+                self._sent.notify_all()
+
+        Queue.add_message = add_and_wake  # type: ignore[method-assign,assignment]
+
+    def _wait_for_send(self, seen: int, timeout_s: float) -> None:
+        with self._sent:
+            self._sent.wait_for(lambda: self._sends != seen, timeout=timeout_s)
+
+    @staticmethod
+    def receivable() -> list[str]:
+        from moto.sqs.models import sqs_backends
+
+        from llmtasks_local.moto_patches.atomic import sqs_lock
+
+        with sqs_lock():  # no send, receive or delete changes a queue's messages meanwhile
+            return sorted(
+                queue.queue_arn
+                for _account, _region, backend in sqs_backends.iter_backends()
+                for queue in list(backend.queues.values())  # type: ignore[attr-defined]
+                if any(message.visible and not message.delayed for message in queue._messages)
+            )
+
+    @staticmethod
+    def version(arns: list[str]) -> str:
+        return hashlib.blake2b("\n".join(arns).encode(), digest_size=8).hexdigest()
+
+    def answer(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        asked = _long_poll_query(environ, after_default="")
+        if asked is None:
+            start_response("400 Bad Request", [("Content-Type", "application/json")])
+            return [b'{"error": "wait_s is a number of seconds"}']
+        after, wait_s = asked
+        deadline = time.monotonic() + wait_s
+        while True:
+            sends = self._sends
+            arns = self.receivable()
+            version = self.version(arns)
+            left = deadline - time.monotonic()
+            if version != after or left <= 0:
+                break
+            self._wait_for_send(sends, min(left, self.RESCAN_S))
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps({"version": version, "receivable": arns}).encode()]
 
 
 def service_of(environ: dict[str, Any]) -> str:
@@ -313,6 +400,8 @@ def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> No
     _time_backends(counter)
     stream_records = StreamRecords()
     stream_records.install()
+    receivable_queues = ReceivableQueues()
+    receivable_queues.install()
 
     def served(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO")
@@ -320,6 +409,8 @@ def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> No
             return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
         if path == STREAM_RECORDS_PATH:
             return stream_records.answer(environ, start_response)
+        if path == RECEIVABLE_QUEUES_PATH:
+            return receivable_queues.answer(environ, start_response)
         if lambda_url is not None and service_of(environ) == "lambda":
             return counter(lambda e, s: _forward(lambda_url, e, s), environ, start_response)
         return counter(lambda e, s: dispatch(self, e, s), environ, start_response)

@@ -19,7 +19,7 @@ from llmtasks.aws.queues import Queue
 from llmtasks.records import sqs_record
 from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
-from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
+from llmtasks_local.emulator.moto_server import RECEIVABLE_QUEUES_PATH, STREAM_RECORDS_PATH
 from llmtasks_local.emulator.payload_limits import fitting_batches
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
 from llmtasks_local.sam.events import pattern_matcher, wire_stream_record
@@ -71,6 +71,7 @@ class SqsPoller:
         sqs: SQSClient,
         queue_url: str,
         stop: threading.Event,
+        activity: QueueActivity | None = None,
     ) -> None:
         self.source = source
         self._runtime = runtime
@@ -87,6 +88,9 @@ class SqsPoller:
         # second for each of a stack's queues were a tenth of a core of an idle stack (moto's and
         # the stack's), and the test suite runs several stacks at once.
         self._quiet = False
+        # And that one receives once the endpoint says the queue holds a message it would take
+        # (None: it receives a second at a time, as Lambda's long polls do).
+        self._activity = activity
         # Receipts of the batch each poller thread is invoking with (what a stop cuts short).
         self._in_flight: dict[int, list[str]] = {}
         self._receiving = 0  # pollers inside a receive: a pause waits for them
@@ -147,6 +151,8 @@ class SqsPoller:
 
     def _poll(self, index: int) -> None:
         while not self._stop.is_set():
+            if self._quiet and index == 0 and self.source.enabled and not self._may_receive():
+                continue
             with self._scaled:
                 paused = not self.source.enabled
                 if paused or index >= self.active or (index > 0 and self._quiet):
@@ -170,6 +176,10 @@ class SqsPoller:
                     return  # the endpoint is going away with the stack
                 print(f"[{self.source.function_id}:{self.source.name}] poll failed: {exc!r}", flush=True)
                 self._stop.wait(1)
+
+    def _may_receive(self) -> bool:
+        """Whether the queue may hold a message to receive, waiting up to POLL_WAIT_S for it."""
+        return self._activity is None or self._activity.wait_receivable(self.source.queue_arn, POLL_WAIT_S)
 
     def _scale(self, *, found_messages: bool) -> None:
         """One poller fewer, down to the initial five, for each receive that comes back empty;
@@ -241,25 +251,28 @@ def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any
     return send
 
 
-class StreamActivity:
-    """How many records each table's stream has taken, as the embedded endpoint counts them
-    (moto_server.StreamRecords), kept current by one thread's long polls: a stream poller whose
-    last read found nothing reads again once its table's count has moved, instead of four empty
-    reads a second. None until the endpoint has answered, and for good if it cannot (an endpoint
-    of your own): then every poller reads as Lambda does."""
+class _Activity:
+    """What an activity endpoint of the embedded moto server says, kept current by one thread's
+    long polls (STREAM_WAIT_S each) while the stack runs. Unknown until the endpoint has
+    answered, and for good if it cannot (an endpoint of your own): then every poller reads as
+    Lambda does."""
 
-    def __init__(self, endpoint_url: str, stop: threading.Event) -> None:
+    PATH = ""
+
+    def __init__(self, endpoint_url: str, stop: threading.Event, name: str) -> None:
         self._address = urlsplit(endpoint_url)
         self._stop = stop
-        self.by_table: dict[str, int] | None = None
-        self.thread = threading.Thread(target=self._follow, name="stream-activity", daemon=True)
+        self.thread = threading.Thread(target=self._follow, name=name, daemon=True)
 
-    def count(self, table: str) -> int | None:
-        counts = self.by_table
-        return None if counts is None else counts.get(table, 0)
+    def _after(self) -> str:
+        """The `after` of the next long poll: what is known now."""
+        raise NotImplementedError
+
+    def _take(self, answer: dict[str, Any] | None) -> None:
+        """The endpoint's answer; None: unknown."""
+        raise NotImplementedError
 
     def _follow(self) -> None:
-        total = -1
         connection = None
         while not self._stop.is_set():
             try:
@@ -267,20 +280,78 @@ class StreamActivity:
                     connection = http.client.HTTPConnection(
                         self._address.hostname or "127.0.0.1", self._address.port, timeout=STREAM_WAIT_S + 10
                     )
-                connection.request("GET", f"{STREAM_RECORDS_PATH}?after={total}&wait_s={STREAM_WAIT_S}")
+                connection.request("GET", f"{self.PATH}?after={self._after()}&wait_s={STREAM_WAIT_S}")
                 reply = connection.getresponse()
                 body = reply.read()
                 if reply.status != 200:
-                    self.by_table = None
+                    self._take(None)
                     return  # not the embedded endpoint: the pollers read as Lambda does
-                answer = json.loads(body)
-                total, self.by_table = answer["total"], answer["by_table"]
+                self._take(json.loads(body))
             except (OSError, http.client.HTTPException, ValueError, KeyError):
-                self.by_table = None  # unknown: read until it answers again
+                self._take(None)  # unknown: read until it answers again
                 if connection is not None:
                     connection.close()
                     connection = None
                 self._stop.wait(1)
+
+
+class StreamActivity(_Activity):
+    """How many records each table's stream has taken, as the embedded endpoint counts them
+    (moto_server.StreamRecords): a stream poller whose last read found nothing reads again once
+    its table's count has moved, instead of four empty reads a second."""
+
+    PATH = STREAM_RECORDS_PATH
+
+    def __init__(self, endpoint_url: str, stop: threading.Event) -> None:
+        super().__init__(endpoint_url, stop, "stream-activity")
+        self._total = -1
+        self.by_table: dict[str, int] | None = None
+
+    def count(self, table: str) -> int | None:
+        counts = self.by_table
+        return None if counts is None else counts.get(table, 0)
+
+    def _after(self) -> str:
+        return str(self._total)
+
+    def _take(self, answer: dict[str, Any] | None) -> None:
+        if answer is None:
+            self.by_table = None
+            return
+        self._total, self.by_table = answer["total"], answer["by_table"]
+
+
+class QueueActivity(_Activity):
+    """Which queues hold a message a receive would take now, as the embedded endpoint sees them
+    (moto_server.ReceivableQueues): a quiet SQS poller receives once its queue is among them,
+    instead of a receive a second for nothing."""
+
+    PATH = RECEIVABLE_QUEUES_PATH
+
+    def __init__(self, endpoint_url: str, stop: threading.Event) -> None:
+        super().__init__(endpoint_url, stop, "queue-activity")
+        self._version = ""
+        self._receivable: frozenset[str] | None = None
+        self._changed = threading.Condition()
+
+    def wait_receivable(self, queue_arn: str, timeout_s: float) -> bool:
+        """Whether the queue may hold a message to receive, waiting up to `timeout_s` for it to
+        be so; True when unknown."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._receivable is None or queue_arn in self._receivable, timeout=timeout_s
+            )
+
+    def _after(self) -> str:
+        return self._version
+
+    def _take(self, answer: dict[str, Any] | None) -> None:
+        with self._changed:
+            if answer is None:
+                self._version, self._receivable = "", None
+            else:
+                self._version, self._receivable = answer["version"], frozenset(answer["receivable"])
+            self._changed.notify_all()
 
 
 def _table_of(stream_arn: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import boto3
 import httpx
@@ -57,6 +57,7 @@ from llmtasks_local.emulator.processes import (
 )
 from llmtasks_local.emulator.runtime import COLD_START_SLOTS, FunctionRuntime
 from llmtasks_local.emulator.sources import (
+    QueueActivity,
     SqsPoller,
     StreamActivity,
     StreamPoller,
@@ -70,6 +71,8 @@ from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec, St
 from llmtasks_local.sam.provision import LocalResources, local_name, provision, provision_alarms
 from llmtasks_local.sam.template import Template
 from llmtasks_local.tool_errors import ToolError
+
+ActivityKind = TypeVar("ActivityKind", StreamActivity, QueueActivity)
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
@@ -283,8 +286,9 @@ class LocalStack:
         self.functions = template.functions(resources.refs, resources.attributes)
         if self.options.auth:
             self.dev_key = self._create_dev_key()
-        streams = boto3.client("dynamodbstreams")
-        activity = self._stream_activity(streams.meta.endpoint_url)
+        streams, sqs = boto3.client("dynamodbstreams"), boto3.client("sqs")
+        activity = self._activity(StreamActivity, streams.meta.endpoint_url)
+        queue_activity = self._activity(QueueActivity, sqs.meta.endpoint_url)
         positions = self._stream_positions()
         metrics, logs = self._start_cloudwatch(cloudwatch)
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
@@ -305,7 +309,9 @@ class LocalStack:
             # the Lambda API) takes nothing until it is enabled.
             for sqs_source in spec.sqs_sources:
                 url = resources.queue_url_of_arn(sqs_source.queue_arn)
-                self._sqs_pollers.append(SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop))
+                self._sqs_pollers.append(
+                    SqsPoller(sqs_source, runtime, boto3.client("sqs"), url, self._stop, queue_activity)
+                )
             for stream_source in spec.stream_sources:
                 name = f"{spec.logical_id}.{stream_source.name}"
                 self._stream_pollers[name] = StreamPoller(
@@ -590,12 +596,13 @@ class LocalStack:
             stop(child)
         self._children.clear()
 
-    def _stream_activity(self, streams_url: str) -> StreamActivity | None:
-        """The embedded endpoint's count of its streams' records, followed while the stack runs,
-        when the streams are the embedded endpoint's."""
-        if self.options.endpoint_url is not None or streams_url.rstrip("/") != self.endpoint_url:
+    def _activity(self, kind: type[ActivityKind], service_url: str) -> ActivityKind | None:
+        """What the embedded endpoint says of a service's activity (its streams' records, its
+        queues' messages), followed while the stack runs, when the service is the embedded
+        endpoint's."""
+        if self.options.endpoint_url is not None or service_url.rstrip("/") != self.endpoint_url:
             return None
-        activity = StreamActivity(streams_url, self._stop)
+        activity = kind(service_url, self._stop)
         activity.thread.start()  # not waited for at a stop: it holds nothing, and a read may hang 2 s
         return activity
 
