@@ -176,10 +176,10 @@ def test_sqs_an_idle_source_receives_again_only_once_its_queue_holds_a_message(
     )
     time.sleep(2 * POLL_WAIT_S)
     quiet = receives["r"]
-    time.sleep(3 * POLL_WAIT_S)  # three receives without the endpoint's word
+    time.sleep(2 * POLL_WAIT_S)  # two receives without the endpoint's word
     assert receives["r"] == quiet
     sqs.send_message(QueueUrl=url, MessageBody="sent while idle")
-    sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=2)
+    sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=1)
 
     def delivered() -> list[str]:
         return [body for call in calls_of(tmp_path) for body in call["bodies"]]
