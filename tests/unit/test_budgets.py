@@ -175,7 +175,9 @@ def test_ended_tasks_are_settled_to_what_they_cost_and_a_failure_before_a_billed
     worker = Worker(
         aws, handler, settings.model_copy(update={"price_table": PRICES, "worker_call_slots": 0}), mock_llm
     )
-    worker.service = tasks
+    # The worker on the service's clock: the tasks' TTL runs on it, and a day on, real time found
+    # them expired (from 2026-12-04 12:00, a day after this clock's time).
+    worker.service, worker.clock = tasks, clock
     ids = [
         tasks.submit("acme", SubmitTaskRequest(prompt=f"q00{n}"), caller=key).task.task_id for n in range(3)
     ]

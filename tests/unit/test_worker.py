@@ -112,7 +112,9 @@ class Worker:
         return task_id, message
 
     def task(self, task_id: str) -> Any:
-        return self.store.get(task_id, now=time.time())
+        """The task as a read finds it at the worker's clock's time (a test's own clock when it
+        sets one): None once past its TTL."""
+        return self.store.get(task_id, now=self.clock())
 
 
 @pytest.fixture
