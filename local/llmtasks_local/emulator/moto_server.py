@@ -45,11 +45,11 @@ STATE_PATH = "/_llmtasks/state"
 # How many records each table's stream has taken (GET ?after=N&wait_s=S: once their sum passes N,
 # or S seconds on): what lets the stack's stream pollers skip reads of a stream with nothing new.
 STREAM_RECORDS_PATH = "/_llmtasks/streams/records"
-STREAM_WAIT_MAX_S = 5.0
 # The queues holding a message a receive would take now (GET ?after=VERSION&wait_s=S: once that
 # set's version differs from VERSION, or S seconds on): what lets an idle queue's poller wait
 # without receiving.
 RECEIVABLE_QUEUES_PATH = "/_llmtasks/queues/receivable"
+ACTIVITY_WAIT_MAX_S = 5.0  # the longest either holds a request (its wait_s) before answering
 STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
 
@@ -96,10 +96,10 @@ class StreamRecords:
 
 
 def _long_poll_query(environ: dict[str, Any], after_default: str) -> tuple[str, float] | None:
-    """`after` and `wait_s` (capped at STREAM_WAIT_MAX_S) of an activity endpoint's query."""
+    """`after` and `wait_s` (capped at ACTIVITY_WAIT_MAX_S) of an activity endpoint's query."""
     query = parse_qs(environ.get("QUERY_STRING", ""))
     try:
-        wait_s = min(STREAM_WAIT_MAX_S, max(0.0, float(query.get("wait_s", ["0"])[0])))
+        wait_s = min(ACTIVITY_WAIT_MAX_S, max(0.0, float(query.get("wait_s", ["0"])[0])))
     except ValueError:
         return None
     return query.get("after", [after_default])[0], wait_s

@@ -42,8 +42,9 @@ POLL_WAIT_S = 1
 # While a batching window is open, how long the poller waits between receives that fill it.
 FILL_STEP_S = 0.25
 STREAM_IDLE_S = 0.25
-# The longest an endpoint holds a read of its streams' counts (StreamActivity) before answering.
-STREAM_WAIT_S = 2
+# How long the embedded endpoint holds each long poll of its streams' counts and its receivable
+# queues (StreamActivity, QueueActivity) before it answers with nothing new.
+ACTIVITY_WAIT_S = 2
 
 
 def failed_ids(invocation: Invocation, *, report_failures: bool, all_ids: list[str]) -> set[str]:
@@ -253,7 +254,7 @@ def queue_destination(sqs: SQSClient, queue_url: str) -> Callable[[dict[str, Any
 
 class _Activity:
     """What an activity endpoint of the embedded moto server says, kept current by one thread's
-    long polls (STREAM_WAIT_S each) while the stack runs. Unknown until the endpoint has
+    long polls (ACTIVITY_WAIT_S each) while the stack runs. Unknown until the endpoint has
     answered, and for good if it cannot (an endpoint of your own): then every poller reads as
     Lambda does."""
 
@@ -278,9 +279,11 @@ class _Activity:
             try:
                 if connection is None:
                     connection = http.client.HTTPConnection(
-                        self._address.hostname or "127.0.0.1", self._address.port, timeout=STREAM_WAIT_S + 10
+                        self._address.hostname or "127.0.0.1",
+                        self._address.port,
+                        timeout=ACTIVITY_WAIT_S + 10,
                     )
-                connection.request("GET", f"{self.PATH}?after={self._after()}&wait_s={STREAM_WAIT_S}")
+                connection.request("GET", f"{self.PATH}?after={self._after()}&wait_s={ACTIVITY_WAIT_S}")
                 reply = connection.getresponse()
                 body = reply.read()
                 if reply.status != 200:
