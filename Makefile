@@ -6,6 +6,11 @@ PROJECTS := pyproject.toml client/pyproject.toml local/pyproject.toml
 # Named for the projects' files and for how the venv is made (-bytecode): a change installs again.
 STAMP  := $(VENV)/.installed-$(shell cat $(PROJECTS) | cksum | cut -d' ' -f1)-bytecode
 
+# Bytecode caches are written, as scripts/test does: where the environment says not to (many
+# containers and CI images set PYTHONDONTWRITEBYTECODE), pytest rewrote every test module's asserts
+# in every test process at each run.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: up venv test test-fast lint template format e2e faults localstack bench mutation clean
 
 $(STAMP): $(PROJECTS)
