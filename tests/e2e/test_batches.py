@@ -158,13 +158,18 @@ def test_a_thousand_items_with_transient_failures_all_complete_with_exact_counts
     )
 
 
+ITEMS_SENT_TWICE = 60
+
+
 @pytest.mark.timeout(300)
 def test_a_batch_sent_again_with_its_idempotency_key_runs_once(
     batch_stack: RunningStack, receiver: tuple[WebhookReceiver, str]
 ) -> None:
     hook, url = receiver
-    batch_stack.configure_mock(rate_500=0.1)
-    items = [{"prompt": f"again {i}", "max_retries": 10} for i in range(200)]
+    # 60 items of 0.5 s (some retried): the batch still runs when it is sent again. It was 200
+    # items of no latency, 140 more tasks (10 s of the two cores) for the same rule.
+    batch_stack.configure_mock(rate_500=0.1, latency_s=0.5)
+    items = [{"prompt": f"again {i}", "max_retries": 10} for i in range(ITEMS_SENT_TWICE)]
     body = {"items": items, "webhook_url": url}
     headers = {"Idempotency-Key": "nightly-run-1"}
     with batch_stack.client() as client:
@@ -172,7 +177,7 @@ def test_a_batch_sent_again_with_its_idempotency_key_runs_once(
         first = client.post("/batches", json=body, headers=headers)
         assert first.status_code == 202, first.text
         batch_id = first.json()["batch_id"]
-        progress = Progress(client, batch_id, 200)
+        progress = Progress(client, batch_id, ITEMS_SENT_TWICE)
         progress.read()
         during = client.post("/batches", json=body, headers=headers)  # while it runs
         assert (during.status_code, during.json()["batch_id"]) == (202, batch_id)
@@ -183,10 +188,10 @@ def test_a_batch_sent_again_with_its_idempotency_key_runs_once(
         rows = results_of(client, batch_id)
         hook.wait_for(1)
         time.sleep(1)
-    assert Counter(row["status"] for row in rows) == {"completed": 200}
+    assert Counter(row["status"] for row in rows) == {"completed": ITEMS_SENT_TWICE}
     stats = batch_stack.mock_stats()
-    assert stats["calls"] == 200 + stats["errors_500"]
-    assert len(stats["outcomes_by_prompt"]) == 200
+    assert stats["calls"] == ITEMS_SENT_TWICE + stats["errors_500"]
+    assert len(stats["outcomes_by_prompt"]) == ITEMS_SENT_TWICE
     assert [e.type for e in batch_events(hook, secret)] == ["batch.completed"]
 
 

@@ -21,7 +21,7 @@ from starlette.routing import Route
 import llmtasks_client
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import WebhookReceiver, serve
+from tests.helpers import HANG_S, WebhookReceiver, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -70,13 +70,13 @@ def proxy(fresh_mock: RunningStack) -> Iterator[tuple[FlakyProxy, str]]:
 
 def test_submit_and_wait_sync_and_async(fresh_mock: RunningStack) -> None:
     with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
-        task = client.wait(client.submit("sync hello").task_id, timeout=30)
+        task = client.wait(client.submit("sync hello").task_id, timeout=HANG_S)
     assert task.result == reply_text("sync hello")
 
     async def run() -> llmtasks_client.TaskView:
         async with llmtasks_client.AsyncClient(fresh_mock.api, fresh_mock.api_key) as client:
             submitted = await client.submit(messages=[{"role": "user", "content": "async hello"}])
-            return await client.wait(submitted.task_id, timeout=30)
+            return await client.wait(submitted.task_id, timeout=HANG_S)
 
     assert asyncio.run(run()).result == reply_text("async hello")
 
@@ -86,7 +86,7 @@ def test_a_failed_task_raises_with_its_error_code(fresh_mock: RunningStack) -> N
     with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
         submitted = client.submit("always 500", max_retries=0)
         with pytest.raises(llmtasks_client.TaskFailedError) as failed:
-            client.wait(submitted.task_id, timeout=30)
+            client.wait(submitted.task_id, timeout=HANG_S)
         with pytest.raises(llmtasks_client.ProblemError) as problem:
             client.get("0" * 32)
     assert failed.value.error_code == "llm_http_500"
@@ -114,7 +114,7 @@ def test_wait_survives_two_503s_on_reads(fresh_mock: RunningStack, proxy: tuple[
     with llmtasks_client.Client(url, fresh_mock.api_key) as client:
         submitted = client.submit("through a flaky proxy")
         flaky.fail_reads = 2
-        task = client.wait(submitted.task_id, timeout=30)
+        task = client.wait(submitted.task_id, timeout=HANG_S)
     assert task.status.value == "completed"
     assert flaky.fail_reads == 0
 
@@ -224,7 +224,7 @@ def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it
     first = os.read(cli.stdout.fileno(), 10_000)
     still_waiting = cli.poll() is None
     rest = cli.stdout.read()
-    assert cli.wait(timeout=30) == 0
+    assert cli.wait(timeout=HANG_S) == 0
     assert still_waiting
     assert (first + rest).decode() == reply_text("cli stream", 300) + "\n"
     assert len(first) < len(first + rest) - 1
