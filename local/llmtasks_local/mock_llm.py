@@ -59,6 +59,13 @@ class MockConfig(BaseSettings):
     echo_key: bool = Field(
         default=False, description="Error messages quote the caller's Authorization (a careless provider)."
     )
+    hold_until_in_flight: int = Field(
+        default=0,
+        ge=0,
+        description="Each call's time starts once this many calls have been in flight at once (a"
+        " barrier: a test of overlap ends on that event, not on a latency long enough for a loaded"
+        " machine); a call held hang_s is answered anyway. 0: no hold.",
+    )
     seed: int | None = None
 
     @model_validator(mode="after")
@@ -208,7 +215,7 @@ class MockLLM:
     ) -> Response:
         if outcome == "rps":
             return _error(429, "requests per second limit (mock)", retry_after=wait)
-        if latency and not await _stay_connected(request, latency):
+        if not await self._held(request) or (latency and not await _stay_connected(request, latency)):
             self._hung_up(slot)
             return Response(status_code=499)  # nobody is listening any more
         if outcome in ("429", "500"):
@@ -226,6 +233,7 @@ class MockLLM:
         """The answer as server-sent events, a word a chunk, the call's latency spread over them;
         with `rate_break`, cut off halfway (the connection closes without [DONE])."""
         try:
+            await self._held(None)
             whole = self._completion(body, messages, prompt)
             words = whole["choices"][0]["message"]["content"].split(" ")
             broken = self._random.random() < self.config.rate_break
@@ -317,6 +325,18 @@ class MockLLM:
                 Route("/_mock/reset", self.reset, methods=["POST"]),
             ]
         )
+
+    async def _held(self, request: Request | None) -> bool:
+        """Waits until `hold_until_in_flight` calls have been in flight at once, or hang_s; False
+        when the caller went away first. A stream's generator has no request to ask: starlette
+        cancels it when its caller goes away."""
+        config = self.config
+        give_up = time.monotonic() + config.hang_s
+        while self.stats.max_in_flight < config.hold_until_in_flight and time.monotonic() < give_up:
+            if request is not None and await request.is_disconnected():
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
 
 async def _stay_connected(request: Request, seconds: float) -> bool:
