@@ -12,7 +12,9 @@ import pytest
 from llmtasks_local.emulator.launcher import LaunchedStack, launch
 from tests.helpers import ROOT, endpoint_or_moto, local_client
 
-pytestmark = pytest.mark.integration
+# Integration (the LocalStack suite runs it with SQS there) and end-to-end: each case starts the
+# whole stack, so make test-fast (no end-to-end stack) leaves it to make test.
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 
 @pytest.fixture
