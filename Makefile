@@ -42,10 +42,12 @@ test:
 	@scripts/test $(PYTEST_ARGS)
 
 ## The fast tests alone (no end-to-end stack). Four processes on two cores: most of their time
-## is waiting (call slots, retries, timeouts: 390 s of test time, 166 s of CPU). Measured on 2
-## cores: 110 s with four, 121-142 s with three, 121 s with five.
+## is waiting (call slots, retries, timeouts: 370 s of test time, 141 s of CPU), and each takes
+## the next test as it frees (worksteal): the two `llmtasks invoke` walks (20-26 s each) no longer
+## end the run behind a queue of others. Measured on 2 cores (2026-12-04): 88-90 s; 99 s with
+## xdist's default distribution, 131 s with six processes.
 test-fast: venv
-	$(BIN)/pytest -n 4 -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/pytest -n 4 --dist worksteal -m "not e2e" $(PYTEST_ARGS)
 
 e2e: venv
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
