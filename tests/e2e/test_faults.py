@@ -131,10 +131,8 @@ def test_every_task_is_accounted_for_after_faults(
 ) -> None:
     stack, faults_file = faulty_stack
     stack.configure_mock(**LLM_FAULTS)
-    # The poison tasks first: each waits out two visibility timeouts before TaskDLQ takes it,
-    # the suite's longest path, so it starts before the 300 others are submitted, not after.
-    prompts = {f"fault suite {POISON} {i}": TASKS + i for i in range(POISONED)}
-    prompts |= {f"fault suite task {i}": i for i in range(TASKS)}
+    prompts = {f"fault suite task {i}": i for i in range(TASKS)}
+    prompts |= {f"fault suite {POISON} {i}": TASKS + i for i in range(POISONED)}
     started = time.monotonic()
     with stack.client() as client:
         ids = {}
