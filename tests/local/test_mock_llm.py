@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_held_call_is_answered_only_once_the_barrier_s_count_is_in_flight(stream: bool) -> None:
-    mock = MockLLM(MockConfig(hold_until_in_flight=2))
+    # hang_s bounds the hold: a test that failed before its second call leaves no call held an hour
+    mock = MockLLM(MockConfig(hold_until_in_flight=2, hang_s=HANG_S))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     with serve(mock.app()) as url, ThreadPoolExecutor(2) as pool:
 
