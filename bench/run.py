@@ -309,7 +309,7 @@ def stack_parts(stack: LaunchedStack) -> dict[str, list[int]]:
             command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue  # ended meanwhile
-        if "sandbox_main" in command:
+        if "sandbox_main" in command or "sandbox_forks" in command:  # spawned, or forked (and their server)
             parts["sandboxes"].append(int(child))
         else:
             parts["moto" if "moto_server" in command else "mock LLM"].append(int(child))

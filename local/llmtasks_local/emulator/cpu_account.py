@@ -60,10 +60,11 @@ def _added(into: Seconds, figures: dict[str, float]) -> None:
         into[key] += seconds
 
 
-def read_sandbox_cpu(pid: int, path: Path) -> dict[str, float]:
-    """A sandbox's CPU seconds: in all (`process_s`), before its first invocation (`init_s`, 0
-    until that began) and in its handler (`handler_s`), as it wrote them to `path` (sandbox_main)."""
-    figures = {"process_s": cpu_seconds(pid)}
+def read_sandbox_cpu(pid: int, path: Path, process_s: float | None = None) -> dict[str, float]:
+    """A sandbox's CPU seconds: in all (`process_s`: read from /proc unless given), before its
+    first invocation (`init_s`, 0 until that began) and in its handler (`handler_s`), as it
+    wrote them to `path` (sandbox_main)."""
+    figures = {"process_s": cpu_seconds(pid) if process_s is None else process_s}
     try:
         init_us, handler_us = path.read_text().split()
     except (OSError, ValueError):
@@ -91,14 +92,14 @@ class CpuAccount:
         with self._lock:
             self._sandboxes[pid] = (function, cpu_file)
 
-    def sandbox_ended(self, pid: int) -> None:
+    def sandbox_ended(self, pid: int, process_s: float | None = None) -> None:
         """Called once the process has exited and before it is reaped (a zombie's /proc still
-        holds its CPU)."""
+        holds its CPU), or with the CPU it used (`process_s`: a forked sandbox's server reaps it)."""
         with self._lock:
             started = self._sandboxes.pop(pid, None)
             if started is not None:
                 function, cpu_file = started
-                _added(self._ended_sandboxes[function], read_sandbox_cpu(pid, cpu_file))
+                _added(self._ended_sandboxes[function], read_sandbox_cpu(pid, cpu_file, process_s))
 
     def read(self) -> dict[str, Any]:
         """{"stack": CPU seconds by part, "sandboxes": {function: {"process_s", "init_s",

@@ -36,7 +36,14 @@ from llmtasks_local.emulator.function_site import function_site
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
-from llmtasks_local.emulator.sandbox_main import CPU_FILE, CUT_FILE, CUT_SIGNAL, RECORD_AWS_CALLS
+from llmtasks_local.emulator.sandbox_forks import ForkedProcess, ForkServer, ServerUnusable, lists_stamp
+from llmtasks_local.emulator.sandbox_main import (
+    CPU_FILE,
+    CUT_FILE,
+    CUT_SIGNAL,
+    LIST_LIBRARIES_IN,
+    RECORD_AWS_CALLS,
+)
 from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec
 
 RUNTIME_API = "/2018-06-01/runtime"
@@ -171,6 +178,59 @@ class _Spawner:
 
 _spawner = _Spawner()
 _die_with_killed = functools.partial(die_with_parent, signal.SIGKILL)  # as Lambda ends an environment
+
+
+class _ForkServers:
+    """This process's fork servers (sandbox_forks.py), by function site, shared by every
+    function and stack of the process: a sandbox is forked from one whose preload matches its
+    environment, started on the first sandbox that needs one. Where forks cannot be made as
+    exactly (no pidfds: not Linux; a preload that started a thread), sandboxes are spawned."""
+
+    SERVERS_PER_SITE = 4  # environments that differ in what the preloaded libraries read
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[Path, list[ForkServer]] = {}
+        self._unusable: set[Path] = set()
+
+    def start(
+        self, site: Path, environment: Mapping[str, str], cwd: Path, argv: list[str]
+    ) -> ForkedProcess | None:
+        """A sandbox process forked from a server of `site`, or None: spawn it."""
+        if not _CAN_FORK:
+            return None
+        with self._lock:
+            if site in self._unusable:
+                return None
+            stamp = lists_stamp(site)
+            servers = []
+            for known in self._servers.get(site, []):
+                if known.alive and known.lists_stamp != stamp:
+                    known.retire()  # the lists changed since it preloaded: a new one preloads more
+                if known.alive:
+                    servers.append(known)
+            server = next((server for server in servers if server.serves(environment)), None)
+            if server is None and len(servers) < self.SERVERS_PER_SITE:
+                try:
+                    server = ForkServer(site, environment, _spawner.spawn, _die_with_killed)
+                except (ServerUnusable, OSError):
+                    self._unusable.add(site)
+                    return None
+                servers.append(server)
+            self._servers[site] = servers
+        if server is None or not server.serves(environment):
+            return None
+        # sys.path as `python -S -m` makes it: the working directory, then PYTHONPATH's folders
+        # (the server adds the standard library's).
+        path = [str(cwd), *environment["PYTHONPATH"].split(os.pathsep)]
+        try:
+            return server.start(environment, cwd, argv, path)
+        except ServerUnusable:
+            return None
+
+
+_CAN_FORK = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+_fork_servers = _ForkServers()
 
 
 class _RuntimeApi(http.server.ThreadingHTTPServer):
@@ -319,22 +379,24 @@ class Sandbox:
         environment = lambda_environment(spec, base_environment, runtime_api, self.log_stream)
         environment[CUT_FILE] = str(self._cut_file)
         environment[CPU_FILE] = str(self._cpu_file)
+        site, _ = function_site(spec.code_dir, spec.layer_dirs)
+        environment[LIST_LIBRARIES_IN] = str(site)
         if record_aws_calls is not None:
             environment[RECORD_AWS_CALLS] = str(record_aws_calls)
         self.started = time.monotonic()
         self.init_s: float | None = None
-        self.process = _spawner.spawn(
+        # The function's name last: `ps` shows whose sandbox it is (a spawned one's).
+        arguments = [spec.handler, spec.logical_id]
+        self.process: subprocess.Popen[bytes] | ForkedProcess = _fork_servers.start(
+            site,
+            environment,
+            spec.code_dir,
+            [str(site / "llmtasks_local/emulator/sandbox_main.py"), *arguments],
+        ) or _spawner.spawn(
             lambda: subprocess.Popen(  # noqa: S603
                 # -S: none of the venv's site-packages, only the function's site on PYTHONPATH
-                # (function_site.py). The function's name last: `ps` shows whose sandbox it is.
-                [
-                    sys.executable,
-                    "-S",
-                    "-m",
-                    "llmtasks_local.emulator.sandbox_main",
-                    spec.handler,
-                    spec.logical_id,
-                ],
+                # (function_site.py).
+                [sys.executable, "-S", "-m", "llmtasks_local.emulator.sandbox_main", *arguments],
                 cwd=spec.code_dir,
                 env=environment,
                 stdin=subprocess.DEVNULL,
@@ -387,11 +449,15 @@ class Sandbox:
             # wants them on lines of their own.
             for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
                 self._on_line(line)
-        # Its output ended with it: charged to the account before the wait reaps it.
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
-        ACCOUNT.sandbox_ended(self.process.pid)
-        code = self.process.wait()
+        if isinstance(self.process, ForkedProcess):
+            code = self.process.wait()  # its server reaped it, and said what CPU it used
+            ACCOUNT.sandbox_ended(self.process.pid, process_s=self.process.cpu_s)
+        else:
+            # Its output ended with it: charged to the account before the wait reaps it.
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
+            ACCOUNT.sandbox_ended(self.process.pid)
+            code = self.process.wait()
         if self._end_reason is None:
             if self._oom:
                 self._end_reason = "Runtime.OutOfMemory: Runtime exited with error: signal: killed"

@@ -1,12 +1,13 @@
 """The first code of a sandbox process: `python -m llmtasks_local.emulator.sandbox_main HANDLER FUNCTION`.
 
 It runs AWS's own runtime client (awslambdaric, what Lambda's Python base images run) against
-the Runtime API the stack serves for this sandbox, after three things only the emulator needs:
+the Runtime API the stack serves for this sandbox, after four things only the emulator needs:
 `--record-aws-calls` (each AWS call the function makes, aws_calls.py), the stop's grace (a
 stopping stack cuts the running invocation's remaining time, so the worker takes no new work it
-could not finish), and the CPU the handler takes (written to a file the stack reads for its CPU
-account, cpu_account.py: the rest of the sandbox's CPU is the transport around the handler).
-None touches the handler: each wraps what awslambdaric does around it.
+could not finish), the CPU the handler takes (written to a file the stack reads for its CPU
+account, cpu_account.py: the rest of the sandbox's CPU is the transport around the handler),
+and the libraries it imported (listed in its site, for the fork server to preload). None
+touches the handler: each wraps what awslambdaric does around it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ RECORD_AWS_CALLS = "LLMTASKS_RECORD_AWS_CALLS"  # a file: each AWS call appended
 CUT_FILE = "LLMTASKS_SANDBOX_CUT_FILE"  # where the stack writes the deadline (epoch ms) of a stop
 CUT_SIGNAL = signal.SIGUSR1  # "read the cut file": the stack is stopping
 CPU_FILE = "LLMTASKS_SANDBOX_CPU_FILE"  # init and handler CPU so far, microseconds
+# The function's site (function_site.py), where each function's sandboxes list the libraries
+# they imported (in PRELOAD_LISTS, a file a function): what a fork server preloads
+# (sandbox_forks.py).
+LIST_LIBRARIES_IN = "LLMTASKS_LIST_LIBRARIES_IN"
+PRELOAD_LISTS = ".llmtasks-preload"
 
 
 def _cut_remaining_time(bootstrap: Any) -> None:
@@ -78,6 +84,63 @@ def _count_cpu(bootstrap: Any, path: str) -> None:
     bootstrap._get_handler = get_counted_handler
 
 
+def preload_list(site: Path, code_dir: str) -> Path:
+    """Where the sandboxes of the function whose code is in `code_dir` list their libraries."""
+    import hashlib
+
+    return site / PRELOAD_LISTS / f"{hashlib.sha256(code_dir.encode()).hexdigest()[:16]}.json"
+
+
+def _list_libraries(bootstrap: Any, site: Path) -> None:
+    """After the first invocation (the handler's imports and its first call done), the modules
+    imported from the function's site and the standard library, none of its own code, are
+    added to its function's list (written only when this sandbox imported one it lacked)."""
+    get_handler = bootstrap._get_handler
+    roots = (f"{site}/", os.path.dirname(os.__file__) + "/")
+    code_dir = os.environ["LAMBDA_TASK_ROOT"]
+
+    def get_listing_handler(handler: str) -> Any:
+        request_handler = get_handler(handler)
+        first = [True]
+
+        def listing(event: Any, context: Any) -> Any:
+            try:
+                return request_handler(event, context)
+            finally:
+                if first:
+                    first.clear()
+                    _add_to_list(preload_list(site, code_dir), code_dir, roots)
+
+        return listing
+
+    bootstrap._get_handler = get_listing_handler
+
+
+def _add_to_list(path: Path, code_dir: str, roots: tuple[str, ...]) -> None:
+    import json
+
+    imported = [
+        name
+        for name, module in list(sys.modules.items())
+        if name != "__main__" and (getattr(module, "__file__", None) or "").startswith(roots)
+    ]
+    try:
+        listed = json.loads(path.read_text())["modules"]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    known = set(listed)
+    added = [name for name in imported if name not in known]
+    if not added:
+        return
+    writing = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        writing.write_text(json.dumps({"code_dir": code_dir, "modules": listed + added}))
+        writing.replace(path)
+    except OSError:
+        writing.unlink(missing_ok=True)
+
+
 def main() -> None:
     recording = os.environ.pop(RECORD_AWS_CALLS, None)
     if recording:
@@ -91,6 +154,9 @@ def main() -> None:
     cpu_file = os.environ.pop(CPU_FILE, None)
     if cpu_file:
         _count_cpu(bootstrap, cpu_file)
+    site = os.environ.pop(LIST_LIBRARIES_IN, None)
+    if site:
+        _list_libraries(bootstrap, Path(site))
     # The function's code comes first on sys.path, as /var/task does in Lambda (PYTHONPATH
     # holds it too, for the modules the handler's module imports).
     sys.path.insert(0, os.environ["LAMBDA_TASK_ROOT"])
