@@ -61,6 +61,27 @@ def handler(event, context):
 """
 
 
+@pytest.fixture(autouse=True)
+def forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's own servers, which fork from a site's first sandbox on."""
+    monkeypatch.setattr(sandbox, "_fork_servers", sandbox._ForkServers(spawn_first=False))
+
+
+def test_a_process_spawns_its_first_sandbox_of_a_site_and_forks_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox, "_fork_servers", sandbox._ForkServers())
+    spec = toy_function(tmp_path, "def handler(event, context):\n    return 1\n")
+    kinds = []
+    with FunctionRuntime(spec) as runtime:
+        for _ in range(3):
+            assert runtime.invoke(None).payload == 1
+            [(idle, _)] = runtime._idle
+            kinds.append(type(idle.process))
+            runtime.reload()  # the next invocation starts a sandbox
+    assert kinds == [subprocess.Popen, ForkedProcess, ForkedProcess]
+
+
 def _seen(runtime: FunctionRuntime, event: dict[str, Any]) -> tuple[Any, type]:
     invocation = runtime.invoke(event)
     [(started, _)] = runtime._idle if invocation.ok else [(None, None)]

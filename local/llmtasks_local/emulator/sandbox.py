@@ -183,15 +183,19 @@ _die_with_killed = functools.partial(die_with_parent, signal.SIGKILL)  # as Lamb
 class _ForkServers:
     """This process's fork servers (sandbox_forks.py), by function site, shared by every
     function and stack of the process: a sandbox is forked from one whose preload matches its
-    environment, started on the first sandbox that needs one. Where forks cannot be made as
+    environment, started on the second sandbox of a site. Where forks cannot be made as
     exactly (no pidfds: not Linux; a preload that started a thread), sandboxes are spawned."""
 
     SERVERS_PER_SITE = 4  # environments that differ in what the preloaded libraries read
 
-    def __init__(self) -> None:
+    def __init__(self, *, spawn_first: bool = True) -> None:
         self._lock = threading.Lock()
         self._servers: dict[Path, list[ForkServer]] = {}
         self._unusable: set[Path] = set()
+        # A process's first sandbox of a site is spawned: a server (its preload costs about 1.5
+        # cold starts) pays from the third sandbox on, and `llmtasks invoke` starts one.
+        self._spawn_first = spawn_first
+        self._spawned: set[Path] = set()
 
     def start(
         self, site: Path, environment: Mapping[str, str], cwd: Path, argv: list[str]
@@ -200,25 +204,8 @@ class _ForkServers:
         if not _CAN_FORK:
             return None
         with self._lock:
-            if site in self._unusable:
-                return None
-            stamp = lists_stamp(site)
-            servers = []
-            for known in self._servers.get(site, []):
-                if known.alive and known.lists_stamp != stamp:
-                    known.retire()  # the lists changed since it preloaded: a new one preloads more
-                if known.alive:
-                    servers.append(known)
-            server = next((server for server in servers if server.serves(environment)), None)
-            if server is None and len(servers) < self.SERVERS_PER_SITE:
-                try:
-                    server = ForkServer(site, environment, _spawner.spawn, _die_with_killed)
-                except (ServerUnusable, OSError):
-                    self._unusable.add(site)
-                    return None
-                servers.append(server)
-            self._servers[site] = servers
-        if server is None or not server.serves(environment):
+            server = self._server(site, environment)
+        if server is None:
             return None
         # sys.path as `python -S -m` makes it: the working directory, then PYTHONPATH's folders
         # (the server adds the standard library's).
@@ -227,6 +214,34 @@ class _ForkServers:
             return server.start(environment, cwd, argv, path)
         except ServerUnusable:
             return None
+
+    def _server(self, site: Path, environment: Mapping[str, str]) -> ForkServer | None:
+        """The server to fork this sandbox from, started if none serves it; None: spawn it."""
+        if site in self._unusable:
+            return None
+        if self._spawn_first and site not in self._spawned:
+            self._spawned.add(site)
+            return None
+        stamp = lists_stamp(site)
+        servers = []
+        for known in self._servers.get(site, []):
+            if known.alive and known.lists_stamp != stamp:
+                known.retire()  # the lists changed since it preloaded: a new one preloads more
+            if known.alive:
+                servers.append(known)
+        self._servers[site] = servers
+        server = next((server for server in servers if server.serves(environment)), None)
+        if server is not None or len(servers) >= self.SERVERS_PER_SITE:
+            return server
+        try:
+            server = ForkServer(site, environment, _spawner.spawn, _die_with_killed)
+        except (ServerUnusable, OSError):
+            self._unusable.add(site)
+            return None
+        servers.append(server)
+        # One whose preload read a variable this sandbox's environment sets otherwise (or one of
+        # its own, as the Runtime API's address) serves none like it: spawned.
+        return server if server.serves(environment) else None
 
 
 _CAN_FORK = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
