@@ -21,6 +21,7 @@ Lambda go to the stack's Lambda API (`--lambda-url`), which runs the template's 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -357,15 +359,75 @@ def _install_backend_cache() -> None:
 
 
 def _serve_lightly() -> None:
-    """Keep-alive connections and no access log. werkzeug answers HTTP/1.0 by default, so every
-    boto3 call opened a TCP connection and moto's server accepted, selected and closed one (15%
-    of its samples in a burst, beside the clients' own reconnects), and it wrote a log line per
-    request to stderr (7%)."""
+    """Keep-alive connections and no access log.
+
+    werkzeug's development server closes every connection after its response (it says
+    `Connection: close` each time: http.server cannot drain a body the app left unread before
+    the next request line), so each boto3 call of a sandbox or of the stack opened a TCP
+    connection, and the server accepted it, started a thread for it, drained and closed it:
+    2,531 connections in 20 s of a burst, about one a request, and on the client's side urllib3
+    reset its dropped connection before each call. Here a request's body is read whole before
+    the app runs (its Content-Length says how much), and the reply is written whole with its
+    length, so the connection takes the client's next request: a thread a connection, not a
+    request. A request whose length is not given (a chunked upload) is served as werkzeug serves
+    it, and its connection closed after. And werkzeug wrote a log line per request to stderr
+    (7% of the server's samples in a burst)."""
     import logging
 
     from werkzeug.serving import WSGIRequestHandler
 
     WSGIRequestHandler.protocol_version = "HTTP/1.1"
+    serve_and_close = WSGIRequestHandler.run_wsgi
+
+    def run_wsgi(handler: WSGIRequestHandler) -> None:
+        length = handler.headers.get("Content-Length")
+        if handler.headers.get("Transfer-Encoding") or not (length or "0").isdigit():
+            serve_and_close(handler)
+            return
+        body = handler.rfile.read(int(length or 0))
+        environ = handler.make_environ()
+        environ["wsgi.input"] = io.BytesIO(body)
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            started[:] = [status, headers]
+            return None
+
+        try:
+            reply = handler.server.app(environ, start_response)
+            try:
+                content = b"".join(reply)
+            finally:
+                if hasattr(reply, "close"):
+                    reply.close()
+        except Exception:
+            handler.close_connection = True
+            handler.server.log("error", "Error on request:\n%s", traceback.format_exc())
+            started[:] = ["500 Internal Server Error", [("Content-Type", "text/plain")]]
+            content = b"Internal Server Error"
+        status, headers = started
+        code, _, message = status.partition(" ")
+        handler.send_response(int(code), message)
+        head = environ["REQUEST_METHOD"] == "HEAD"
+        # The length written is the reply's own (a length the app misstated would corrupt the
+        # connection's next reply), but a HEAD's, which is its GET's.
+        framing = (
+            ("connection", "transfer-encoding")
+            if head
+            else ("connection", "transfer-encoding", "content-length")
+        )
+        for name, value in headers:
+            if name.lower() not in framing:
+                handler.send_header(name, value)
+        if not head and not (int(code) < 200 or int(code) in (204, 304)):
+            handler.send_header("Content-Length", str(len(content)))
+        if handler.close_connection:
+            handler.send_header("Connection", "close")
+        handler.end_headers()
+        if not head:
+            handler.wfile.write(content)
+
+    WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign]
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
