@@ -427,7 +427,7 @@ def _serve_lightly() -> None:
         if not head:
             handler.wfile.write(content)
 
-    WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign]
+    WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign,assignment]
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
