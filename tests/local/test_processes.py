@@ -20,7 +20,7 @@ from llmtasks_local.emulator.processes import (
     stop,
 )
 from llmtasks_local.tool_errors import ServiceDownError, ToolError
-from tests.helpers import eventually
+from tests.helpers import eventually, moto_endpoint
 
 pytestmark = pytest.mark.unit
 
@@ -118,3 +118,31 @@ def _gone(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_moto_s_server_keeps_each_connection_for_the_client_s_next_request() -> None:
+    """werkzeug closes every connection after its reply (`Connection: close`); the embedded
+    endpoint keeps it, with each reply's length exact, so a client's calls share one."""
+    import boto3
+
+    with moto_endpoint() as url:
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        replies = [
+            s3.create_bucket(Bucket="kept"),
+            s3.put_object(Bucket="kept", Key="a", Body=b"x" * 1000),
+            head := s3.head_object(Bucket="kept", Key="a"),
+            got := s3.get_object(Bucket="kept", Key="a"),
+            s3.delete_object(Bucket="kept", Key="a"),  # a 204, without a body
+            listed := s3.list_objects_v2(Bucket="kept"),
+        ]
+        assert head["ContentLength"] == 1000  # a HEAD's length is its GET's
+        assert got["Body"].read() == b"x" * 1000
+        assert listed["KeyCount"] == 0
+    said = [reply["ResponseMetadata"]["HTTPHeaders"].get("connection") for reply in replies]
+    assert said == [None] * len(replies)
