@@ -165,20 +165,17 @@ def test_a_forked_sandbox_ends_with_its_server(tmp_path: Path) -> None:
     assert ended.error == "Runtime.ExitError: Runtime exited with error: signal: killed"
 
 
-def _site_with(tmp_path: Path, modules: dict[str, str], preload: list[str]) -> Path:
+def _site_with(tmp_path: Path, modules: dict[str, str]) -> Path:
     site = tmp_path / "site"
     site.mkdir()
     (site / "llmtasks_local").symlink_to(Path(llmtasks_local.__file__).parent)  # as function_site links it
     for name, source in modules.items():
         (site / f"{name}.py").write_text(source)
-    lists = site / PRELOAD_LISTS
-    lists.mkdir()
-    (lists / "f.json").write_text(json.dumps({"code_dir": str(tmp_path), "modules": preload}))
     return site
 
 
-def _server(site: Path, environment: dict[str, str]) -> ForkServer:
-    return ForkServer(site, {**environment, "PYTHONPATH": str(site)}, lambda start: start(), None)
+def _server(site: Path, environment: dict[str, str], preload: tuple[str, ...]) -> ForkServer:
+    return ForkServer(site, {**environment, "PYTHONPATH": str(site)}, preload, lambda start: start(), None)
 
 
 def test_a_server_serves_only_environments_that_agree_on_what_its_imports_read(tmp_path: Path) -> None:
@@ -188,10 +185,9 @@ def test_a_server_serves_only_environments_that_agree_on_what_its_imports_read(t
             "reads_at_import": "import os\nMODE = os.environ.get('LIBRARY_MODE')\n"
             "HAS = 'OTHER' in os.environ\n"
         },
-        ["reads_at_import", "no_such_module"],
     )
     base = {"PATH": os.environ["PATH"], "LIBRARY_MODE": "fast"}
-    server = _server(site, base)
+    server = _server(site, base, ("reads_at_import", "no_such_module"))
     try:
         assert server.read_at_import == {"LIBRARY_MODE": "fast", "OTHER": None}
         assert server.preloaded == 1  # the missing module is left to the sandbox that imports it
@@ -211,10 +207,9 @@ def test_a_server_whose_preload_started_a_thread_forks_nothing(tmp_path: Path) -
             "starts_a_thread": "import threading, time\n"
             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
         },
-        ["starts_a_thread"],
     )
     with pytest.raises(ServerUnusable):
-        _server(site, {"PATH": os.environ["PATH"]})
+        _server(site, {"PATH": os.environ["PATH"]}, ("starts_a_thread",))
 
 
 def test_sandboxes_leave_the_libraries_they_imported_for_the_server(tmp_path: Path) -> None:
@@ -245,12 +240,12 @@ def test_a_server_preloads_what_every_function_of_the_site_imported(tmp_path: Pa
     lists.mkdir()
     gone = tmp_path / "a-deleted-function"
     for name, code_dir, modules in (
-        ("a", tmp_path, ["json", "email.message", "boto3"]),
-        ("b", tmp_path, ["boto3", "json", "html.parser"]),
+        ("a", tmp_path, ["json", "awslambdaric.bootstrap", "email.message", "boto3"]),
+        ("b", tmp_path, ["boto3", "json", "html.parser", "awslambdaric.bootstrap"]),
         ("c", gone, ["only.the.gone.one"]),
     ):
         (lists / f"{name}.json").write_text(json.dumps({"code_dir": str(code_dir), "modules": modules}))
-    assert common_libraries(lists) == ["json", "boto3"]
+    assert common_libraries(lists) == ["json", "boto3"]  # the runtime client: each sandbox's own
     assert common_libraries(tmp_path / "none-yet") == []
 
 
@@ -272,3 +267,37 @@ def test_a_retired_server_takes_no_start_and_ends_after_its_sandboxes(tmp_path: 
         assert second.process.pid != first.process.pid
     assert first.process.wait(timeout=HANG_S) == -signal.SIGTERM  # its exit still reported
     assert retired.process.wait(timeout=HANG_S) == 0
+
+
+def test_a_server_is_replaced_when_the_functions_common_libraries_change_and_only_then(
+    tmp_path: Path,
+) -> None:
+    spec = toy_function(tmp_path, "import json\ndef handler(event, context):\n    return 1\n")
+    site = sandbox.function_site(spec.code_dir, ())[0]
+    other = tmp_path / "another-function"
+    other.mkdir()
+
+    def server_of_a_new_sandbox() -> ForkServer:
+        with FunctionRuntime(spec) as runtime:
+            runtime.invoke(None)
+        [server] = [server for server in sandbox._fork_servers._servers[site] if server.alive]
+        return server
+
+    server_of_a_new_sandbox()  # its first invocation lists what it imported
+    first = server_of_a_new_sandbox()
+    assert "json" in first.preload
+    listed = json.loads(preload_list(site, str(spec.code_dir)).read_text())["modules"]
+    other_list = preload_list(site, str(other))
+    try:
+        # Another function imports more: the common part, and the server, stay.
+        other_list.write_text(json.dumps({"code_dir": str(other), "modules": [*listed, "html.parser"]}))
+        assert server_of_a_new_sandbox() is first
+        # One imports less: the server is retired for one that preloads only what both import.
+        fewer = [name for name in listed if name != "json"]
+        other_list.write_text(json.dumps({"code_dir": str(other), "modules": fewer}))
+        second = server_of_a_new_sandbox()
+        assert second is not first
+        assert not first.alive
+        assert "json" not in second.preload
+    finally:
+        other_list.unlink(missing_ok=True)  # the site is shared by every toy function

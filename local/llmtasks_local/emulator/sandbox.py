@@ -36,12 +36,19 @@ from llmtasks_local.emulator.function_site import function_site
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
 from llmtasks_local.emulator.processes import die_with_parent, status_kib
-from llmtasks_local.emulator.sandbox_forks import ForkedProcess, ForkServer, ServerUnusable, lists_stamp
+from llmtasks_local.emulator.sandbox_forks import (
+    ForkedProcess,
+    ForkServer,
+    ServerUnusable,
+    common_libraries,
+    lists_stamp,
+)
 from llmtasks_local.emulator.sandbox_main import (
     CPU_FILE,
     CUT_FILE,
     CUT_SIGNAL,
     LIST_LIBRARIES_IN,
+    PRELOAD_LISTS,
     RECORD_AWS_CALLS,
 )
 from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec
@@ -196,6 +203,7 @@ class _ForkServers:
         # cold starts) pays from the third sandbox on, and `llmtasks invoke` starts one.
         self._spawn_first = spawn_first
         self._spawned: set[Path] = set()
+        self._common: dict[Path, tuple[tuple[tuple[str, int], ...], tuple[str, ...]]] = {}  # by site
 
     def start(
         self, site: Path, environment: Mapping[str, str], cwd: Path, argv: list[str]
@@ -215,6 +223,17 @@ class _ForkServers:
         except ServerUnusable:
             return None
 
+    def _common_libraries(self, site: Path) -> tuple[str, ...]:
+        """What the site's functions' lists have in common, read again when one changed (a list
+        grows with modules its function alone imports, mostly: the common part, and the
+        servers, stay)."""
+        stamp = lists_stamp(site)
+        read = self._common.get(site)
+        if read is None or read[0] != stamp:
+            read = (stamp, tuple(common_libraries(site / PRELOAD_LISTS)))
+            self._common[site] = read
+        return read[1]
+
     def _server(self, site: Path, environment: Mapping[str, str]) -> ForkServer | None:
         """The server to fork this sandbox from, started if none serves it; None: spawn it."""
         if site in self._unusable:
@@ -222,11 +241,11 @@ class _ForkServers:
         if self._spawn_first and site not in self._spawned:
             self._spawned.add(site)
             return None
-        stamp = lists_stamp(site)
+        preload = self._common_libraries(site)
         servers = []
         for known in self._servers.get(site, []):
-            if known.alive and known.lists_stamp != stamp:
-                known.retire()  # the lists changed since it preloaded: a new one preloads more
+            if known.alive and known.preload != preload:
+                known.retire()  # the functions' common libraries changed since it preloaded
             if known.alive:
                 servers.append(known)
         self._servers[site] = servers
@@ -234,7 +253,7 @@ class _ForkServers:
         if server is not None or len(servers) >= self.SERVERS_PER_SITE:
             return server
         try:
-            server = ForkServer(site, environment, _spawner.spawn, _die_with_killed)
+            server = ForkServer(site, environment, preload, _spawner.spawn, _die_with_killed)
         except (ServerUnusable, OSError):
             self._unusable.add(site)
             return None

@@ -68,16 +68,16 @@ _START_TIMEOUT_S = 30.0  # a preload past this is a server that does not work
 _PR_SET_PDEATHSIG = 1
 
 
-def lists_stamp(site: Path) -> int | None:
-    """When the site's lists of libraries last changed (each is written by a rename in their
-    folder), None before the first: a server started before a change preloads less than it
-    could, and is retired for a new one."""
+def lists_stamp(site: Path) -> tuple[tuple[str, int], ...]:
+    """Each of the site's lists of libraries and when it last changed (nothing before the
+    first): what the stack reads their common part again on."""
     from llmtasks_local.emulator.sandbox_main import PRELOAD_LISTS
 
     try:
-        return os.stat(site / PRELOAD_LISTS).st_mtime_ns
+        with os.scandir(site / PRELOAD_LISTS) as entries:
+            return tuple(sorted((entry.name, entry.stat().st_mtime_ns) for entry in entries))
     except OSError:
-        return None
+        return ()
 
 
 def startup_settings(environment: Mapping[str, str]) -> dict[str, str]:
@@ -145,11 +145,12 @@ class ForkServer:
         self,
         site: Path,
         environment: Mapping[str, str],
+        preload: tuple[str, ...],
         spawn: Callable[[Callable[[], subprocess.Popen[bytes]]], subprocess.Popen[bytes]],
         preexec_fn: Callable[[], None] | None,
     ) -> None:
         self.startup = startup_settings(environment)
-        self.lists_stamp = lists_stamp(site)  # before it reads them: a list changed meanwhile makes it stale
+        self.preload = preload
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_environment = {
             **{key: value for key, value in environment.items() if key not in PER_SANDBOX},
@@ -173,6 +174,7 @@ class ForkServer:
         self._socket = ours
         self._socket.settimeout(_START_TIMEOUT_S)
         try:
+            self._socket.send(json.dumps(list(preload)).encode())
             hello = json.loads(self._socket.recv(_MESSAGE_BYTES) or b"null")
         except (OSError, ValueError):
             hello = None
@@ -337,26 +339,23 @@ def common_libraries(lists: Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if common is None:
-            common = list(modules)
+            common = [name for name in modules if name.partition(".")[0] not in _NEVER_PRELOADED]
         else:
             keep = set(modules)
             common = [name for name in common if name in keep]
     return common or []
 
 
-def _preload(lists: Path) -> tuple[int, dict[str, str | None]]:
-    """Imports the libraries the site's functions have in common (an import that fails is left
-    to the sandbox, which fails the same way): how many, and what the imports read of the
-    environment."""
+def _preload(names: list[str]) -> tuple[int, dict[str, str | None]]:
+    """Imports these modules (an import that fails is left to the sandbox, which fails the same
+    way): how many it imported, and what the imports read of the environment."""
     import importlib
 
     read: dict[str, str | None] = {}
     undo = _record_reads(read)
     imported = 0
     try:
-        for name in common_libraries(lists):
-            if name.partition(".")[0] in _NEVER_PRELOADED:
-                continue
+        for name in names:
             try:
                 importlib.import_module(name)
                 imported += 1
@@ -432,15 +431,13 @@ def _become_sandbox(
 
 
 def serve(control_fd: int) -> None:
-    """The server's loop: preload (in the site, its working directory), say so, then fork a
+    """The server's loop: preload what the stack's first message names, say so, then fork a
     sandbox for each start the stack sends and report each exit. Once the stack sends no more
     (it shut its end), it ends when its last child has."""
-    from llmtasks_local.emulator.sandbox_main import PRELOAD_LISTS
-
     control = socket.socket(fileno=control_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the stack's to handle, then ours
     path_tail = sys.path[2:]  # after the working directory and PYTHONPATH (the site): the standard library
-    preloaded, read = _preload(Path.cwd() / PRELOAD_LISTS)
+    preloaded, read = _preload(json.loads(control.recv(_MESSAGE_BYTES) or b"[]"))
     forkable = _threads() == 1
     control.send(json.dumps({"forkable": forkable, "preloaded": preloaded, "read": read}).encode())
     if not forkable:
