@@ -377,6 +377,9 @@ def _serve_lightly() -> None:
     from werkzeug.serving import WSGIRequestHandler
 
     WSGIRequestHandler.protocol_version = "HTTP/1.1"
+    # The headers and the body are two writes: on a kept connection, Nagle's algorithm held the
+    # body until the client's delayed ACK of the headers (40 ms a reply; closing flushed it).
+    WSGIRequestHandler.disable_nagle_algorithm = True
     serve_and_close = WSGIRequestHandler.run_wsgi
 
     def run_wsgi(handler: WSGIRequestHandler) -> None:
