@@ -427,8 +427,8 @@ def _serve_lightly() -> None:
         if handler.close_connection:
             handler.send_header("Connection", "close")
         handler.end_headers()
-        if not head:
-            handler.wfile.write(content)
+        if not head and not (int(code) < 200 or int(code) in (204, 304)):
+            handler.wfile.write(content)  # (a body after a 204 would be read as the next reply)
 
     WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign,assignment]
     logging.getLogger("werkzeug").setLevel(logging.WARNING)

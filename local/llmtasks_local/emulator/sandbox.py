@@ -220,7 +220,7 @@ class _ForkServers:
         path = [str(cwd), *environment["PYTHONPATH"].split(os.pathsep)]
         try:
             return server.start(environment, cwd, argv, path)
-        except ServerUnusable:
+        except (ServerUnusable, OSError):  # it ended meanwhile: this sandbox is spawned
             return None
 
     def _common_libraries(self, site: Path) -> tuple[str, ...]:

@@ -197,10 +197,12 @@ class ForkServer:
         return not self._closed
 
     def retire(self) -> None:
-        """Takes no more starts; the server ends once the sandboxes it forked have."""
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_WR)
+        """Takes no more starts; the server ends once the sandboxes it forked have. A start in
+        flight ends first: the shutdown would fail its send."""
+        with self._starting:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_WR)
 
     def serves(self, environment: Mapping[str, str]) -> bool:
         """Whether a sandbox with this environment would have imported what the server did, as
