@@ -47,7 +47,7 @@ from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
 from llmtasks_local.sam.function_spec import EventInvokeConfig, SqsSource, StreamSource
 from llmtasks_local.sam.provision import LocalResources
 from llmtasks_local.sam.template import Template
-from tests.helpers import HANG_S, TEMPLATE, eventually, process_exists, serve, toy_function
+from tests.helpers import HANG_S, TEMPLATE, eventually, local_client, process_exists, serve, toy_function
 
 pytestmark = pytest.mark.integration
 
@@ -153,13 +153,7 @@ def test_sqs_an_idle_source_receives_again_only_once_its_queue_holds_a_message(
     receive until its queue holds one, instead of one a second; then it gets it, and a delayed
     message once its delay is over. (The queue is the embedded endpoint's even when the suite
     runs SQS on LocalStack: this is what the embedded endpoint adds.)"""
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    sqs = local_client("sqs", endpoint_url)
     url = sqs.create_queue(QueueName=f"idle-{uuid.uuid4().hex[:8]}")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     receives = Counter[str]()

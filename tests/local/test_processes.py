@@ -20,7 +20,7 @@ from llmtasks_local.emulator.processes import (
     stop,
 )
 from llmtasks_local.tool_errors import ServiceDownError, ToolError
-from tests.helpers import eventually, moto_endpoint
+from tests.helpers import eventually, local_client, moto_endpoint
 
 pytestmark = pytest.mark.unit
 
@@ -123,16 +123,8 @@ def _gone(pid: int) -> bool:
 def test_moto_s_server_keeps_each_connection_for_the_client_s_next_request() -> None:
     """werkzeug closes every connection after its reply (`Connection: close`); the embedded
     endpoint keeps it, with each reply's length exact, so a client's calls share one."""
-    import boto3
-
     with moto_endpoint() as url:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        s3 = local_client("s3", url)
         replies = [
             s3.create_bucket(Bucket="kept"),
             s3.put_object(Bucket="kept", Key="a", Body=b"x" * 1000),
