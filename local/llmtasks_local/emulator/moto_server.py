@@ -412,6 +412,9 @@ def _serve_lightly() -> None:
         code, _, message = status.partition(" ")
         handler.send_response(int(code), message)
         head = environ["REQUEST_METHOD"] == "HEAD"
+        # What no body follows: a HEAD's, a 1xx's, a 204's, a 304's (a body written after one
+        # would be read as the connection's next reply).
+        bodyless = head or int(code) < 200 or int(code) in (204, 304)
         # The length written is the reply's own (a length the app misstated would corrupt the
         # connection's next reply), but a HEAD's, which is its GET's.
         framing = (
@@ -422,13 +425,13 @@ def _serve_lightly() -> None:
         for name, value in headers:
             if name.lower() not in framing:
                 handler.send_header(name, value)
-        if not head and not (int(code) < 200 or int(code) in (204, 304)):
+        if not bodyless:
             handler.send_header("Content-Length", str(len(content)))
         if handler.close_connection:
             handler.send_header("Connection", "close")
         handler.end_headers()
-        if not head and not (int(code) < 200 or int(code) in (204, 304)):
-            handler.wfile.write(content)  # (a body after a 204 would be read as the next reply)
+        if not bodyless:
+            handler.wfile.write(content)
 
     WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign,assignment]
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
