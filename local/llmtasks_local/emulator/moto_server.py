@@ -456,6 +456,80 @@ def _debug_mode_off() -> None:
     moto.server.create_backend_app = create_backend_app  # type: ignore[attr-defined]
 
 
+# The content types of AWS's JSON RPC protocols, whose requests name their operation in
+# X-Amz-Target: DynamoDB and its streams (1.0), SQS and CloudWatch Logs (1.1).
+_JSON_RPC_TYPES = frozenset({"application/x-amz-json-1.0", "application/x-amz-json-1.1"})
+
+
+def _dispatch_json_rpc_directly() -> None:
+    """JSON RPC requests handed to moto's handler without Flask around it.
+
+    Each request of the services a task uses (DynamoDB, its streams, SQS) is a POST to `/` that
+    names its operation in X-Amz-Target, and moto's Flask app routes every one of them to one
+    view: convert_to_flask_response around the service's response class's dispatch. Around that
+    call Flask pushed an app and a request context, matched the URL map, ran Flask-CORS's
+    after-request hook and popped the contexts, for each request. Here the view an app's URL map
+    gives `/` is found once, and called as Flask calls it (the same view, on moto's own request
+    class, the reply the same Response object, written by werkzeug as Flask has it written),
+    with the one header Flask-CORS adds to a request without an Origin
+    (`Access-Control-Allow-Origin: *`, unless MOTO_DISABLE_GLOBAL_CORS). A request with an
+    Origin, a Content-Encoding, another method, path or content type takes Flask's way
+    (tests/local/test_moto_dispatch.py sends the same requests both ways, compares the replies)."""
+    from botocore.exceptions import ClientError
+    from flask import Flask, Response
+    from moto.core.utils import convert_to_flask_response
+    from moto.moto_api import recorder
+    from moto.moto_server.werkzeug_app import BackendRequest, DomainDispatcherApplication
+    from moto.settings import DISABLE_GLOBAL_CORS
+    from werkzeug.exceptions import HTTPException
+
+    # id(Flask app) -> the view it routes a JSON RPC request to, None where that is not moto's
+    # view (Flask's way then)
+    views: dict[int, convert_to_flask_response | None] = {}
+
+    def view_of(app: Flask, environ: dict[str, Any]) -> convert_to_flask_response | None:
+        if id(app) not in views:
+            try:
+                endpoint, _arguments = app.url_map.bind_to_environ(environ).match()
+            except HTTPException:  # no route: Flask's way answers it (404, 405)
+                views[id(app)] = None
+                return None
+            view = app.view_functions[endpoint]
+            views[id(app)] = view if isinstance(view, convert_to_flask_response) else None
+        return views[id(app)]
+
+    def direct(environ: dict[str, Any]) -> bool:
+        return (
+            environ.get("REQUEST_METHOD") == "POST"
+            and environ.get("PATH_INFO") == "/"
+            and not environ.get("QUERY_STRING")
+            and environ.get("CONTENT_TYPE") in _JSON_RPC_TYPES
+            and "HTTP_X_AMZ_TARGET" in environ
+            and "HTTP_ORIGIN" not in environ
+            and "HTTP_CONTENT_ENCODING" not in environ
+        )
+
+    def dispatch(self: DomainDispatcherApplication, environ: dict[str, Any], start_response: Any) -> Any:
+        app = self.get_application(environ)
+        view = view_of(app, environ) if direct(environ) and isinstance(app, Flask) else None
+        if view is None:
+            return app(environ, start_response)
+        # convert_to_flask_response.__call__, on the request Flask would have made
+        request = BackendRequest(environ)
+        recorder._record_request(request)
+        try:
+            result = view.callback(request, request.raw_url, dict(request.headers))
+        except ClientError as error:
+            result = 400, {}, error.response["Error"]["Message"]
+        status, headers, content = result if len(result) == 3 else (200, {}, result)
+        response = Response(response=content, status=status, headers=headers)
+        if not DISABLE_GLOBAL_CORS and "Access-Control-Allow-Origin" not in response.headers:
+            response.headers.add("Access-Control-Allow-Origin", "*")
+        return response(environ, start_response)
+
+    DomainDispatcherApplication.__call__ = dispatch  # type: ignore[method-assign]
+
+
 # Paths moto's dispatcher routes by path, not by the signing scope.
 _SPECIAL_PATHS = ("/moto-api", "/favicon.ico", "/latest/meta-data/", "/latest/api/")
 
@@ -606,6 +680,7 @@ def main(argv: list[str] | None = None) -> None:
     _install_backend_cache()
     _serve_lightly()
     _debug_mode_off()
+    _dispatch_json_rpc_directly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
     # a death of the endpoint (SIGXFSZ's default).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -1,0 +1,222 @@
+"""The embedded endpoint's direct dispatch of JSON RPC requests (moto_server.
+_dispatch_json_rpc_directly) answers as moto's Flask app does: the same requests, sent both
+ways to moto's WSGI app in this process, get the same status, headers and body, but for what
+moto draws afresh each time (request ids, message ids, receipt handles, times)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from tests.helpers import local_client
+
+pytestmark = pytest.mark.unit
+
+# What moto draws afresh for each request, masked before two replies are compared; the CRC and
+# the length of a body holding one of them differ with it (a time's digits).
+GENERATED = {
+    "MessageId",
+    "ReceiptHandle",
+    "MD5OfMessageAttributes",
+    "CreationDateTime",
+    "LatestStreamLabel",
+    "LatestStreamArn",
+    "StreamArn",
+    "ShardIterator",
+    "NextShardIterator",
+    "SequenceNumber",
+    "StartingSequenceNumber",
+    "eventID",
+    "ApproximateCreationDateTime",
+    "SentTimestamp",
+    "ApproximateFirstReceiveTimestamp",
+    "SizeBytes",
+}
+GENERATED_HEADERS = {"x-amzn-requestid", "x-amz-crc32", "content-length"}
+
+Reply = tuple[str, list[tuple[str, str]], Any]
+
+
+class _Body(io.BytesIO):
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.getvalue()
+
+
+def _environ(request: Any) -> dict[str, Any]:
+    url = urlsplit(request.url)
+    body = request.body or b""
+    body = body.encode() if isinstance(body, str) else body
+    environ = {
+        "REQUEST_METHOD": request.method,
+        "PATH_INFO": url.path or "/",
+        "QUERY_STRING": url.query,
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "5000",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+        "CONTENT_LENGTH": str(len(body)),
+    }
+    for name, sent in request.headers.items():
+        key = name.upper().replace("-", "_")
+        environ[key if key == "CONTENT_TYPE" else f"HTTP_{key}"] = (
+            sent.decode() if isinstance(sent, bytes) else sent
+        )
+    return environ
+
+
+@pytest.fixture
+def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
+    """`served(direct)`: boto3 clients of DynamoDB, its streams and SQS whose requests go to
+    moto's WSGI app in this process, directly dispatched or not, and the replies it gave."""
+    import moto.server
+    from flask import Flask
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    from llmtasks_local.emulator import moto_server
+
+    call = DomainDispatcherApplication.__call__
+    wsgi_app = Flask.wsgi_app
+    flask_calls: list[str] = []
+
+    def counted(app: Flask, environ: dict[str, Any], start_response: Any) -> Any:
+        flask_calls.append(environ.get("HTTP_X_AMZ_TARGET", ""))
+        return wsgi_app(app, environ, start_response)
+
+    Flask.wsgi_app = counted  # type: ignore[method-assign]
+
+    def make(direct: bool) -> tuple[Any, Any, list[Reply]]:
+        DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
+        if direct:
+            moto_server._dispatch_json_rpc_directly()
+        app = DomainDispatcherApplication(moto.server.create_backend_app)
+        replies: list[Reply] = []
+
+        def send(request: Any, **_: Any) -> AWSResponse:
+            started: list[Any] = []
+            body = b"".join(app(_environ(request), lambda s, h, e=None: started.extend([s, h])))
+            status, headers = started
+            replies.append((status, headers, json.loads(body) if body else None))
+            return AWSResponse(request.url, int(status.split()[0]), dict(headers), _Body(body))
+
+        clients = [local_client(name, "http://127.0.0.1:5000") for name in ("dynamodb", "sqs")]
+        for client in clients:
+            client.meta.events.register("before-send", send)
+        return clients[0], clients[1], replies
+
+    make.flask_calls = flask_calls  # type: ignore[attr-defined]
+    try:
+        yield make
+    finally:
+        DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
+        Flask.wsgi_app = wsgi_app  # type: ignore[method-assign]
+
+
+def _masked(reply: Reply) -> Reply:
+    def mask(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "*" if k in GENERATED else mask(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mask(v) for v in value]
+        return value
+
+    status, headers, body = reply
+    return status, [(n, "*" if n.lower() in GENERATED_HEADERS else v) for n, v in headers], mask(body)
+
+
+def _a_task_s_calls(dynamodb: Any, sqs: Any, name: str) -> None:
+    """What a task's life asks of DynamoDB and SQS, refusals included."""
+    from botocore.exceptions import ClientError
+
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    item = {"pk": {"S": "task#1"}, "status": {"S": "queued"}, "n": {"N": "1"}, "b": {"B": b"\x00"}}
+    dynamodb.put_item(TableName=name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+    with pytest.raises(ClientError, match="ConditionalCheckFailed"):
+        dynamodb.put_item(TableName=name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+    dynamodb.get_item(TableName=name, Key={"pk": {"S": "task#1"}})
+    dynamodb.get_item(TableName=name, Key={"pk": {"S": "task#none"}})
+    dynamodb.update_item(
+        TableName=name,
+        Key={"pk": {"S": "task#1"}},
+        UpdateExpression="SET #s = :s, n = n + :one",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":s": {"S": "processing"}, ":one": {"N": "1"}},
+        ReturnValues="ALL_NEW",
+    )
+    with pytest.raises(ClientError, match="ValidationException"):
+        dynamodb.update_item(TableName=name, Key={"pk": {"S": "task#1"}}, UpdateExpression="SET n = :missing")
+    with pytest.raises(ClientError, match="ResourceNotFoundException"):
+        dynamodb.get_item(TableName=f"{name}-none", Key={"pk": {"S": "task#1"}})
+    dynamodb.query(
+        TableName=name,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": "task#1"}},
+    )
+    dynamodb.delete_item(TableName=name, Key={"pk": {"S": "task#1"}}, ReturnValues="ALL_OLD")
+    queue = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({"task_id": "1"}))
+    received = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=received[0]["ReceiptHandle"])
+    sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
+    with pytest.raises(ClientError, match="NonExistentQueue"):
+        sqs.send_message(QueueUrl=f"{queue}-none", MessageBody="x")
+
+
+def test_json_rpc_requests_answer_directly_as_moto_s_flask_app_answers(served: Any) -> None:
+    dynamodb, sqs, direct = served(True)
+    _a_task_s_calls(dynamodb, sqs, "directly")
+    directly_served = list(served.flask_calls)
+    dynamodb, sqs, through_flask = served(False)
+    _a_task_s_calls(dynamodb, sqs, "by-flask")  # as long: the same lengths
+
+    # Every request of the first run went past Flask; every one of the second through it.
+    assert directly_served == []
+    assert len(served.flask_calls) == len(through_flask) == len(direct) == 16
+    assert [_masked(r) for r in direct] == [
+        _masked(json.loads(json.dumps(r).replace("by-flask", "directly"))) for r in through_flask
+    ]
+    assert [status for status, _, _ in direct].count("400 BAD REQUEST") == 4
+
+
+def test_a_request_with_an_origin_takes_flask_s_way_and_its_cors_reply(served: Any) -> None:
+    dynamodb, _sqs, replies = served(True)
+
+    def from_the_console(request: Any, **_: Any) -> None:
+        request.headers["Origin"] = "http://127.0.0.1:8000"
+
+    dynamodb.meta.events.register_first("before-send", from_the_console)
+    dynamodb.list_tables()
+    assert served.flask_calls == ["DynamoDB_20120810.ListTables"]
+    assert ("Access-Control-Allow-Origin", "http://127.0.0.1:8000") in replies[0][1]
+
+
+def test_a_bug_in_a_directly_served_handler_still_reaches_werkzeug(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moto.dynamodb.responses import DynamoHandler
+
+    def a_bug(self: Any) -> str:
+        raise RuntimeError("a bug in moto")
+
+    monkeypatch.setattr(DynamoHandler, "list_tables", a_bug)
+    dynamodb, _sqs, _replies = served(True)
+    with pytest.raises(RuntimeError, match="a bug in moto"):  # werkzeug answers 500 and logs it
+        dynamodb.list_tables()
+    assert served.flask_calls == []
