@@ -220,3 +220,53 @@ def test_a_bug_in_a_directly_served_handler_still_reaches_werkzeug(
     with pytest.raises(RuntimeError, match="a bug in moto"):  # werkzeug answers 500 and logs it
         dynamodb.list_tables()
     assert served.flask_calls == []
+
+
+# Header blocks as a request sends them: boto3's plain lines, and what only the email parser
+# takes (folded lines, a line with no colon, a "From " line, a lone CR, a block with no end).
+HEADER_BLOCKS = [
+    b"Host: 127.0.0.1:5000\r\nX-Amz-Target: DynamoDB_20120810.GetItem\r\n"
+    b"Content-Type: application/x-amz-json-1.0\r\nAuthorization: AWS4-HMAC-SHA256 "
+    b"Credential=testing/20261204/us-east-1/dynamodb/aws4_request, Signature=ab\r\n"
+    b"Content-Length: 60\r\n\r\n",
+    b"Accept: a\r\nAccept: b\r\nX-Empty:\r\nX-Spaced:  \t padded  \r\nX-Latin: caf\xe9\r\n\r\n",
+    b"Host: h\nX-Bare-LF: yes\n\n",
+    b"X-Folded: first\r\n second\r\nHost: h\r\n\r\n",
+    b"Host: h\r\nno colon here\r\nX-After: lost\r\n\r\n",
+    b"From someone\r\nHost: h\r\n\r\n",
+    b": no name\r\nHost: h\r\n\r\n",
+    b"X-Cr: a\rb\r\nHost: h\r\n\r\n",
+    b"Host: h\r\nX-No-End: yes\r\n",
+    b"\r\n",
+]
+
+
+@pytest.mark.parametrize("block", HEADER_BLOCKS)
+def test_headers_parse_as_the_email_parser_parses_them(block: bytes) -> None:
+    import http.client
+
+    from llmtasks_local.emulator.moto_server import parse_headers_lightly
+
+    light, parsed = parse_headers_lightly(io.BytesIO(block)), http.client.parse_headers(io.BytesIO(block))
+    assert type(light) is type(parsed)
+    assert light.items() == parsed.items()
+    assert [type(d) for d in light.defects] == [type(d) for d in parsed.defects]
+    assert [light.get_all(n) for n in parsed] == [parsed.get_all(n) for n in parsed]
+    if block.endswith((b"\n\r\n", b"\n\n")):  # what follows the block's end is left unread
+        rest = io.BytesIO(block + b"body")
+        parse_headers_lightly(rest)
+        assert rest.read() == b"body"
+
+
+def test_plain_header_lines_skip_the_email_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    import email.parser
+
+    from llmtasks_local.emulator.moto_server import parse_headers_lightly
+
+    def parse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the email parser was used")
+
+    monkeypatch.setattr(email.parser.Parser, "parsestr", parse)
+    assert parse_headers_lightly(io.BytesIO(HEADER_BLOCKS[0]))["X-Amz-Target"].endswith("GetItem")
+    with pytest.raises(AssertionError, match="the email parser was used"):
+        parse_headers_lightly(io.BytesIO(b"X-Folded: first\r\n second\r\n\r\n"))

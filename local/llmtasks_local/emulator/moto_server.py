@@ -20,7 +20,9 @@ Lambda go to the stack's Lambda API (`--lambda-url`), which runs the template's 
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -370,10 +372,7 @@ def _serve_lightly() -> None:
     the app runs (its Content-Length says how much), and the reply is written whole with its
     length, so the connection takes the client's next request: a thread a connection, not a
     request. A request whose length is not given (a chunked upload) is served as werkzeug serves
-    it, and its connection closed after. And werkzeug wrote a log line per request to stderr
-    (7% of the server's samples in a burst)."""
-    import logging
-
+    it, and its connection closed after."""
     from werkzeug.serving import WSGIRequestHandler
 
     WSGIRequestHandler.protocol_version = "HTTP/1.1"
@@ -434,7 +433,53 @@ def _serve_lightly() -> None:
             handler.wfile.write(content)
 
     WSGIRequestHandler.run_wsgi = run_wsgi  # type: ignore[method-assign,assignment]
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+def _no_access_log() -> None:
+    """werkzeug wrote a log line per request to stderr (7% of the server's samples in a burst);
+    and it formats each request's line (its time, its address, its path as an IRI) before its
+    logger says it drops it, 1.5% more: the line is formatted only when it would be written."""
+    import logging
+
+    from werkzeug.serving import WSGIRequestHandler
+
+    werkzeug_log = logging.getLogger("werkzeug")
+    werkzeug_log.setLevel(logging.WARNING)
+    log_request = WSGIRequestHandler.log_request
+
+    def log_request_if_logged(
+        handler: WSGIRequestHandler, code: int | str = "-", size: int | str = "-"
+    ) -> None:
+        if werkzeug_log.isEnabledFor(logging.INFO):
+            log_request(handler, code, size)
+
+    WSGIRequestHandler.log_request = log_request_if_logged  # type: ignore[method-assign,assignment]
+
+
+# A header line as the email parser takes one whole (email.feedparser.headerRE's header form,
+# name not empty), ending its line, with no other line break and not a mailbox's "From " line.
+_PLAIN_HEADER_LINE = re.compile(r"[\041-\071\073-\176]+:[^\r\n]*\r?\n")
+
+
+def parse_headers_lightly(fp: Any, _class: type[http.client.HTTPMessage] = http.client.HTTPMessage) -> Any:
+    """http.client.parse_headers, without the email parser where it has nothing to do.
+
+    http.server reads each request's headers with the email package's parser (a FeedParser
+    fed the whole block, each line matched against its patterns): 4% of moto's server's CPU in a
+    burst, for requests whose headers are all `Name: value` lines. A block whose every line is
+    one (no folded line, no line the email parser would take as the body's start or a defect)
+    is made into the same message as the parser makes, each header through the message's own
+    policy (header_source_parse, as the parser calls it); any other block goes to the email
+    parser (tests/local/test_moto_dispatch.py parses blocks both ways)."""
+    lines = http.client._read_headers(fp)  # type: ignore[attr-defined]  # the limits and errors of parse_headers
+    ended = lines[-1] in (b"\r\n", b"\n")
+    block = [line.decode("iso-8859-1") for line in (lines[:-1] if ended else lines)]
+    if any(line.startswith("From ") or not _PLAIN_HEADER_LINE.fullmatch(line) for line in block):
+        return email.parser.Parser(_class=_class).parsestr(b"".join(lines).decode("iso-8859-1"))
+    message = _class()
+    for line in block:
+        message.set_raw(*message.policy.header_source_parse([line]))
+    return message
 
 
 def _debug_mode_off() -> None:
@@ -679,6 +724,8 @@ def main(argv: list[str] | None = None) -> None:
     fast_paths.install()
     _install_backend_cache()
     _serve_lightly()
+    _no_access_log()
+    http.client.parse_headers = parse_headers_lightly  # type: ignore[assignment]
     _debug_mode_off()
     _dispatch_json_rpc_directly()
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
