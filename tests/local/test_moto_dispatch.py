@@ -38,6 +38,13 @@ GENERATED = {
     "SentTimestamp",
     "ApproximateFirstReceiveTimestamp",
     "SizeBytes",
+    "creationTime",
+    "ingestionTime",
+    "lastIngestionTime",
+    "firstEventTimestamp",
+    "lastEventTimestamp",
+    "nextForwardToken",
+    "nextBackwardToken",
 }
 GENERATED_HEADERS = {"x-amzn-requestid", "x-amz-crc32", "content-length"}
 
@@ -79,7 +86,7 @@ def _environ(request: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
-    """`served(direct)`: boto3 clients of DynamoDB, its streams and SQS whose requests go to
+    """`served(direct)`: boto3 clients of DynamoDB, SQS and CloudWatch Logs whose requests go to
     moto's WSGI app in this process, directly dispatched or not, and the replies it gave."""
     import moto.server
     from flask import Flask
@@ -97,7 +104,7 @@ def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
 
     Flask.wsgi_app = counted  # type: ignore[method-assign]
 
-    def make(direct: bool) -> tuple[Any, Any, list[Reply]]:
+    def make(direct: bool) -> tuple[Any, Any, Any, list[Reply]]:
         DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
         if direct:
             moto_server._dispatch_json_rpc_directly()
@@ -111,10 +118,10 @@ def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
             replies.append((status, headers, json.loads(body) if body else None))
             return AWSResponse(request.url, int(status.split()[0]), dict(headers), _Body(body))
 
-        clients = [local_client(name, "http://127.0.0.1:5000") for name in ("dynamodb", "sqs")]
+        clients = [local_client(name, "http://127.0.0.1:5000") for name in ("dynamodb", "sqs", "logs")]
         for client in clients:
             client.meta.events.register("before-send", send)
-        return clients[0], clients[1], replies
+        return clients[0], clients[1], clients[2], replies
 
     make.flask_calls = flask_calls  # type: ignore[attr-defined]
     try:
@@ -136,8 +143,8 @@ def _masked(reply: Reply) -> Reply:
     return status, [(n, "*" if n.lower() in GENERATED_HEADERS else v) for n, v in headers], mask(body)
 
 
-def _a_task_s_calls(dynamodb: Any, sqs: Any, name: str) -> None:
-    """What a task's life asks of DynamoDB and SQS, refusals included."""
+def _a_task_s_calls(dynamodb: Any, sqs: Any, logs: Any, name: str) -> None:
+    """What a task's life asks of DynamoDB, SQS and CloudWatch Logs, refusals included."""
     from botocore.exceptions import ClientError
 
     dynamodb.create_table(
@@ -177,26 +184,36 @@ def _a_task_s_calls(dynamodb: Any, sqs: Any, name: str) -> None:
     sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
     with pytest.raises(ClientError, match="NonExistentQueue"):
         sqs.send_message(QueueUrl=f"{queue}-none", MessageBody="x")
+    logs.create_log_group(logGroupName=f"/aws/lambda/{name}")
+    logs.create_log_stream(logGroupName=f"/aws/lambda/{name}", logStreamName="s")
+    logs.put_log_events(
+        logGroupName=f"/aws/lambda/{name}",
+        logStreamName="s",
+        logEvents=[{"timestamp": 1_764_000_000_000, "message": "START RequestId: 1"}],
+    )
+    logs.get_log_events(logGroupName=f"/aws/lambda/{name}", logStreamName="s")
+    with pytest.raises(ClientError, match="ResourceNotFoundException"):
+        logs.get_log_events(logGroupName=f"/aws/lambda/{name}-none", logStreamName="s")
 
 
 def test_json_rpc_requests_answer_directly_as_moto_s_flask_app_answers(served: Any) -> None:
-    dynamodb, sqs, direct = served(True)
-    _a_task_s_calls(dynamodb, sqs, "directly")
+    dynamodb, sqs, logs, direct = served(True)
+    _a_task_s_calls(dynamodb, sqs, logs, "directly")
     directly_served = list(served.flask_calls)
-    dynamodb, sqs, through_flask = served(False)
-    _a_task_s_calls(dynamodb, sqs, "by-flask")  # as long: the same lengths
+    dynamodb, sqs, logs, through_flask = served(False)
+    _a_task_s_calls(dynamodb, sqs, logs, "by-flask")  # as long: the same lengths
 
     # Every request of the first run went past Flask; every one of the second through it.
     assert directly_served == []
-    assert len(served.flask_calls) == len(through_flask) == len(direct) == 16
+    assert len(served.flask_calls) == len(through_flask) == len(direct) == 21
     assert [_masked(r) for r in direct] == [
         _masked(json.loads(json.dumps(r).replace("by-flask", "directly"))) for r in through_flask
     ]
-    assert [status for status, _, _ in direct].count("400 BAD REQUEST") == 4
+    assert [status for status, _, _ in direct].count("400 BAD REQUEST") == 5
 
 
 def test_a_request_with_an_origin_takes_flask_s_way_and_its_cors_reply(served: Any) -> None:
-    dynamodb, _sqs, replies = served(True)
+    dynamodb, _sqs, _logs, replies = served(True)
 
     def from_the_console(request: Any, **_: Any) -> None:
         request.headers["Origin"] = "http://127.0.0.1:8000"
@@ -216,7 +233,7 @@ def test_a_bug_in_a_directly_served_handler_still_reaches_werkzeug(
         raise RuntimeError("a bug in moto")
 
     monkeypatch.setattr(DynamoHandler, "list_tables", a_bug)
-    dynamodb, _sqs, _replies = served(True)
+    dynamodb, _sqs, _logs, _replies = served(True)
     with pytest.raises(RuntimeError, match="a bug in moto"):  # werkzeug answers 500 and logs it
         dynamodb.list_tables()
     assert served.flask_calls == []
