@@ -466,6 +466,42 @@ def test_a_response_class_s_method_names_are_moto_s_own_made_once() -> None:
     assert "update_item" in responses.method_names_from_class(DynamoHandler)  # type: ignore[attr-defined]
 
 
+def test_names_turn_to_underscores_as_moto_s_own_turns_them_once_each() -> None:
+    from moto.core import responses
+    from moto.core.utils import camelcase_to_underscores as moto_s_own
+    from moto.dynamodb.responses import DynamoHandler
+    from moto.sqs import models
+    from moto.sqs.responses import SQSResponse
+
+    names = [
+        *models.Queue.BASE_ATTRIBUTES,
+        *models.Queue.FIFO_ATTRIBUTES,
+        *models.Queue.KMS_ATTRIBUTES,
+        *(name for handler in (DynamoHandler, SQSResponse) for name in dir(handler)),
+        "GetItem",
+        "ReceiveMessage",
+        "ApproximateNumberOfMessagesNotVisible",
+        "theNewAttribute",
+        "KMSMasterKeyId",
+        "a b",
+        "",
+    ]
+    for module in (responses, models):
+        kept = module.camelcase_to_underscores  # type: ignore[attr-defined]
+        assert kept is not moto_s_own
+        assert [kept(name) for name in names] == [moto_s_own(name) for name in names]
+    responses.camelcase_to_underscores.cache_clear()  # type: ignore[attr-defined]
+    responses.camelcase_to_underscores("GetItem")  # type: ignore[attr-defined]
+    responses.camelcase_to_underscores("GetItem")  # type: ignore[attr-defined]
+    assert responses.camelcase_to_underscores.cache_info().misses == 1  # type: ignore[attr-defined]
+    fast_paths.uninstall()
+    try:
+        assert responses.camelcase_to_underscores is moto_s_own  # type: ignore[attr-defined]
+        assert models.camelcase_to_underscores is moto_s_own  # type: ignore[attr-defined]
+    finally:
+        fast_paths.install()
+
+
 def test_request_ids_are_in_moto_s_form_and_differ(aws: Any) -> None:
     def request_ids(aws: Any, _name: str) -> list[str]:
         replies = [aws.dynamodb.describe_limits(), aws.sqs.list_queues(), aws.dynamodb.list_tables()]
