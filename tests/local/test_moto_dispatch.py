@@ -115,7 +115,7 @@ def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
             started: list[Any] = []
             body = b"".join(app(_environ(request), lambda s, h, e=None: started.extend([s, h])))
             status, headers = started
-            replies.append((status, headers, json.loads(body) if body else None))
+            replies.append((status, headers, json.loads(body) if body.startswith(b"{") else body.decode()))
             return AWSResponse(request.url, int(status.split()[0]), dict(headers), _Body(body))
 
         clients = [local_client(name, "http://127.0.0.1:5000") for name in ("dynamodb", "sqs", "logs")]
@@ -287,3 +287,23 @@ def test_plain_header_lines_skip_the_email_parser(monkeypatch: pytest.MonkeyPatc
     assert parse_headers_lightly(io.BytesIO(HEADER_BLOCKS[0]))["X-Amz-Target"].endswith("GetItem")
     with pytest.raises(AssertionError, match="the email parser was used"):
         parse_headers_lightly(io.BytesIO(b"X-Folded: first\r\n second\r\n\r\n"))
+
+
+def test_an_http_error_raised_by_moto_s_handler_answers_as_flask_answers_it(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moto.dynamodb.responses import DynamoHandler
+    from werkzeug.exceptions import RequestEntityTooLarge
+
+    def too_large(self: Any, *_: Any, **__: Any) -> None:
+        raise RequestEntityTooLarge()
+
+    monkeypatch.setattr(DynamoHandler, "setup_class", too_large)
+    replies = []
+    for direct in (True, False):
+        dynamodb, _sqs, _logs, reply = served(direct)
+        with pytest.raises(Exception, match="413"):
+            dynamodb.list_tables()
+        replies.append(reply[0])
+    assert replies[0] == replies[1]
+    assert replies[0][0] == "413 REQUEST ENTITY TOO LARGE"

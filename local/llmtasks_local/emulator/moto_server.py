@@ -527,6 +527,7 @@ def _dispatch_json_rpc_directly() -> None:
     from moto.moto_server.werkzeug_app import BackendRequest, DomainDispatcherApplication
     from moto.settings import DISABLE_GLOBAL_CORS
     from werkzeug.exceptions import HTTPException
+    from werkzeug.wrappers import Response as WerkzeugResponse
 
     # id(Flask app) -> the view it routes a JSON RPC request to, None where that is not moto's
     # view (Flask's way then)
@@ -566,8 +567,13 @@ def _dispatch_json_rpc_directly() -> None:
             result = view.callback(request, request.raw_url, dict(request.headers))
         except ClientError as error:
             result = 400, {}, error.response["Error"]["Message"]
-        status, headers, content = result if len(result) == 3 else (200, {}, result)
-        response = Response(response=content, status=status, headers=headers)
+        except HTTPException as error:  # Flask answers it with its own response
+            result = error.get_response(environ)
+        if isinstance(result, WerkzeugResponse):
+            response = result
+        else:
+            status, headers, content = result if len(result) == 3 else (200, {}, result)
+            response = Response(response=content, status=status, headers=headers)
         if not DISABLE_GLOBAL_CORS and "Access-Control-Allow-Origin" not in response.headers:
             response.headers.add("Access-Control-Allow-Origin", "*")
         return response(environ, start_response)
