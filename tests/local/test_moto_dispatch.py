@@ -1,7 +1,10 @@
-"""The embedded endpoint's direct dispatch of JSON RPC requests (moto_server.
-_dispatch_json_rpc_directly) answers as moto's Flask app does: the same requests, sent both
-ways to moto's WSGI app in this process, get the same status, headers and body, but for what
-moto draws afresh each time (request ids, message ids, receipt handles, times)."""
+"""The embedded endpoint's ways past moto's generic serving answer as moto's own do.
+
+Its direct dispatch of JSON RPC requests (moto_server._dispatch_json_rpc_directly): the same
+requests, sent both ways to moto's WSGI app in this process, get the same status, headers and
+body, but for what moto draws afresh each time (request ids, message ids, receipt handles,
+times). Its reading of request headers (moto_server.parse_headers_lightly): the same blocks
+parse as http.client's parse_headers, through the email parser, parses them."""
 
 from __future__ import annotations
 
