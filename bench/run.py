@@ -345,6 +345,17 @@ def stack_running(*extra: str, env: dict[str, str] | None = None) -> Iterator[La
         stack.stop()
 
 
+@contextmanager
+def stack_as_make_up_starts_it() -> Iterator[LaunchedStack]:
+    """A fresh stack as a user starts it (make up: one warm sandbox a function, no more): a
+    workload's first wave pays the functions' scale-out, a cold start a sandbox."""
+    stack = launch("--report", "--warm-containers", "eager", cwd=ROOT)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
 # --- overhead and scale ---------------------------------------------------------------------------
 
 
@@ -904,13 +915,8 @@ def versus_celery(report: Report, burst_tasks: int) -> None:
     section = "vs Celery"
     concurrency, batch = worker_slots()
     slots = concurrency * batch
-    # First as a user starts it (make up: one warm sandbox a function, no more): the burst's first
-    # wave pays the functions' scale-out, a cold start a sandbox.
-    cold = launch("--report", "--warm-containers", "eager", cwd=ROOT)
-    try:
+    with stack_as_make_up_starts_it() as cold:
         from_cold = burst(cold, burst_tasks)
-    finally:
-        cold.stop()
     with stack_running() as stack:
         assert stack.mock is not None
         stack.aws_calls(reset=True)
@@ -1201,14 +1207,10 @@ def call_slots(report: Report, quick: bool) -> None:
     designs = {"llmtasks": (), "event batches only": ("--parameter-overrides", "WorkerCallSlots=0")}
     runs: dict[str, dict[str, SlotRun]] = {"llmtasks": {}, "event batches only": {}, "celery": {}}
     gb_s: dict[str, float] = {}
-    # The first workload once more on a stack as a user starts it (make up: one warm sandbox a
-    # function): its first wave pays the worker's scale-out, a cold start a sandbox.
+    # The first workload once more on a stack as a user starts it
     first_label, first_tasks, first_knobs = workloads[0]
-    cold = launch("--report", "--warm-containers", "eager", cwd=ROOT)
-    try:
+    with stack_as_make_up_starts_it() as cold:
         from_cold = slots_run(cold, cold, first_tasks, first_knobs, slots, lambda: stack_cpu(cold))
-    finally:
-        cold.stop()
     for design, options in designs.items():
         with stack_running(*options) as stack:
             for label, tasks, knobs in workloads:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from werkzeug.test import EnvironBuilder
 
 from tests.helpers import local_client
 
@@ -60,35 +60,23 @@ class _Body(io.BytesIO):
 
 
 def _environ(request: Any) -> dict[str, Any]:
+    """The WSGI environ of a request botocore prepared, as werkzeug builds one."""
     url = urlsplit(request.url)
-    body = request.body or b""
-    body = body.encode() if isinstance(body, str) else body
-    environ = {
-        "REQUEST_METHOD": request.method,
-        "PATH_INFO": url.path or "/",
-        "QUERY_STRING": url.query,
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "5000",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-        "wsgi.version": (1, 0),
-        "CONTENT_LENGTH": str(len(body)),
+    headers = {
+        name: sent.decode() if isinstance(sent, bytes) else sent for name, sent in request.headers.items()
     }
-    for name, sent in request.headers.items():
-        key = name.upper().replace("-", "_")
-        environ[key if key == "CONTENT_TYPE" else f"HTTP_{key}"] = (
-            sent.decode() if isinstance(sent, bytes) else sent
-        )
-    return environ
+    return EnvironBuilder(
+        method=request.method,
+        base_url=f"{url.scheme}://{url.netloc}",
+        path=url.path or "/",
+        query_string=url.query,
+        headers=headers,
+        data=request.body or b"",
+    ).get_environ()
 
 
 @pytest.fixture
-def served() -> Iterator[Callable[[bool], tuple[Any, Any, list[Reply]]]]:
+def served() -> Iterator[Callable[[bool], tuple[Any, Any, Any, list[Reply]]]]:
     """`served(direct)`: boto3 clients of DynamoDB, SQS and CloudWatch Logs whose requests go to
     moto's WSGI app in this process, directly dispatched or not, and the replies it gave."""
     import moto.server

@@ -538,9 +538,9 @@ def _dispatch_json_rpc_directly() -> None:
             try:
                 endpoint, _arguments = app.url_map.bind_to_environ(environ).match()
             except HTTPException:  # no route: Flask's way answers it (404, 405)
-                views[id(app)] = None
-                return None
-            view = app.view_functions[endpoint]
+                view = None
+            else:
+                view = app.view_functions[endpoint]
             views[id(app)] = view if isinstance(view, convert_to_flask_response) else None
         return views[id(app)]
 
