@@ -41,13 +41,12 @@ up: venv
 test:
 	@scripts/test $(PYTEST_ARGS)
 
-## The fast tests alone (no end-to-end stack). Four processes on two cores: most of their time
-## is waiting (call slots, retries, timeouts: 370 s of test time, 141 s of CPU), and each takes
-## the next test as it frees (worksteal): the two `llmtasks invoke` walks (20-26 s each) no longer
-## end the run behind a queue of others. Measured on 2 cores (2026-12-04): 88-90 s; 99 s with
-## xdist's default distribution, 131 s with six processes.
+## The fast tests alone (no end-to-end stack). Five processes on two cores: half their time is
+## waiting (call slots, pollers, retries, timeouts: the call-slot and conformance suites use 4 and
+## 9 s of CPU in 34 and 48 s), and each takes the next test as it frees (worksteal). Measured on 2
+## cores (2026-12-04): 74.7 and 75.6 s with five, 76-78 s with six, 84-85 s with four.
 test-fast: venv
-	$(BIN)/pytest -n 4 --dist worksteal -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/pytest -n 5 --dist worksteal -m "not e2e" $(PYTEST_ARGS)
 
 e2e: venv
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)

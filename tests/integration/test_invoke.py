@@ -1,8 +1,15 @@
 """`llmtasks invoke`, the Docker-free `sam local invoke`: every sample event in events/ is invoked
-through the command, as a user runs it, against an AWS endpoint over HTTP (the moto server the
-local stack embeds), and each reply is what that event should get. The samples name one task and
-one batch, so they are run in an order that makes each meaningful: the task is written first,
-then the worker runs it, the webhook function relays and delivers its ending, and so on."""
+against an AWS endpoint over HTTP (the moto server the local stack embeds), and each reply is what
+that event should get. The samples name one task and one batch, so they are run in an order that
+makes each meaningful: the task is written first, then the worker runs it, the webhook function
+relays and delivers its ending, and so on.
+
+One event of each function goes through the command in a process of its own, as a user runs it
+(its arguments, its env-vars file, stdout and stderr as SAM's); the others through the function
+behind it (emulator/invoke.py: the same template, overrides, env-vars, provisioning and sandbox),
+in this process, whose sandboxes are forked from a server that has imported their libraries. The
+command adds nothing an event could change, and a process of its own costs about 0.55 s of CPU
+an event: 26 of them were make test-fast's longest tests (36 s)."""
 
 from __future__ import annotations
 
@@ -14,13 +21,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.models import LLMRequest
 from llmtasks_client import verify_webhook
-from llmtasks_local.emulator.invoke import InvokeResult, function_environment, ignored_variables, invoke
+from llmtasks_local.cli.options import parse_overrides
+from llmtasks_local.emulator.endpoints import resolved
+from llmtasks_local.emulator.invoke import (
+    InvokeResult,
+    function_environment,
+    ignored_variables,
+    invoke,
+    read_env_vars,
+)
 from llmtasks_local.emulator.runtime import Invocation
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.provision import local_name
@@ -45,8 +61,28 @@ TASK_ID = "0f8fad5bd9cb469fa16570867728950e"  # the task the samples name
 BATCH_ID = "6345e22008ea521e88cfe5f8e5304a30"  # the batch submit_batch.json's Idempotency-Key makes
 
 
+# The events each walk sends through the command itself: one of each function.
+THROUGH_THE_COMMAND = {
+    "health.json",
+    "worker_sqs.json",
+    "webhook_delivery.json",
+    "submit_task.json",
+    "batch_fanout.json",
+    "authorizer_request.json",
+}
+
+
+def command_environment() -> dict[str, str]:
+    """No real account's credentials; a per-service endpoint (a LocalStack's SQS) stays."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k.startswith("AWS_ENDPOINT_URL_")
+    }
+    return env | {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
 class Invoker:
-    """`llmtasks invoke` in a child process; remembers which sample events it ran."""
+    """Runs sample events: those in THROUGH_THE_COMMAND through `llmtasks invoke` in a child
+    process, the others through the function behind it; remembers which it ran."""
 
     def __init__(self, endpoint_url: str, env_vars: Path, overrides: str) -> None:
         self.endpoint_url = endpoint_url
@@ -67,24 +103,40 @@ class Invoker:
         ]
         command += ["--endpoint-url", self.endpoint_url, "--env-vars", str(self.env_vars)]
         command += ["--parameter-overrides", self.overrides, *extra]
-        # No real account's credentials; a per-service endpoint (a LocalStack's SQS) stays.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("AWS_") or k.startswith("AWS_ENDPOINT_URL_")
-        }
-        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
         return subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, check=False
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=command_environment(),
+            check=False,
         )
 
     def __call__(self, function_id: str, event_file: str) -> Any:
+        if event_file not in THROUGH_THE_COMMAND:
+            return self.run_here(function_id, event_file)
         done = self.run(function_id, event_file)
         assert done.returncode == 0, done.stderr
         # As sam local invoke: the return value alone on stdout, Lambda's lines on stderr.
         assert "START RequestId: " in done.stderr
         assert "REPORT RequestId: " in done.stderr
         return json.loads(done.stdout)
+
+    def run_here(self, function_id: str, event_file: str) -> Any:
+        """What the command does with these arguments (cli/local.py's invoke), in this process."""
+        self.invoked.add(event_file)
+        with mock.patch.dict(os.environ, command_environment(), clear=True):
+            done = invoke(
+                TEMPLATE,
+                function_id,
+                json.loads((EVENTS / event_file).read_text()),
+                env_vars=read_env_vars(self.env_vars),
+                parameter_overrides=parse_overrides((self.overrides,)),
+                endpoint_url=resolved(self.endpoint_url, "dynamodb"),
+            )
+        assert done.invocation.ok, done.reply()
+        return done.reply()
 
 
 def body_of(reply: dict[str, Any]) -> Any:
