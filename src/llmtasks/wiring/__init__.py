@@ -3,11 +3,15 @@ Lambda sandbox): a module for each function, which imports only that function's 
 adapters several of them share (`adapters`).
 
 Each handler module calls its wiring's `cold_start` when it is imported: the function's resource
-model and the settings sections its parts read are checked then. Handlers take each collaborator
-as an optional argument and fall back to these, so tests pass their own without monkeypatching.
+model and the settings sections its parts read are checked then, and in a Lambda sandbox its parts
+are built (`build_in_lambda`). Handlers take each collaborator as an optional argument and fall
+back to these, so tests pass their own without monkeypatching.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
 
 from llmtasks.settings import FunctionResources, SettingsSection, resources, section
 
@@ -19,3 +23,15 @@ def check_configuration(function: type[FunctionResources], *sections: type[Setti
     resources(function)
     for model in sections:
         section(model)
+
+
+def build_in_lambda(*parts: Callable[[], object]) -> None:
+    """Builds a function's parts (each cached once built) as its handler module is imported in a
+    Lambda sandbox: their SDK clients are made in the init phase, as Lambda's guidance has it, so a
+    sandbox started ahead (provisioned concurrency; `--warm-containers eager` locally) serves its
+    first invocation as fast as its next. Built at their first use instead, they cost the first
+    task after `make up` 0.2-0.27 s in each of SubmitFunction and WorkerFunction. Imported outside
+    Lambda (the tests), nothing is built until used."""
+    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        for build in parts:
+            build()

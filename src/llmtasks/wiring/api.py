@@ -17,7 +17,7 @@ from llmtasks.settings import (
     resources,
     section,
 )
-from llmtasks.wiring import check_configuration
+from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import (
     batch_store,
     dynamodb,
@@ -32,6 +32,7 @@ from llmtasks.wiring.adapters import (
 
 def cold_start() -> None:
     check_configuration(ApiResources, SubmitSettings)
+    build_in_lambda(task_service)  # what SubmitFunction's and StatusFunction's routes share
 
 
 @lru_cache(maxsize=1)

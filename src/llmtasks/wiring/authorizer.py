@@ -6,12 +6,13 @@ from functools import lru_cache
 
 from llmtasks.aws.apikeys import ApiKeys
 from llmtasks.settings import AuthorizerResources, resources
-from llmtasks.wiring import check_configuration
+from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import dynamodb
 
 
 def cold_start() -> None:
     check_configuration(AuthorizerResources)
+    build_in_lambda(api_keys)
 
 
 @lru_cache(maxsize=1)

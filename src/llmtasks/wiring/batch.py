@@ -10,7 +10,7 @@ from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
 from llmtasks.services.batch_outcomes import BatchOutcomes
 from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, resources, section
-from llmtasks.wiring import check_configuration
+from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import (
     batch_store,
     key_budgets,
@@ -24,6 +24,7 @@ from llmtasks.wiring.adapters import (
 
 def cold_start() -> None:
     check_configuration(BatchResources, FanoutSettings)
+    build_in_lambda(batch_fanout, batch_progress)
 
 
 def batch_fanout_queue() -> Queue:

@@ -9,12 +9,13 @@ from llmtasks.aws.queues import Queue
 from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.services.webhooks import WebhookDelivery, WebhookRelay, WebhookSender
 from llmtasks.settings import WebhookResources, WebhookSettings, resources, section
-from llmtasks.wiring import check_configuration
+from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import batch_store, dynamodb, result_blobs, sqs, task_store
 
 
 def cold_start() -> None:
     check_configuration(WebhookResources, WebhookSettings)
+    build_in_lambda(webhook_relay, webhook_delivery)
 
 
 def webhook_queue() -> Queue:

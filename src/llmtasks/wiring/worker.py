@@ -17,7 +17,7 @@ from llmtasks.settings import (
     resources,
     section,
 )
-from llmtasks.wiring import check_configuration
+from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import batch_store, dynamodb, key_budgets, result_blobs, task_lanes, task_store
 from llmtasks.worker.runner import TaskRunner
 
@@ -26,6 +26,7 @@ __all__ = ["call_slots", "cold_start", "task_lanes", "task_runner"]
 
 def cold_start() -> None:
     check_configuration(WorkerResources, RunnerSettings, LlmSettings)
+    build_in_lambda(task_runner)
 
 
 def call_slots() -> int:
