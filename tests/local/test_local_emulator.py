@@ -205,25 +205,47 @@ def test_a_function_s_first_sandbox_starts_while_other_functions_hold_every_cold
         assert len(runtime.sandboxes) == 1
     finally:
         for _ in range(held):
-            slots.give_back()
+            slots.give_back(synchronous=True)
         pool.shutdown()
         runtime.close()
 
 
 def test_a_waiting_synchronous_invocation_takes_the_next_cold_start_slot_before_an_event_source() -> None:
     """A client waits on an HTTP invocation (API Gateway gives up at 30 s); a poller's batch
-    can wait a little longer."""
+    can wait a little longer: with one slot, it is the synchronous invocations' share."""
     from llmtasks_local.emulator.runtime import ColdStartSlots
 
     slots = ColdStartSlots(1)
     assert slots.try_take(synchronous=False)  # an event source's scale-out holds the only slot
-    slots.wait_as_synchronous(True)  # a status request waits for one
-    slots.give_back()
-    assert not slots.try_take(synchronous=False)  # the next poller's start does not jump it
+    slots.waits(synchronous=True, waiting=True)  # a status request waits for one
+    slots.waits(synchronous=False, waiting=True)  # and so does the next poller's start
+    slots.give_back(synchronous=False)
+    assert not slots.try_take(synchronous=False)  # which does not jump it
     assert slots.try_take(synchronous=True)
-    slots.wait_as_synchronous(False)
-    slots.give_back()
-    assert slots.try_take(synchronous=False)  # with no one waiting, event sources take slots again
+    slots.waits(synchronous=True, waiting=False)
+    slots.give_back(synchronous=True)
+    assert slots.try_take(synchronous=False)  # with no request waiting, event sources take slots again
+
+
+def test_each_kind_of_scale_out_keeps_its_share_of_the_cold_start_slots_while_it_waits() -> None:
+    """Neither waits out the other: long polls that start a sandbox each leave the worker's
+    scale-out its half of the slots, and the worker's scale-out leaves theirs."""
+    from llmtasks_local.emulator.runtime import ColdStartSlots
+
+    slots = ColdStartSlots(4)
+    slots.waits(synchronous=True, waiting=True)  # status requests wait for sandboxes
+    slots.waits(synchronous=False, waiting=True)  # and so does the worker's scale-out
+    assert [slots.try_take(synchronous=False) for _ in range(3)] == [True, True, False]
+    assert [slots.try_take(synchronous=True) for _ in range(3)] == [True, True, False]
+    slots.give_back(synchronous=True)
+    assert not slots.try_take(synchronous=False)  # the freed slot is the waiting requests' share
+    assert slots.try_take(synchronous=True)
+    slots.waits(synchronous=True, waiting=False)  # no request waits any more
+    slots.give_back(synchronous=True)
+    slots.give_back(synchronous=True)
+    assert [slots.try_take(synchronous=False) for _ in range(3)] == [True, True, False]  # all four
+    slots.give_back(synchronous=False)
+    assert slots.try_take(synchronous=True)  # the scale-out holds more than its share: a request goes first
 
 
 def test_the_gateway_answers_like_api_gateway_for_errors_timeouts_and_unknown_routes(tmp_path: Path) -> None:

@@ -37,31 +37,47 @@ class ColdStartSlots:
     machine's cores. A burst that would start dozens of sandboxes at once (16 clients' first
     requests reach three functions) made each import take seconds; so at most one cold start a
     core runs at once, and an invocation waiting for one takes a sandbox that turns idle meanwhile
-    instead. A synchronous invocation (a client waits on it, and API Gateway gives up at 30 s)
-    takes the next free slot before any event source's: after a restart, the worker's scale-out
-    (a dozen starts) held a status request's second sandbox past the client's 30 s. A function's
-    first sandbox never queues at all."""
+    instead. A function's first sandbox never queues at all.
+
+    Synchronous invocations (a client waits on them, and API Gateway gives up at 30 s) and event
+    sources' each have a share of the slots (rounded up for the first) that the other kind cannot
+    take while they wait: after a restart, the worker's scale-out (a dozen starts) held a status
+    request's second sandbox past the client's 30 s; and 16 clients long-polling a cold stack's
+    tasks started 15 StatusFunction sandboxes in 3 s while the worker's scale-out, whose calls
+    lose a slot-second for each second a sandbox is missing, waited for them all. Beyond its
+    share a kind takes any slot the other does not wait for."""
 
     def __init__(self, size: int) -> None:
         self._free = size
-        self._synchronous_waiting = 0
+        # By kind, synchronous (True) or an event source's (False).
+        self._share = {True: size - size // 2, False: size // 2}
+        self._holding = {True: 0, False: 0}
+        self._waiting = {True: 0, False: 0}
         self._lock = threading.Lock()
 
     def try_take(self, *, synchronous: bool) -> bool:
         with self._lock:
-            if self._free and (synchronous or not self._synchronous_waiting):
-                self._free -= 1
-                return True
-            return False
+            if not self._free:
+                return False
+            other_kept_out = (
+                self._waiting[not synchronous]
+                and self._holding[not synchronous] < self._share[not synchronous]
+            )
+            if other_kept_out and self._free <= self._share[not synchronous] - self._holding[not synchronous]:
+                return False  # the free slots are the waiting kind's share
+            self._holding[synchronous] += 1
+            self._free -= 1
+            return True
 
-    def wait_as_synchronous(self, waiting: bool) -> None:
-        """A synchronous invocation begins (True) or stops (False) waiting for a slot."""
+    def waits(self, *, synchronous: bool, waiting: bool) -> None:
+        """An invocation of the kind begins (True) or stops (False) waiting for a slot."""
         with self._lock:
-            self._synchronous_waiting += 1 if waiting else -1
+            self._waiting[synchronous] += 1 if waiting else -1
 
-    def give_back(self) -> None:
+    def give_back(self, *, synchronous: bool) -> None:
         with self._lock:
             self._free += 1
+            self._holding[synchronous] -= 1
 
 
 COLD_START_SLOTS = max(2, os.cpu_count() or 2)
@@ -151,20 +167,20 @@ class FunctionRuntime:
                         if not throttled or _cold_starts.try_take(synchronous=synchronous):
                             self._count += 1
                             break
-                        if synchronous and not waiting_for_slot:
+                        if not waiting_for_slot:
                             waiting_for_slot = True
-                            _cold_starts.wait_as_synchronous(True)
+                            _cold_starts.waits(synchronous=synchronous, waiting=True)
                         self._available.wait(_COLD_START_WAIT_S)  # another function's start may end
                         continue
                     self._available.wait()
         finally:
             if waiting_for_slot:
-                _cold_starts.wait_as_synchronous(False)
+                _cold_starts.waits(synchronous=synchronous, waiting=False)
         try:
             sandbox = self._new_sandbox()
         except BaseException:
             if throttled:
-                _cold_starts.give_back()
+                _cold_starts.give_back(synchronous=synchronous)
             self._forget(None)
             raise
         with self._available:
@@ -223,7 +239,7 @@ class FunctionRuntime:
                 sandbox = self._new_sandbox()
                 sandbox.wait_ready()
             finally:
-                _cold_starts.give_back()
+                _cold_starts.give_back(synchronous=False)
         except BaseException as failed:
             self._forget(sandbox)
             if isinstance(failed, SandboxDied | OSError):
@@ -326,7 +342,7 @@ class FunctionRuntime:
                     sandbox.wait_ready()
                 finally:
                     if throttled:
-                        _cold_starts.give_back()
+                        _cold_starts.give_back(synchronous=synchronous)
                 init_s = sandbox.init_s
                 started = time.monotonic()
                 if self._cut_ms is not None:
