@@ -160,8 +160,8 @@ def own_endpoint() -> Iterator[str]:
 
 
 # The samples each walk runs; between them, every one in events/. Two walks, not one, so that
-# test processes run them side by side: each invocation is a process and a cold start (1.5 s of
-# CPU), and one walk of all 26 was the longest test of make test-fast (48 s).
+# test processes can run them side by side: one walk of all 26, each through the command, was
+# the longest test of make test-fast (48 s).
 TASK_WALK = {
     "health.json",
     "get_task.json",
