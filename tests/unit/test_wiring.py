@@ -17,18 +17,19 @@ from tests.helpers import load_handler
 WIRINGS: tuple[ModuleType, ...] = (adapters, api, authorizer, batch, webhook, worker)
 
 
-def builders() -> list[Any]:
-    return [part for module in WIRINGS for part in vars(module).values() if hasattr(part, "cache_clear")]
+def unbuild_every_part() -> None:
+    for module in WIRINGS:
+        for part in vars(module).values():
+            if hasattr(part, "cache_clear"):
+                part.cache_clear()
 
 
 @pytest.fixture(autouse=True)
 def nothing_built() -> Iterator[None]:
     """Every part unbuilt before and after: those built here hold this test's moto clients."""
-    for part in builders():
-        part.cache_clear()
+    unbuild_every_part()
     yield
-    for part in builders():
-        part.cache_clear()
+    unbuild_every_part()
 
 
 @pytest.mark.parametrize(
@@ -47,14 +48,13 @@ def test_a_function_s_parts_are_built_at_init_in_lambda_and_at_first_use_elsewhe
 ) -> None:
     spec = aws.function(function_id)
     for in_lambda in (False, True):
-        for part in builders():
-            part.cache_clear()
+        unbuild_every_part()
         with pytest.MonkeyPatch.context() as environment:
             for name, value in spec.environment.items():
                 environment.setenv(name, value)
             if in_lambda:
-                environment.setenv("AWS_LAMBDA_FUNCTION_NAME", function_id)
+                environment.setenv("LAMBDA_TASK_ROOT", str(spec.code_dir))
             else:
-                environment.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
+                environment.delenv("LAMBDA_TASK_ROOT", raising=False)
             load_handler(spec)
         assert [part.cache_info().currsize for part in parts] == [int(in_lambda)] * len(parts)  # type: ignore[attr-defined]

@@ -59,12 +59,9 @@ class ColdStartSlots:
         with self._lock:
             if not self._free:
                 return False
-            other_kept_out = (
-                self._waiting[not synchronous]
-                and self._holding[not synchronous] < self._share[not synchronous]
-            )
-            if other_kept_out and self._free <= self._share[not synchronous] - self._holding[not synchronous]:
-                return False  # the free slots are the waiting kind's share
+            other = not synchronous
+            if self._waiting[other] and self._free <= self._share[other] - self._holding[other]:
+                return False  # the free slots are what the waiting kind still lacks of its share
             self._holding[synchronous] += 1
             self._free -= 1
             return True

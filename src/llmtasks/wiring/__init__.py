@@ -31,7 +31,8 @@ def build_in_lambda(*parts: Callable[[], object]) -> None:
     sandbox started ahead (provisioned concurrency; `--warm-containers eager` locally) serves its
     first invocation as fast as its next. Built at their first use instead, they cost the first
     task after `make up` 0.2-0.27 s in each of SubmitFunction and WorkerFunction. Imported outside
-    Lambda (the tests), nothing is built until used."""
-    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+    Lambda (the tests), nothing is built until used. In Lambda: LAMBDA_TASK_ROOT is set, as
+    worker.call_slots.run_in_lambda_loop reads it."""
+    if os.environ.get("LAMBDA_TASK_ROOT"):
         for build in parts:
             build()
