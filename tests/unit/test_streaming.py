@@ -5,6 +5,7 @@ cancel stops the call at the next write."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -14,10 +15,11 @@ import pytest
 from llmtasks.domain.errors import LLMError
 from llmtasks.domain.models import LLMRequest, TaskStatus, TaskView
 from llmtasks.llm.bedrock import BedrockConverse
+from llmtasks.llm.openai import OpenAIChat
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.events import pattern_matcher
 from tests.conftest import Aws, RunningMock
-from tests.helpers import eventually, load_event
+from tests.helpers import eventually, load_event, serve
 from tests.unit.test_worker import Worker
 
 pytestmark = pytest.mark.unit
@@ -180,3 +182,72 @@ def test_a_server_that_refuses_to_stream_is_called_without_streaming(
         reply_text("nor here"),
     ]
     assert [worker.task(t).attempts for t in (first, second)] == [1, 1]
+
+
+def sse_server(clients: list[tuple[str, int]], *, after_done: int = 0) -> Any:
+    """An ASGI app streaming a two-word answer as OpenAI does, noting each request's client
+    (address, port): one port for several requests is one connection kept. With `after_done`,
+    that many more lines follow [DONE], one every 0.1 s, before the body ends."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        clients.append(tuple(scope["client"]))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for word in ("Queues", " decouple."):
+            chunk = {"model": "m", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": f"data: {json.dumps(chunk)}\n\n".encode(),
+                    "more_body": True,
+                }
+            )
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        for _ in range(after_done):
+            await asyncio.sleep(0.1)
+            await send({"type": "http.response.body", "body": b": still here\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return app
+
+
+async def streamed_calls(url: str, calls: int) -> list[str]:
+    chat = OpenAIChat(base_url=url, default_model="m")
+    seen: list[str] = []
+
+    async def progress(text: str, _pieces: int) -> None:
+        seen.append(text)
+
+    texts = []
+    for i in range(calls):
+        completion = await chat.complete(LLMRequest(prompt=f"call {i}"), timeout_s=30, on_progress=progress)
+        texts.append(completion.text)
+    assert seen[-1] == "Queues decouple."  # the calls were streamed
+    return texts
+
+
+def test_streamed_calls_keep_their_connection_for_the_next_call() -> None:
+    clients: list[tuple[str, int]] = []
+    with serve(sse_server(clients)) as url:
+        texts = asyncio.run(streamed_calls(url + "/v1", 3))
+    assert texts == ["Queues decouple."] * 3
+    # The body is read to its end after [DONE]: the connection goes back to the pool, and the
+    # three calls made one (unread, each call's reply closed its connection).
+    assert len(clients) == 3
+    assert len(set(clients)) == 1
+
+
+def test_a_server_that_keeps_sending_after_done_costs_the_connection_not_the_answer() -> None:
+    clients: list[tuple[str, int]] = []
+    # 30 lines after [DONE], one every 0.1 s: 3 s, past the wait for the body's end.
+    with serve(sse_server(clients, after_done=30)) as url:
+        texts = asyncio.run(streamed_calls(url + "/v1", 2))
+    assert texts == ["Queues decouple."] * 2
+    assert len(set(clients)) == 2  # each connection closed after a bounded wait, a new one for the next

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,6 +16,11 @@ from llmtasks.domain.models import LLMRequest, Usage
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
+
+# After [DONE], the longest a call waits for its body's end (a well-behaved server sends it with
+# [DONE]), ending that wait this long before the call's own deadline.
+FINISH_BODY_S = 1.0
+FINISH_BODY_MARGIN_S = 0.1
 
 
 class _Message(BaseModel):
@@ -123,6 +129,7 @@ class OpenAIChat:
         try:
             # httpx's timeout bounds each read, not the call: a server that trickles bytes would
             # outlive it (and the function). asyncio.timeout bounds the whole call.
+            deadline = asyncio.get_running_loop().time() + timeout_s
             async with (
                 asyncio.timeout(timeout_s),
                 self._client().stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response,
@@ -133,7 +140,7 @@ class OpenAIChat:
                 if on_progress is not None and response.headers.get("content-type", "").startswith(
                     "text/event-stream"
                 ):
-                    return await _read_stream(response, body["model"], on_progress)
+                    return await _read_stream(response, body["model"], on_progress, deadline=deadline)
                 return _completion(await response.aread(), body["model"])
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise LLMError(
@@ -184,15 +191,20 @@ class _StreamChunk(BaseModel):
     usage: Usage | None = None
 
 
-async def _read_stream(response: httpx.Response, model: str, on_progress: OnProgress) -> Completion:
+async def _read_stream(
+    response: httpx.Response, model: str, on_progress: OnProgress, *, deadline: float
+) -> Completion:
     """Server-sent events (`data: {chunk}` lines, then `data: [DONE]`), as OpenAI streams them;
-    a stream that breaks off or ends before [DONE] is a transient error, like a dropped call."""
+    a stream that breaks off or ends before [DONE] is a transient error, like a dropped call.
+    `deadline` is the call's end on the loop's clock."""
     parts: list[str] = []
     usage: Usage | None = None
+    lines = response.aiter_lines()
     try:
-        async for line in response.aiter_lines():
+        async for line in lines:
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":
+                await _finish_body(lines, deadline)
                 return Completion(text="".join(parts), model=model, usage=usage or Usage())
             if not data:
                 continue
@@ -208,6 +220,21 @@ async def _read_stream(response: httpx.Response, model: str, on_progress: OnProg
             f"The LLM's stream broke off ({type(exc).__name__}).", code="llm_stream_broken", transient=True
         ) from exc
     raise LLMError("The LLM's stream ended before it finished.", code="llm_stream_broken", transient=True)
+
+
+async def _finish_body(lines: AsyncIterator[str], deadline: float) -> None:
+    """Reads what follows [DONE], the end of the chunked body, so that the connection goes back
+    to the pool for the next call, as the openai SDK consumes a stream to its end. Left unread,
+    httpx closes the connection with the reply: every streamed call paid a new connection (a TLS
+    handshake, with a provider). A server that keeps sending has its connection closed instead,
+    after at most FINISH_BODY_S and before the call's own deadline: the answer is whole already."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(min(loop.time() + FINISH_BODY_S, deadline - FINISH_BODY_MARGIN_S)):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.TransportError):
+        pass
 
 
 def _chunk(data: str) -> _StreamChunk:
