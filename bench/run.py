@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16
 COST_CLIENTS = 4
 WARM_UP_TASKS = 300
+FLOOR_TASKS = 300  # the handlers' floor (handlers_in_process): tasks run through them in-process
 TERMINAL = {"completed", "failed", "cancelled"}
 
 # Public on-demand list prices, us-east-1, as of 2026 (USD). Lambda on arm64, as the template runs.
@@ -995,13 +996,45 @@ def since(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {part: after[part] - before.get(part, 0.0) for part in after}
 
 
+FLOOR_FUNCTIONS = ("SubmitFunction", "WorkerFunction", "StatusFunction")  # what a burst invokes
+
+
+def handlers_in_process(stack: LaunchedStack, tasks: int) -> dict[str, float]:
+    """CPU seconds a task of each function's handler run in a process of the bench's own
+    (bench/handlers_in_process.py), on the events a burst gives it, against `stack`'s endpoint
+    and mock: the handlers' floor, without a sandbox, the Runtime API or the gateway around them,
+    and without two dozen processes taking turns on the cores."""
+    session = moto_session()
+    lambda_api = session.client("lambda", endpoint_url=stack.endpoint)
+    sqs = session.client("sqs", endpoint_url=stack.endpoint)
+    environment: dict[str, str] = {}
+    for function in FLOOR_FUNCTIONS:  # the stack's own variables of each, as its Lambda API gives them
+        environment |= lambda_api.get_function_configuration(FunctionName=function)["Environment"][
+            "Variables"
+        ]
+    queue_url = sqs.create_queue(
+        QueueName=f"bench-floor-{uuid.uuid4().hex[:8]}", Attributes={"VisibilityTimeout": "900"}
+    )["QueueUrl"]
+    config = {"endpoint": stack.endpoint, "tasks": tasks, "environment": environment, "queue_url": queue_url}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "handlers_in_process.py"), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    figures = json.loads(done.stdout)
+    return {function: seconds / figures["tasks"] for function, seconds in figures["cpu_s"].items()}
+
+
 def cpu_account(report: Report, tasks: int) -> None:
     """A burst of `tasks` (the LLM answering at once, 16 clients) on a warm stack with a state dir,
     as `llmtasks up` runs by default, and the CPU each part took a task, beside its floor
     measured in the same run: moto's backend doing the calls' work (timed inside the server,
     /_llmtasks/calls/backend) for the server; the journal's bytes written for the journal; each
-    handler's own code (timed around it in its sandbox, its boto3 calls included) for the
-    sandboxes. The stack's parts are its threads' CPU clocks by what each thread does
+    handler's own code run in a process of the bench's own on the same events, its boto3 calls
+    included (handlers_in_process) for the sandboxes, beside the same code timed in its sandbox
+    during the burst. The stack's parts are its threads' CPU clocks by what each thread does
     (emulator/cpu_account.py); they have no floor of their own here."""
     section = "CPU account"
     state_dir = Path(tempfile.mkdtemp(prefix="llmtasks-bench-cpu-")) / "state"
@@ -1023,6 +1056,8 @@ def cpu_account(report: Report, tasks: int) -> None:
         )
         served_us, backend = stack.aws_cpu_us(), stack.aws_backend_cpu()
         calls = stack.aws_calls()
+        # After every figure of the burst is read: these tasks are the bench's, not the burst's.
+        in_process = handlers_in_process(stack, FLOOR_TASKS)
 
     def per_task(seconds: float) -> str:
         return f"{seconds / tasks * 1000:.2f} ms"
@@ -1037,7 +1072,7 @@ def cpu_account(report: Report, tasks: int) -> None:
     )
     backend_s = sum(backend["backend_us"].values()) / 1e6 - journal_s
     served_s = sum(served_us.values()) / 1e6
-    handlers_s = sum(figures.get("handler_s", 0.0) for figures in account["sandboxes"].values())
+    handlers_s = sum(in_process.values()) * tasks
     total = sum(processes.values())
     cold_starts_s = sum(figures.get("init_s", 0.0) for figures in account["sandboxes"].values())
     floors = backend_s + journal_floor + handlers_s
@@ -1088,14 +1123,18 @@ def cpu_account(report: Report, tasks: int) -> None:
         section,
         "sandboxes, all",
         per_task(processes["sandboxes"]),
-        beside(processes["sandboxes"], handlers_s, "handlers"),
+        beside(processes["sandboxes"], handlers_s, "the handlers in-process"),
     )
     for function, figures in sorted(account["sandboxes"].items()):
         process_s, init_s, handler_s = (figures.get(key, 0.0) for key in ("process_s", "init_s", "handler_s"))
-        if process_s > 0:
+        if process_s >= 0.0005 * tasks:  # what the warm-up started and the burst did not use: left out
             report.add(
-                section, f"  {function}", per_task(process_s), beside(process_s, handler_s, "its handler")
+                section,
+                f"  {function}",
+                per_task(process_s),
+                beside(process_s, in_process.get(function, 0.0) * tasks, "its handler in-process"),
             )
+            report.add(section, "    of it, its handler in its sandboxes", per_task(handler_s))
             if init_s:
                 report.add(section, "    of it, cold starts during the burst", per_task(init_s))
             transport_s = process_s - init_s - handler_s
