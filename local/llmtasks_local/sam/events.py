@@ -48,8 +48,58 @@ def wire_stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any
 
 
 def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
-    """Lambda event filtering: a record passes when any pattern matches (EventBridge syntax)."""
+    """Lambda event filtering: a record passes when any pattern matches (EventBridge syntax),
+    as moto's EventPattern matches it. moto copies the whole event through JSON and flattens it
+    before it looks anything up, and a task's record holds both of its images (its prompt and
+    text twice): in a burst, the stack's stream pollers spent most of their CPU there. Each
+    pattern is handed the parts of the record it reads (pattern_paths), which it matches as it
+    matches the whole (tests/unit/test_event_filters.py compares the two)."""
     if not patterns:
         return lambda _record: True
-    compiled = [EventPattern(raw, EventPatternParser(raw).parse()) for raw in patterns]
-    return lambda record: any(p.matches_event(record) for p in compiled)  # type: ignore[arg-type]
+    compiled = [
+        (pattern, pattern_paths(pattern._pattern))
+        for pattern in (EventPattern(raw, EventPatternParser(raw).parse()) for raw in patterns)
+    ]
+    return lambda record: any(pattern.matches_event(read_by(record, paths)) for pattern, paths in compiled)
+
+
+# What a pattern reads of an event, as a tree: each key the pattern names, with the tree of what
+# it reads below it, or None where it reads the value whole (a list of filters).
+Paths = dict[str, "Paths | None"]
+
+
+def pattern_paths(pattern: dict[str, Any]) -> Paths:
+    """The paths a parsed EventBridge pattern reads; `$or`'s alternatives read at its own level
+    (as moto matches them), so their paths join there."""
+    paths: Paths = {}
+    for key, below in pattern.items():
+        if key == "$or":
+            for alternative in below:
+                _join(paths, pattern_paths(alternative))
+        else:
+            _join(paths, {key: pattern_paths(below) if isinstance(below, dict) else None})
+    return paths
+
+
+def _join(into: Paths, more: Paths) -> None:
+    for key, below in more.items():
+        if key not in into:
+            into[key] = below
+            continue
+        kept = into[key]
+        if kept is None or below is None:
+            into[key] = None  # read whole by one of them: whole
+        else:
+            _join(kept, below)
+
+
+def read_by(event: Any, paths: Paths) -> Any:
+    """The parts of `event` on `paths`; what is not a dict (a list, a value) is kept whole, as
+    moto's flattening stops there too."""
+    if not isinstance(event, dict):
+        return event
+    return {
+        key: event[key] if below is None else read_by(event[key], below)
+        for key, below in paths.items()
+        if key in event
+    }
