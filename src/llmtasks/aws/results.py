@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtasks.aws.clients import new_client
 from llmtasks.domain.batches import FileUpload, StoredFile
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task
@@ -54,7 +54,7 @@ class ResultBlobs:
     def _client(self) -> S3Client:
         # Created on first use: most tasks never need S3, so cold starts do not pay for it.
         if self._given is None:
-            self._given = boto3.session.Session().client("s3")  # a session per client is thread-safe
+            self._given = new_client("s3")
         return self._given
 
     def put(self, task_id: str, text: str) -> str:

@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 
 def bedrock_client(*, timeout_s: float) -> BedrockRuntimeClient:
-    import boto3
     from botocore.config import Config
 
+    from llmtasks.aws.clients import new_client
+
     config = Config(read_timeout=timeout_s, retries={"total_max_attempts": 1, "mode": "standard"})
-    client: BedrockRuntimeClient = boto3.session.Session().client("bedrock-runtime", config=config)
+    client: BedrockRuntimeClient = new_client("bedrock-runtime", config)
     return client
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from botocore.config import Config
 
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.budgets import KeyBudgets
+from llmtasks.aws.clients import new_client
 from llmtasks.aws.limits import KeyLimits, work_ended
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
@@ -23,11 +22,6 @@ if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
 
-# boto3's default session is not safe to create clients from concurrently (the local stack runs
-# several sandboxes in threads of one process).
-_client_lock = threading.Lock()
-
-
 # One client per service serves every thread of a sandbox: the worker's concurrent records
 # (and, locally, every sandbox of the process). botocore's pool of 10 connections would make the
 # eleventh concurrent call open, and then drop, a connection of its own.
@@ -35,8 +29,7 @@ _CLIENT_CONFIG = Config(max_pool_connections=64)
 
 
 def _client(service: str) -> Any:
-    with _client_lock:
-        return boto3.session.Session().client(service, config=_CLIENT_CONFIG)  # type: ignore[call-overload]
+    return new_client(service, _CLIENT_CONFIG)
 
 
 @lru_cache(maxsize=1)
