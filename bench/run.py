@@ -734,6 +734,7 @@ LAMBDA_ENVIRONMENT = {
     "AWS_LAMBDA_FUNCTION_NAME": "bench",
     "AWS_EXECUTION_ENV": "AWS_Lambda_python3.12",
     "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",  # Lambda sets both; botocore reads this one
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 
