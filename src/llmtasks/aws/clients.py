@@ -10,6 +10,7 @@ needs it: every client is made here, under the lock. Clients are thread-safe onc
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -17,12 +18,15 @@ import boto3
 from botocore.config import Config
 
 _lock = threading.Lock()
-_session: list[boto3.session.Session] = []  # made on the first client, from the environment then
+
+
+@functools.cache
+def _session() -> boto3.session.Session:
+    """Made with the first client, from the environment then (the function's, in Lambda)."""
+    return boto3.session.Session()
 
 
 def new_client(service: str, config: Config | None = None) -> Any:
     """A new client of `service` (its type is the caller's to name, as boto3's stubs do)."""
     with _lock:
-        if not _session:
-            _session.append(boto3.session.Session())
-        return _session[0].client(service, config=config)  # type: ignore[call-overload]
+        return _session().client(service, config=config)  # type: ignore[call-overload]
