@@ -2089,15 +2089,10 @@ def batch_output(report: Report, quick: bool) -> None:
 
 
 def sandbox_functions(stack: LaunchedStack) -> dict[str, list[int]]:
-    """The live sandbox processes by function (the last word of a sandbox's command line)."""
-    found: dict[str, list[int]] = {}
-    for pid in stack_parts(stack)["sandboxes"]:
-        try:
-            function = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")[-1].decode()
-        except OSError:
-            continue
-        found.setdefault(function, []).append(pid)
-    return found
+    """The live sandbox processes by function, as the stack's CPU account lists them (a forked
+    sandbox's command line is its fork server's: it names no function)."""
+    live: dict[str, list[int]] = stack.cpu_account()["live_sandboxes"]
+    return live
 
 
 def init_durations(log: str) -> dict[str, list[float]]:

@@ -93,7 +93,9 @@ def test_a_sandbox_s_init_and_handler_are_told_apart_from_its_process(tmp_path: 
         assert runtime.invoke({"burn": 0.1}).payload == "done"
         assert runtime.invoke({"burn": 0.2}).payload == "done"
         live = ACCOUNT.read()["sandboxes"][spec.logical_id]
+        assert len(ACCOUNT.read()["live_sandboxes"][spec.logical_id]) == 1
     ended = ACCOUNT.read()["sandboxes"][spec.logical_id]  # the sandbox ended: its figures stay
+    assert spec.logical_id not in ACCOUNT.read()["live_sandboxes"]
     for figures in (live, ended):
         assert 0.3 <= figures["handler_s"] < 0.5
         assert 0.2 <= figures["init_s"] < figures["process_s"]

@@ -103,7 +103,9 @@ class CpuAccount:
 
     def read(self) -> dict[str, Any]:
         """{"stack": CPU seconds by part, "sandboxes": {function: {"process_s", "init_s",
-        "handler_s"}}}, the sandboxes' summed over those of each function, ended ones too."""
+        "handler_s"}}, "live_sandboxes": {function: [pid, ...]}}, the sandboxes' figures summed
+        over those of each function, ended ones too; the live ones' processes by function (a
+        forked sandbox's command line is its fork server's, which names no function)."""
         with self._lock:
             stack: Seconds = defaultdict(float, self._ended_threads)
             charged = set(self._charged)
@@ -120,11 +122,14 @@ class CpuAccount:
             except OSError:
                 continue  # ended meanwhile
         stack[UNACCOUNTED] = max(0.0, time.process_time() - sum(stack.values()))
+        live_sandboxes: defaultdict[str, list[int]] = defaultdict(list)
         for pid, (function, cpu_file) in live.items():
             _added(sandboxes[function], read_sandbox_cpu(pid, cpu_file))
+            live_sandboxes[function].append(pid)
         return {
             "stack": dict(stack),
             "sandboxes": {function: dict(figures) for function, figures in sandboxes.items()},
+            "live_sandboxes": {function: sorted(pids) for function, pids in live_sandboxes.items()},
         }
 
 
