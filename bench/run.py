@@ -284,17 +284,15 @@ def open_loop(
 
 
 def outcomes(stack: Target, submitted: list[tuple[float, str]]) -> list[Done]:
-    ids = iter(submitted)
-    lock = threading.Lock()
-    done: list[Done] = []
+    """Each submitted task once it ended, in the order of `submitted` (whichever ended first)."""
+    done: list[Done | None] = [None] * len(submitted)
 
-    def one(_i: int, client: httpx.Client) -> None:
-        with lock:
-            submitted_at, task_id = next(ids)
-        done.append(Done(submitted_at, wait_done(client, task_id)))
+    def one(i: int, client: httpx.Client) -> None:
+        submitted_at, task_id = submitted[i]
+        done[i] = Done(submitted_at, wait_done(client, task_id))
 
     run_clients(len(submitted), one, stack)
-    return done
+    return [d for d in done if d is not None]
 
 
 def resident_kib(pid: int) -> int:
