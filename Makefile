@@ -60,7 +60,7 @@ localstack: venv
 
 ## The benchmark: overhead, scale, goodput under a rate limit, AWS calls and cost per task, the
 ## Celery baseline, call slots, scheduling, cold start. Prints figures and ratios and writes
-## bench/RESULTS.md (about 40 minutes; ARGS=--quick for a smaller run).
+## bench/RESULTS.md (about 50 minutes; ARGS=--quick for a smaller run).
 bench: venv
 	@scripts/system-packages
 	$(BIN)/python bench/run.py $(ARGS)
