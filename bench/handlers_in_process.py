@@ -1,6 +1,6 @@
 """The handlers' floor: SubmitFunction, WorkerFunction and StatusFunction's handlers run in this
 process, on the events a burst gives them, against the stack's own endpoint and mock LLM: no
-sandbox, no Runtime API, no gateway, no other process sharing the cores with them.
+sandbox, no Runtime API, no gateway, no two dozen processes taking turns on the cores.
 
 Run by bench/run.py (cpu_account) as `python bench/handlers_in_process.py CONFIG`, CONFIG a JSON
 object: `endpoint`, `tasks`, `environment` (the three functions' variables together, as the
@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"
 FUNCTIONS = ("SubmitFunction", "WorkerFunction", "StatusFunction")
-WARM_UP = 20  # invocations of each handler before the clock runs: its clients built, its imports done
+WARM_UP = 20  # tasks through the handlers before the clock runs: their clients built, their imports done
 
 
 class Context:
