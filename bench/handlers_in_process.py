@@ -6,8 +6,8 @@ Run by bench/run.py (cpu_account) as `python bench/handlers_in_process.py CONFIG
 object: `endpoint`, `tasks`, `environment` (the three functions' variables together, as the
 stack's Lambda API gives them) and `queue_url` (a queue no event source polls, where this
 process's submits go and its worker takes them from). Prints a JSON object: each function's CPU
-seconds in its handler (the whole process's clock, so the worker's threads count) and how many
-invocations and tasks that covered.
+seconds in its handler (the whole process's clock, so the worker's threads count) and the tasks
+that covered.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"
-FUNCTIONS = ("SubmitFunction", "WorkerFunction", "StatusFunction")
+FUNCTIONS = ("SubmitFunction", "WorkerFunction", "StatusFunction")  # what a burst invokes
 WARM_UP = 20  # tasks through the handlers before the clock runs: their clients built, their imports done
 
 
@@ -74,12 +74,11 @@ def status_event(task_id: str) -> dict[str, Any]:
 
 
 class Clock:
-    """The process's CPU in each function's handler, and its invocations, once `running`."""
+    """The process's CPU in each function's handler, once `running`."""
 
     def __init__(self) -> None:
         self.running = False
         self.cpu_s = dict.fromkeys(FUNCTIONS, 0.0)
-        self.invocations = dict.fromkeys(FUNCTIONS, 0)
 
     def invoke(self, function: str, handler: Any, event: dict[str, Any], timeout_s: float) -> Any:
         started = time.process_time()
@@ -88,7 +87,6 @@ class Clock:
         finally:
             if self.running:
                 self.cpu_s[function] += time.process_time() - started
-                self.invocations[function] += 1
 
 
 def sqs_event(messages: Sequence[Mapping[str, Any]], queue_arn: str) -> dict[str, Any]:
@@ -177,9 +175,7 @@ def main() -> None:
         work_all()
         read_all(ids)
     with os.fdopen(result_fd, "w") as result:
-        print(
-            json.dumps({"cpu_s": clock.cpu_s, "invocations": clock.invocations, "tasks": tasks}), file=result
-        )
+        print(json.dumps({"cpu_s": clock.cpu_s, "tasks": tasks}), file=result)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import boto3
 import httpx
 from baseline import running_baseline  # bench/ is on sys.path: this file runs as a script
+from handlers_in_process import FUNCTIONS
 
 from llmtasks.aws.dynamo import serialize
 from llmtasks.domain.models import LLMRequest, Task, TaskStatus
@@ -995,9 +996,6 @@ def since(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {part: after[part] - before.get(part, 0.0) for part in after}
 
 
-FLOOR_FUNCTIONS = ("SubmitFunction", "WorkerFunction", "StatusFunction")  # what a burst invokes
-
-
 def handlers_in_process(stack: LaunchedStack, tasks: int) -> dict[str, float]:
     """CPU seconds a task of each function's handler run in a process of the bench's own
     (bench/handlers_in_process.py), on the events a burst gives it, against `stack`'s endpoint
@@ -1007,7 +1005,7 @@ def handlers_in_process(stack: LaunchedStack, tasks: int) -> dict[str, float]:
     lambda_api = session.client("lambda", endpoint_url=stack.endpoint)
     sqs = session.client("sqs", endpoint_url=stack.endpoint)
     environment: dict[str, str] = {}
-    for function in FLOOR_FUNCTIONS:  # the stack's own variables of each, as its Lambda API gives them
+    for function in FUNCTIONS:  # the stack's own variables of each, as its Lambda API gives them
         environment |= lambda_api.get_function_configuration(FunctionName=function)["Environment"][
             "Variables"
         ]

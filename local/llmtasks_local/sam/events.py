@@ -56,10 +56,8 @@ def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], boo
     matches the whole (tests/unit/test_event_filters.py compares the two)."""
     if not patterns:
         return lambda _record: True
-    compiled = [
-        (pattern, pattern_paths(pattern._pattern))
-        for pattern in (EventPattern(raw, EventPatternParser(raw).parse()) for raw in patterns)
-    ]
+    parsed = [(raw, EventPatternParser(raw).parse()) for raw in patterns]
+    compiled = [(EventPattern(raw, pattern), pattern_paths(pattern)) for raw, pattern in parsed]
     return lambda record: any(pattern.matches_event(read_by(record, paths)) for pattern, paths in compiled)
 
 

@@ -131,7 +131,7 @@ class OpenAIChat:
             # outlive it (and the function). asyncio.timeout bounds the whole call.
             deadline = asyncio.get_running_loop().time() + timeout_s
             async with (
-                asyncio.timeout(timeout_s),
+                asyncio.timeout_at(deadline),
                 self._client().stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response,
             ):
                 if response.status_code >= 400:
