@@ -61,7 +61,6 @@ PRICES = {
     "dynamodb_wru": 0.625 / 1e6,
     "dynamodb_rru": 0.125 / 1e6,
 }
-DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
 DYNAMODB_READS = {"GetItem", "Query"}
 SECTIONS = (
     "cli",
@@ -83,6 +82,9 @@ SECTIONS = (
     "streaming",
     "batch_files",
     "batch_output",
+    "queues",
+    "listing",
+    "progress",
 )
 
 
@@ -575,17 +577,23 @@ def lambda_reports(log: str) -> dict[str, tuple[int, float]]:
 class Cost:
     calls: dict[str, float]  # per task
     lambda_usage: dict[str, tuple[float, float]]  # per task: invocations, GB-s
+    writes: dict[str, dict[str, float]]  # per task: DynamoDB `items` written and their `units`, by table
 
     @property
     def api_calls(self) -> float:
         return sum(v for k, v in self.calls.items() if charged_to_tasks(k))
 
+    def table_writes(self, logical_id: str, what: str = "items") -> float:
+        return self.writes.get(what, {}).get(local_name(logical_id), 0.0)
+
     def per_million(self, http_requests: float) -> dict[str, float]:
-        """USD per million tasks, by what is billed; items under 1 KB are one unit. The listing
-        index (by_tenant_with_status) holds the keys and the status, so a task's three status
-        writes (created, claimed, completed) each write an entry; by_tenant, kept one release,
-        holds keys only (its creation): four more write units per task."""
-        writes = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_WRITES)
+        """USD per million tasks, by what is billed. DynamoDB's writes are the write units the
+        endpoint counted item by item (a unit a KB of each item written, twice in a transaction).
+        The listing index (by_tenant_with_status) holds the keys and the status, so a task's
+        three status writes (created, claimed, completed) each write an entry; by_tenant, kept
+        one release, holds keys only (its creation): four more write units per task. Reads count
+        a unit each (items under 4 KB), eventually consistent at half."""
+        units = sum(self.writes.get("units", {}).values())
         reads = sum(v for k, v in self.calls.items() if k.split(".")[1] in DYNAMODB_READS)
         sqs = sum(v for k, v in self.calls.items() if k.startswith("sqs.") and not k.endswith(".empty"))
         invocations = sum(i for i, _ in self.lambda_usage.values())
@@ -595,7 +603,7 @@ class Cost:
             "Lambda GB-s": gb_s * PRICES["lambda_gb_s"] * 1e6,
             "HTTP API requests": http_requests * PRICES["http_api_request"] * 1e6,
             "SQS requests": sqs * PRICES["sqs_request"] * 1e6,
-            "DynamoDB writes (+4 index entries per task)": (writes + 4) * PRICES["dynamodb_wru"] * 1e6,
+            "DynamoDB writes (+4 index entries per task)": (units + 4) * PRICES["dynamodb_wru"] * 1e6,
             "DynamoDB reads": reads * 0.5 * PRICES["dynamodb_rru"] * 1e6,
         }
 
@@ -616,6 +624,7 @@ def measure_cost(
     while stack.mock_stats()["calls"] < tasks:
         time.sleep(0.2)
     calls = settled_calls(stack)
+    writes = stack.aws_writes()
     usage = lambda_reports(stack.log.read_text()[log_mark:])
     done = outcomes(stack, submitted)  # read after the count: status polls are not the task's cost
     if any(d.task["status"] != "completed" for d in done):
@@ -623,7 +632,22 @@ def measure_cost(
     return Cost(
         calls={k: v / tasks for k, v in calls.items()},
         lambda_usage={k: (n / tasks, gb_s / tasks) for k, (n, gb_s) in usage.items()},
+        writes={what: {table: n / tasks for table, n in counts.items()} for what, counts in writes.items()},
     )
+
+
+def webhook_floor_usd(plain: Cost, hooked: Cost) -> float:
+    """Per million tasks: the plain task and what one delivery cannot do without, at list prices:
+    the relay's send, a receive and a delete (each its own request: the floor of no batching),
+    the reads of the task and of its tenant's signing secrets, and three writes (the outcome on
+    the task, the endpoint place's take and release), with the functions' time as measured."""
+    lambda_usd = sum(
+        v for k, v in hooked.per_million(http_requests=1).items() if k.startswith("Lambda")
+    ) - sum(v for k, v in plain.per_million(http_requests=1).items() if k.startswith("Lambda"))
+    delivery = (
+        3 * PRICES["sqs_request"] + 2 * 0.5 * PRICES["dynamodb_rru"] + 3 * PRICES["dynamodb_wru"]
+    ) * 1e6
+    return sum(plain.per_million(http_requests=1).values()) + delivery + lambda_usd
 
 
 def costs(report: Report, tasks: int) -> None:
@@ -663,6 +687,13 @@ def costs(report: Report, tasks: int) -> None:
             extra = cost.calls.get(operation, 0) - plain.calls.get(operation, 0)
             if abs(extra) >= 0.01 and not operation.endswith(".empty"):
                 report.add(section, f"  {operation}", f"{extra:+.2f}")
+    places = hooked.table_writes("LimitsTable") - plain.table_writes("LimitsTable")
+    report.add(
+        section,
+        "  of them LimitsTable writes, a delivery (its endpoint's places)",
+        f"{places:.2f}",
+        f"target <= 3: {verdict(places <= 3)}",
+    )
     for name, (invocations, gb_s) in sorted(plain.lambda_usage.items()):
         report.add(section, f"  Lambda {name}: invocations, GB-s per task", f"{invocations:.2f}, {gb_s:.4f}")
     section = "cost"
@@ -672,12 +703,22 @@ def costs(report: Report, tasks: int) -> None:
             for part, usd in parts.items():
                 report.add(section, f"  {part}", f"${usd:.2f}")
         report.add(section, f"per million tasks, {label}", f"${sum(parts.values()):.2f}")
+    floor = webhook_floor_usd(plain, hooked)
+    ratio = sum(hooked.per_million(http_requests=1).values()) / floor
+    report.add(
+        section,
+        "  with webhook against plain + one delivery's own calls",
+        f"${floor:.2f}",
+        f"ratio {ratio:.2f}, target <= 1.3: {verdict(ratio <= 1.3)}",
+    )
     report.note(
         "Prices (USD, us-east-1 list, on demand): "
         + ", ".join(f"{k} {v:.3g}" for k, v in PRICES.items())
         + ". Lambda on arm64 at the template's MemorySize with the measured billed durations; the"
         " LLM call is in the worker's duration (a zero-latency mock here: a real call bills its whole"
         " wait). Empty receives of idle pollers and Lambda's stream reads are not charged to tasks."
+        " DynamoDB writes are the write units of the items written (a unit a KB, twice in a"
+        " transaction), counted by the endpoint."
     )
 
 
@@ -1662,6 +1703,156 @@ def streaming(report: Report, quick: bool) -> None:
     )
 
 
+def progress_writes(report: Report, quick: bool) -> None:
+    """Issue 66's figure: what one long streamed answer writes to TasksTable, from its submit to
+    its end (the task, its output's chunks and head), against the answer's own size: the items'
+    bytes and the write units DynamoDB bills for them, each write counted by the endpoint."""
+    chars, call_s = (20_000, 6) if quick else (100_000, 20)
+    with stack_running() as stack:
+        # Words of 100 characters, the call's time spread over them: the worker's progress writes
+        # (every 2 s) each find about a tenth of the answer more.
+        stack.configure_mock(
+            **{**PLAIN_MOCK, "latency_s": call_s, "reply_chars": chars, "pad_word_chars": 100}
+        )
+        settled_calls(stack)
+        stack.aws_calls(reset=True)
+        with stack.client() as client:
+            task_id = submit(client, {"prompt": "one long answer"})
+            task = wait_done(client, task_id)
+        settled_calls(stack)
+        writes = stack.aws_writes()
+    if task["status"] != "completed" or len(task["result"]) != chars:
+        raise RuntimeError(f"the long answer did not complete whole: {task['status']}")
+    table = local_name("TasksTable")
+    written, units, items = (writes[what].get(table, 0) for what in ("bytes", "units", "items"))
+    section = "progress"
+    ratio = written / chars
+    report.add(
+        section,
+        f"one {chars:,}-character answer streamed over {call_s} s: bytes written to TasksTable",
+        f"{written / 1000:.0f} KB",
+        f"{ratio:.2f}x the answer (target <= 2x): {verdict(ratio <= 2)}",
+    )
+    report.add(section, "  items written; write units billed", f"{items}; {units}")
+    report.note(
+        "progress: the items' sizes after each write (DynamoDB bills an update by the larger of"
+        " the item before and after), counted by the local endpoint for every TasksTable write from"
+        " the submit to the end: the task's own writes, its output's chunks and their head"
+    )
+
+
+def listing_pages(report: Report, quick: bool) -> None:
+    """Issue 66's figure: a page of GET /tasks?status=... with 100 tasks stored and with 10,000,
+    on one stack (its sandboxes warmed by the first page of each kind, no other task stored), and
+    moto's CPU a Query at each size."""
+    sizes = (100, 2000) if quick else (100, 10_000)
+    pages = 20
+    section = "listing"
+    with stack_as_make_up_starts_it() as stack, stack.client() as client:
+        stored = 0
+        timed: dict[tuple[int, str], float] = {}
+        query_cpu: dict[int, float] = {}
+        for size in sizes:
+            store_completed_tasks(stack, size - stored)
+            stored = size
+            stack.aws_calls(reset=True)
+            for status in ("completed", "pending"):
+                client.get("/tasks", params={"status": status, "limit": 100}).raise_for_status()  # warm
+                took = []
+                for _ in range(pages):
+                    started = time.perf_counter()
+                    reply = client.get("/tasks", params={"status": status, "limit": 100})
+                    took.append(time.perf_counter() - started)
+                    reply.raise_for_status()
+                timed[(size, status)] = statistics.median(took)
+            calls, cpu = stack.aws_calls(), stack.aws_cpu_us()
+            query_cpu[size] = cpu.get("dynamodb.Query", 0) / max(1, calls.get("dynamodb.Query", 0)) / 1e6
+    small, large = sizes
+    for status, what in (("completed", "a page of 100 completed"), ("pending", "no pending among them")):
+        ratio = timed[(large, status)] / timed[(small, status)]
+        report.add(
+            section, f"GET /tasks?status={status}, {small} tasks stored: p50", ms(timed[(small, status)])
+        )
+        report.add(
+            section,
+            f"  {large:,} stored ({what}): p50",
+            ms(timed[(large, status)]),
+            f"{ratio:.2f}x (target <= 2x): {verdict(ratio <= 2)}",
+        )
+    report.add(
+        section,
+        f"  moto's CPU a Query, {small} and {large:,} stored",
+        f"{ms(query_cpu[small])} / {ms(query_cpu[large])}",
+    )
+
+
+def queue_receives(report: Report, quick: bool) -> None:
+    """Issue 66's figure: a receive of ten messages and their delete (ReceiveMessage, then
+    DeleteMessageBatch) from a queue of 1,000 and of 20,000, against the stack's moto server as
+    a worker makes them: a fair queue, one tenant's messages (MessageGroupId). Then the same with
+    100 of that tenant's in flight (it is noisy) and a second tenant's ten sent after the rest."""
+    sizes = (1000, 5000) if quick else (1000, 20_000)
+    rounds = 30
+    section = "queues"
+    stack = launch("--report", cwd=ROOT)
+    try:
+        sqs = moto_session().client("sqs", endpoint_url=stack.endpoint)
+        for size in sizes:
+            timed = {}
+            for scenario in ("alone", "in flight"):
+                url = sqs.create_queue(QueueName=f"bench-{size}-{scenario.replace(' ', '-')}")["QueueUrl"]
+                for start in range(0, size, 10):
+                    sqs.send_message_batch(
+                        QueueUrl=url,
+                        Entries=[
+                            {"Id": str(i), "MessageBody": f"task {start + i}", "MessageGroupId": "flood"}
+                            for i in range(10)
+                        ],
+                    )
+                if scenario == "in flight":
+                    for _ in range(10):
+                        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=900)
+                    sqs.send_message_batch(
+                        QueueUrl=url,
+                        Entries=[
+                            {"Id": str(i), "MessageBody": "quiet", "MessageGroupId": "quiet"}
+                            for i in range(10)
+                        ],
+                    )
+                took = []
+                for _ in range(rounds):
+                    started = time.perf_counter()
+                    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=900)[
+                        "Messages"
+                    ]
+                    sqs.delete_message_batch(
+                        QueueUrl=url,
+                        Entries=[
+                            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)
+                        ],
+                    )
+                    took.append(time.perf_counter() - started)
+                timed[scenario] = statistics.median(took)
+                sqs.delete_queue(QueueUrl=url)
+            report.add(section, f"receive 10 and delete them, a queue of {size:,}: p50", ms(timed["alone"]))
+            report.add(
+                section, "  the same, 100 in flight and a quiet tenant's 10 behind", ms(timed["in flight"])
+            )
+            if size == sizes[0]:
+                base = timed
+            else:
+                for scenario in ("alone", "in flight"):
+                    ratio = timed[scenario] / base[scenario]
+                    report.add(
+                        section,
+                        f"  {size:,} against {sizes[0]:,} ({scenario})",
+                        f"{ratio:.2f}x",
+                        f"target <= 2x: {verdict(ratio <= 2)}",
+                    )
+    finally:
+        stack.stop()
+
+
 class PlaceholderRefs(dict[Any, str]):
     """Every !Ref and !GetAtt of the template, read as the name of what it refers to: a handler's
     import checks that its resources are named, not that they exist."""
@@ -1853,6 +2044,7 @@ class FileBatch:
     total: int
     peak_rss_kib: int  # the BatchFunction sandboxes' peak resident memory
     calls: dict[str, int]
+    tasks_table_units: int  # the write units TasksTable was billed from the submit to the fan-out's end
 
 
 def file_batch(items: int, line_bytes: int) -> FileBatch:
@@ -1866,7 +2058,7 @@ def file_batch(items: int, line_bytes: int) -> FileBatch:
             started = time.monotonic()
             httpx.put(upload["upload_url"], content=data, timeout=300).raise_for_status()
             upload_s = time.monotonic() - started
-            before = stack.aws_calls()
+            stack.aws_calls(reset=True)
             started = time.monotonic()
             batch_id = submit_batch_file(client, upload["file_id"])
             while (batch := client.get(f"/batches/{batch_id}").json())["status"] == "validating":
@@ -1875,10 +2067,12 @@ def file_batch(items: int, line_bytes: int) -> FileBatch:
             while not queue_drained(stack, local_name("BatchFanoutQueue")):
                 time.sleep(0.25)
             fanout_s = time.monotonic() - started
-            after = stack.aws_calls()
+            calls = stack.aws_calls()
+            units = stack.aws_writes()["units"].get(local_name("TasksTable"), 0)
         peaks = [status_kib(pid, "VmHWM") or 0 for pid in sandbox_functions(stack).get("BatchFunction", [])]
-    calls = {op: after.get(op, 0) - before.get(op, 0) for op in after if after.get(op, 0) > before.get(op, 0)}
-    return FileBatch(len(data), upload_s, read_s, fanout_s, batch["total"], max(peaks, default=0), calls)
+    return FileBatch(
+        len(data), upload_s, read_s, fanout_s, batch["total"], max(peaks, default=0), calls, units
+    )
 
 
 def submit_batch_file(client: httpx.Client, file_id: str) -> str:
@@ -1928,6 +2122,11 @@ def batch_files(report: Report, quick: bool) -> None:
             "  projected for AWS from its calls",
             f"{projected:.0f} s",
             f"{items / projected:.0f} items/s",
+        )
+        report.add(
+            section,
+            "  TasksTable write units an item (made, counted; the 100 calls that run claim theirs)",
+            f"{run.tasks_table_units / items:.2f}",
         )
         report.add(section, "  BatchFunction peak RSS", f"{run.peak_rss_kib / 1024:.0f} MiB")
     small, large = (runs[items] for items in sizes)
@@ -2259,6 +2458,12 @@ def main() -> None:
         batch_files(report, args.quick)
     if "batch_output" in chosen:
         batch_output(report, args.quick)
+    if "queues" in chosen:
+        queue_receives(report, args.quick)
+    if "listing" in chosen:
+        listing_pages(report, args.quick)
+    if "progress" in chosen:
+        progress_writes(report, args.quick)
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(

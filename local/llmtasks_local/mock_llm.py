@@ -52,6 +52,12 @@ class MockConfig(BaseSettings):
         default=None, gt=0, description="Calls per second accepted; the rest get 429 with Retry-After."
     )
     reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
+    pad_word_chars: int = Field(
+        default=0,
+        ge=0,
+        description="The padding in words of this many characters, a space before each (a stream"
+        " sends a word a chunk); 0: one word.",
+    )
     refuse_stream: bool = Field(default=False, description="Answer 400 to streamed requests.")
     rate_break: float = Field(
         default=0.0, ge=0, le=1, description="Share of streamed answers cut off halfway (no [DONE])."
@@ -101,8 +107,12 @@ class MockStats(BaseModel):
         return len(self.outcomes_by_prompt.get(prompt, ()))
 
 
-def reply_text(prompt: str, reply_chars: int = 0) -> str:
+def reply_text(prompt: str, reply_chars: int = 0, pad_word_chars: int = 0) -> str:
     text = f"Mock answer to a prompt of {len(prompt)} characters: {prompt[:200]}"
+    if pad_word_chars and len(text) < reply_chars:
+        word = " " + "." * max(0, pad_word_chars - 1)
+        text += word * ((reply_chars - len(text)) // len(word) + 1)
+        return text[:reply_chars]
     return text.ljust(reply_chars, ".")
 
 
@@ -264,7 +274,7 @@ class MockLLM:
             self._leave()
 
     def _completion(self, body: dict[str, Any], messages: list[Any], prompt: str) -> dict[str, Any]:
-        text = reply_text(prompt, self.config.reply_chars)
+        text = reply_text(prompt, self.config.reply_chars, self.config.pad_word_chars)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
         completion_tokens = len(text.split())
         return {

@@ -392,8 +392,8 @@ def test_the_call_counter_adds_up_the_cpu_each_operation_took() -> None:
     environ = {"HTTP_AUTHORIZATION": scope, "HTTP_X_AMZ_TARGET": "DynamoDB_20120810.UpdateItem"}
     for _ in range(3):
         counter(busy_app, dict(environ), lambda *_: None)
-    assert json.loads(counter.read()) == {"dynamodb.UpdateItem": 3}
-    assert json.loads(counter.read(cpu=True))["dynamodb.UpdateItem"] >= 60_000
+    assert json.loads(counter.read(CALLS_PATH)) == {"dynamodb.UpdateItem": 3}
+    assert json.loads(counter.read(CPU_PATH))["dynamodb.UpdateItem"] >= 60_000
 
 
 def test_a_send_does_not_scan_the_queue_yet_its_counts_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:

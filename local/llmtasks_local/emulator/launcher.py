@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from llmtasks_local.emulator.moto_server import BACKEND_PATH, CALLS_PATH, CPU_PATH
+from llmtasks_local.emulator.moto_server import BACKEND_PATH, CALLS_PATH, CPU_PATH, WRITES_PATH
 from llmtasks_local.emulator.processes import status_kib
 
 
@@ -136,6 +136,14 @@ class LaunchedStack:
         reply.raise_for_status()
         account: dict[str, Any] = reply.json()
         return account
+
+    def aws_writes(self) -> dict[str, dict[str, int]]:
+        """The DynamoDB items written since the same zeroing, by table: `items`, their `bytes`
+        and the write `units` DynamoDB would bill for them."""
+        reply = httpx.get(self.endpoint + WRITES_PATH)
+        reply.raise_for_status()
+        writes: dict[str, dict[str, int]] = reply.json()
+        return writes
 
     def cpu_account(self) -> dict[str, Any]:
         """The stack process's CPU seconds by part, and each function's sandboxes' (process and

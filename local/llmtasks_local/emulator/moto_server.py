@@ -7,20 +7,22 @@ calls it served, by service and operation, at `/_llmtasks/calls` (GET reads, DEL
 which the benchmark reads to count what a task costs at the backend rather than estimate it,
 the CPU each operation's answers took (`/_llmtasks/calls/cpu`) and how much of that was moto's
 backend doing the work asked for and the journal writing it (`/_llmtasks/calls/backend`: the
-floor the bench sets beside what serving costs), and its state kept in a state dir
-(`--state-dir DIR`: a snapshot and a journal, moto_state): `GET /_llmtasks/state` says whether
-changes can be written there, `POST` takes a clean stop's snapshot. `/_llmtasks/streams/records`
-counts the records each table's stream has taken, and waits for the next (StreamRecords), so
-the stack's stream pollers read a stream only when it has something new, and
-`/_llmtasks/queues/receivable` names the queues holding a message a receive would take now, and
-waits for that to change (ReceivableQueues), so an idle queue's poller sends no receive. Requests
-signed for
+floor the bench sets beside what serving costs), the DynamoDB items written by table with their
+sizes and the write units DynamoDB would bill for them (`/_llmtasks/calls/writes`), and its state
+kept in a state dir (`--state-dir DIR`: a snapshot and a journal, moto_state): `GET
+/_llmtasks/state` says whether changes can be written there, `POST` takes a clean stop's snapshot.
+`/_llmtasks/streams/records` counts the records each table's stream has taken, and waits for the
+next (StreamRecords), so the stack's stream pollers read a stream only when it has something new,
+and `/_llmtasks/queues/receivable` names the queues holding a message a receive would take now,
+and waits for that to change (ReceivableQueues), so an idle queue's poller sends no receive.
+Requests signed for
 Lambda go to the stack's Lambda API (`--lambda-url`), which runs the template's functions.
 """
 
 from __future__ import annotations
 
 import email.parser
+import functools
 import hashlib
 import http.client
 import io
@@ -44,7 +46,8 @@ if TYPE_CHECKING:  # moto is imported by the server process alone, not by the st
 CALLS_PATH = "/_llmtasks/calls"
 CPU_PATH = "/_llmtasks/calls/cpu"
 BACKEND_PATH = "/_llmtasks/calls/backend"
-_COUNTS_PATHS = (CALLS_PATH, CPU_PATH, BACKEND_PATH)
+WRITES_PATH = "/_llmtasks/calls/writes"
+_COUNTS_PATHS = (CALLS_PATH, CPU_PATH, BACKEND_PATH, WRITES_PATH)
 STATE_PATH = "/_llmtasks/state"
 # How many records each table's stream has taken (GET ?after=N&wait_s=S: once their sum passes N,
 # or S seconds on): what lets the stack's stream pollers skip reads of a stream with nothing new.
@@ -223,6 +226,8 @@ class CallCounter:
         # and what the journal took of that with what it wrote (charge_journal).
         self.backend_us: Counter[str] = Counter()
         self.journal: Counter[str] = Counter()
+        # DynamoDB item writes by table (charge_write): how many, their items' bytes, write units.
+        self.writes: dict[str, Counter[str]] = {"items": Counter(), "bytes": Counter(), "units": Counter()}
         self._serving = threading.local()  # the operation this thread is answering
 
     def count(self, operation: str, cpu_s: float = 0.0) -> None:
@@ -241,26 +246,38 @@ class CallCounter:
             self.journal["bytes"] += written
             self.journal["records"] += 1
 
-    def read(self, *, reset: bool = False, cpu: bool = False, backend: bool = False) -> bytes:
+    def charge_write(self, table: str, item_bytes: int) -> None:
+        """One item written to `table` (put, updated or deleted), `item_bytes` its size: DynamoDB
+        bills a write a unit a KB of the item, rounded up, and twice that in a transaction."""
+        transaction = getattr(self._serving, "operation", None) == "dynamodb.TransactWriteItems"
+        units = max(1, -(-item_bytes // 1024)) * (2 if transaction else 1)
         with self._lock:
-            if backend:
+            self.writes["items"][table] += 1
+            self.writes["bytes"][table] += item_bytes
+            self.writes["units"][table] += units
+
+    def read(self, path: str, *, reset: bool = False) -> bytes:
+        """The counts one of _COUNTS_PATHS answers; `reset` zeroes every count after."""
+        with self._lock:
+            if path == BACKEND_PATH:
                 body = json.dumps({"backend_us": dict(self.backend_us), "journal": dict(self.journal)})
+            elif path == WRITES_PATH:
+                body = json.dumps({name: dict(counts) for name, counts in self.writes.items()})
             else:
-                body = json.dumps(dict(self.cpu_us if cpu else self.calls))
+                body = json.dumps(dict(self.cpu_us if path == CPU_PATH else self.calls))
             if reset:
-                for counts in (self.calls, self.cpu_us, self.backend_us, self.journal):
+                for counts in (self.calls, self.cpu_us, self.backend_us, self.journal, *self.writes.values()):
                     counts.clear()
         return body.encode()
 
     def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        """Answers a read of the counts at CALLS_PATH, of the CPU at CPU_PATH and of the
-        backend's share of it at BACKEND_PATH (DELETE at any of them zeroes all three); sends any
-        other request to `app`, and counts it."""
+        """Answers a read of the counts at CALLS_PATH, of the CPU at CPU_PATH, of the backend's
+        share of it at BACKEND_PATH and of the items written at WRITES_PATH (DELETE at any of
+        them zeroes them all); sends any other request to `app`, and counts it."""
         path = environ.get("PATH_INFO")
         if path in _COUNTS_PATHS:
             start_response("200 OK", [("Content-Type", "application/json")])
-            reset = environ.get("REQUEST_METHOD") == "DELETE"
-            return [self.read(reset=reset, cpu=path == CPU_PATH, backend=path == BACKEND_PATH)]
+            return [self.read(path, reset=environ.get("REQUEST_METHOD") == "DELETE")]
         started = time.thread_time()
         operation = operation_of(environ)
         self._serving.operation = operation
@@ -282,7 +299,6 @@ def _time_backends(counter: CallCounter) -> None:
     appends within them: the work each call asks for, the floor of what answering it costs.
     (An empty receive's backend time is charged to sqs.ReceiveMessage: the backend runs before
     the reply says it is empty.)"""
-    import functools
     import inspect
 
     from moto.cloudwatch.models import CloudWatchBackend
@@ -332,6 +348,28 @@ def _time_backends(counter: CallCounter) -> None:
         return seq
 
     Journal.append = timed_append  # type: ignore[method-assign,assignment]
+
+
+def _account_writes(counter: CallCounter) -> None:
+    """Charges `counter` with each item DynamoDB writes, by table: every write path of moto's
+    (PutItem, UpdateItem, DeleteItem, BatchWriteItem, a transaction's actions) goes through these
+    three backend methods. The size is the item's after a put or an update (DynamoDB bills the
+    larger of before and after: an item that only grows, as a task's does), the deleted one's for
+    a delete. Wrapped around the backends' timing: its own work is serving, not the floor."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    def accounted(write: Any) -> Any:
+        @functools.wraps(write)
+        def written(backend: DynamoDBBackend, table_name: str, *args: Any, **kwargs: Any) -> Any:
+            item = write(backend, table_name, *args, **kwargs)
+            if item is not None:
+                counter.charge_write(table_name, item.size())
+            return item
+
+        return written
+
+    for name in ("put_item", "update_item", "delete_item"):
+        setattr(DynamoDBBackend, name, accounted(getattr(DynamoDBBackend, name)))
 
 
 def _install_backend_cache() -> None:
@@ -595,6 +633,7 @@ def _install_endpoints(state: DurableState | None, lambda_url: str | None) -> No
     dispatch = DomainDispatcherApplication.__call__
     counter = CallCounter()
     _time_backends(counter)
+    _account_writes(counter)
     stream_records = StreamRecords()
     stream_records.install()
     receivable_queues = ReceivableQueues()
