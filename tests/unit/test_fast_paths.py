@@ -1,5 +1,5 @@
-"""moto_patches.fast_paths computes what moto's own code computes: each reply parsed by boto3,
-and each item written, equal with the patch and without it."""
+"""moto_patches.fast_paths and queue_index compute what moto's own code computes: each reply
+parsed by boto3, and each item written, equal with the patches and without them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from llmtasks_local.moto_patches import fast_paths
+from llmtasks_local.moto_patches import fair_queues, fast_paths, queue_index
 
 pytestmark = pytest.mark.unit
 
@@ -30,13 +30,15 @@ ITEM = {
 
 
 def with_and_without(run: Callable[[Any, str], T], aws: Any) -> tuple[T, T]:
-    """`run` with the patch (the suite installs it), then with moto's own code, on resources of
-    its own each time."""
+    """`run` with the patches (the suite installs them), then with moto's own code, on resources
+    of their own each time."""
     fast = run(aws, "fast")
     fast_paths.uninstall()
+    queue_index.uninstall()
     try:
         return fast, run(aws, "moto-s-own")
     finally:
+        queue_index.install()
         fast_paths.install()
 
 
@@ -569,3 +571,157 @@ def test_scans_copy_only_what_they_keep_and_reply_as_moto_does(aws: Any) -> None
     assert changed["m"]["M"]["deep"]["M"]["s"] == changed["l"]["L"][0] == {"S": "changed"}
     [before] = [item for item in fast[1]["Items"] if item["pk"] == {"S": "task#0"}]
     assert before["m"]["M"]["deep"] == ITEM["m"]["M"]["deep"]
+
+
+def fair_receives(aws: Any, name: str, seed: int) -> list[list[str]]:
+    """What each receive of ten returns from a fair queue of a random shape: tenants with
+    backlogs and messages in flight (some noisy by their share of them), delayed messages, and
+    messages with no group, received until nothing is left, some deleted between receives."""
+    import random
+
+    rng = random.Random(seed)
+    sqs = aws.sqs
+    url = sqs.create_queue(QueueName=f"{name}-{seed}")["QueueUrl"]
+    entries = []
+    for i in range(rng.randrange(150, 260)):
+        # A backlog first: once its first sixty are in flight, its tenant is noisy.
+        group = "big" if i < 60 else rng.choice(["big", "big", "big", "mid", "mid", "small", "tiny", None])
+        entry: dict[str, Any] = {"Id": str(i % 10), "MessageBody": f"{group}-{i}"}
+        if group is not None:
+            entry["MessageGroupId"] = group
+        if rng.random() < 0.05:
+            entry["DelaySeconds"] = 900
+        entries.append(entry)
+    for start in range(0, len(entries), 10):
+        sqs.send_message_batch(QueueUrl=url, Entries=entries[start : start + 10])
+    rounds, handles = [], []
+    while True:
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=900).get(
+            "Messages", []
+        )
+        if not got:
+            return rounds
+        rounds.append([m["Body"] for m in got])
+        handles += [m["ReceiptHandle"] for m in got]
+        rng.shuffle(handles)
+        while len(handles) > 90 and rng.random() < 0.5:  # calls end, their places free
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=handles.pop())
+
+
+def test_a_fair_queue_s_receives_read_lazily_hand_out_fair_order_s_order(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shares by count of messages in flight decide, not the few milliseconds each was in flight
+    # (which differ between the two runs): the fair queue's clock stands still.
+    monkeypatch.setattr(fair_queues, "time", type("Still", (), {"time": staticmethod(lambda: 1.9e9)}))
+    for seed in range(4):
+        fast, slow = with_and_without(lambda aws, name, seed=seed: fair_receives(aws, name, seed), aws)
+        assert fast == slow, seed
+        # In each run a noisy tenant's backlog waited behind quiet tenants' later messages.
+        sent_order = [int(body.rsplit("-", 1)[1]) for batch in fast for body in batch]
+        assert sent_order != sorted(sent_order), seed
+
+
+class CountingList(list[Any]):
+    """A queue's list of messages that counts the ones iterated over."""
+
+    iterated = 0
+
+    def __iter__(self) -> Any:
+        for message in super().__iter__():
+            CountingList.iterated += 1
+            yield message
+
+
+def test_a_receive_looks_no_further_than_it_takes_and_a_delete_asks_no_message(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moto.sqs.models import Message, sqs_backends
+
+    sqs = aws.sqs
+    url = sqs.create_queue(QueueName="deep")["QueueUrl"]
+    for start in range(0, 2000, 10):
+        entries = [{"Id": str(i), "MessageBody": f"m{start + i}", "MessageGroupId": "one"} for i in range(10)]
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+    queue = sqs_backends["123456789012"]["us-east-1"].queues["deep"]
+    queue._messages = CountingList(queue._messages)
+    queue_index.index_of(queue)  # the list is another one now: its index is made again, once
+    asked = []
+    had = Message.had_receipt_handle
+    monkeypatch.setattr(Message, "had_receipt_handle", lambda m, h: asked.append(h) or had(m, h))
+    for _ in range(3):
+        CountingList.iterated = 0
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=900)["Messages"]
+        assert CountingList.iterated <= 11  # the ten it hands out (and none of the 1,990 behind)
+        sqs.delete_message_batch(
+            QueueUrl=url,
+            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)],
+        )
+    assert asked == []  # each delete found its message through the index
+    assert (
+        int(
+            sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])[
+                "Attributes"
+            ]["ApproximateNumberOfMessages"]
+        )
+        == 1970
+    )
+    # moto's own receive looks at every message for the same ten.
+    queue_index.uninstall()
+    try:
+        CountingList.iterated = 0
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=900)
+        assert CountingList.iterated >= 1970
+    finally:
+        queue_index.install()
+
+
+def moved_and_purged(aws: Any, name: str) -> dict[str, Any]:
+    """What a queue answers after its list changed behind the index: a message moved to its
+    dead-letter queue by a receive (then deleted by an old handle: invalid), a redrive back, a
+    purge; each followed by receives and deletes, and the counts."""
+    sqs = aws.sqs
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    url = sqs.create_queue(
+        QueueName=name,
+        Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "1"})},
+    )["QueueUrl"]
+    seen: dict[str, Any] = {}
+    for body in ("poison", "fine"):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId="t")
+    first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=0)["Messages"]
+    # The poison message was received once: the next receive moves it to the DLQ.
+    seen["second"] = [
+        m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    ]
+    refused = sqs.delete_message_batch(
+        QueueUrl=url, Entries=[{"Id": "old", "ReceiptHandle": first[0]["ReceiptHandle"]}]
+    )
+    seen["old handle"] = [entry["Code"] for entry in refused.get("Failed", [])]
+    seen["in dlq"] = [
+        m["Body"]
+        for m in sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]
+    ]
+    sqs.start_message_move_task(SourceArn=dlq_arn)  # the local endpoint moves them at once
+    back = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages", [])
+    seen["moved back"] = sorted(m["Body"] for m in back)
+    sqs.purge_queue(QueueUrl=url)
+    sqs.send_message(QueueUrl=url, MessageBody="after the purge", MessageGroupId="t")
+    after = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    deleted = sqs.delete_message_batch(
+        QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": after[0]["ReceiptHandle"]}]
+    )
+    seen["after purge"] = ([m["Body"] for m in after], [e["Id"] for e in deleted.get("Successful", [])])
+    seen["counts"] = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return seen
+
+
+def test_a_queue_changed_behind_its_index_answers_as_moto_s_own_does(aws: Any) -> None:
+    fast, slow = with_and_without(moved_and_purged, aws)
+    assert fast == slow
+    assert fast["in dlq"] == ["poison"]
+    assert fast["old handle"] == ["ReceiptHandleIsInvalid"]
+    assert fast["after purge"] == (["after the purge"], ["a"])

@@ -355,21 +355,34 @@ def _account_writes(counter: CallCounter) -> None:
     (PutItem, UpdateItem, DeleteItem, BatchWriteItem, a transaction's actions) goes through these
     three backend methods. The size is the item's after a put or an update (DynamoDB bills the
     larger of before and after: an item that only grows, as a task's does), the deleted one's for
-    a delete. Wrapped around the backends' timing: its own work is serving, not the floor."""
+    a delete, and for a write its condition refused, the item it was checked against (DynamoDB
+    bills those too). Wrapped around the backends' timing: its own work is serving, not the
+    floor."""
+    from moto.dynamodb.exceptions import ConditionalCheckFailed
     from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.dynamo_type import DynamoType
 
-    def accounted(write: Any) -> Any:
+    def accounted(write: Any, keyed: bool) -> Any:
         @functools.wraps(write)
         def written(backend: DynamoDBBackend, table_name: str, *args: Any, **kwargs: Any) -> Any:
-            item = write(backend, table_name, *args, **kwargs)
+            try:
+                item = write(backend, table_name, *args, **kwargs)
+            except ConditionalCheckFailed:
+                attrs = args[0] if args else kwargs.get("key" if keyed else "item_attrs", {})
+                table = backend.get_table(table_name)
+                hash_key = attrs.get(table.hash_key_attr)
+                range_key = attrs.get(table.range_key_attr) if table.range_key_attr else None
+                checked = table.get_item(DynamoType(hash_key), DynamoType(range_key) if range_key else None)
+                counter.charge_write(table_name, checked.size() if checked is not None else 0)
+                raise
             if item is not None:
                 counter.charge_write(table_name, item.size())
             return item
 
         return written
 
-    for name in ("put_item", "update_item", "delete_item"):
-        setattr(DynamoDBBackend, name, accounted(getattr(DynamoDBBackend, name)))
+    for name, keyed in (("put_item", False), ("update_item", True), ("delete_item", True)):
+        setattr(DynamoDBBackend, name, accounted(getattr(DynamoDBBackend, name), keyed))
 
 
 def _install_backend_cache() -> None:
@@ -754,7 +767,7 @@ def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main
 
     from llmtasks_local.emulator import moto_state
-    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, redrive
+    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive
 
     args = list(argv if argv is not None else sys.argv[1:])
     state_dir, report_file = _path_option(args, "--state-dir"), _path_option(args, "--report-file")
@@ -768,6 +781,7 @@ def main(argv: list[str] | None = None) -> None:
     # (so replays take the same locks), and the fair queue's bookkeeping wraps what it journals.
     redrive.install()
     atomic.install()
+    queue_index.install()  # beneath what the journal and the fair queue's clock wrap
     moto_state.install()
     fair_queues.install()
     fast_paths.install()

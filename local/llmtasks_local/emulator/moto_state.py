@@ -40,7 +40,7 @@ from moto.sqs.models import Message, Queue, SQSBackend
 from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
 from llmtasks_local.emulator.journal import SNAPSHOT, Journal, JournalUnavailable, StateError
-from llmtasks_local.moto_patches import redrive
+from llmtasks_local.moto_patches import queue_index, redrive
 from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
 
 SNAPSHOT_FORMAT = 2
@@ -172,8 +172,8 @@ def _put_of(queue: Queue, message: Message) -> tuple[Any, ...]:
 
 
 def _delete_of(queue: Queue, receipt_handle: str) -> tuple[Any, ...] | None:
-    ids = [m.id for m in queue._messages if m.had_receipt_handle(receipt_handle)]
-    return ("delete", ids) if ids else None
+    message = queue_index.find(queue, receipt_handle)
+    return ("delete", [message.id]) if message is not None else None
 
 
 def _receive_of(message: Message, *_: Any, **__: Any) -> tuple[Any, ...]:

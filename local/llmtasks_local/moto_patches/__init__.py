@@ -9,6 +9,7 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
 - `fair_queues`: a standard queue hands out the messages of quiet tenants (MessageGroupId) first,
   as SQS fair queues do;
 - `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
+- `queue_index`: an SQS queue's receives and deletes find their messages without scanning it;
 - `fast_paths`: the replies and expressions that profiles of the local stack found dominating
   moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_paths.py).
 
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 def install() -> None:
     """Every patch, in the order they build on each other; idempotent, before moto serves."""
-    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, redrive
+    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive
 
     redrive.install()
     atomic.install()
+    queue_index.install()
     fair_queues.install()
     fast_paths.install()

@@ -11,8 +11,9 @@ While some tenant is noisy, a receive returns the quiet tenants' messages first;
 noisy, the one with the fewest messages in flight comes first. Nothing is dropped or throttled:
 with no quiet message waiting, a receive returns the noisy tenants' messages as before.
 
-Here a receive orders the visible messages so. The shares are measured at each receive, so a
-tenant stops being noisy as soon as its shares fall (AWS's own detection lags and is approximate:
+Here a receive orders the visible messages so, reading them lazily (queue_index.Ranked): it looks
+no further into the queue than the messages it hands out. The shares are measured at each receive,
+so a tenant stops being noisy as soon as its shares fall (AWS's own detection lags and is approximate:
 "the thresholds are approximate values"). "Recent" processing time is the last RECENT_S seconds of
 messages deleted (from their last receive to their delete) plus what the in-flight messages have
 run so far; AWS does not say how recent. FIFO queues keep their own order.
@@ -25,22 +26,19 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from moto.sqs.models import Message, Queue, SQSBackend
+from moto.sqs.models import Message, Queue
 
-from llmtasks_local.moto_patches.atomic import while_flagged
+from llmtasks_local.moto_patches import queue_index
 
 CONCURRENCY_SHARE = 0.10
 MIN_IN_FLIGHT = 30
 PROCESSING_TIME_SHARE = 0.10
 RECENT_S = 60.0
-
-_receiving = threading.local()
 
 
 def tenant_of(message: Message) -> str:
@@ -80,14 +78,10 @@ def noisy_tenants(in_flight: Counter[str], processing_s: dict[str, float]) -> se
     return noisy
 
 
-def fair_order(
-    visible: list[Message], in_flight: Iterable[Message], processing: Processing, now: float
-) -> list[Message]:
-    """`visible` in the order a fair queue hands it out: quiet tenants' messages first (in their
-    own order), then the noisy tenants', fewest in flight first."""
-    tenants = [tenant_of(m) for m in visible]
-    if len(set(tenants)) < 2:
-        return visible
+def shares(
+    in_flight: Iterable[Message], processing: Processing, now: float
+) -> tuple[Counter[str], dict[str, float]]:
+    """Each tenant's messages in flight, and its recent processing time with what they have run."""
     held: Counter[str] = Counter()
     processing_s = processing.recent(now)
     for message in in_flight:
@@ -95,12 +89,36 @@ def fair_order(
         held[tenant] += 1
         running_s = max(0.0, now - getattr(message, "_llmtasks_received_at", now))
         processing_s[tenant] = processing_s.get(tenant, 0.0) + running_s
-    noisy = noisy_tenants(held, processing_s)
-    if not noisy:
-        return visible
-    rank = [(1, held[t]) if t in noisy else (0, 0) for t in tenants]
+    return held, processing_s
+
+
+def fair_order(visible: list[Message], held: Counter[str], noisy: set[str]) -> list[Message]:
+    """`visible` in the order a fair queue hands it out: quiet tenants' messages first (in their
+    own order), then the noisy tenants', fewest in flight first. (What a receive reads lazily,
+    queue_index.Ranked, gives the same order.)"""
+    rank = [(1, held[t]) if t in noisy else (0, 0) for t in map(tenant_of, visible)]
     order = sorted(range(len(visible)), key=lambda i: rank[i])
     return [visible[i] for i in order]
+
+
+def ranked(visible: queue_index.Receivable, held: Counter[str], noisy: set[str], now: float) -> Any:
+    """fair_order's order, read lazily: how many messages of each rank can be visible follows from
+    the queue's counts by group (less the delayed ones) and its messages in flight. A message with
+    no group is a tenant of its own, never noisy while visible (its shares are those of its time
+    in flight)."""
+
+    def rank_of_tenant(tenant: str) -> tuple[int, int]:
+        return (1, held[tenant]) if tenant in noisy else (0, 0)
+
+    candidates: Counter[tuple[int, int]] = Counter()
+    for group, count in visible.index.undelayed(now * 1000).items():
+        if group is None:
+            alone_in_flight = sum(n for tenant, n in held.items() if tenant.startswith("message:"))
+            candidates[(0, 0)] += count - alone_in_flight
+        else:
+            tenant = f"group:{group}"
+            candidates[rank_of_tenant(tenant)] += count - held[tenant]
+    return visible.ranked(lambda message: rank_of_tenant(tenant_of(message)), dict(candidates))
 
 
 def _processing(queue: Queue) -> Processing:
@@ -111,21 +129,23 @@ def _processing(queue: Queue) -> Processing:
 
 
 def _fair_messages(messages: property) -> property:
-    def ordered(queue: Queue) -> list[Message]:
-        visible: list[Message] = messages.fget(queue)  # type: ignore[misc]
-        if not getattr(_receiving, "active", False) or queue.fifo_queue:
+    def ordered(queue: Queue) -> Any:
+        visible = messages.fget(queue)  # type: ignore[misc]
+        if not queue_index.receiving(queue) or queue.fifo_queue:
+            return visible  # a count or a wait needs no order; FIFO queues keep their own
+        now = time.time()
+        held, processing_s = shares(
+            (m for m in queue.pending_messages if not m.visible), _processing(queue), now
+        )
+        noisy = noisy_tenants(held, processing_s)
+        if not noisy:
             return visible
-        # Scanned only when the visible messages are of two tenants or more.
-        in_flight = (m for m in queue.pending_messages if not m.visible)
-        return fair_order(visible, in_flight, _processing(queue), time.time())
+        if isinstance(visible, queue_index.Receivable):
+            return ranked(visible, held, noisy, now)
+        return fair_order(visible, held, noisy)
 
     ordered.__llmtasks_fair__ = True  # type: ignore[attr-defined]
     return property(ordered)
-
-
-def _receiving_in_order(receive: Callable[..., Any]) -> Callable[..., Any]:
-    """Only a receive reads the queue in fair order (its counts and waits need no order)."""
-    return while_flagged(_receiving, receive, "__llmtasks_fair__")
 
 
 def _timed_receipt(mark_received: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,7 +161,7 @@ def _timed_receipt(mark_received: Callable[..., Any]) -> Callable[..., Any]:
 def _timed_delete(delete: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(delete)
     def deleted(queue: Queue, receipt_handle: str) -> Any:
-        message = next((m for m in queue._messages if m.had_receipt_handle(receipt_handle)), None)
+        message = queue_index.find(queue, receipt_handle)
         result = delete(queue, receipt_handle)
         received_at = getattr(message, "_llmtasks_received_at", None)
         if message is not None and received_at is not None:
@@ -162,7 +182,6 @@ def install() -> None:
     if not enabled():
         return
     patches = (
-        (SQSBackend, "receive_message", _receiving_in_order),
         (Message, "mark_received", _timed_receipt),
         (Queue, "delete_message", _timed_delete),
     )

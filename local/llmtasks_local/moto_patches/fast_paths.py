@@ -50,10 +50,9 @@ messages by reading the clock twice a message through datetime: measured in-proc
 of ten and their delete took 23 ms from a queue of 1,000 messages and 445 ms from one of 20,000
 (a batch of 20,000 items waits in its queue so), 22 us a queued message. Here a message answers
 whether it had a handle without the list, and the clock is read as epoch milliseconds straight
-from time.time() (moto's unix_time_millis without the datetimes). The scans stay, each still
-linear in the queue's messages, at a seventh of the cost (59 ms from 20,000): an index of the
-handles would end them, but moto's delete is wrapped by fair_queues' timing, and would have to
-be replaced beneath it.
+from time.time() (moto's unix_time_millis without the datetimes). What scans were left, each
+linear in the queue's messages at a seventh of the cost (59 ms from 20,000), queue_index ends:
+a delete finds its message by an index of the handles, a receive reads no further than it takes.
 
 Last, moto's UpdateItem deep-copies the item twice before each write: once in its request
 handler, to read the old attributes (which it then reads with Item.to_json, itself a fresh copy),

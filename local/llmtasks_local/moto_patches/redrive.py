@@ -22,6 +22,7 @@ from moto.sqs.exceptions import InvalidParameterValue, QueueDoesNotExist
 from moto.sqs.models import Message, Queue, SQSBackend
 from moto.sqs.responses import SQSResponse
 
+from llmtasks_local.moto_patches import queue_index
 from llmtasks_local.moto_patches.atomic import sqs_lock
 
 
@@ -160,6 +161,7 @@ def remove_message(queue: Queue, message: Message) -> None:
     function, looked up at each call, so that the local stack's journal can record it."""
     with sqs_lock(), queue._messages_lock:
         queue._messages.remove(message)
+        queue_index.removed(queue, message)
 
 
 def install() -> None:
