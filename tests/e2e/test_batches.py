@@ -13,12 +13,16 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 
+import llmtasks_client
+from llmtasks.services.batch_outcomes import batch_task_id
 from llmtasks_client import verify_webhook
 from llmtasks_local.mock_llm import MockConfig, reply_text
 from llmtasks_local.sam.provision import local_name
@@ -233,6 +237,83 @@ def test_a_cancelled_batch_stops_calling_and_ends_cancelled_with_exact_counts(
     assert again.status_code == 409
     [event] = batch_events(hook, secret)
     assert (event.type, event.data.status) == ("batch.completed", "cancelled")
+
+
+@pytest.mark.timeout(300)
+def test_every_reader_of_a_cancelled_batch_s_items_learns_of_the_cancel_from_it(
+    batch_stack: RunningStack,
+) -> None:
+    # Every call is held (up to 60 s): the items stay running or queued, and so does a task of
+    # its own whose reader is the control, waiting 15 s for news that does not come.
+    batch_stack.configure_mock(hold_until_in_flight=10_000, hang_s=60)
+    returned: list[str] = []
+    with batch_stack.client() as client:
+        control = client.post("/tasks", json={"prompt": "held"}).json()["task_id"]
+        batch_id = client.post(
+            "/batches", json={"items": [{"prompt": f"read {i}"} for i in range(60)]}
+        ).json()["batch_id"]
+        eventually(
+            lambda: client.get(f"/batches/{batch_id}").json(),
+            lambda seen: seen["processing"] > 0 and seen["pending"] > 0,
+            timeout_s=HANG_S,
+            what="the batch running, items queued behind",
+        )
+        items = [batch_task_id(batch_id, i) for i in range(60)]
+        statuses = {task_id: client.get(f"/tasks/{task_id}").json()["status"] for task_id in items}
+        running = next(task_id for task_id in items if statuses[task_id] == "processing")
+        queued = next(task_id for task_id in reversed(items) if statuses[task_id] == "pending")
+
+        def rest(task_id: str, wait: int) -> dict[str, Any]:
+            page: dict[str, Any] = client.get(f"/tasks/{task_id}/output", params={"wait": wait}).json()
+            return page
+
+        def sdk(task_id: str) -> str:
+            with llmtasks_client.Client(batch_stack.api, batch_stack.api_key) as native:
+                try:
+                    list(native.stream(task_id))
+                except llmtasks_client.TaskFailedError as ended:
+                    return ended.error_code
+            return "completed"
+
+        def openai_stream(task_id: str) -> str:
+            with OpenAI(
+                base_url=batch_stack.api + "/v1", api_key=batch_stack.api_key, max_retries=0
+            ) as openai:
+                return [event.type for event in openai.responses.retrieve(f"resp_{task_id}", stream=True)][-1]
+
+        readers = {
+            "rest, running": lambda: rest(running, 25)["status"],
+            "rest, queued": lambda: rest(queued, 25)["status"],
+            "sdk, running": lambda: sdk(running),
+            "sdk, queued": lambda: sdk(queued),
+            "openai, queued": lambda: openai_stream(queued),
+            "control": lambda: rest(control, 15)["final"],
+        }
+
+        def read(name: str) -> Any:
+            seen = readers[name]()
+            returned.append(name)
+            return seen
+
+        with ThreadPoolExecutor(len(readers)) as pool:
+            reading = {name: pool.submit(read, name) for name in readers}
+            time.sleep(1)  # the readers are waiting (a head read or two each)
+            assert returned == []
+            assert client.post(f"/batches/{batch_id}/cancel").status_code == 200
+            seen = {name: future.result() for name, future in reading.items()}
+        client.post(f"/tasks/{control}/cancel")
+    batch_stack.configure_mock(**MockConfig().model_dump(exclude={"seed"}))
+    assert seen == {
+        "rest, running": "cancelled",
+        "rest, queued": "cancelled",
+        "sdk, running": "cancelled",
+        "sdk, queued": "cancelled",
+        "openai, queued": "response.incomplete",
+        "control": False,
+    }
+    # Each reader of a cancelled item learned of it from the output's head, before the control's
+    # wait ran out; without the head they return when their own 25 s wait runs out, after it.
+    assert returned[-1] == "control", returned
 
 
 @pytest.mark.timeout(300)

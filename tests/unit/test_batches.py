@@ -659,6 +659,12 @@ def test_a_cancelled_batch_cancels_its_pending_items_and_those_not_yet_fanned_ou
     assert (batch.completed, batch.cancelled, batch.pending) == (4, 6, 0)
     assert batch.status is BatchStatus.CANCELLED
     assert_problem(rig.api.call("POST", f"/batches/{batch_id}/cancel"), 409)
+    # The sweep told each item's output readers (their head says cancelled); an item created
+    # cancelled had none: it was not there to read before.
+    heads = {i: rig.store.output.head(batch_task_id(batch_id, i)) for i in range(10)}
+    swept = {i for i, head in heads.items() if head is not None and head.status is TaskStatus.CANCELLED}
+    assert swept == {4, 5, 6, 7}
+    assert {i for i, head in heads.items() if head is not None and head.ended} == set(range(8))
 
 
 def test_a_worker_runs_no_item_of_a_batch_being_cancelled_even_before_the_sweep(

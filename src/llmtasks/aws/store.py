@@ -402,9 +402,11 @@ class TaskStore:
     def cancel(self, task_id: str, *, tenant_id: str, now: float) -> Task:
         """pending | processing -> cancelled. A processing task's late result is then discarded,
         because completing needs `status = processing`. A dead-lettered task (see
-        `Task.is_dead_lettered`) reads as failed, so it is not cancellable: a redrive changes it."""
+        `Task.is_dead_lettered`) reads as failed, so it is not cancellable: a redrive changes it.
+        Every cancel (the API's, a batch's sweep, a worker's that meets its batch cancelling)
+        then writes the output's head, so its readers learn of the end at their next read of it."""
         try:
-            return self._transition(
+            cancelled = self._transition(
                 task_id,
                 update=f"SET #status = :cancelled, {_REVISE}, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 condition=(
@@ -429,6 +431,8 @@ class TaskStore:
             read = current.as_read(now)
             detail = f" ({read.error_code})" if read.error_code == DEAD_LETTERED else ""
             raise TaskConflict(f"Task '{task_id}' is already {read.status.value}{detail}.") from failed
+        self.output.ended(cancelled, TaskStatus.CANCELLED)
+        return cancelled
 
     def record_webhook_outcome(
         self,

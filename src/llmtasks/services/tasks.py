@@ -199,7 +199,6 @@ class TaskService:
             tenant_id=tenant_id,
             now=self._clock(),
         )
-        self._store.output.ended(task, TaskStatus.CANCELLED)  # readers of its output learn of it
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
         return task
