@@ -11,7 +11,8 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
 - `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
 - `queue_index`: an SQS queue's receives and deletes find their messages without scanning it;
 - `fast_paths`: the replies and expressions that profiles of the local stack found dominating
-  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_paths.py).
+  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_paths.py);
+  with them `index_queries`, a Query on an index that reads only the items of its key.
 
 Nothing here is of the local stack's runtime (`llmtasks_local.emulator`), and none of it ships to Lambda.
 """

@@ -72,7 +72,8 @@ A Scan deep-copies every item it reads before its filter is applied: the local s
 (a Scan of each table for expired items, a minute apart) took 1.0 s of CPU on a table of 10,000
 tasks, growing with the table for as long as a state dir keeps it. Here a Scan reads the items
 as they are (an index's projection makes a new item, as a ProjectionExpression does), and only
-those its filter kept are copied; the pages and counts are moto's.
+those its filter kept are copied; the pages and counts are moto's. A Query on an index reads the
+items of its key alone and sorts them once by their plain values (index_queries).
 
 And each reply's request id (x-amzn-RequestId, 52 letters and digits) was drawn one character
 at a time from moto's seedable random: 4% of the server's CPU in a burst. It is drawn from the
@@ -115,6 +116,8 @@ from moto.dynamodbstreams.responses import DynamoDBStreamsHandler
 from moto.sqs import models as _sqs_models
 from moto.sqs.models import Message, SQSBackend
 from moto.utilities import aws_headers as _aws_headers
+
+from llmtasks_local.moto_patches import index_queries
 
 _serializers_get_records = DynamoDBStreamsHandler.get_records
 _serialized_dynamo_result = DynamoResult.execute_result
@@ -437,6 +440,7 @@ def install() -> None:
     setattr(_sqs_models, "camelcase_to_underscores", _camelcase_to_underscores)  # noqa: B010
     setattr(_dynamodb_table, "copy", _scan_copies)  # noqa: B010
     setattr(_dynamodb_table.Table, "scan", _scan_copies.around(_moto_table_scan))  # noqa: B010
+    index_queries.install()
 
 
 def uninstall() -> None:
@@ -460,3 +464,4 @@ def uninstall() -> None:
     setattr(_sqs_models, "camelcase_to_underscores", _moto_camelcase_to_underscores)  # noqa: B010
     setattr(_dynamodb_table, "copy", copy)  # noqa: B010
     setattr(_dynamodb_table.Table, "scan", _moto_table_scan)  # noqa: B010
+    index_queries.uninstall()
