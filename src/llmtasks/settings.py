@@ -270,8 +270,8 @@ class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, Prices):
     # LLM calls one tenant may have running at once (template: TenantMaxRunning); 0 is no cap
     # beyond an API key's own max_running. Counted in LimitsTable.
     tenant_max_running: int = Field(default=0, ge=0)
-    # While a call streams, its text so far is written to the task at most this often (and
-    # readers see `partial_result`); 0 turns streaming off (one write fewer per interval).
+    # While a call streams, the text it added is written as its output's next chunks at most this
+    # often (readers see them, and `partial_result`); 0 turns streaming off (no progress writes).
     progress_interval_s: float = Field(default=2.0, ge=0)
 
 

@@ -109,6 +109,35 @@ def test_a_retried_attempt_writes_its_text_again_in_chunks_numbered_on(
     assert [c.attempt for c in chunks] == sorted(c.attempt for c in chunks)
 
 
+def test_a_running_task_shows_its_attempt_s_text_so_far_from_its_chunks(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a first attempt whose stream broke after some chunks
+    mock_llm.configure(latency_s=2, rate_break=1.0, reply_chars=400)
+    prompt = "a stream that breaks, then streams again"
+    task_id = worker.submit(prompt)
+    worker.run_queued(progress_interval_s=0.2)
+    assert worker.service.output("default", task_id, after=0).chunks
+    # When the retry streams, GET /tasks/{id} is read as it runs
+    mock_llm.configure(latency_s=2, reply_chars=400)
+    retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+    thread = threading.Thread(target=worker.run, args=(retry,), kwargs={"progress_interval_s": 0.2})
+    thread.start()
+    seen = []
+    while thread.is_alive():
+        task = worker.service.get("default", task_id)
+        if task.status is TaskStatus.PROCESSING and task.partial_result:
+            seen.append(task.partial_result)
+        thread.join(0.1)
+    # Then each read showed the second attempt's text alone (joined with the first's chunks, it
+    # would not be a start of the answer), growing; the task's item never held it
+    whole = reply_text(prompt, 400)
+    assert len(set(seen)) >= 2
+    assert all(whole.startswith(text) for text in seen)
+    assert [len(text) for text in seen] == sorted(len(text) for text in seen)
+    assert worker.task(task_id).result == whole
+
+
 def test_a_cancelled_task_s_output_ends_with_the_cancel(worker: Worker, mock_llm: RunningMock) -> None:
     mock_llm.configure(latency_s=6, reply_chars=400)
     task_id = worker.submit("cancel me while I stream")

@@ -43,7 +43,8 @@ from llmtasks.domain.models import (
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
-# What a run leaves on the task while it lasts: its lease, and the text streamed so far.
+# What a run leaves on the task while it lasts: its lease, and how far it has streamed
+# (partial_result: the text so far, as items written before the text moved to the output's chunks).
 _LEASE_FIELDS = (
     "lease_id, lease_until, lease_message_id, lease_receive_count, dead_letter_at,"
     " partial_result, progress_tokens, progress_at, attempt_started_at"
@@ -267,24 +268,21 @@ class TaskStore:
             values={"error": error, "error_code": error_code, "completed_at": now},
         )
 
-    def record_progress(
-        self, task_id: str, *, lease_id: str, partial_result: str, tokens: int, now: float
-    ) -> None:
-        """The text streamed so far, while this lease holds the task; StaleWrite once it does not
-        (cancelled, or taken over): the caller stops the call."""
+    def record_progress(self, task_id: str, *, lease_id: str, tokens: int, now: float) -> None:
+        """How far the call has streamed (its tokens, and when), while this lease holds the task;
+        StaleWrite once it does not (cancelled, or taken over): the caller stops the call. The
+        text itself is in the output's chunks (ProgressWriter), so this write stays the size of
+        the task's item however long the text grows."""
         try:
             # Nothing returned: a task with a long prompt is most of 400 KB, every 2 s.
             self._client.update_item(
                 TableName=self.table_name,
                 Key=task_key(task_id),
-                UpdateExpression=(
-                    "SET partial_result = :partial, progress_tokens = :tokens, progress_at = :now"
-                ),
+                UpdateExpression="SET progress_tokens = :tokens, progress_at = :now",
                 ConditionExpression="#status = :processing AND lease_id = :lease",
                 ExpressionAttributeNames=_STATUS,
                 ExpressionAttributeValues=serialize(
                     {
-                        ":partial": partial_result,
                         ":tokens": tokens,
                         ":now": now,
                         ":processing": TaskStatus.PROCESSING.value,

@@ -62,6 +62,7 @@ def _head(item: dict[str, Any]) -> OutputHead:
         tokens=int(fields.get("tokens", 0)),
         status=TaskStatus(status) if status else None,
         next_at=float(fields["next_at"]) if fields.get("next_at") is not None else None,
+        first_sequence=int(fields["first_sequence"]) if fields.get("first_sequence") else None,
     )
 
 
@@ -106,10 +107,12 @@ class TaskOutput:
         tokens: int,
         expires_at: int,
         next_at: float,
+        first_sequence: int,
     ) -> bool:
         """The chunk, then the head pointing to it (with the attempt's `offset` and `tokens` after
-        it, and when the next chunk is due). False when the task has ended meanwhile: the chunk
-        stays unread (its head never counts it) and expires with the rest."""
+        it, its attempt's first chunk, and when the next chunk is due). False when the task has
+        ended meanwhile: the chunk stays unread (its head never counts it) and expires with the
+        rest."""
         with dynamodb_errors("write"):
             self._client.put_item(
                 TableName=self.table_name,
@@ -129,7 +132,8 @@ class TaskOutput:
             self.table_name,
             _head_key(task_id),
             "SET owner_tenant = :tenant, last_sequence = :sequence, attempt = :attempt,"
-            " #offset = :offset, tokens = :tokens, expires_at = :expires, next_at = :next",
+            " #offset = :offset, tokens = :tokens, expires_at = :expires, next_at = :next,"
+            " first_sequence = :first",
             condition="attribute_not_exists(#status)",
             names={**_STATUS, "#offset": "offset"},
             values={
@@ -140,6 +144,7 @@ class TaskOutput:
                 ":tokens": tokens,
                 ":expires": expires_at,
                 ":next": next_at,
+                ":first": first_sequence,
             },
         )
         return updated is not None

@@ -22,6 +22,10 @@ from llmtasks.domain.models import Task, TaskStatus
 # escape a character into six).
 MAX_PAGE_CHUNKS = 100
 MAX_PAGE_BYTES = 900_000
+# How much of a running task's text so far `GET /tasks/{id}` shows as `partial_result`: its first
+# 100 KiB, as the task's item held it when progress writes carried it (the rest of the text, and
+# each piece as it comes: GET /tasks/{id}/output).
+PARTIAL_RESULT_BYTES = 100 * 1024
 # A chunk's text at most (characters): an item stays under DynamoDB's 400 KB at four bytes each.
 MAX_CHUNK_CHARS = 90_000
 
@@ -51,6 +55,7 @@ class OutputHead:
     offset: int  # characters of `attempt`'s text in its chunks
     tokens: int  # and its tokens
     status: TaskStatus | None = None  # set once the task ended
+    first_sequence: int | None = None  # `attempt`'s first chunk (None: written before it was kept)
     next_at: float | None = None  # when the next chunk is due (the last one's write + the interval)
 
     @property

@@ -21,6 +21,7 @@ from llmtasks.domain.models import Task
 from llmtasks.domain.output import (
     MAX_PAGE_BYTES,
     MAX_PAGE_CHUNKS,
+    PARTIAL_RESULT_BYTES,
     OutputChunk,
     OutputHead,
     TaskOutputPage,
@@ -83,6 +84,27 @@ class OutputReader:
                 return TaskOutputPage(task_id=task_id, chunks=[], after=after, final=False)
             time.sleep(min(self._pause(head, polls), left))
         raise AssertionError("unreachable: the loop returns")
+
+    def text_so_far(self, task: Task) -> str | None:
+        """While `task` runs: the text its attempt has streamed so far (the attempt's chunks
+        joined, their first PARTIAL_RESULT_BYTES), or None before its first chunk."""
+        head = self._output.head(task.task_id)
+        if head is None or head.ended or head.attempt != max(1, task.attempts):
+            return None
+        parts: list[str] = []
+        size, first = 0, head.first_sequence or 1
+        while first <= head.last_sequence and size < PARTIAL_RESULT_BYTES:
+            last = min(head.last_sequence, first + MAX_PAGE_CHUNKS - 1)
+            chunks = self._output.chunks(task.task_id, first, last)
+            for chunk in chunks:
+                if chunk.attempt == head.attempt:  # a head written before it kept the first chunk
+                    parts.append(chunk.text)
+                    size += len(chunk.text.encode())
+            if not chunks or chunks[-1].sequence < last:
+                break  # one expired (the task with it, soon)
+            first = last + 1
+        text = "".join(parts).encode()[:PARTIAL_RESULT_BYTES].decode(errors="ignore")
+        return text or None
 
     def _pause(self, head: OutputHead | None, polls: int) -> float:
         """The wait before the next read of the head (see SLOW_POLL_S)."""

@@ -144,12 +144,21 @@ class TaskService:
         for reads in itertools.count():
             task = self.owned(tenant_id, task_id)
             left = give_up - time.monotonic()
-            if task.status.is_terminal or left <= 0:
+            if task.status.is_terminal:
                 return self._results.hydrate(task)
+            if left <= 0:
+                return self._with_text_so_far(task)
             # Reads 0.05, 0.1, 0.2, 0.4 s apart, then one per half second: a short task is seen
             # done within a few tens of milliseconds, and a long wait costs what client polling would.
             time.sleep(min(WAIT_POLL_S, WAIT_FIRST_POLL_S * 2**reads, left))
         raise AssertionError("unreachable: the loop returns")
+
+    def _with_text_so_far(self, task: Task) -> Task:
+        """A running task with its text so far (`partial_result`), read from its output's chunks:
+        its progress writes carry the tokens only (items written before they did keep the text)."""
+        if task.status is not TaskStatus.PROCESSING or not task.progress_at or task.partial_result:
+            return task
+        return task.model_copy(update={"partial_result": self._output.text_so_far(task)})
 
     def output(
         self, tenant_id: str, task_id: str, *, after: int, wait_s: float = 0, past_end_ok: bool = False

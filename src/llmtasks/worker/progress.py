@@ -1,6 +1,7 @@
-"""A streaming call's text so far, written as it comes: to its task (readers of the task see
-`partial_result` and `progress`) and as numbered chunks of its output (readers follow those from
-any point with `GET /tasks/{id}/output`)."""
+"""A streaming call's text so far, written as it comes: the text added since the last write as
+the next numbered chunks of its output (readers follow those from any point with
+`GET /tasks/{id}/output`; `GET /tasks/{id}` joins the attempt's chunks as `partial_result`), and
+how far it got (`progress`) on its task."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from llmtasks.domain.rules import Clock
 
 
 class ProgressWriter:
-    """Writes a streaming call's text so far, at most once every `interval_s`: the task's item
-    (one UpdateItem, billed by the item's size; it raises StaleWrite when the task is no longer
-    this lease's, cancelled or taken over, which ends the call), then the text added since the
-    last write as the output's next chunks (a PutItem each and one UpdateItem of the head)."""
+    """Writes a streaming call's progress, at most once every `interval_s`: the task's tokens so
+    far (one UpdateItem, billed by the item's size, which the text no longer grows; it raises
+    StaleWrite when the task is no longer this lease's, cancelled or taken over, which ends the
+    call), then the text added since the last write as the output's next chunks (a PutItem each
+    and one UpdateItem of the head). Each write carries only the new text: a call's writes add
+    up to its text once, not to the square of it."""
 
     def __init__(
         self,
@@ -26,17 +29,16 @@ class ProgressWriter:
         *,
         lease_id: str,
         interval_s: float,
-        max_bytes: int,
         clock: Clock,
     ) -> None:
         self._store = store
         self._task = task
         self._lease_id = lease_id
         self._interval_s = interval_s
-        self._max_bytes = max_bytes
         self._clock = clock
         self._written_at = clock()  # the first write comes one interval into the call
         self._sequence: int | None = None  # the output's last chunk, read at this attempt's first
+        self._first: int | None = None  # this attempt's first chunk
         self.offset = 0  # characters of this attempt's text in chunks
         self.tokens = 0  # and its tokens
 
@@ -45,15 +47,8 @@ class ProgressWriter:
         if now - self._written_at < self._interval_s:
             return
         self._written_at = now
-        # The head of a long reply: the item must stay under DynamoDB's 400 KB with the prompt.
-        head = text.encode()[: self._max_bytes].decode(errors="ignore")
         await asyncio.to_thread(
-            self._store.record_progress,
-            self._task.task_id,
-            lease_id=self._lease_id,
-            partial_result=head,
-            tokens=tokens,
-            now=now,
+            self._store.record_progress, self._task.task_id, lease_id=self._lease_id, tokens=tokens, now=now
         )
         await asyncio.to_thread(self._append, text, tokens, now + self._interval_s)
 
@@ -67,6 +62,7 @@ class ProgressWriter:
             # Consistent: an earlier attempt's last chunk must not be written over.
             head = output.head(task.task_id, consistent=True)
             self._sequence = head.last_sequence if head else 0
+            self._first = self._sequence + 1
         parts = pieces(added)
         for i, part in enumerate(parts):
             last_part = i == len(parts) - 1
@@ -87,6 +83,7 @@ class ProgressWriter:
                 tokens=chunk_tokens,
                 expires_at=task.expires_at,
                 next_at=next_at,
+                first_sequence=self._first or chunk.sequence,
             ):
                 return  # the task ended meanwhile: the lease check of the next write stops the call
             self.offset, self.tokens = offset, chunk_tokens

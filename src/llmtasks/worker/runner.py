@@ -295,7 +295,6 @@ class TaskRunner:
             task,
             lease_id=lease_id,
             interval_s=self._settings.progress_interval_s,
-            max_bytes=self._settings.max_inline_result_bytes,
             clock=self._clock,
         )
 
