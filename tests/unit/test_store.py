@@ -263,6 +263,29 @@ def test_many_tasks_are_read_a_hundred_keys_a_request(store: TaskStore, aws: Aws
     assert sorted(requests) == [51, 100, 100]  # BatchGetItem's limit, no key asked twice
 
 
+def test_many_new_tasks_are_written_a_hundred_a_transaction_each_once(store: TaskStore, aws: Aws) -> None:
+    def task(i: int, prompt: str = "hello") -> Task:
+        return pending_task(f"t{i}", tenant="acme", now=NOW, request=LLMRequest(prompt=prompt))
+
+    existing = [new_task(store, f"t{i}") for i in (3, 150)]
+    transactions: list[int] = []
+    aws.dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.TransactWriteItems",
+        lambda params, **_: transactions.append(len(params["TransactItems"])),
+    )
+    tasks = [task(i, "x" * 40_000 if 200 <= i < 280 else "hello") for i in range(280)]
+    created = store.create_many(tasks)
+    # Each group is refused whole for its one task that exists, then written without it; the
+    # tasks of 40 KB prompts go 3 MB a transaction (DynamoDB takes 4 MB)
+    assert [t.task_id for t in created] == [t.task_id for t in tasks if t.task_id not in ("t3", "t150")]
+    assert transactions[:4] == [100, 99, 100, 99]
+    assert sum(transactions[4:]) == 80
+    assert max(transactions[4:]) < 80
+    assert store.get("t3", now=NOW) == existing[0]  # the task that existed is left as it was
+    assert store.get_many([t.task_id for t in tasks]).keys() == {t.task_id for t in tasks}
+    assert store.create_many(tasks) == []  # again: every one exists
+
+
 @pytest.mark.parametrize(
     ("task_id", "tenant", "now"), [("t1", "other", NOW), ("zz", "acme", NOW), ("t1", "acme", NOW + 4000)]
 )

@@ -8,6 +8,8 @@ their own adapters (batch_store.py, tenant_secrets.py, usage.py).
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,6 +52,11 @@ _LEASE_FIELDS = (
     " partial_result, progress_tokens, progress_at, attempt_started_at"
 )
 RETRY_EARLY_S = 1.0
+# New tasks one TransactWriteItems writes (DynamoDB takes 100 actions and 4 MB a transaction:
+# a group's items are kept to 3 MB of JSON, above what they take in DynamoDB's own sizes).
+TRANSACT_GROUP = 100
+TRANSACT_BYTES = 3_000_000
+TRANSACT_ATTEMPTS = 8
 TENANT_INDEX = "by_tenant_with_status"
 # Index entries a listing by status looks through a query: a hundred bytes each, so 100 KB of
 # the 1 MB a query may read, and 25 read units (eventually consistent).
@@ -81,12 +88,63 @@ class TaskStore:
 
     # --- tasks ---------------------------------------------------------------------------
 
+    def create_many(self, tasks: list[Task]) -> list[Task]:
+        """Writes the new tasks, up to a hundred (or 3 MB) a TransactWriteItems, each only if no
+        task has its id yet: the ones written. A group is written whole or not at all, so a
+        fan-out killed between groups leaves each task made once or not yet; a group refused
+        because some of its tasks exist (a repeated fan-out) is written again without them."""
+        created: list[Task] = []
+        for given in _transact_groups([(task, _new_item(task)) for task in tasks]):
+            group = given
+            for attempt in range(TRANSACT_ATTEMPTS):
+                refused = self._create_together(group)
+                if refused is None:
+                    created += [task for task, _ in group]
+                    break
+                group = [pair for pair, exists in zip(group, refused, strict=True) if not exists]
+                if not group:
+                    break
+                if not any(refused):  # a conflict with another transaction: none of them exists
+                    time.sleep(0.05 * 2**attempt)
+            else:
+                raise BackendError(
+                    f"DynamoDB: {len(group)} tasks not written after {TRANSACT_ATTEMPTS} tries"
+                )
+        return created
+
+    def _create_together(self, group: list[tuple[Task, dict[str, Any]]]) -> list[bool] | None:
+        """None once the group is written; else which of its tasks exist already (all False: it
+        met another transaction)."""
+        actions: list[Any] = [
+            {
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": item,
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            }
+            for _, item in group
+        ]
+        try:
+            self._client.transact_write_items(TransactItems=actions)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+            reasons = exc.response.get("CancellationReasons", [])
+            codes = [reason.get("Code", "None") for reason in reasons]
+            if len(codes) != len(group) or any(
+                code not in ("None", "ConditionalCheckFailed", "TransactionConflict") for code in codes
+            ):
+                raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+            return [code == "ConditionalCheckFailed" for code in codes]
+        except BotoCoreError as exc:
+            raise BackendError(f"DynamoDB transaction failed: {exc}") from exc
+        return None
+
     def create(self, task: Task) -> bool:
         """Writes a new task; False when a task with its id exists already (a batch item's id
         follows from its batch and index, so a repeated fan-out finds its own tasks)."""
-        # Unset fields are left out of the item, but the client's metadata is kept exactly, as text.
-        fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(task.metadata)}
-        item = serialize({"pk": f"task#{task.task_id}", **fields})
+        item = _new_item(task)
         try:
             self._client.put_item(
                 TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
@@ -512,3 +570,28 @@ class TaskStore:
     def endpoints(self) -> WebhookEndpoints:
         """The same table's items of each tenant's failing and disabled webhook URLs."""
         return WebhookEndpoints(self.table_name, self._client)
+
+
+def _new_item(task: Task) -> dict[str, Any]:
+    """A new task's item. Unset fields are left out, but the client's metadata is kept exactly,
+    as text."""
+    fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(task.metadata)}
+    return serialize({"pk": f"task#{task.task_id}", **fields})
+
+
+def _transact_groups(
+    pairs: list[tuple[Task, dict[str, Any]]],
+) -> list[list[tuple[Task, dict[str, Any]]]]:
+    """The tasks with their items, in order, in groups one TransactWriteItems takes: at most
+    TRANSACT_GROUP, their items at most TRANSACT_BYTES as JSON (DynamoDB's limits: 100 actions
+    and 4 MB)."""
+    groups: list[list[tuple[Task, dict[str, Any]]]] = []
+    size = 0
+    for pair in pairs:
+        item_size = len(json.dumps(pair[1]))
+        if not groups or len(groups[-1]) == TRANSACT_GROUP or size + item_size > TRANSACT_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(pair)
+        size += item_size
+    return groups
