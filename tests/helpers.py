@@ -120,15 +120,22 @@ class WebhookReceiver:
     hang_s: float = 0.0
     answer_headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
     deliveries: list[Delivery] = field(default_factory=list)
+    open: int = 0  # requests being answered now
+    most_open: int = 0  # the most at once
 
     async def _receive(self, request: Request) -> Response:
-        self.deliveries.append(Delivery(dict(request.headers), await request.body()))
-        if self.hang_s:
-            import asyncio
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            self.deliveries.append(Delivery(dict(request.headers), await request.body()))
+            if self.hang_s:
+                import asyncio
 
-            await asyncio.sleep(self.hang_s)
-        status = self.answers.pop(0) if self.answers else 200
-        return Response(status_code=status, headers=self.answer_headers)
+                await asyncio.sleep(self.hang_s)
+            status = self.answers.pop(0) if self.answers else 200
+            return Response(status_code=status, headers=self.answer_headers)
+        finally:
+            self.open -= 1
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/hook", self._receive, methods=["POST"])])

@@ -106,6 +106,22 @@ def test_a_tenant_s_running_calls_stay_under_its_cap(running: RunningCalls) -> N
     assert set(running.running("acme")) == {"t2", "t3"}
 
 
+def test_a_place_is_handed_over_in_one_write_only_from_its_holder_to_one_without_a_place(
+    running: RunningCalls,
+) -> None:
+    assert running.take("acme", "t1", cap=2, until=2000)
+    assert running.take("acme", "t2", cap=2, until=2000)
+    assert running.hand_over("acme", "t1", "t3", until=2500)
+    assert running.running("acme") == {"t2": 2000.0, "t3": 2500.0}
+    assert not running.hand_over("acme", "t1", "t4", until=2500)  # t1 holds none any more
+    assert not running.hand_over("acme", "t2", "t3", until=2500)  # t3 holds one already
+    assert running.running("acme") == {"t2": 2000.0, "t3": 2500.0}
+    # The count stayed two: the cap still holds
+    assert not running.take("acme", "t5", cap=2, until=2000)
+    running.give_back("acme", "t3")
+    assert running.take("acme", "t5", cap=2, until=2000)
+
+
 def test_a_place_whose_lease_lapsed_is_cleared_by_the_next_take_that_finds_the_cap_full(
     running: RunningCalls,
 ) -> None:

@@ -25,8 +25,10 @@ from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_sec
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
 from llmtasks.observability import trace_id
 from llmtasks.records import sqs_record
+from llmtasks.services import webhook_places
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhook_controls import WebhookControls
+from llmtasks.services.webhook_places import PLACE_MARGIN_S, EndpointPlaces
 from llmtasks.services.webhook_urls import (
     check_webhook_url,
     endpoint_of,
@@ -36,7 +38,6 @@ from llmtasks.services.webhook_urls import (
 )
 from llmtasks.services.webhooks import (
     DEFER_BASE_S,
-    PLACE_MARGIN_S,
     WebhookDelivery,
     WebhookRelay,
     WebhookSender,
@@ -46,7 +47,16 @@ from llmtasks_client import WebhookVerificationError, verify_webhook
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from tests.conftest import Aws
-from tests.helpers import NEVER, SpanJitter, WebhookReceiver, blobs, emf_records, load_event, task_lanes
+from tests.helpers import (
+    HANG_S,
+    NEVER,
+    SpanJitter,
+    WebhookReceiver,
+    blobs,
+    emf_records,
+    load_event,
+    task_lanes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -1022,6 +1032,125 @@ def test_a_busy_endpoint_s_event_waits_in_its_invocation_for_a_place_and_goes_ou
     assert aws.messages("WebhookQueue", wait_s=2) == []
     assert "WebhookDeferrals" not in emf_records(capsys.readouterr().out)
     assert hooks.places.running(endpoint) == {}
+
+
+class PlaceWrites:
+    """The endpoint places' writes a delivery makes, by kind, in order: each take with whose it
+    was and whether it was granted, each hand-over and whether it was written, each give-back."""
+
+    def __init__(self, hooks: Hooks, monkeypatch: pytest.MonkeyPatch, on_refusal: Any = None) -> None:
+        self.takes: list[tuple[str, bool]] = []
+        self.hand_overs: list[bool] = []
+        self.give_backs = 0
+        places = hooks.places
+        take, hand_over, give_back = places.take, places.hand_over, places.give_back
+
+        def counted_take(endpoint: str, webhook_id: str, **kwargs: Any) -> Take:
+            place = take(endpoint, webhook_id, **kwargs)
+            self.takes.append((webhook_id, bool(place)))
+            if not place and on_refusal is not None:
+                on_refusal(self.refused)
+            return place
+
+        def counted_hand_over(*args: Any, **kwargs: Any) -> bool:
+            self.hand_overs.append(hand_over(*args, **kwargs))
+            return self.hand_overs[-1]
+
+        def counted_give_back(*args: Any) -> None:
+            self.give_backs += 1
+            give_back(*args)
+
+        monkeypatch.setattr(places, "take", counted_take)
+        monkeypatch.setattr(places, "hand_over", counted_hand_over)
+        monkeypatch.setattr(places, "give_back", counted_give_back)
+
+    @property
+    def refused(self) -> int:
+        return sum(not granted for _, granted in self.takes)
+
+    @property
+    def total(self) -> int:
+        return len(self.takes) + len(self.hand_overs) + self.give_backs
+
+
+def test_one_invocation_s_deliveries_to_an_endpoint_hand_its_places_on_without_asking_again(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, url = receiver
+    hook.hang_s = 0.05  # each delivery holds its place a while
+    for i in range(10):
+        hooks.finish_task(f"line {i}")
+    hooks.relay()
+    messages = aws.messages("WebhookQueue")
+    writes = PlaceWrites(hooks, monkeypatch)
+    # When ten events of one endpoint with two places come in one invocation
+    assert hooks.deliver(messages, webhook_endpoint_concurrency=2) == {"batchItemFailures": []}
+    # every one is delivered, never more than two at once, and none put off
+    assert len(hook.deliveries) == 10
+    assert hook.most_open == 2
+    assert aws.messages("WebhookQueue", wait_s=1) == []
+    # with a write each, none refused: two takes, eight hand-overs down the line, two give-backs
+    assert (writes.refused, len(writes.takes), writes.hand_overs, writes.give_backs) == (0, 2, [True] * 8, 2)
+    assert hooks.places.running(endpoint_of(url)) == {}
+
+
+def test_a_line_waiting_for_another_sandbox_s_place_asks_through_its_first_alone(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, url = receiver
+    endpoint = endpoint_of(url)
+    for i in range(5):
+        hooks.finish_task(f"line {i}")
+    hooks.relay()
+    messages = aws.messages("WebhookQueue")
+    monkeypatch.setattr(webhook_places, "PLACE_WAIT_S", HANG_S)  # waits end on the place, not a clock
+    # Given the endpoint's one place held by another sandbox's delivery that has just begun,
+    # which ends after the second refusal this sandbox gets
+    assert hooks.places.take(endpoint, "msg_other", cap=1, until=time.time() + 60)
+
+    give_back = hooks.places.give_back  # the other sandbox's, not counted
+
+    def the_other_ends_at_the_second(refused: int) -> None:
+        if refused == 2:
+            give_back(endpoint, "msg_other")
+
+    writes = PlaceWrites(hooks, monkeypatch, on_refusal=the_other_ends_at_the_second)
+    # When five events of that endpoint come in one invocation
+    assert hooks.deliver(messages, webhook_endpoint_concurrency=1) == {"batchItemFailures": []}
+    # the first asks and is refused; the others wait behind it without asking; the line's first
+    # asks again after a back-off, and takes the place once it is free
+    assert len(hook.deliveries) == 5
+    assert [granted for _, granted in writes.takes] == [False, False, True]
+    assert len({webhook_id for webhook_id, _ in writes.takes[1:]}) == 1
+    # then hands it down the line: eight writes for five deliveries, none put off
+    assert (writes.hand_overs, writes.give_backs, writes.total) == ([True] * 4, 1, 8)
+    assert aws.messages("WebhookQueue", wait_s=1) == []
+    assert hooks.places.running(endpoint) == {}
+
+
+def test_a_place_whose_entry_lapsed_is_not_handed_on_and_the_waiter_asks_for_its_own(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhook_places, "PLACE_WAIT_S", HANG_S)
+    places = endpoint_places(aws.resources.table_names["LimitsTable"], aws.dynamodb)
+    line = EndpointPlaces(places, cap=1, timeout_s=15.0)
+    endpoint = "http://127.0.0.1:9"
+
+    async def scenario() -> tuple[bool, bool, dict[str, float]]:
+        assert await line.take(endpoint, "msg_a")
+        waiting = asyncio.create_task(line.take(endpoint, "msg_b"))
+        await asyncio.sleep(0)  # msg_b is in line behind msg_a
+        # msg_a's entry is cleared behind its back (as a take clears a lapsed one)
+        places.give_back(endpoint, "msg_a")
+        await line.give_back(endpoint, "msg_a")  # a hand-over that finds no entry writes nothing
+        place = await waiting  # msg_b asks for the place itself, and gets it
+        held = places.running(endpoint)
+        await line.give_back(endpoint, "msg_b")
+        return place.taken, "msg_a" in held, held
+
+    taken, a_held, held = asyncio.run(scenario())
+    assert (taken, a_held, list(held)) == (True, False, ["msg_b"])
+    assert places.running(endpoint) == {}
 
 
 # --- the delivery log, replay, and disabled endpoints ---------------------------------------

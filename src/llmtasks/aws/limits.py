@@ -305,6 +305,23 @@ class RunningCalls:
     def give_back(self, tenant_id: str, task_id: str) -> None:
         self._remove(tenant_id, task_id)
 
+    def hand_over(self, tenant_id: str, from_id: str, to_id: str, *, until: float) -> bool:
+        """`from_id`'s place becomes `to_id`'s until `until`, in one write (the count stays):
+        what a give-back and a take would do in two. False, and nothing written, when `from_id`
+        holds no place (its entry lapsed and was cleared) or `to_id` holds one already."""
+        try:
+            self._write(
+                tenant_id,
+                "REMOVE #entry SET #to = :until",
+                "attribute_exists(#entry) AND attribute_not_exists(#to)",
+                {":until": until},
+                from_id,
+                {"#to": f"t_{to_id}"},
+            )
+        except CounterRefused:
+            return False
+        return True
+
     def running(self, tenant_id: str) -> dict[str, float]:
         """The tenant's running tasks, each with until when it holds its place."""
         with dynamodb_errors("LimitsTable read"):
@@ -329,7 +346,13 @@ class RunningCalls:
         return True
 
     def _write(
-        self, tenant_id: str, update: str, condition: str, values: dict[str, Any], task_id: str
+        self,
+        tenant_id: str,
+        update: str,
+        condition: str,
+        values: dict[str, Any],
+        task_id: str,
+        names: dict[str, str] | None = None,
     ) -> None:
         counter_update(
             self._client,
@@ -338,7 +361,7 @@ class RunningCalls:
             update,
             condition,
             values,
-            names={"#entry": f"t_{task_id}"},
+            names={"#entry": f"t_{task_id}", **(names or {})},
         )
 
 

@@ -39,6 +39,7 @@ from llmtasks.domain.models import (
 )
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.services.webhook_places import PLACE_MARGIN_S, EndpointPlaces
 from llmtasks.services.webhook_urls import (
     Resolver,
     UnsafeWebhookUrl,
@@ -59,18 +60,9 @@ if TYPE_CHECKING:
 # An event whose endpoint has every place taken comes back after this, doubled each time it is
 # put off again, but never later than the timeout of the endpoint's oldest open delivery (a place
 # is free by then): a hung endpoint's events wait no longer than its deliveries can. (SQS delays
-# are whole seconds: the first comes back at once, the next after about 1, 1, 2, 5, 10 s.)
+# are whole seconds: the first comes back at once, the next after about 1, 1, 2, 5, 10 s.) A busy
+# endpoint's events wait in their invocation first (webhook_places.PLACE_WAIT_S).
 DEFER_BASE_S = 0.3
-# ... unless every open delivery of the endpoint began under this long ago: the endpoint is busy,
-# not hung, and a place frees within tens of milliseconds. The event then waits in its
-# invocation, asking again every PLACE_POLL_S, for up to this long before it is put off: a
-# healthy endpoint's burst goes out as fast as its places turn over, not a round of SQS delays
-# a place.
-PLACE_WAIT_S = 1.0
-PLACE_POLL_S = 0.1
-# A place outlives its delivery's timeout by this much: a sandbox that dies mid-delivery holds
-# it no longer (the next take that finds the endpoint full clears it).
-PLACE_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -202,7 +194,17 @@ class WebhookDelivery:
         `requeue` (WebhookQueue) takes the events put off meanwhile."""
         if settings.webhook_endpoint_concurrency and (places is None or requeue is None):
             raise ValueError("a cap on each endpoint's deliveries needs its places and WebhookQueue")
-        self._places = places if settings.webhook_endpoint_concurrency else None
+        self._places = (
+            EndpointPlaces(
+                places,
+                cap=settings.webhook_endpoint_concurrency,
+                timeout_s=settings.webhook_timeout_s,
+                clock=clock,
+                rng=rng,
+            )
+            if places is not None and settings.webhook_endpoint_concurrency
+            else None
+        )
         self._requeue = requeue
         self._settings = settings
         self._store = store
@@ -261,9 +263,7 @@ class WebhookDelivery:
             if subject is None:
                 return _dropped(message)
             endpoint = endpoint_of(subject.url)
-        place = await asyncio.to_thread(self._take_place, endpoint, message)
-        if not place and self._busy_not_hung(place.held):
-            place = await self._wait_for_place(endpoint, message)
+        place = await self._places.take(endpoint, message.webhook_id) if self._places else Take(taken=True)
         if not place:
             # Put off before anything is read: an endpoint that hangs costs its events a write
             # and a send each round, no more.
@@ -277,7 +277,7 @@ class WebhookDelivery:
             await self._attempt(message, attempt, subject)
         finally:
             if self._places is not None:
-                await asyncio.to_thread(self._places.give_back, endpoint, message.webhook_id)
+                await self._places.give_back(endpoint, message.webhook_id)
 
     async def _attempt(self, message: WebhookMessage, attempt: int, subject: _Subject) -> None:
         """One HTTP attempt at the event (its endpoint's place held), and what it leads to."""
@@ -359,30 +359,6 @@ class WebhookDelivery:
         )
         # pragma: no mutate end
         return True
-
-    def _take_place(self, endpoint: str, message: WebhookMessage) -> Take:
-        """One of the endpoint's places for this delivery, or a refusal saying who holds them."""
-        if self._places is None:
-            return Take(taken=True)
-        until = self._clock() + self._settings.webhook_timeout_s + PLACE_MARGIN_S
-        cap = self._settings.webhook_endpoint_concurrency
-        return self._places.take(endpoint, message.webhook_id, cap=cap, until=until)
-
-    def _busy_not_hung(self, held: dict[str, float]) -> bool:
-        """Every open delivery of the endpoint began under PLACE_WAIT_S ago (a place holds until
-        its start, plus the timeout and PLACE_MARGIN_S), or none is open any more."""
-        began = [until - self._settings.webhook_timeout_s - PLACE_MARGIN_S for until in held.values()]
-        return not began or self._clock() - min(began) < PLACE_WAIT_S
-
-    async def _wait_for_place(self, endpoint: str, message: WebhookMessage) -> Take:
-        """A place of a busy endpoint, asked for every PLACE_POLL_S (jittered) while its open
-        deliveries are young, for up to PLACE_WAIT_S; the last refusal when none came."""
-        give_up = time.monotonic() + PLACE_WAIT_S
-        while True:
-            await asyncio.sleep(PLACE_POLL_S * self._rng.uniform(0.5, 1.5))
-            place = await asyncio.to_thread(self._take_place, endpoint, message)
-            if place or not self._busy_not_hung(place.held) or time.monotonic() >= give_up:
-                return place
 
     def _defer_s(self, held: dict[str, float], deferrals: int) -> float:
         """How long to put an event off that was put off `deferrals` times before, from the
