@@ -515,6 +515,32 @@ def test_a_filtered_page_holds_at_most_its_limit_and_the_next_page_goes_on_from_
     assert [t["task_id"] for t in rest["data"]] == older[::-1][2:]
 
 
+def test_a_filtered_listing_looks_through_twice_its_page_first_then_twice_as_many_each_query(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a pending task behind 30 cancelled ones, and queries that look through 16 entries at most
+    monkeypatch.setattr(store_module, "STATUS_WINDOW", 16)
+    pending = submit_n(api, 1)
+    for task_id in submit_n(api, 30):
+        api.call("POST", f"/tasks/{task_id}/cancel")
+    limits: list[int] = []
+
+    def note_limit(params: dict[str, Any], **_: Any) -> None:
+        limits.append(params["Limit"])
+
+    api.aws.dynamodb.meta.events.register("provide-client-params.dynamodb.Query", note_limit)
+    try:
+        # When a page of two cancelled tasks, then one of two pending tasks, is asked for
+        cancelled = api.call("GET", "/tasks", query="status=cancelled&limit=2")["json"]["data"]
+        found = api.call("GET", "/tasks", query="status=pending&limit=2")["json"]["data"]
+    finally:
+        api.aws.dynamodb.meta.events.unregister("provide-client-params.dynamodb.Query", note_limit)
+    # Then the cancelled page reads four entries; the pending one 4, 8, then 16 a query
+    assert len(cancelled) == 2
+    assert [t["task_id"] for t in found] == pending
+    assert limits == [4, 4, 8, 16, 16]
+
+
 def test_an_expired_task_not_yet_deleted_is_a_404_and_is_not_listed(api: Api, settings: Settings) -> None:
     # Given a task submitted a TTL and a minute ago: DynamoDB has not deleted it yet
     ttl = settings.task_ttl_seconds

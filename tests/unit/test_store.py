@@ -406,11 +406,12 @@ def test_a_listing_by_status_reads_only_the_tasks_stored_with_it(aws: Aws, store
         return real_batch_get(**request)
 
     aws.dynamodb.batch_get_item = counted
-    # When the pending ones are listed two a page
+    # When the pending ones are listed two a page, each page one query through a window of
+    # STATUS_WINDOW entries (a listing's fifth query or later)
     pages, start = [], None
     while True:
         page, start = store.tenant_tasks(
-            "default", limit=2, start=start, statuses=frozenset({TaskStatus.PENDING})
+            "default", limit=2, start=start, statuses=frozenset({TaskStatus.PENDING}), queries_before=10
         )
         pages.append([task.task_id for task in page])
         if start is None:

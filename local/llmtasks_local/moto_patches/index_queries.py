@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import heapq
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any, cast
@@ -54,10 +55,17 @@ def _sort_attrs(table: Table, index: Any) -> list[str] | None:
     ]
 
 
-def _plain(item: Item, attrs: list[str]) -> tuple[Any, ...]:
-    """The item's sort key: its attributes' cast_value, what moto's comparisons compare (a
-    string is itself, a number a Decimal)."""
-    return tuple(_plain_value(item.attrs[attr]) for attr in attrs)
+def _order(attrs: list[str]) -> Callable[[Item], tuple[Any, ...]]:
+    """An item's place among items of one hash key: its other key attributes' cast_value, what
+    moto's comparisons compare (a string is itself, a number a Decimal)."""
+    if len(attrs) == 2:  # an index's range key and the table's hash key: a task listing's
+        first, second = attrs
+        return lambda item: (_plain_value(item.attrs[first]), _plain_value(item.attrs[second]))
+    return lambda item: tuple([_plain_value(item.attrs[attr]) for attr in attrs])
+
+
+def _first(pair: tuple[tuple[Any, ...], Item]) -> tuple[Any, ...]:
+    return pair[0]
 
 
 def _plain_value(value: DynamoType) -> Any:
@@ -135,22 +143,29 @@ def _indexed_query(
         return None
     index, attrs, expected = shape
     hash_attr, range_attr = attrs[0], attrs[1]
+    # Every item found has the queried hash key: its order is that of the rest of its key.
+    order = _order(attrs[1:])
     found = []
     for item in _items(table):
         if not isinstance(item, Item):
             continue
         if not _equal(item.attrs.get(hash_attr), expected) or not item.attrs.get(range_attr):
             continue
-        found.append((_plain(item, attrs), item))
-    found.sort(key=lambda pair: pair[0], reverse=not scan_index_forward)
-    start = 0
+        found.append((order(item), item))
     if exclusive_start_key is not None:
-        after = tuple(DynamoType(exclusive_start_key[a]).cast_value for a in attrs)
-        start = _past(found, after, scan_index_forward)
+        after = tuple(DynamoType(exclusive_start_key[a]).cast_value for a in attrs[1:])
+        found = [pair for pair in found if (pair[0] > after if scan_index_forward else pair[0] < after)]
+    # The page's items (and the one after it, which says whether another page follows): the
+    # first `limit` + 1 in the query's order, without sorting the key's every item.
+    if limit is not None and limit + 1 < len(found):
+        pick = heapq.nsmallest if scan_index_forward else heapq.nlargest
+        found = pick(limit + 1, found, key=_first)
+    else:
+        found.sort(key=_first, reverse=not scan_index_forward)
     results: list[Item] = []
     result_size = 0
     last_evaluated_key = None
-    for _, item in found[start:]:
+    for _, item in found:
         size = _size(item)
         if len(results) == limit or result_size + size > RESULT_SIZE_LIMIT:
             last_evaluated_key = table._get_last_evaluated_key(results[-1], index_name)
@@ -194,20 +209,6 @@ def _project(item: Item, names: list[str]) -> Item:
             dict.__setitem__(attrs, name, copy.deepcopy(value))
     kept.attrs = attrs
     return kept
-
-
-def _past(found: list[tuple[tuple[Any, ...], Item]], after: tuple[Any, ...], forward: bool) -> int:
-    """Where the items after `after` begin in `found` (sorted ascending if `forward`, else
-    descending): the first item whose key comes after it in the query's order."""
-    low, high = 0, len(found)
-    while low < high:
-        middle = (low + high) // 2
-        key = found[middle][0]
-        if (key <= after) if forward else (key >= after):
-            low = middle + 1
-        else:
-            high = middle
-    return low
 
 
 def _items(table: Table) -> Iterator[Any]:

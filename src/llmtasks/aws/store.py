@@ -58,9 +58,12 @@ TRANSACT_GROUP = 100
 TRANSACT_BYTES = 3_000_000
 TRANSACT_ATTEMPTS = 8
 TENANT_INDEX = "by_tenant_with_status"
-# Index entries a listing by status looks through a query: a hundred bytes each, so 100 KB of
-# the 1 MB a query may read, and 25 read units (eventually consistent).
+# Index entries a listing by status looks through a query at most: a hundred bytes each, so
+# 100 KB of the 1 MB a query may read, and 25 read units (eventually consistent). Its first query
+# looks through twice the page's size (a page of a common status fills from it, as most tasks
+# are completed), each next one twice as many as the one before.
 STATUS_WINDOW = 1000
+FIRST_WINDOW_PAGES = 2
 _STATUS = {"#status": "status"}  # a reserved word in DynamoDB expressions
 # Every status change counts itself (Task.revision), so batch counters can apply it exactly once.
 _REVISE = "revision = if_not_exists(revision, :zero) + :one"
@@ -188,13 +191,16 @@ class TaskStore:
         limit: int,
         start: TaskPosition | None = None,
         statuses: frozenset[TaskStatus] | None = None,
+        queries_before: int = 0,
     ) -> tuple[list[Task], TaskPosition | None]:
         """One page of a tenant's tasks, newest first, and where the next starts.
 
         The index holds the keys and each task's status: the page's keys come from it, the tasks
         from one BatchGetItem. With `statuses`, only tasks stored with one of them: the query looks
-        through up to STATUS_WINDOW entries for them, so a page of pending tasks among thousands of
-        finished ones is one query and a read of the pending ones only. `start` is a position in
+        through FIRST_WINDOW_PAGES times `limit` entries for them, twice as many for each query the
+        listing made before (`queries_before`), up to STATUS_WINDOW; so a page of the status most
+        tasks have reads little more than its own entries, and a page of pending tasks among
+        thousands of finished ones a few queries and the pending ones only. `start` is a position in
         the index (the previous page's, or any: DynamoDB continues after a key whether or not an
         item has it, and the tenant is always the caller's); expired items are included (DynamoDB
         deletes them late), so callers filter.
@@ -219,7 +225,7 @@ class TaskStore:
                 KeyConditionExpression="tenant_id = :tenant",
                 ExpressionAttributeValues=serialize(values),
                 ScanIndexForward=False,
-                Limit=STATUS_WINDOW if statuses else limit,
+                Limit=min(STATUS_WINDOW, FIRST_WINDOW_PAGES * limit << queries_before) if statuses else limit,
                 **extra,
             )
             entries = reply["Items"]  # a Query's reply always has Items

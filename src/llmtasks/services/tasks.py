@@ -37,7 +37,7 @@ from llmtasks.settings import SubmitSettings
 WAIT_POLL_S = 0.5
 WAIT_FIRST_POLL_S = 0.05
 # Queries one listing may make to fill a page when a status filter skips most tasks (each
-# looks through up to the store's STATUS_WINDOW index entries).
+# looks through more index entries than the one before, up to the store's STATUS_WINDOW).
 MAX_LIST_PAGES = 10
 
 
@@ -188,9 +188,9 @@ class TaskService:
         statuses = stored_as(status) if status is not None else None
         now = self._clock()
         found: list[Task] = []
-        for _ in range(MAX_LIST_PAGES):
+        for queries in range(MAX_LIST_PAGES):
             page, start = self._store.tenant_tasks(
-                tenant_id, limit=limit - len(found), start=start, statuses=statuses
+                tenant_id, limit=limit - len(found), start=start, statuses=statuses, queries_before=queries
             )
             for stored in page:
                 task = stored.as_read(now)
