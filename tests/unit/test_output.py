@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from llmtasks.api.openai_responses import segment
 from llmtasks.domain.errors import InvalidInput, TaskNotFound
 from llmtasks.domain.models import TaskStatus
 from llmtasks.domain.output import OutputChunk, TaskOutputPage
+from llmtasks.worker import progress
 from llmtasks_local.mock_llm import reply_text
 from tests.conftest import RunningMock
 from tests.helpers import eventually
@@ -136,6 +139,41 @@ def test_a_running_task_shows_its_attempt_s_text_so_far_from_its_chunks(
     assert all(whole.startswith(text) for text in seen)
     assert [len(text) for text in seen] == sorted(len(text) for text in seen)
     assert worker.task(task_id).result == whole
+
+
+def test_a_chunk_is_counted_only_by_its_own_attempt_or_a_later_one_while_the_task_runs(
+    worker: Worker,
+) -> None:
+    output = worker.store.output
+    task = worker.store.get(worker.submit("chunks of two attempts"), now=time.time())
+    assert task is not None
+
+    def append(sequence: int, attempt: int) -> bool:
+        chunk = OutputChunk(
+            sequence=sequence, text=f"{attempt}", tokens=1, attempt=attempt, written_at=datetime.now(UTC)
+        )
+        return output.append(
+            task.task_id,
+            chunk,
+            tenant_id=task.tenant_id,
+            offset=1,
+            tokens=1,
+            expires_at=task.expires_at,
+            next_at=time.time(),
+            first_sequence=sequence,
+        )
+
+    # An attempt's chunk, then a later attempt's; an earlier attempt's (a call that should have
+    # stopped) is then refused, as is any once the head says the task ended
+    assert append(1, attempt=1)
+    assert append(2, attempt=2)
+    assert not append(3, attempt=1)
+    head = output.head(task.task_id, consistent=True)
+    assert head is not None
+    assert (head.last_sequence, head.attempt, head.tokens) == (2, 2, 1)
+    assert head.written_at is not None
+    output.ended(task.model_copy(update={"attempts": 2}), TaskStatus.CANCELLED)
+    assert not append(3, attempt=2)
 
 
 def test_a_cancelled_task_s_output_ends_with_the_cancel(worker: Worker, mock_llm: RunningMock) -> None:
@@ -289,7 +327,9 @@ def test_a_failed_and_a_cancelled_response_end_their_events_with_failed_and_inco
 def test_a_task_whose_head_never_heard_of_its_end_still_ends_its_output(
     worker: Worker, mock_llm: RunningMock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a streaming task whose head could not be told of the cancel (that write failed)
+    # Given a streaming task whose head could not be told of the cancel (that write failed), and
+    # whose call reads the task at each progress write (TASK_CHECK_S: every 30 s in a real one)
+    monkeypatch.setattr(progress, "TASK_CHECK_S", 0.0)
     mock_llm.configure(latency_s=6, reply_chars=400)
     task_id = worker.submit("cancel me, quietly")
     thread = run_in_background(worker, progress_interval_s=0.3)

@@ -332,33 +332,6 @@ class TaskStore:
             values={"error": error, "error_code": error_code, "completed_at": now},
         )
 
-    def record_progress(self, task_id: str, *, lease_id: str, tokens: int, now: float) -> None:
-        """How far the call has streamed (its tokens, and when), while this lease holds the task;
-        StaleWrite once it does not (cancelled, or taken over): the caller stops the call. The
-        text itself is in the output's chunks (ProgressWriter), so this write stays the size of
-        the task's item however long the text grows."""
-        try:
-            # Nothing returned: a task with a long prompt is most of 400 KB, every 2 s.
-            self._client.update_item(
-                TableName=self.table_name,
-                Key=task_key(task_id),
-                UpdateExpression="SET progress_tokens = :tokens, progress_at = :now",
-                ConditionExpression="#status = :processing AND lease_id = :lease",
-                ExpressionAttributeNames=_STATUS,
-                ExpressionAttributeValues=serialize(
-                    {
-                        ":tokens": tokens,
-                        ":now": now,
-                        ":processing": TaskStatus.PROCESSING.value,
-                        ":lease": lease_id,
-                    }
-                ),
-            )
-        except ClientError as exc:
-            if is_condition_failure(exc):
-                raise StaleWrite(task_id) from exc
-            raise BackendError(f"DynamoDB update failed: {exc}") from exc
-
     def release(
         self,
         task_id: str,

@@ -63,6 +63,7 @@ def _head(item: dict[str, Any]) -> OutputHead:
         status=TaskStatus(status) if status else None,
         next_at=float(fields["next_at"]) if fields.get("next_at") is not None else None,
         first_sequence=int(fields["first_sequence"]) if fields.get("first_sequence") else None,
+        written_at=float(fields["written_at"]) if fields.get("written_at") is not None else None,
     )
 
 
@@ -110,9 +111,10 @@ class TaskOutput:
         first_sequence: int,
     ) -> bool:
         """The chunk, then the head pointing to it (with the attempt's `offset` and `tokens` after
-        it, its attempt's first chunk, and when the next chunk is due). False when the task has
-        ended meanwhile: the chunk stays unread (its head never counts it) and expires with the
-        rest."""
+        it, its attempt's first chunk, when it was written and when the next chunk is due): the
+        call's progress, which `GET /tasks/{id}` reads here. False when the task has ended
+        meanwhile (a cancel writes the head) or a later attempt has written: the chunk stays
+        unread (its head never counts it) and expires with the rest."""
         with dynamodb_errors("write"):
             self._client.put_item(
                 TableName=self.table_name,
@@ -133,8 +135,11 @@ class TaskOutput:
             _head_key(task_id),
             "SET owner_tenant = :tenant, last_sequence = :sequence, attempt = :attempt,"
             " #offset = :offset, tokens = :tokens, expires_at = :expires, next_at = :next,"
-            " first_sequence = :first",
-            condition="attribute_not_exists(#status)",
+            " first_sequence = :first, written_at = :at",
+            # Not ended (a cancel writes the head), and no later attempt has written it.
+            condition=(
+                "attribute_not_exists(#status) AND (attribute_not_exists(attempt) OR attempt <= :attempt)"
+            ),
             names={**_STATUS, "#offset": "offset"},
             values={
                 ":tenant": tenant_id,
@@ -145,6 +150,7 @@ class TaskOutput:
                 ":expires": expires_at,
                 ":next": next_at,
                 ":first": first_sequence,
+                ":at": chunk.written_at.timestamp(),
             },
         )
         return updated is not None

@@ -57,6 +57,7 @@ class OutputHead:
     status: TaskStatus | None = None  # set once the task ended
     first_sequence: int | None = None  # `attempt`'s first chunk (None: written before it was kept)
     next_at: float | None = None  # when the next chunk is due (the last one's write + the interval)
+    written_at: float | None = None  # when the last chunk was written (None: before it was kept)
 
     @property
     def ended(self) -> bool:

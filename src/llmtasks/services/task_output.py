@@ -85,12 +85,13 @@ class OutputReader:
             time.sleep(min(self._pause(head, polls), left))
         raise AssertionError("unreachable: the loop returns")
 
-    def text_so_far(self, task: Task) -> str | None:
-        """While `task` runs: the text its attempt has streamed so far (the attempt's chunks
-        joined, their first PARTIAL_RESULT_BYTES), or None before its first chunk."""
+    def so_far(self, task: Task) -> Task:
+        """`task`, while it runs, with how far its attempt has streamed: its text so far
+        (`partial_result`: its chunks joined, their first PARTIAL_RESULT_BYTES) and its tokens and
+        when (`progress`), from its output's head and chunks. As it was before its first chunk."""
         head = self._output.head(task.task_id)
         if head is None or head.ended or head.attempt != max(1, task.attempts):
-            return None
+            return task
         parts: list[str] = []
         size, first = 0, head.first_sequence or 1
         while first <= head.last_sequence and size < PARTIAL_RESULT_BYTES:
@@ -104,7 +105,13 @@ class OutputReader:
                 break  # one expired (the task with it, soon)
             first = last + 1
         text = "".join(parts).encode()[:PARTIAL_RESULT_BYTES].decode(errors="ignore")
-        return text or None
+        return task.model_copy(
+            update={
+                "partial_result": text or None,
+                "progress_tokens": head.tokens,
+                "progress_at": head.written_at,
+            }
+        )
 
     def _pause(self, head: OutputHead | None, polls: int) -> float:
         """The wait before the next read of the head (see SLOW_POLL_S)."""

@@ -154,11 +154,12 @@ class TaskService:
         raise AssertionError("unreachable: the loop returns")
 
     def _with_text_so_far(self, task: Task) -> Task:
-        """A running task with its text so far (`partial_result`), read from its output's chunks:
-        its progress writes carry the tokens only (items written before they did keep the text)."""
-        if task.status is not TaskStatus.PROCESSING or not task.progress_at or task.partial_result:
+        """A running task with its text so far (`partial_result`) and `progress`, read from its
+        output's head and chunks: its progress is written there, not on the task's item (items
+        written by releases before 0.3 carry the text themselves)."""
+        if task.status is not TaskStatus.PROCESSING or task.partial_result:
             return task
-        return task.model_copy(update={"partial_result": self._output.text_so_far(task)})
+        return self._output.so_far(task)
 
     def output(
         self, tenant_id: str, task_id: str, *, after: int, wait_s: float = 0, past_end_ok: bool = False

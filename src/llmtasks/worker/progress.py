@@ -1,7 +1,8 @@
 """A streaming call's text so far, written as it comes: the text added since the last write as
-the next numbered chunks of its output (readers follow those from any point with
-`GET /tasks/{id}/output`; `GET /tasks/{id}` joins the attempt's chunks as `partial_result`), and
-how far it got (`progress`) on its task."""
+the next numbered chunks of its output, and how far it got on their head (readers follow the
+chunks from any point with `GET /tasks/{id}/output`; `GET /tasks/{id}` joins the attempt's chunks
+as `partial_result` and reads `progress` from the head). The task's own item is not written: an
+update is billed by the item's whole size, a long prompt included."""
 
 from __future__ import annotations
 
@@ -9,18 +10,26 @@ import asyncio
 from datetime import UTC, datetime
 
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.models import Task
+from llmtasks.domain.errors import StaleWrite
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.output import OutputChunk, pieces
 from llmtasks.domain.rules import Clock
 
+# The head tells a call of its cancel, but writing it is a cancel's best effort: should that
+# write fail, the call learns of the cancel from the task itself, read this often (a read of the
+# whole item, where each progress write was a write of it).
+TASK_CHECK_S = 30.0
+
 
 class ProgressWriter:
-    """Writes a streaming call's progress, at most once every `interval_s`: the task's tokens so
-    far (one UpdateItem, billed by the item's size, which the text no longer grows; it raises
-    StaleWrite when the task is no longer this lease's, cancelled or taken over, which ends the
-    call), then the text added since the last write as the output's next chunks (a PutItem each
-    and one UpdateItem of the head). Each write carries only the new text: a call's writes add
-    up to its text once, not to the square of it."""
+    """Writes a streaming call's progress, at most once every `interval_s`: the text added since
+    the last write as the output's next chunks (a PutItem each), then the head with the tokens so
+    far (one UpdateItem of a small item). Each write carries only the new text: a call's writes
+    add up to its text once, not to the square of it, whatever its prompt. StaleWrite when the
+    head says the task ended (a cancel writes it) or a later attempt writes it, or (read every
+    TASK_CHECK_S) the task is no longer this lease's, which ends the call. While the call runs
+    its lease holds (it outlives the invocation), so no other delivery can take the task over: a
+    cancel is the one way to lose it."""
 
     def __init__(
         self,
@@ -33,10 +42,11 @@ class ProgressWriter:
     ) -> None:
         self._store = store
         self._task = task
-        self._lease_id = lease_id
         self._interval_s = interval_s
         self._clock = clock
+        self._lease_id = lease_id
         self._written_at = clock()  # the first write comes one interval into the call
+        self._checked_at = self._written_at  # the task as its claim found it
         self._sequence: int | None = None  # the output's last chunk, read at this attempt's first
         self._first: int | None = None  # this attempt's first chunk
         self.offset = 0  # characters of this attempt's text in chunks
@@ -47,10 +57,15 @@ class ProgressWriter:
         if now - self._written_at < self._interval_s:
             return
         self._written_at = now
-        await asyncio.to_thread(
-            self._store.record_progress, self._task.task_id, lease_id=self._lease_id, tokens=tokens, now=now
-        )
+        if now - self._checked_at >= TASK_CHECK_S:
+            self._checked_at = now
+            await asyncio.to_thread(self._check_lease, now)
         await asyncio.to_thread(self._append, text, tokens, now + self._interval_s)
+
+    def _check_lease(self, now: float) -> None:
+        task = self._store.get(self._task.task_id, now=now)
+        if task is None or task.status is not TaskStatus.PROCESSING or task.lease_id != self._lease_id:
+            raise StaleWrite(self._task.task_id)
 
     def _append(self, text: str, tokens: int, next_at: float) -> None:
         added = text[self.offset :]
@@ -85,5 +100,5 @@ class ProgressWriter:
                 next_at=next_at,
                 first_sequence=self._first or chunk.sequence,
             ):
-                return  # the task ended meanwhile: the lease check of the next write stops the call
+                raise StaleWrite(task.task_id)  # the task ended meanwhile: the call stops
             self.offset, self.tokens = offset, chunk_tokens

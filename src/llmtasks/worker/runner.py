@@ -308,8 +308,8 @@ class TaskRunner:
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except StaleWrite:
-            # A progress write found the task cancelled (or taken over): the call was stopped
-            # there, and no more tokens are spent on it.
+            # A progress write found the task cancelled (its output's head ended, or the task
+            # read so): the call was stopped there, and no more tokens are spent on it.
             logger.info("call stopped: the task moved on", **task_keys(task))
         finally:
             elapsed_ms = max(0.0, self._clock() - started) * 1000
