@@ -86,20 +86,28 @@ def test_a_task_that_streamed_nothing_has_its_whole_result_as_one_chunk(worker: 
     assert [(c.sequence, c.text, c.attempt) for c in page.chunks] == [(1, worker.task(task_id).result, 1)]
 
 
-def test_a_retried_attempt_writes_its_text_again_in_chunks_numbered_on(
-    worker: Worker, mock_llm: RunningMock
-) -> None:
-    # Given a first attempt whose stream breaks halfway, after some chunks
+def a_first_attempt_broken_after_some_chunks(
+    worker: Worker, mock_llm: RunningMock, prompt: str, *, retry_latency_s: float
+) -> tuple[str, Any]:
+    """A task whose first attempt's stream broke halfway, after some chunks, and its retry's
+    message (the mock then answers whole, after `retry_latency_s`)."""
     mock_llm.configure(latency_s=2, rate_break=1.0, reply_chars=400)
-    prompt = "a stream that breaks"
     task_id = worker.submit(prompt)
     worker.run_queued(progress_interval_s=0.2)
     first = worker.service.output("default", task_id, after=0)
     assert first.chunks
     assert not first.final
+    mock_llm.configure(latency_s=retry_latency_s, reply_chars=400)
+    return task_id, eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+
+
+def test_a_retried_attempt_writes_its_text_again_in_chunks_numbered_on(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a first attempt whose stream breaks halfway, after some chunks
+    prompt = "a stream that breaks"
+    task_id, retry = a_first_attempt_broken_after_some_chunks(worker, mock_llm, prompt, retry_latency_s=1)
     # When the retry runs to the end
-    mock_llm.configure(latency_s=1, reply_chars=400)
-    retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
     worker.run(retry, progress_interval_s=0.2)
     chunks = chunks_of(follow(worker, task_id))
     # Then the numbers go on; the first attempt's text was a start of the result, the second's is all of it
@@ -116,14 +124,9 @@ def test_a_running_task_shows_its_attempt_s_text_so_far_from_its_chunks(
     worker: Worker, mock_llm: RunningMock
 ) -> None:
     # Given a first attempt whose stream broke after some chunks
-    mock_llm.configure(latency_s=2, rate_break=1.0, reply_chars=400)
     prompt = "a stream that breaks, then streams again"
-    task_id = worker.submit(prompt)
-    worker.run_queued(progress_interval_s=0.2)
-    assert worker.service.output("default", task_id, after=0).chunks
+    task_id, retry = a_first_attempt_broken_after_some_chunks(worker, mock_llm, prompt, retry_latency_s=2)
     # When the retry streams, GET /tasks/{id} is read as it runs
-    mock_llm.configure(latency_s=2, reply_chars=400)
-    retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
     thread = threading.Thread(target=worker.run, args=(retry,), kwargs={"progress_interval_s": 0.2})
     thread.start()
     seen = []
