@@ -20,7 +20,7 @@ from llmtasks.aws.limits import Take, endpoint_places
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
-from llmtasks.domain.errors import InvalidInput, RetryLater, TaskConflict
+from llmtasks.domain.errors import BackendError, InvalidInput, RetryLater, TaskConflict
 from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_secret, webhook_id
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
 from llmtasks.observability import trace_id
@@ -1151,6 +1151,31 @@ def test_a_place_whose_entry_lapsed_is_not_handed_on_and_the_waiter_asks_for_its
     taken, a_held, held = asyncio.run(scenario())
     assert (taken, a_held, list(held)) == (True, False, ["msg_b"])
     assert places.running(endpoint) == {}
+
+
+def test_a_hand_over_that_fails_leaves_its_waiter_to_ask_for_itself(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhook_places, "PLACE_WAIT_S", 0.5)  # the waiter's own asks, then its refusal
+    places = endpoint_places(aws.resources.table_names["LimitsTable"], aws.dynamodb)
+    line = EndpointPlaces(places, cap=1, timeout_s=15.0)
+    endpoint = "http://127.0.0.1:9"
+
+    def down(*_: Any, **__: Any) -> bool:
+        raise BackendError("DynamoDB write failed: down")
+
+    async def scenario() -> Take:
+        assert await line.take(endpoint, "msg_a")
+        waiting = asyncio.create_task(line.take(endpoint, "msg_b"))
+        await asyncio.sleep(0)  # msg_b is in line behind msg_a
+        monkeypatch.setattr(places, "hand_over", down)
+        with pytest.raises(BackendError):
+            await line.give_back(endpoint, "msg_a")
+        return await asyncio.wait_for(waiting, HANG_S)  # not left waiting for the failed write
+
+    refused = asyncio.run(scenario())
+    assert not refused
+    assert set(refused.held) == {"msg_a"}  # the write failed: msg_a's entry holds until it lapses
 
 
 # --- the delivery log, replay, and disabled endpoints ---------------------------------------

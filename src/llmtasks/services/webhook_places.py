@@ -118,18 +118,20 @@ class EndpointPlaces:
         """The delivery's place to the next in line (one write), or back to the endpoint."""
         line = self._lines[endpoint]
         try:
-            del line.holding[webhook_id]
+            line.holding.pop(webhook_id, None)
             waiter = next((w for w in line.waiting if not (w.picked or w.asking)), None)
             if waiter is not None:
                 waiter.picked = True
-                until = self._until()
-                handed = await asyncio.to_thread(
-                    self._places.hand_over, endpoint, webhook_id, waiter.webhook_id, until=until
-                )
-                if handed:
-                    line.holding[waiter.webhook_id] = until
-                waiter.handed = handed
-                waiter.nudge()
+                until, handed = self._until(), False
+                try:
+                    handed = await asyncio.to_thread(
+                        self._places.hand_over, endpoint, webhook_id, waiter.webhook_id, until=until
+                    )
+                finally:  # the waiter waits for this answer, a failed write's included
+                    if handed:
+                        line.holding[waiter.webhook_id] = until
+                    waiter.handed = handed
+                    waiter.nudge()
                 if handed:
                     return
             await asyncio.to_thread(self._places.give_back, endpoint, webhook_id)
