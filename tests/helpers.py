@@ -342,9 +342,11 @@ def process_exists(pid: int) -> bool:
     """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        # A zombie has ended too. Reaped between the two looks, its /proc entry answers ESRCH
+        # (or is gone): it has ended.
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended too
 
 
 class SpanJitter(random.Random):

@@ -8,8 +8,8 @@ asking, and a delivery that ends hands its place to the next in line in one writ
 renamed) where a give-back and a take would be two. Only the line's first asks again, every
 0.1 s as each waiting delivery did, for a place another sandbox frees. In the bench's cost run
 (every task's webhook to one endpoint, two places, five invocations of up to ten events) a
-delivery wrote LimitsTable 1.8 times (its take, hand-over or give-back, and its share of the
-refusals), where it wrote it about 18 times when each waiting delivery asked.
+delivery wrote LimitsTable 2.5 times (its take, hand-over or give-back, and its share of the
+refusals), where it wrote it about 20 times when each waiting delivery asked.
 """
 
 from __future__ import annotations
