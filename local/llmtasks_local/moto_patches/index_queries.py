@@ -58,9 +58,6 @@ def _sort_attrs(table: Table, index: Any) -> list[str] | None:
 def _order(attrs: list[str]) -> Callable[[Item], tuple[Any, ...]]:
     """An item's place among items of one hash key: its other key attributes' cast_value, what
     moto's comparisons compare (a string is itself, a number a Decimal)."""
-    if len(attrs) == 2:  # an index's range key and the table's hash key: a task listing's
-        first, second = attrs
-        return lambda item: (_plain_value(item.attrs[first]), _plain_value(item.attrs[second]))
     return lambda item: tuple([_plain_value(item.attrs[attr]) for attr in attrs])
 
 

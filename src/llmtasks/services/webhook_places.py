@@ -73,11 +73,6 @@ class _Line:
     def first(self) -> _Waiter | None:
         return self.waiting[0] if self.waiting else None
 
-    def hung(self, busy_not_hung: Callable[[dict[str, float]], bool]) -> bool:
-        """No place will free soon: this sandbox's holders are hung, or (holding none) the
-        holders the last refusal named."""
-        return not busy_not_hung(self.holding or self.refused)
-
 
 class EndpointPlaces:
     """Takes, hands over and gives back each endpoint's places for one sandbox's deliveries.
@@ -188,7 +183,10 @@ class EndpointPlaces:
                         return Take(taken=True)
                     waiter.picked, waiter.handed = False, None
                 now = time.monotonic()
-                if not waiter.picked and (now >= give_up or line.hung(self.busy_not_hung)):
+                # No place will free soon once this sandbox's holders are hung, or (holding none)
+                # the holders the last refusal named.
+                hung = not self.busy_not_hung(line.holding or line.refused)
+                if not waiter.picked and (now >= give_up or hung):
                     return Take(taken=False, held=line.refused or dict(line.holding))
                 first = line.first() is waiter
                 if first and next_ask is None:

@@ -42,9 +42,9 @@ class ProgressWriter:
     ) -> None:
         self._store = store
         self._task = task
+        self._lease_id = lease_id
         self._interval_s = interval_s
         self._clock = clock
-        self._lease_id = lease_id
         self._written_at = clock()  # the first write comes one interval into the call
         self._checked_at = self._written_at  # the task as its claim found it
         self._sequence: int | None = None  # the output's last chunk, read at this attempt's first
