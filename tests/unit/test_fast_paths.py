@@ -247,6 +247,52 @@ def test_condition_expressions_lexed_once_judge_as_moto_s_own_do(aws: Any) -> No
     assert fast[4] == fast[5] == "ValueError: Cannot parse condition starting at:$"  # each time
 
 
+def test_a_conditional_write_s_condition_is_parsed_once_a_request(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The handler's parse (placeholders) and the backend's (the item judged) share one tree; the
+    # answers are moto's own (test_condition_expressions_lexed_once_judge_as_moto_s_own_do).
+    parsed: list[str] = []
+    moto_parse = fast_paths._moto_parse_condition
+    monkeypatch.setattr(
+        fast_paths, "_moto_parse_condition", lambda parser: parsed.append("") or moto_parse(parser)
+    )
+    dynamodb = table_holding(aws, "parsed-once", {**ITEM, "status": {"S": "pending"}})
+    parsed.clear()  # the table's first item (no condition: moto's parse returns at once)
+    key = {"pk": ITEM["pk"]}
+    pending = {":pending": {"S": "pending"}}
+    claim = {"ConditionExpression": "#s = :pending", "ExpressionAttributeNames": {"#s": "status"}}
+    for _ in range(2):  # the same text again, in a request of its own: parsed again
+        dynamodb.update_item(
+            TableName="parsed-once",
+            Key=key,
+            UpdateExpression="SET n = :pending",
+            ExpressionAttributeValues=pending,
+            **claim,
+        )
+    dynamodb.put_item(
+        TableName="parsed-once",
+        Item={**ITEM, "status": {"S": "pending"}},
+        ExpressionAttributeValues=pending,
+        **claim,
+    )
+    with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
+        dynamodb.delete_item(
+            TableName="parsed-once", Key=key, ExpressionAttributeValues={":pending": {"S": "done"}}, **claim
+        )
+    assert len(parsed) == 4
+    # What a parse found is the request's own: a placeholder it does not use is still refused
+    with pytest.raises(dynamodb.exceptions.ClientError, match="unused in expressions"):
+        dynamodb.delete_item(
+            TableName="parsed-once",
+            Key=key,
+            ExpressionAttributeValues=pending,
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames={"#s": "status"},
+        )
+    assert dynamodb.get_item(TableName="parsed-once", Key=key)["Item"]["status"] == {"S": "pending"}
+
+
 def received_within_retention(aws: Any, name: str) -> list[str]:
     """The bodies a receive returns from a queue that keeps messages 60 s, of a message sent
     59 s ago and one sent 61 s ago (the send times set in moto's model)."""
