@@ -33,8 +33,8 @@ venv: $(STAMP)
 up: venv
 	$(BIN)/llmtasks up --warm-containers eager $(ARGS)
 
-## Every check CI runs, phase by phase with their times (scripts/test): system packages, the
-## venvs, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
+## Every check CI runs, phase by phase with their times (scripts/test): the venvs and the system
+## packages side by side, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
 ## lint, types and the template's checks (cfn-lint, sam validate --lint, checkov, sam build)
 ## beside them, then the fault and scheduling suites beside the integration suite on LocalStack,
 ## with the crash suite beside them at a low priority.
