@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import heapq
+import operator
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any, cast
@@ -61,8 +62,8 @@ def _order(attrs: list[str]) -> Callable[[Item], tuple[Any, ...]]:
     return lambda item: tuple([_plain_value(item.attrs[attr]) for attr in attrs])
 
 
-def _first(pair: tuple[tuple[Any, ...], Item]) -> tuple[Any, ...]:
-    return pair[0]
+# A (place, item) pair's place (the pairs a query collects are ordered by it).
+_ORDER_OF_PAIR = operator.itemgetter(0)
 
 
 def _plain_value(value: DynamoType) -> Any:
@@ -156,9 +157,9 @@ def _indexed_query(
     # first `limit` + 1 in the query's order, without sorting the key's every item.
     if limit is not None and limit + 1 < len(found):
         pick = heapq.nsmallest if scan_index_forward else heapq.nlargest
-        found = pick(limit + 1, found, key=_first)
+        found = pick(limit + 1, found, key=_ORDER_OF_PAIR)
     else:
-        found.sort(key=_first, reverse=not scan_index_forward)
+        found.sort(key=_ORDER_OF_PAIR, reverse=not scan_index_forward)
     results: list[Item] = []
     result_size = 0
     last_evaluated_key = None

@@ -147,13 +147,13 @@ class TaskService:
             if task.status.is_terminal:
                 return self._results.hydrate(task)
             if left <= 0:
-                return self._with_text_so_far(task)
+                return self._with_progress(task)
             # Reads 0.05, 0.1, 0.2, 0.4 s apart, then one per half second: a short task is seen
             # done within a few tens of milliseconds, and a long wait costs what client polling would.
             time.sleep(min(WAIT_POLL_S, WAIT_FIRST_POLL_S * 2**reads, left))
         raise AssertionError("unreachable: the loop returns")
 
-    def _with_text_so_far(self, task: Task) -> Task:
+    def _with_progress(self, task: Task) -> Task:
         """A running task with its text so far (`partial_result`) and `progress`, read from its
         output's head and chunks: its progress is written there, not on the task's item (items
         written by releases before 0.3 carry the text themselves)."""
