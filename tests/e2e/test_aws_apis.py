@@ -64,6 +64,12 @@ def test_the_functions_are_listed_invoked_and_their_logs_and_metrics_read_with_t
     declared = Template.load(TEMPLATE).resources("AWS::Serverless::Function")
     listed = json.loads(aws(stack, tmp_path, "lambda", "list-functions"))["Functions"]
     assert sorted(f["FunctionName"] for f in listed) == sorted(declared)
+    # Each function's log group is there from the start, so `aws logs tail --follow` of one that
+    # has not run yet waits for its lines rather than failing
+    groups = json.loads(
+        aws(stack, tmp_path, "logs", "describe-log-groups", "--log-group-name-prefix", "/aws/lambda/")
+    )
+    assert {f"/aws/lambda/{name}" for name in declared} <= {g["logGroupName"] for g in groups["logGroups"]}
     # `aws lambda invoke`: StatusFunction without the authorizer's context answers 401, as API
     # Gateway would never let it
     said = json.loads(

@@ -16,7 +16,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,14 @@ class LogsSink:
         with self._lock:
             self._pending.setdefault((group, stream), []).append((stamp, text))
 
+    def create_groups(self, groups: Iterable[str]) -> None:
+        """Makes these log groups now, before any line of theirs: `aws logs tail --follow` of a
+        function that has not run yet waits for its lines instead of failing, as it does in AWS
+        for a template that declares its functions' log groups. (Lambda itself makes a group at
+        its function's first lines; here those are sent only at the next flush.)"""
+        for group in groups:
+            self._ensure_group(group)
+
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
@@ -63,12 +71,15 @@ class LogsSink:
                     logEvents=[{"timestamp": stamp, "message": text} for stamp, text in chunk],
                 )
 
-    def _ensure(self, group: str, stream: str) -> None:
+    def _ensure_group(self, group: str) -> None:
         if group not in self._created:
             # An endpoint the stack did not start may have it
             with contextlib.suppress(self._logs.exceptions.ResourceAlreadyExistsException):
                 self._logs.create_log_group(logGroupName=group)
             self._created.add(group)
+
+    def _ensure(self, group: str, stream: str) -> None:
+        self._ensure_group(group)
         if f"{group}\n{stream}" not in self._created:
             self._logs.create_log_stream(logGroupName=group, logStreamName=stream)
             self._created.add(f"{group}\n{stream}")

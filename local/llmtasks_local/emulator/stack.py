@@ -44,7 +44,7 @@ from llmtasks_local.emulator.lambda_api import (
     EventSourceMappings,
     LambdaApi,
 )
-from llmtasks_local.emulator.log_groups import LogsSink
+from llmtasks_local.emulator.log_groups import LogsSink, log_group
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import STATE_PATH
 from llmtasks_local.emulator.processes import (
@@ -391,6 +391,10 @@ class LocalStack:
         CloudWatch (emulator/metrics.py), and each sandbox's lines in its function's log group
         (emulator/log_groups.py), each sent every few seconds by a thread of its own."""
         metrics, logs = MetricsSink(cloudwatch), LogsSink(boto3.client("logs"))
+        try:
+            logs.create_groups(log_group(name) for name in self.functions)
+        except (BotoCoreError, ClientError) as error:
+            print(f"The functions' log groups are not on the endpoint: {error}", flush=True)
         for name, sink in (("metrics", metrics), ("logs", logs)):
             thread = threading.Thread(target=sink.run, args=(self._stop,), name=name, daemon=True)
             thread.start()
