@@ -204,30 +204,49 @@ def handler(aws: Aws) -> Any:
     return load
 
 
-# The slowest files first. The test command runs a file a process (pytest-xdist --dist
-# loadfile --no-loadscope-reorder) in collection order, so the long ones start at once on
-# different processes instead of meeting on one at the end. (xdist's default order is by the
-# number of tests a file has: the README's one test of 80 s, and the contract's two of 96 s,
-# ran last, each with the other process idle.) The crash suite goes last (LAST): started beside
-# the fault suite it overloaded two cores until the fault suite's compressed 20 s timeouts cut
-# calls short (seen in CI); by the end the fault suite has long finished.
+# The slowest files first, every file of ten seconds or more: longest first. The test command
+# runs a file a process (pytest-xdist --dist loadfile --no-loadscope-reorder) in collection
+# order, each process taking the next file as it frees, so the long ones start at once on
+# different processes instead of meeting on one at the end, and the files left for the end are
+# the short ones: the processes end together. (xdist's default order is by the number of tests a
+# file has: the README's one test of 80 s, and the contract's two of 96 s, ran last, each with
+# the other process idle; and with only the e2e files ordered, the unit files of 25-34 s that
+# wait on call slots and timeouts came last and left the cores 36-42% busy for the last 35 s.)
+# The crash suite goes last (LAST): started beside the fault suite it overloaded two cores until
+# the fault suite's compressed 20 s timeouts cut calls short (seen in CI); by the end the fault
+# suite has long finished.
 SLOWEST_FIRST = (
     # The load suites first (a phase of their own, each alone), then the others by their time in
-    # a make test run (two processes, 2026-12-04): 148, 120, 96, 80, 60, 54, 53, 53, 50, 49, 46
-    # and 45 s.
+    # the tests phase (four processes, 2026-12-06), in seconds.
     "tests/e2e/test_faults.py",
-    "tests/e2e/test_batches.py",
-    "tests/e2e/test_local_stack.py",
-    "tests/e2e/test_contract.py",
-    "tests/e2e/test_readme.py",
-    "tests/e2e/test_openai.py",
-    "tests/e2e/test_console.py",
-    "tests/e2e/test_client.py",
-    "tests/e2e/test_state.py",
-    "tests/integration/test_invoke.py",
-    "tests/e2e/test_iam.py",
-    "tests/e2e/test_auth.py",
-    "tests/integration/test_aws_conformance.py",
+    "tests/e2e/test_batches.py",  # 185
+    "tests/e2e/test_contract.py",  # 140
+    "tests/e2e/test_local_stack.py",  # 134
+    "tests/e2e/test_readme.py",  # 118
+    "tests/e2e/test_console.py",  # 59
+    "tests/integration/test_aws_conformance.py",  # 57
+    "tests/e2e/test_state.py",  # 55
+    "tests/e2e/test_auth.py",  # 50
+    "tests/e2e/test_openai.py",  # 48
+    "tests/e2e/test_iam.py",  # 45
+    "tests/e2e/test_client.py",  # 42
+    "tests/e2e/test_webhooks.py",  # 39
+    "tests/e2e/test_logs.py",  # 39
+    "tests/integration/test_invoke.py",  # 38
+    "tests/unit/test_call_slots.py",  # 34
+    "tests/unit/test_cli_errors.py",  # 33
+    "tests/unit/test_worker.py",  # 32
+    "tests/unit/test_fast_paths.py",  # 29
+    "tests/unit/test_webhooks.py",  # 25
+    "tests/unit/test_output.py",  # 25
+    "tests/integration/test_durable_state.py",  # 24
+    "tests/integration/test_split_endpoints.py",  # 21
+    "tests/e2e/test_lifecycle.py",  # 21
+    "tests/e2e/test_providers.py",  # 21
+    "tests/e2e/test_api_rules.py",  # 16
+    "tests/unit/test_batches.py",  # 16
+    "tests/e2e/test_baseline.py",  # 14
+    "tests/unit/test_api.py",  # 12
 )
 
 
