@@ -13,7 +13,8 @@ import pytest
 
 from llmtasks_local.moto_patches import fair_queues, fast_paths, queue_index
 
-pytestmark = pytest.mark.unit
+# 25 CPU-s and no wait: make test runs it in the last phase's idle cores (pyproject's markers)
+pytestmark = [pytest.mark.unit, pytest.mark.cpu_bound]
 
 T = TypeVar("T")
 
