@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -479,3 +480,19 @@ def test_moto_s_apps_run_without_flask_s_debug_mode_and_errors_still_propagate()
 
     with pytest.raises(RuntimeError, match="a bug in moto"):  # to werkzeug: 500 and its traceback
         app.test_client().get("/_a_bug")
+
+
+def test_a_closed_runtime_leaves_none_of_its_sandboxes_files_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the sandbox makes its files
+    runtime = FunctionRuntime(toy_function(tmp_path, "def handler(event, context):\n    return 1\n"))
+    assert runtime.invoke({}).payload == 1
+    assert sorted(f.name.rsplit("-", 1)[0] for f in temp.iterdir()) == [
+        "llmtasks-cut",
+        "llmtasks-sandbox-cpu",
+    ]
+    runtime.close()  # then a stopping stack exits, and the sandboxes' output readers with it
+    assert list(temp.iterdir()) == []

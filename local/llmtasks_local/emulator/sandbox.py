@@ -492,6 +492,10 @@ class Sandbox:
                 os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
             ACCOUNT.sandbox_ended(self.process.pid)
             code = self.process.wait()
+        # Before `_ended` is set: a stopping stack waits on it and then exits, and these reader
+        # threads with it (daemons), which left two files in the temp dir for each sandbox.
+        self._cut_file.unlink(missing_ok=True)
+        self._cpu_file.unlink(missing_ok=True)
         if self._end_reason is None:
             if self._oom:
                 self._end_reason = "Runtime.OutOfMemory: Runtime exited with error: signal: killed"
@@ -507,8 +511,6 @@ class Sandbox:
         self._jobs.put(None)  # a Runtime API thread waiting for work lets go
         self._api.shutdown()
         self._api.server_close()
-        self._cut_file.unlink(missing_ok=True)
-        self._cpu_file.unlink(missing_ok=True)
 
     # --- the stack's side -----------------------------------------------------------------
 
