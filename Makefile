@@ -37,7 +37,8 @@ up: venv
 ## packages side by side, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
 ## lint, types and the template's checks (cfn-lint, sam validate --lint, checkov, sam build)
 ## beside them, then the fault and scheduling suites beside the integration suite on LocalStack,
-## with the crash suite beside them at a low priority.
+## with the crash suite and then the suites that only compute (marker cpu_bound) beside them at a
+## low priority.
 test:
 	@scripts/test $(PYTEST_ARGS)
 
