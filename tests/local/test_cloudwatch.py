@@ -195,18 +195,15 @@ def test_each_sandbox_writes_its_own_log_stream_with_lambda_s_lines_around_each_
     assert events[-1]["message"] == "later"
 
 
-def test_the_groups_made_at_start_are_there_before_any_line_and_are_not_made_twice(logs: Any) -> None:
-    logs.create_log_group(
-        logGroupName="/aws/lambda/Made"
-    )  # as an endpoint the stack did not start may have it
+def test_the_groups_made_at_start_are_there_before_any_line_and_take_their_lines(logs: Any) -> None:
+    # One of them there already, as on an endpoint the stack did not start
+    logs.create_log_group(logGroupName="/aws/lambda/Made")
     sink = LogsSink(logs)
     sink.create_groups(["/aws/lambda/Made", "/aws/lambda/New"])
-    names = {
-        g["logGroupName"] for g in logs.describe_log_groups(logGroupNamePrefix="/aws/lambda/")["logGroups"]
-    }
-    assert names == {"/aws/lambda/Made", "/aws/lambda/New"}
+    made = logs.describe_log_groups(logGroupNamePrefix="/aws/lambda/")["logGroups"]
+    assert {g["logGroupName"] for g in made} == {"/aws/lambda/Made", "/aws/lambda/New"}
     assert logs.describe_log_streams(logGroupName="/aws/lambda/New")["logStreams"] == []
     sink.line("/aws/lambda/New", "s", "first")
-    sink.flush()  # its lines go to the group made at start
+    sink.flush()
     [event] = logs.get_log_events(logGroupName="/aws/lambda/New", logStreamName="s")["events"]
     assert event["message"] == "first"
