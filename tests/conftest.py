@@ -7,6 +7,7 @@ import functools
 import os
 import pickle
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,17 @@ moto_patches.install()
 # (endpoints.json alone: 0.2 s of CPU), a third of a unit test's setup: one loader serves every
 # session of the run, as one loader serves every client of a Lambda sandbox's session.
 botocore.session.create_loader = functools.cache(botocore.session.create_loader)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_pytest_s_base_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What a test process makes with tempfile (each stack's log from the launcher, a README
+    walk's state dir...) goes under pytest's base temp, which pytest removes three runs later,
+    instead of staying in /tmp: each make test left 22 MB of stack logs there (372 MB in a day)."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("tempfile"))
+    yield
+    tempfile.tempdir = previous
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ CHROMIUM_FLAGS = (
 
 
 @pytest.fixture
-def browser() -> Iterator[webdriver.Chrome]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         pytest.fail(
             "the console test needs Debian's chromium and chromium-driver"
@@ -55,7 +54,7 @@ def browser() -> Iterator[webdriver.Chrome]:
         )
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='llmtasks-chromium-')}"):
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:

@@ -8,7 +8,6 @@ import os
 import string
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,14 +47,14 @@ EVERY_CHECK_BUT_UNSUPPORTED_METHOD = (
 
 
 @pytest.mark.timeout(600)  # 60 s on a quiet machine, 144 s in a loaded clean-clone run
-def test_schemathesis_every_check_every_phase_finds_nothing(fresh_mock: RunningStack) -> None:
+def test_schemathesis_every_check_every_phase_finds_nothing(fresh_mock: RunningStack, tmp_path: Path) -> None:
     """Every check schemathesis has, in every phase: examples, coverage (the schema's edges),
     fuzzing (positive and negative), and stateful (following the document's links from each
     create to its reads and cancels). What it cannot see is named in schemathesis.toml, and
     webhook URLs go to a receiver here (hooks.py)."""
     stack = fresh_mock
     st_bin = Path(sys.executable).with_name("st")
-    report = Path(tempfile.mkdtemp(prefix="schemathesis-"))
+    report = tmp_path
     # The document read here, under HANG_S, and handed to schemathesis as a file: its own read of
     # the URL gives up after 10 s, which a cold StatusFunction beside a second make test took.
     document = report / "openapi.json"
@@ -119,11 +118,11 @@ def test_schemathesis_every_check_every_phase_finds_nothing(fresh_mock: RunningS
 
 
 @pytest.fixture(scope="module")
-def quiet_stack() -> Iterator[RunningStack]:
+def quiet_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A stack whose worker does not consume TaskQueue, so its depth counts every message sent."""
     worker_source = "            Queue: !GetAtt TaskQueue.Arn\n"
     template = derived_template(
-        Path(tempfile.mkdtemp(prefix="llmtasks-quiet-")),
+        tmp_path_factory.mktemp("quiet"),
         {worker_source: worker_source + "            Enabled: false\n"},
     )
     running = start_stack("-t", str(template))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -73,14 +72,14 @@ def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
 
 @pytest.mark.timeout(900)
 def test_a_crash_at_a_random_moment_loses_no_accepted_task(
-    llm: tuple[MockLLM, str], receiver: tuple[WebhookReceiver, str]
+    llm: tuple[MockLLM, str], receiver: tuple[WebhookReceiver, str], tmp_path: Path
 ) -> None:
     mock, llm_url = llm
     hook, hook_url = receiver
     seed = int(os.environ.get("CRASH_SEED", random.randrange(1_000_000)))
     kill_after_s = random.Random(seed).uniform(3, 20)  # while the submits and the calls go on
     print(f"CRASH_SEED={seed}: the stack is killed {kill_after_s:.1f} s after the first submit")
-    state_dir = Path(tempfile.mkdtemp(prefix="llmtasks-crash-")) / "state"
+    state_dir = tmp_path / "state"
     args = ("--state-dir", str(state_dir))
     env = {"LLM_BASE_URL": llm_url}
     first = start_stack(*args, env=env)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -46,8 +45,8 @@ LLM_FAULTS = {
 
 
 @pytest.fixture(scope="module")
-def faulty_stack() -> Iterator[tuple[RunningStack, Path]]:
-    directory = Path(tempfile.mkdtemp(prefix="llmtasks-faults-"))
+def faulty_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningStack, Path]]:
+    directory = tmp_path_factory.mktemp("faults")
     faults_file = directory / "faults.json"
     faults_file.write_text(json.dumps(FAULTS))
     env = {

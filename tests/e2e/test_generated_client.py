@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ pytestmark = pytest.mark.e2e
 PACKAGE = "llmtasks_api_client"
 
 
-def generated_client(api: str) -> Any:
-    """The package openapi-python-client makes of the stack's document, imported."""
-    where = Path(tempfile.mkdtemp(prefix="generated-client-"))
+def generated_client(api: str, where: Path) -> Any:
+    """The package openapi-python-client makes of the stack's document in `where`, imported."""
     (where / "openapi.json").write_text(httpx.get(api + "/openapi.json").text)
     # No post-hooks: the generator would run ruff over its output, which changes nothing it runs.
     (where / "config.yaml").write_text(f"post_hooks: []\npackage_name_override: {PACKAGE}\n")
@@ -60,9 +58,11 @@ def generated_client(api: str) -> Any:
         sys.path.remove(str(where))
 
 
-def test_a_generated_client_submits_reads_to_completion_and_lists_a_task(fresh_mock: RunningStack) -> None:
+def test_a_generated_client_submits_reads_to_completion_and_lists_a_task(
+    fresh_mock: RunningStack, tmp_path: Path
+) -> None:
     stack = fresh_mock
-    package = generated_client(stack.api)
+    package = generated_client(stack.api, tmp_path)
     models = importlib.import_module(f"{PACKAGE}.models")
     submit = importlib.import_module(f"{PACKAGE}.api.default.submit_task_tasks_post")
     get = importlib.import_module(f"{PACKAGE}.api.default.get_task_tasks_task_id_get")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import resource
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,10 +31,10 @@ def slow_mock() -> Iterator[tuple[MockLLM, str]]:
 
 @pytest.mark.timeout(300)
 def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart(
-    slow_mock: tuple[MockLLM, str],
+    slow_mock: tuple[MockLLM, str], tmp_path: Path
 ) -> None:
     mock, url = slow_mock
-    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+    directory = tmp_path
     # Two invocations of two records at a time: 20 tasks of 1.5 s take 7.5 s, so a stop once six
     # are done leaves calls in flight and tasks in the queue.
     batch_of_ten = "BatchSize: 10\n            MaximumBatchingWindowInSeconds"
@@ -94,11 +93,11 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
 
 @pytest.mark.timeout(300)
 def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_restart(
-    slow_mock: tuple[MockLLM, str],
+    slow_mock: tuple[MockLLM, str], tmp_path: Path
 ) -> None:
     mock, url = slow_mock
     mock.config = MockConfig(latency_s=20)
-    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+    directory = tmp_path
     args = ("--state-dir", str(directory / "state"), "--grace", "60")
     first = start_stack(*args, env={"LLM_BASE_URL": url})
     with first.client() as client:
@@ -124,8 +123,8 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
 
 
 @pytest.mark.timeout(300)
-def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_says_so() -> None:
-    directory = Path(tempfile.mkdtemp(prefix="llmtasks-state-"))
+def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_says_so(tmp_path: Path) -> None:
+    directory = tmp_path
     stack = start_stack("--state-dir", str(directory / "state"))
     try:
         [endpoint] = [pid for pid in descendants(stack.process.pid) if b"moto_server" in _cmdline(pid)]
