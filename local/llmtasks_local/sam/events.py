@@ -60,15 +60,16 @@ def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], boo
     if not patterns:
         return lambda _record: True
     parsed = [(raw, EventPatternParser(raw).parse()) for raw in patterns]
-    compiled = [(EventPattern(raw, pattern), pattern_paths(pattern)) for raw, pattern in parsed]
+    # Each pattern's EventPattern, its parsed tree and the paths it reads
+    compiled = [(EventPattern(raw, tree), tree, pattern_paths(tree)) for raw, tree in parsed]
 
-    def matches(pattern: EventPattern, part: dict[str, Any]) -> bool:
+    def matches(pattern: EventPattern, tree: dict[str, Any], part: dict[str, Any]) -> bool:
         # EventPattern.matches_event less its json.loads(json.dumps(event))
-        return not pattern.get_pattern() or pattern._does_event_match(
-            EventPattern._flatten_dict(part), pattern.get_pattern()
-        )
+        return not tree or pattern._does_event_match(EventPattern._flatten_dict(part), tree)
 
-    return lambda record: any(matches(pattern, read_by(record, paths)) for pattern, paths in compiled)
+    return lambda record: any(
+        matches(pattern, tree, read_by(record, paths)) for pattern, tree, paths in compiled
+    )
 
 
 # What a pattern reads of an event, as a tree: each key the pattern names, with the tree of what
