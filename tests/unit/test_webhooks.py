@@ -1082,6 +1082,9 @@ def test_one_invocation_s_deliveries_to_an_endpoint_hand_its_places_on_without_a
         hooks.finish_task(f"line {i}")
     hooks.relay()
     messages = aws.messages("WebhookQueue")
+    # A line that has not moved for PLACE_WAIT_S is put off (the next test); here it never
+    # stalls that long, however slowly a loaded machine turns each place over.
+    monkeypatch.setattr(webhook_places, "PLACE_WAIT_S", HANG_S)
     writes = PlaceWrites(hooks, monkeypatch)
     # When ten events of one endpoint with two places come in one invocation
     assert hooks.deliver(messages, webhook_endpoint_concurrency=2) == {"batchItemFailures": []}
@@ -1092,6 +1095,78 @@ def test_one_invocation_s_deliveries_to_an_endpoint_hand_its_places_on_without_a
     # with a write each, none refused: two takes, eight hand-overs down the line, two give-backs
     assert (writes.refused, len(writes.takes), writes.hand_overs, writes.give_backs) == (0, 2, [True] * 8, 2)
     assert hooks.places.running(endpoint_of(url)) == {}
+
+
+class SteppedClock:
+    """Wall and monotonic time moved on by steps (on top of the real ones, so the event loop's
+    own timeouts still pass), with an event set when the monotonic time is read after a step."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.read = asyncio.Event()
+
+    def step(self, seconds: float) -> None:
+        self.offset += seconds
+        self.read.clear()
+
+    def wall(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        self.read.set()
+        return time.monotonic() + self.offset
+
+
+def test_a_line_that_keeps_moving_waits_past_place_wait_s_and_is_not_put_off(aws: Aws) -> None:
+    places = endpoint_places(aws.resources.table_names["LimitsTable"], aws.dynamodb)
+    clock = SteppedClock()
+    line = EndpointPlaces(places, cap=1, timeout_s=15.0, clock=clock.wall, monotonic=clock.monotonic)
+    endpoint = "http://127.0.0.1:9"
+
+    async def scenario() -> tuple[bool, bool]:
+        assert await line.take(endpoint, "msg_a")
+        second = asyncio.create_task(line.take(endpoint, "msg_b"))
+        third = asyncio.create_task(line.take(endpoint, "msg_c"))
+        await asyncio.sleep(0)  # both in line behind msg_a
+        # Given a line whose places turn over slowly (each holds 0.8 s of this clock), so that
+        # the third delivery has waited past PLACE_WAIT_S before its turn comes
+        clock.step(0.8 * webhook_places.PLACE_WAIT_S)
+        await line.give_back(endpoint, "msg_a")  # handed to msg_b
+        assert await second
+        clock.step(0.8 * webhook_places.PLACE_WAIT_S)
+        # the waiter looks at the clock again (it polls as the line's first)
+        await asyncio.wait_for(clock.read.wait(), HANG_S)
+        # Then it is still in line (the line moved within PLACE_WAIT_S), and takes its turn
+        still_waiting = not third.done()
+        await line.give_back(endpoint, "msg_b")
+        taken = (await third).taken
+        await line.give_back(endpoint, "msg_c")
+        return still_waiting, taken
+
+    assert asyncio.run(scenario()) == (True, True)
+    assert places.running(endpoint) == {}
+
+
+def test_a_line_that_stops_moving_puts_its_waiter_off_after_place_wait_s(aws: Aws) -> None:
+    places = endpoint_places(aws.resources.table_names["LimitsTable"], aws.dynamodb)
+    clock = SteppedClock()
+    line = EndpointPlaces(places, cap=1, timeout_s=15.0, clock=clock.wall, monotonic=clock.monotonic)
+    endpoint = "http://127.0.0.1:9"
+
+    async def scenario() -> Take:
+        assert await line.take(endpoint, "msg_a")
+        waiting = asyncio.create_task(line.take(endpoint, "msg_b"))
+        await asyncio.sleep(0)
+        # Given a holder still young by its entry (began under PLACE_WAIT_S ago by the wall
+        # clock's reading of its place) but a line that has not moved for longer than PLACE_WAIT_S
+        clock.step(1.5 * webhook_places.PLACE_WAIT_S)
+        refused = await asyncio.wait_for(waiting, HANG_S)
+        await line.give_back(endpoint, "msg_a")
+        return refused
+
+    refused = asyncio.run(scenario())
+    assert not refused
+    assert set(refused.held) == {"msg_a"}
 
 
 def test_a_line_waiting_for_another_sandbox_s_place_asks_through_its_first_alone(

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from llmtasks.aws.limits import RunningCalls
 
 # An endpoint whose open deliveries all began under this long ago is busy, not hung: a place
-# frees within tens of milliseconds, and a delivery waits in its invocation for up to this long
-# before it is put off (a healthy endpoint's burst goes out as fast as its places turn over, not
-# a round of SQS delays a place).
+# frees within tens of milliseconds, and a delivery waits in its invocation until its line has
+# not moved for this long before it is put off (a healthy endpoint's burst goes out as fast as
+# its places turn over, however slow the machine, not a round of SQS delays a place).
 PLACE_WAIT_S = 1.0
 # The line's first asks again this often (jittered by half). Not backed off: a place another
 # sandbox frees is found this late at most, and a healthy endpoint's burst goes out as fast as
@@ -65,6 +65,7 @@ class _Line:
     refused: dict[str, float] = field(default_factory=dict)
     asking: int = 0  # asks being written: places this sandbox may hold once they are answered
     users: int = 0  # deliveries taking, waiting or holding: the line goes with the last
+    moved: float = 0.0  # (monotonic) when a place of this line was last taken, handed or freed
 
     def may_ask(self, cap: int) -> bool:
         """Whether a place could be free that this sandbox neither holds nor is asking for."""
@@ -86,12 +87,14 @@ class EndpointPlaces:
         cap: int,
         timeout_s: float,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self._places = places
         self._cap = cap
         self._timeout_s = timeout_s
         self._clock = clock
+        self._monotonic = monotonic
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._lines: dict[str, _Line] = {}
 
@@ -99,7 +102,7 @@ class EndpointPlaces:
         """A place for this delivery, or a refusal saying who holds the endpoint's places (each
         until when) when they are hung or none came within PLACE_WAIT_S. A place taken is given
         back (or handed on) by `give_back`."""
-        line = self._lines.setdefault(endpoint, _Line())
+        line = self._lines.setdefault(endpoint, _Line(moved=self._monotonic()))
         line.users += 1
         place = Take(taken=False)
         try:
@@ -125,16 +128,18 @@ class EndpointPlaces:
                 finally:  # the waiter waits for this answer, a failed write's included
                     if handed:
                         line.holding[waiter.webhook_id] = until
+                        line.moved = self._monotonic()
                     waiter.handed = handed
                     waiter.nudge()
                 if handed:
                     return
             await asyncio.to_thread(self._places.give_back, endpoint, webhook_id)
+            line.moved = self._monotonic()
         finally:
             self._leave(endpoint, line)
 
     async def _take(self, line: _Line, endpoint: str, webhook_id: str) -> Take:
-        give_up = time.monotonic() + PLACE_WAIT_S
+        give_up = self._monotonic() + PLACE_WAIT_S
         if line.waiting or not line.may_ask(self._cap):
             if not self.busy_not_hung(line.holding):
                 # Those here hang: one ask says whether any place is free (or lapsed).
@@ -163,6 +168,7 @@ class EndpointPlaces:
             line.asking -= 1
         if place:
             line.holding[webhook_id] = until
+            line.moved = self._monotonic()
         else:
             line.refused = place.held
         return place
@@ -170,8 +176,8 @@ class EndpointPlaces:
     async def _wait(self, line: _Line, endpoint: str, webhook_id: str, give_up: float) -> Take:
         """In line for a place: handed over by a delivery of this sandbox as it ends, or asked
         for by the line's first every PLACE_POLL_S (while this sandbox holds fewer than the cap:
-        else a hand-over comes first); the last refusal once PLACE_WAIT_S is out or the places
-        read as hung."""
+        else a hand-over comes first); the last refusal once neither this delivery's wait nor the
+        line's last move is within PLACE_WAIT_S, or the places read as hung."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(webhook_id, loop.create_future())
         line.waiting.append(waiter)
@@ -182,7 +188,10 @@ class EndpointPlaces:
                     if waiter.handed:
                         return Take(taken=True)
                     waiter.picked, waiter.handed = False, None
-                now = time.monotonic()
+                now = self._monotonic()
+                # Patience lasts while the line moves: a slow machine's burst turns its places
+                # over slowly, and is no more hung for it.
+                give_up = max(give_up, line.moved + PLACE_WAIT_S)
                 # No place will free soon once this sandbox's holders are hung, or (holding none)
                 # the holders the last refusal named.
                 hung = not self.busy_not_hung(line.holding or line.refused)
@@ -200,7 +209,7 @@ class EndpointPlaces:
                             waiter.asking = False
                         if place:
                             return place
-                    next_ask = time.monotonic() + PLACE_POLL_S * self._rng.uniform(0.5, 1.5)
+                    next_ask = self._monotonic() + PLACE_POLL_S * self._rng.uniform(0.5, 1.5)
                     continue
                 wake_at = give_up if not first or next_ask is None else min(give_up, next_ask)
                 waiter.wake = loop.create_future()
