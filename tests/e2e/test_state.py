@@ -62,10 +62,9 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
         every_s=0.02,
         what="six calls done and others running",
     )
-    stopped_at = time.monotonic()
-    assert first.stop(timeout_s=60) == 0  # one SIGINT
+    assert first.stop() == 0  # one SIGINT
     assert mock.stats.in_flight == 0  # the calls in flight finished before it exited
-    assert time.monotonic() - stopped_at < 30
+    assert "delivered again" not in first.log.read_text()  # within the grace: none was cut
     done_before = mock.stats.completed
     assert done_before < TASKS
     assert "State kept in" in first.log.read_text()
@@ -74,9 +73,9 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
     try:
         assert second.api_key == first.api_key  # its keys table was kept too
         with second.client() as client:
-            tasks = [wait_terminal(client, task_id, timeout_s=90) for task_id in ids]
+            tasks = [wait_terminal(client, task_id) for task_id in ids]
     finally:
-        second.stop(timeout_s=60)
+        second.stop()
     assert [task["status"] for task in tasks] == ["completed"] * TASKS
     assert [task["result"] for task in tasks] == [reply_text(p) for p in prompts]
     # None billed twice: one call a task, across both runs.
@@ -88,7 +87,7 @@ def test_a_stack_stopped_halfway_finishes_its_calls_then_goes_on_after_a_restart
         with emptied.client() as client:
             assert client.get(f"/tasks/{ids[0]}").status_code == 404
     finally:
-        emptied.stop(timeout_s=60)
+        emptied.stop()
 
 
 @pytest.mark.timeout(300)
@@ -96,26 +95,26 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
     slow_mock: tuple[MockLLM, str], tmp_path: Path
 ) -> None:
     mock, url = slow_mock
-    mock.config = MockConfig(latency_s=20)
+    mock.config = MockConfig(latency_s=60)
     directory = tmp_path
-    args = ("--state-dir", str(directory / "state"), "--grace", "60")
+    args = ("--state-dir", str(directory / "state"), "--grace", "120")
     first = start_stack(*args, env={"LLM_BASE_URL": url})
     with first.client() as client:
         ids = [client.post("/tasks", json={"prompt": f"cut {i}"}).json()["task_id"] for i in range(2)]
     eventually(lambda: mock.stats.in_flight, lambda n: n == 2, timeout_s=HANG_S, what="both calls in flight")
     first.process.send_signal(signal.SIGINT)
     time.sleep(1)
-    stopped_at = time.monotonic()
-    assert first.stop(timeout_s=30) == 0  # the second SIGINT
-    assert time.monotonic() - stopped_at < 15  # not the 60 s grace, nor the 20 s calls
+    assert first.stop() == 0  # the second SIGINT
+    # It ended before either call was answered: it waited out neither the grace nor the calls.
+    assert mock.stats.completed == 0
     assert "2 message(s) of unfinished invocations will be delivered again" in first.log.read_text()
     mock.config = MockConfig()
     second = start_stack(*args, env={"LLM_BASE_URL": url})
     try:
         with second.client() as client:
-            tasks = [wait_terminal(client, task_id, timeout_s=90) for task_id in ids]
+            tasks = [wait_terminal(client, task_id) for task_id in ids]
     finally:
-        second.stop(timeout_s=60)
+        second.stop()
     # At once, not after TaskQueue's visibility timeout: the message came back, and its next
     # delivery took the task over from the one the stop cut short.
     assert [task["status"] for task in tasks] == ["completed", "completed"]
@@ -151,7 +150,7 @@ def test_a_state_dir_that_refuses_writes_turns_submits_into_503_and_the_stack_sa
                 what="the stack saying the state dir takes changes again",
             )
     finally:
-        stack.stop(timeout_s=60)
+        stack.stop()
     assert refused.status_code == 503, refused.text
     assert refused.headers["content-type"] == "application/problem+json"
     assert refused.headers.get("retry-after"), (refused.headers, refused.text)

@@ -54,6 +54,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+# How long a stack's start may go without printing a line, and in all, before it is taken for hung,
+# and how long a stop may take. Caps only a hang reaches: a start on one core shared with three
+# other suites' stacks printed nothing for over a minute while it imported, and a stop took 20 s.
+START_SILENCE_S = 180
+START_MOST_S = 420
+STOP_MOST_S = 120
+
+
 @dataclass
 class LaunchedStack:
     process: subprocess.Popen[bytes]
@@ -162,7 +170,7 @@ class LaunchedStack:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait()
 
-    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 20) -> int:
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = STOP_MOST_S) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
@@ -177,11 +185,6 @@ PORT_RACE_RETRIES = 3
 # What `llmtasks up` says when a port is taken: its own check (local/processes.check_port_free),
 # or a bind that lost the race after it.
 PORT_TAKEN = re.compile(r"port \d+ is in use by|address already in use", re.IGNORECASE)
-
-
-# How long a stack's start may go without printing a line, and in all, before it is taken for hung.
-START_SILENCE_S = 60
-START_MOST_S = 300
 
 
 class _PortTaken(RuntimeError):
