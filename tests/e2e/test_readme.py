@@ -282,7 +282,9 @@ def reader() -> Iterator[Reader]:
             (ROOT / name).unlink(missing_ok=True)
 
 
-@pytest.mark.timeout(600)
+# A cap only a hang reaches: each command has its own (120 s), and a stack's start its own. The
+# blocks run one after another, several minutes of work on one loaded core.
+@pytest.mark.timeout(1800)
 def test_every_shell_and_console_block_of_the_readme_runs_as_pasted(reader: Reader) -> None:
     blocks = readme_blocks()
     assert len(blocks) >= 12
