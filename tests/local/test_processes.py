@@ -4,6 +4,7 @@ answers is said so, never mistaken for whatever else listens there."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -13,14 +14,18 @@ import pytest
 
 from llmtasks_local.emulator.moto_server import CALLS_PATH
 from llmtasks_local.emulator.processes import (
+    RunqueueWait,
+    cpu_seconds,
     die_with_parent,
     listen_on,
     spawn_moto_server,
     spawn_python,
     stop,
+    thread_waits_s,
 )
+from llmtasks_local.emulator.sandbox import LEAST_DEFERRAL_S, LambdaDeadline
 from llmtasks_local.tool_errors import ServiceDownError, ToolError
-from tests.helpers import eventually, local_client, moto_endpoint
+from tests.helpers import HANG_S, eventually, local_client, moto_endpoint
 
 pytestmark = pytest.mark.unit
 
@@ -138,3 +143,53 @@ def test_moto_s_server_keeps_each_connection_for_the_client_s_next_request() -> 
         assert listed["KeyCount"] == 0
     said = [reply["ResponseMetadata"]["HTTPHeaders"].get("connection") for reply in replies]
     assert said == [None] * len(replies)
+
+
+# --- a sandbox's time as Lambda counts it -------------------------------------------------------
+
+
+def fake_waits(*readings: dict[int, float]) -> RunqueueWait:
+    """A process whose threads' runqueue waits read as given, one reading a look."""
+    given = iter(readings)
+    return RunqueueWait(0, read=lambda _pid: next(given))
+
+
+def test_a_deadline_moves_on_by_the_time_the_sandbox_waited_for_a_cpu_and_no_further() -> None:
+    # Given a deadline already reached on the wall clock, during which the sandbox's threads
+    # waited 2 s for a CPU other processes held (one thread has ended since: its wait counts)
+    deadline = LambdaDeadline(fake_waits({1: 0.5, 2: 0.0}, {1: 2.5}, {1: 2.5, 3: 0.01}), 0.0)
+    # Then it has not passed: it moved on by those 2 s
+    assert not deadline.passed()
+    assert 1.0 < deadline.left_s() <= 2.0
+    # And a deadline whose sandbox waited for no CPU (it slept, or waited on I/O) has passed
+    assert LambdaDeadline(fake_waits({1: 0.5}, {1: 0.5}), 0.0).passed()
+    # as has one whose waits since it was last looked at are too short to be worth another look
+    assert LambdaDeadline(fake_waits({1: 0.5}, {1: 0.5 + LEAST_DEFERRAL_S / 2}), 0.0).passed()
+
+
+def test_the_runqueue_waits_of_a_process_sharing_its_cpu_are_read() -> None:
+    # Given a busy process and a second one on the same CPU
+    cpu = min(os.sched_getaffinity(0))
+    busy = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+        )
+        for _ in range(2)
+    ]
+    try:
+        # When the first has run for a fifth of a second of CPU
+        eventually(
+            lambda: cpu_seconds(busy[0].pid),
+            lambda used: used >= 0.2,
+            timeout_s=HANG_S,
+            what="a fifth of a second of CPU",
+        )
+        # Then it was also runnable while the other held the CPU, and that wait is read
+        waits = RunqueueWait(busy[0].pid)
+        assert waits.total_s() > 0
+        assert set(thread_waits_s(busy[0].pid)) == {busy[0].pid}  # one thread: the process's
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert thread_waits_s(busy[0].pid) == {}  # gone: nothing to read

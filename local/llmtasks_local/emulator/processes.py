@@ -49,6 +49,38 @@ def status_kib(pid: int, field: str) -> int | None:
     return None
 
 
+def thread_waits_s(pid: int) -> dict[int, float]:
+    """Each live thread's seconds spent runnable but waiting for a CPU (the second field of
+    /proc/PID/task/TID/schedstat); empty once the process is gone or where the kernel keeps no
+    schedstat."""
+    waits: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return waits
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
+                waits[int(tid)] = int(schedstat.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return waits
+
+
+class RunqueueWait:
+    """The seconds a process's threads have waited for a CPU, summed, its ended threads' last
+    readings kept: time another process held the CPU it was ready to run on."""
+
+    def __init__(self, pid: int, read: Callable[[int], dict[int, float]] = thread_waits_s) -> None:
+        self._pid = pid
+        self._read = read
+        self._seen: dict[int, float] = {}
+
+    def total_s(self) -> float:
+        self._seen.update(self._read(self._pid))
+        return sum(self._seen.values())
+
+
 def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
     """User + system CPU time a process has used (/proc/PID/stat; a zombie's too), with
     `reaped_children` that of its children that ended and were waited for; 0 once it is gone."""

@@ -35,7 +35,7 @@ from llmtasks_local.emulator.cpu_account import ACCOUNT
 from llmtasks_local.emulator.function_site import function_site
 from llmtasks_local.emulator.log_groups import log_group, new_log_stream
 from llmtasks_local.emulator.payload_limits import RESPONSE_BYTES, RESPONSE_TOO_LARGE
-from llmtasks_local.emulator.processes import die_with_parent, status_kib
+from llmtasks_local.emulator.processes import RunqueueWait, die_with_parent, status_kib
 from llmtasks_local.emulator.sandbox_forks import (
     ForkedProcess,
     ForkServer,
@@ -58,6 +58,9 @@ RUNTIME_API = "/2018-06-01/runtime"
 # invocation, under the function's Timeout. The same bound, both tries at once.
 INIT_GRACE_S = 10.0
 MEMORY_CHECK_S = 0.05  # how often a running sandbox's resident memory is read
+# A deadline is moved on by the time the sandbox waited for a CPU since it was last looked at;
+# a wait shorter than this ends it (else a busy sandbox on a loaded machine is read every tick).
+LEAST_DEFERRAL_S = MEMORY_CHECK_S
 _SIGNAL_WORDS: dict[int, str] = {
     signal.SIGKILL: "killed",
     signal.SIGTERM: "terminated",
@@ -376,6 +379,32 @@ def _error_text(body: bytes) -> str:
         return body.decode(errors="replace")
 
 
+class LambdaDeadline:
+    """A Timeout as Lambda counts it, on an environment with CPU of its own: the time a sandbox
+    waited for a CPU that this machine's other processes held (its threads' runqueue waits) does
+    not count, so a loaded machine does not time out a function AWS would have let finish. A
+    sandbox that sleeps or waits on I/O waits for no CPU: its deadline is the wall clock's."""
+
+    def __init__(self, runqueue: RunqueueWait, seconds: float) -> None:
+        self._runqueue = runqueue
+        self._at = time.monotonic() + seconds
+        self._waited = runqueue.total_s()
+
+    def left_s(self) -> float:
+        return self._at - time.monotonic()
+
+    def passed(self) -> bool:
+        """Whether it has passed, once moved on by the waits since it was last looked at."""
+        if self.left_s() > 0:
+            return False
+        waited = self._runqueue.total_s()
+        deferral, self._waited = waited - self._waited, waited
+        if deferral < LEAST_DEFERRAL_S:
+            return True
+        self._at += deferral
+        return False
+
+
 class Sandbox:
     """One execution environment of `spec`: its process, its Runtime API, one invocation at a
     time. `on_line` receives each line the process writes (stdout and stderr, as CloudWatch
@@ -440,6 +469,7 @@ class Sandbox:
             )
         )
         ACCOUNT.sandbox_started(self.process.pid, spec.logical_id, self._cpu_file)
+        self._runqueue = RunqueueWait(self.process.pid)
         self._on_line = on_line
         threading.Thread(target=self._read_output, name=f"sandbox-log-{spec.logical_id}", daemon=True).start()
 
@@ -526,27 +556,27 @@ class Sandbox:
     def wait_ready(self) -> None:
         """Waits for the cold start (raises SandboxDied if the process ended, or took longer
         than Lambda allows an init)."""
-        give_up = time.monotonic() + INIT_GRACE_S + self.spec.timeout_s
+        give_up = LambdaDeadline(self._runqueue, INIT_GRACE_S + self.spec.timeout_s)
         while not self._ready.wait(MEMORY_CHECK_S):
             if self._ended.is_set():
                 raise SandboxDied(self._end_reason or "Runtime.ExitError: Runtime exited during init")
             self._check_memory()
-            if time.monotonic() > give_up:
+            if give_up.passed():
                 self.kill()
                 raise SandboxDied("Runtime.InitTimeout: init did not complete in time")
 
     def run(self, event: Any, request_id: str, timeout_s: float) -> Any:
         """One invocation: its payload; raises FunctionError, SandboxDied or TimeoutError."""
-        deadline = time.monotonic() + timeout_s
+        deadline = LambdaDeadline(self._runqueue, timeout_s)
         job = _Job(request_id, event, int((time.time() + timeout_s) * 1000))
         self._jobs.put(job)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = deadline.left_s()
+            if left <= 0 and deadline.passed():
                 self.kill()  # Lambda stops the environment: nothing the handler does next lands
                 raise TimeoutError
             try:
-                return job.done.result(timeout=min(left, MEMORY_CHECK_S))
+                return job.done.result(timeout=min(max(left, 0.0), MEMORY_CHECK_S))
             except TimeoutError:
                 if self._ended.is_set() and not job.done.done():
                     # It ended before it took the job (it died idle, just as it was handed one).
