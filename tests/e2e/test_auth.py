@@ -147,16 +147,9 @@ def test_a_revoked_key_is_refused_within_the_cache_ttl(auth_stack: RunningStack)
     with auth_stack.client(key) as client:
         assert client.get("/tasks").status_code == 200  # now cached as allowed
         assert "revoked" in auth_stack.cli("keys", "revoke", key_id)
-        revoked_at = time.monotonic()
-        eventually(
-            lambda: client.get("/tasks").status_code,
-            lambda status: status == 403,
-            timeout_s=AUTH_CACHE_S + 10,  # the bound, and room for a loaded machine
-            every_s=0.2,
-            what="the revoked key refused",
-        )
-        # Within the bound (the TTL), with the same room
-        assert time.monotonic() - revoked_at < AUTH_CACHE_S + 10
+        # Once the cache's TTL has passed since the revoke (its allow was kept before it), the
+        # next request is refused, however long that request then takes
+        time.sleep(AUTH_CACHE_S)
         refused_by_the_gateway(client.get("/tasks"), 403, "Forbidden")
 
 

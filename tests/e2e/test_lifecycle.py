@@ -92,12 +92,12 @@ def test_cancelling_a_processing_task_discards_its_late_result(fresh_mock: Runni
 
 def test_a_task_that_cannot_finish_in_time_fails_with_deadline_exceeded(fresh_mock: RunningStack) -> None:
     fresh_mock.configure_mock(latency_s=10)
-    started = time.monotonic()
     with fresh_mock.client() as client:
         task_id = client.post("/tasks", json={"prompt": "hurry", "timeout_s": 2}).json()["task_id"]
         task = wait_terminal(client, task_id)
     assert (task["status"], task["error_code"]) == ("failed", "deadline_exceeded")
-    assert time.monotonic() - started < 6  # the call was cut at the deadline, not at the mock's 10 s
+    # The call was cut at the deadline: the mock's 10 s stream never reached its end
+    assert fresh_mock.mock_stats()["completed"] == 0
     assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"hurry": ["ok"]}
     # and the provider saw the caller go away (the mock stops waiting when its client does)
     time.sleep(0.5)

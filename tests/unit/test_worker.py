@@ -767,13 +767,11 @@ def test_a_call_that_trickles_forever_is_cut_at_the_worker_s_deadline(mock_llm: 
     # Given a provider that sends its headers and then a byte a second (no read timeout fires)
     mock_llm.configure(rate_hang=1.0, hang_s=30)
     llm = OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock")
-    started = time.monotonic()
     with pytest.raises(LLMError) as error:
         asyncio.run(llm.complete(LLMRequest(prompt="hang"), timeout_s=1.5))
-    # Then the call ends at its deadline as a transient timeout, not when the function is killed
+    # Then the call ends at its deadline as a transient timeout, before the 30 s trickle ends (its
+    # end is a whole answer, which would have succeeded), not when the function is killed
     assert (error.value.code, error.value.transient) == ("llm_timeout", True)
-    # Real time is the point (a deadline fires): it ends long before the 30 s trickle would
-    assert time.monotonic() - started < 15
     assert mock_llm.stats.outcomes_by_prompt == {"hang": ["hang"]}
 
 
@@ -885,8 +883,9 @@ def test_a_hanging_call_ends_before_the_function_s_timeout_and_is_retried(
     worker.context = lambda_context(aws.function("WorkerFunction"), timeout_s=12)
     started = time.monotonic()
     assert worker.run_queued() == {"batchItemFailures": []}
-    # Real time is the point: the call was cut before the function's own 12 s ran out
-    assert time.monotonic() - started < 11
+    # Real time is the point: the call was cut before the function's own 12 s ran out (the
+    # mock's hang is 60 s)
+    assert time.monotonic() - started < 12
     task = worker.task(task_id)
     assert (task.status, task.last_error_code, task.lease_id) == (TaskStatus.PENDING, "llm_timeout", None)
 
