@@ -100,8 +100,8 @@ class EndpointPlaces:
 
     async def take(self, endpoint: str, webhook_id: str) -> Take:
         """A place for this delivery, or a refusal saying who holds the endpoint's places (each
-        until when) when they are hung or none came within PLACE_WAIT_S. A place taken is given
-        back (or handed on) by `give_back`."""
+        until when) when they are hung or the line has not moved for PLACE_WAIT_S. A place taken
+        is given back (or handed on) by `give_back`."""
         line = self._lines.setdefault(endpoint, _Line(moved=self._monotonic()))
         line.users += 1
         place = Take(taken=False)
