@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -122,15 +124,23 @@ class WebhookReceiver:
     deliveries: list[Delivery] = field(default_factory=list)
     open: int = 0  # requests being answered now
     most_open: int = 0  # the most at once
+    # Each request is held (up to hang_s, in place of it) until this many have been open at once:
+    # a test of overlap ends on that event, not on a hold long enough for a loaded machine.
+    hold_until_open: int = 0
+    _enough_open: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     async def _receive(self, request: Request) -> Response:
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
             self.deliveries.append(Delivery(dict(request.headers), await request.body()))
-            if self.hang_s:
-                import asyncio
-
+            if self.hold_until_open:
+                self._enough_open = self._enough_open or asyncio.Event()
+                if self.most_open >= self.hold_until_open:
+                    self._enough_open.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._enough_open.wait(), self.hang_s)
+            elif self.hang_s:
                 await asyncio.sleep(self.hang_s)
             status = self.answers.pop(0) if self.answers else 200
             return Response(status_code=status, headers=self.answer_headers)
