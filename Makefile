@@ -11,21 +11,19 @@ STAMP  := $(VENV)/.installed-$(shell cat $(PROJECTS) | cksum | cut -d' ' -f1)-by
 # in every test process at each run.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: up venv test test-fast lint template format e2e faults localstack bench mutation clean
+.PHONY: up venv test test-fast lint template docs docs-build format e2e faults localstack bench mutation clean
 
 $(STAMP): $(PROJECTS)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "Error: llmtasks needs Python 3.11 or newer ($(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo missing)): run make with PYTHON=python3.12 or another 3.11+" >&2; exit 2; }
 	@echo "Installing llmtasks (service, client, local tools) and its development tools into $(VENV) ..."
-	@# uv writes no bytecode unless told to; where PYTHONDONTWRITEBYTECODE is set (many containers
-	@# and CI images set it) Python never writes it either, and every process compiled every module
-	@# it imported again: a sandbox's cold start 1.25 s of CPU instead of 0.63, the stack's import
-	@# 2.3 s instead of 1.0, `llmtasks invoke`'s test 72 s instead of 40.
+	@# uv writes no bytecode unless told to; where PYTHONDONTWRITEBYTECODE is set, Python never
+	@# writes it either, and every process would compile every module it imports again.
 	@scripts/install-venv $(VENV) $(PYTHON) llmtasks --compile-bytecode -e . -e ./client -e ./local --group dev
 	@touch $@
-	@echo "The CLI is $(BIN)/llmtasks (the README calls it so; or: export PATH=\"$$PWD/$(BIN):\$$PATH\")"
+	@echo "The CLI is $(BIN)/llmtasks (the docs call it so; or: export PATH=\"$$PWD/$(BIN):\$$PATH\")"
 
 ## The venv, and the bytecode of the project's own sources (installed editable, so not compiled by
-## the install) brought up to date: 0.1 s when it is.
+## the install) brought up to date.
 venv: $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 src local client functions >/dev/null || { echo "Error: a source file of the project does not compile (python -m compileall src local client functions shows which)" >&2; exit 1; }
 
@@ -34,18 +32,14 @@ up: venv
 	$(BIN)/llmtasks up --warm-containers eager $(ARGS)
 
 ## Every check CI runs, phase by phase with their times (scripts/test): the venvs and the system
-## packages side by side, all tests but the load suites (unit, integration, e2e, the README's blocks) with format,
-## lint, types and the template's checks (cfn-lint, sam validate --lint, checkov, sam build)
-## beside them, then the fault and scheduling suites beside the integration suite on LocalStack,
-## with the crash suite and then the suites that only compute (marker cpu_bound) beside them at a
-## low priority.
+## packages; all tests but the load suites (unit, integration, e2e, the docs' blocks) with lint,
+## types, the template's checks and the docs site's strict build beside them; then the fault,
+## scheduling, LocalStack, crash and CPU-bound suites.
 test:
 	@scripts/test $(PYTEST_ARGS)
 
-## The fast tests alone (no end-to-end stack). Five processes on two cores: half their time is
-## waiting (call slots, pollers, retries, timeouts: the call-slot and conformance suites use 4 and
-## 9 s of CPU in 34 and 48 s), and each takes the next test as it frees (worksteal). Measured on 2
-## cores (2026-12-04): 74.7 and 75.6 s with five, 76-78 s with six, 84-85 s with four.
+## The fast tests alone (no end-to-end stack). Five processes on two cores: much of their time
+## is waiting (call slots, pollers, retries, timeouts), and each takes the next test as it frees.
 test-fast: venv
 	$(BIN)/pytest -n 5 --dist worksteal -m "not e2e" $(PYTEST_ARGS)
 
@@ -61,7 +55,7 @@ localstack: venv
 
 ## The benchmark: overhead, scale, goodput under a rate limit, AWS calls and cost per task, the
 ## Celery baseline, call slots, scheduling, cold start. Prints figures and ratios and writes
-## bench/RESULTS.md (about 50 minutes; ARGS=--quick for a smaller run).
+## bench/RESULTS.md (ARGS=--quick for a smaller run).
 bench: venv
 	@scripts/system-packages
 	$(BIN)/python bench/run.py $(ARGS)
@@ -87,6 +81,14 @@ template: $(STAMP)
 mutation: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mutmut run $(MUTANTS)
 	$(BIN)/mutmut results
+
+## The documentation site (mkdocs.yml, docs/) served with live reload on http://127.0.0.1:8000.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve $(ARGS)
+
+## The site built as make test builds it: a broken link, anchor or page fails.
+docs-build: $(STAMP)
+	@d=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$d"; status=$$?; rm -rf "$$d"; [ $$status -eq 0 ] || { echo "Error: mkdocs build --strict found the problems above in docs/ or mkdocs.yml" >&2; exit 1; }
 
 format: $(STAMP)
 	$(BIN)/ruff format .
