@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+import pytest
 import uvicorn
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -106,6 +109,41 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+# Every flag keeps Chromium off the network: no updates, sync, metrics or QUIC probes.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--window-size=1400,1600",
+)
+
+
+@contextmanager
+def chromium(user_data_dir: Path) -> Iterator[webdriver.Chrome]:
+    """Debian's headless Chromium driven by Selenium through its chromedriver (the browser tests)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.fail(
+            "the browser tests need Debian's chromium and chromium-driver"
+            " (apt-get install chromium chromium-driver; scripts/system-packages installs them)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 @dataclass

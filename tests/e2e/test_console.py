@@ -3,7 +3,7 @@ chromium-driver, driven by Selenium): it lists a completed and a failed task, sh
 dead-lettered one in its DLQ, and its Redrive button brings that one back to completed; a
 batch's Retry button runs its failed items again.
 
-With LLMTASKS_SCREENSHOT=1 it also writes the README's picture, docs/console.png."""
+With LLMTASKS_SCREENSHOT=1 it also writes the docs' picture of it, docs/console.png."""
 
 from __future__ import annotations
 
@@ -17,50 +17,23 @@ import httpx
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from llmtasks_local.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, serve
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, chromium, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 POISON = "poison-pill"
-# Every flag keeps Chromium off the network: no updates, sync, metrics or QUIC probes.
-CHROMIUM_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-    "--window-size=1400,1600",
-)
 
 
 @pytest.fixture
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.fail(
-            "the console test needs Debian's chromium and chromium-driver"
-            " (apt-get install chromium chromium-driver; .ci/run installs them)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium(tmp_path_factory.mktemp("chromium")) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
