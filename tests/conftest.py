@@ -34,7 +34,7 @@ from tests.helpers import TEMPLATE, HandlerContext, WebhookReceiver, load_handle
 
 # A test run started in the background by a shell script (make test's side-by-side steps, `nohup
 # ... &`) inherits SIGINT ignored, and so does every process it starts: a test's Ctrl-C (SIGINT)
-# then left a plain Python server running (the README's webhook receiver outlived its test's two
+# then left a plain Python server running (the docs' webhook receiver outlived its test's two
 # Ctrl-Cs, and the test waited 35 s for it). Python's own handler here is reset to the default at
 # each exec, as in a run started from a terminal.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -48,7 +48,7 @@ botocore.session.create_loader = functools.cache(botocore.session.create_loader)
 
 @pytest.fixture(scope="session", autouse=True)
 def _temp_files_under_pytest_s_base_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """What a test process makes with tempfile (each stack's log from the launcher, a README
+    """What a test process makes with tempfile (each stack's log from the launcher, a docs
     walk's state dir...) goes under pytest's base temp, which pytest removes three runs later,
     instead of staying in /tmp: each make test left 22 MB of stack logs there (372 MB in a day)."""
     previous = tempfile.tempdir

@@ -2,7 +2,7 @@
 
 Each names what went wrong, where (a file and line, a port, an option) and the way out; the
 CLI prints it as one line, `Error: <what> (<where>): <the way out>`, and keeps the traceback
-for `--debug`. The exit codes are the CLI's table (README, "Exit codes").
+for `--debug`. The exit codes are the CLI's table (docs/sdk-cli.md, "Exit codes").
 """
 
 from __future__ import annotations

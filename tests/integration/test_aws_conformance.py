@@ -3,8 +3,8 @@
 Every test runs the emulator's own parts (the event-source pollers, the Lambda runtime, the TTL
 sweeper, the redrive API) against the local stack's AWS endpoint over HTTP: the moto server
 `llmtasks up` embeds, or with scripts/localstack-tests, SQS served by a real LocalStack. Where a
-setting matters, it is read from template.yaml, as `llmtasks up` reads it. The README lists what
-is not emulated.
+setting matters, it is read from template.yaml, as `llmtasks up` reads it. The docs' local stack page
+(docs/local-stack.md) lists what is not emulated.
 """
 
 from __future__ import annotations
@@ -514,7 +514,7 @@ def test_sqs_messages_keep_their_aws_trace_header_sent_alone_or_in_a_batch(remot
 # The embedded endpoint hands a standard queue's messages out as a fair queue does. LocalStack
 # (2026.3) takes and returns MessageGroupId on a standard queue but hands messages out in arrival
 # order: where the tests below run against it, they assert that instead (so a LocalStack that
-# learns fair queues fails them, and the README's note is updated).
+# learns fair queues fails them, and the docs' note is updated).
 FAIR = not os.environ.get("AWS_ENDPOINT_URL_SQS")
 
 

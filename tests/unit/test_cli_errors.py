@@ -23,7 +23,7 @@ from tests.helpers import ROOT, free_port, serve
 
 pytestmark = pytest.mark.unit
 
-USAGE, FAILED = 2, 1  # the README's exit-code table
+USAGE, FAILED = 2, 1  # the exit-code table of docs/sdk-cli.md
 
 
 def llmtasks(

@@ -3,7 +3,7 @@ machine: up, invoke, mock-llm), `ops` (operators of a stack: dlq, stats, keys) a
 (users of the API: submit, status, wait, cancel, list, batch, webhooks).
 
 An expected failure ends a command with one line, `Error: <what> (<where>): <the way out>`, and
-an exit code from the table in the README; the traceback is kept for `--debug` (or
+an exit code from the table in docs/sdk-cli.md; the traceback is kept for `--debug` (or
 LLMTASKS_DEBUG=1).
 
 The group imports a command's module only when that command runs: `--help` and `--version`
