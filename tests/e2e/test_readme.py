@@ -1,5 +1,7 @@
-"""Every shell and console block of the README, run as a reader pastes it, against a live local
-stack that the README's own `make up` starts.
+"""Every shell and console block of the README and of the documentation site's pages (in the
+order of mkdocs.yml's nav), run as a reader pastes them, one page after another in one terminal
+session, against one live local stack that the README's own `make up` starts. A page's `make up`
+while that stack runs is the stack the reader already has: it is not started twice.
 
 A reader fills the placeholders: the key `make up` printed (`lt_...`, or the example key of a
 console session) becomes the stack's dev key, an id shown as `b7468a7b...` (or a whole example
@@ -7,8 +9,9 @@ id) becomes the id the previous commands printed, a key id the one `keys create`
 one thing a reader would not change: the stack here listens on free ports (a developer's own
 `make up` may hold 3000), so `127.0.0.1:3000` and `:4566` become its ports, and the CLI finds
 them through LLMTASKS_API_URL and AWS_ENDPOINT_URL. Each command must exit 0, unless the
-README shows it ending in `Error: ...`; a console block's output lines must each begin as the
-README shows them.
+page shows it ending in `Error: ...`; a console block's output lines must each begin as the
+page shows them. Blocks that only illustrate (a reply's shape, a command's output, Python) are
+`text` or `python` blocks, and are not run.
 
 Commands that cannot run here are run in the nearest form that can, each listed in NEAR:
 `make test` (this very suite) and `make bench` (minutes) as make's dry run of their target,
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llmtasks_local.emulator.launcher import free_port
 from tests.helpers import ROOT
@@ -40,7 +44,8 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.e2e
 
 README = ROOT / "README.md"
-# Files the README's commands write in the work tree; removed afterwards.
+DOCS = ROOT / "docs"
+# Files the pages' commands write in the work tree; removed afterwards.
 WRITTEN = ("items.jsonl", "out.jsonl", "event.json", "reply.json")
 ITEMS = [
     {"prompt": "Classify: invoice", "custom_id": "doc-1"},
@@ -70,15 +75,33 @@ NEAR = {
 
 @dataclass
 class Block:
+    page: str
     line: int
     language: str
     text: str
 
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text()
+def site_pages() -> list[Path]:
+    """The site's pages in the order of its nav, as a reader goes through them."""
+
+    def flatten(entries: list[object]) -> Iterator[str]:
+        for entry in entries:
+            if isinstance(entry, str):
+                yield entry
+            elif isinstance(entry, dict):
+                for value in entry.values():
+                    yield from flatten(value if isinstance(value, list) else [value])
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    return [DOCS / page for page in flatten(nav)]
+
+
+def blocks_of(path: Path) -> list[Block]:
+    text = path.read_text()
     return [
-        Block(text[: found.start()].count("\n") + 1, found.group(1), found.group(2))
+        Block(
+            str(path.relative_to(ROOT)), text[: found.start()].count("\n") + 1, found.group(1), found.group(2)
+        )
         for found in re.finditer(r"^```(sh|console)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     ]
 
@@ -114,7 +137,7 @@ def commands_of(block: Block) -> list[Command]:
             continue
         found.append(Command(pending.strip()))
         pending = ""
-    assert not pending, f"README line {block.line}: a command never ends"
+    assert not pending, f"{block.page} line {block.line}: a command never ends"
     return found
 
 
@@ -160,7 +183,10 @@ class Reader:
     def run(self, command: Command) -> None:
         near = NEAR.get(command.line.split("  #")[0].split(" # ")[0].strip())
         line = self.fill(near or command.line)
-        if re.search(r"(^|\s)make up\b", re.split(r"\s+#", line, maxsplit=1)[0]) and not near:
+        command_only = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+        if command_only == "make up" and self.stack is not None:
+            return  # the reader's stack is up already, started by an earlier page's `make up`
+        if re.search(r"(^|\s)make up\b", command_only) and not near:
             self.start_stack(line)
             return
         assignment = re.match(r"(?:export\s+)?([A-Za-z_]\w*)=", line)
@@ -285,17 +311,19 @@ def reader() -> Iterator[Reader]:
 # A cap only a hang reaches: each command has its own (120 s), and a stack's start its own. The
 # blocks run one after another, several minutes of work on one loaded core.
 @pytest.mark.timeout(1800)
-def test_every_shell_and_console_block_of_the_readme_runs_as_pasted(reader: Reader) -> None:
-    blocks = readme_blocks()
+def test_every_shell_and_console_block_of_the_readme_and_the_docs_runs_as_pasted(reader: Reader) -> None:
+    pages = site_pages()
+    assert {page.name for page in pages} >= {"getting-started.md", "http-api.md", "local-stack.md"}
+    blocks = [block for page in [README, *pages] for block in blocks_of(page)]
     assert len(blocks) >= 12
-    assert blocks[0].text.startswith("make up"), "the first block starts the stack the others use"
+    assert blocks[0].text.startswith("make up"), "the README's first block starts the stack the others use"
     ran: list[str] = []
     for block in blocks:
         for command in commands_of(block):
             try:
                 reader.run(command)
             except AssertionError as failure:
-                raise AssertionError(f"README line {block.line}: {command.line}\n{failure}") from None
+                raise AssertionError(f"{block.page} line {block.line}: {command.line}\n{failure}") from None
             ran.append(command.line)
     near = {line.split("  #")[0].split(" # ")[0].strip() for line in ran} & set(NEAR)
-    assert near == set(NEAR), "every stand-in in NEAR is for a command the README has"
+    assert near == set(NEAR), "every stand-in in NEAR is for a command the README or a page has"
