@@ -7,8 +7,7 @@ an exit code from the table in docs/sdk-cli.md; the traceback is kept for `--deb
 LLMTASKS_DEBUG=1).
 
 The group imports a command's module only when that command runs: `--help` and `--version`
-load click alone, and `status` the SDK but not boto3 or the emulator (a second of imports
-before, measured with -X importtime).
+load click alone, and `status` the SDK but not boto3 or the emulator.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ import click
 from llmtasks_local.tool_errors import EXIT_FAILED, EXIT_USAGE, ToolError
 
 # httpx imports its own command line whenever click, rich and pygments are installed, as they are
-# beside this one: 0.1-0.3 s of every API command's start-up (-X importtime: httpx._main). This
-# process never runs httpx's command line, so its import fails here and httpx keeps its stub.
+# beside this one, a large part of every API command's start-up. This process never runs
+# httpx's command line, so its import fails here and httpx keeps its stub.
 sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 DEBUG_FLAG = "--debug"
@@ -160,8 +159,8 @@ class Commands(click.Group):
 
 def _show_versions(ctx: click.Context, _param: click.Parameter, given: bool) -> None:
     """`--version`: the three distributions' releases, read from their metadata when asked
-    (importlib.metadata is 40 ms of imports every other command would pay; importing the SDK
-    for its version would cost a tenth of a second)."""
+    (importlib.metadata's imports are not paid by every other command; nor is the SDK's, for
+    its version)."""
     if not given or ctx.resilient_parsing:
         return
     from importlib.metadata import version

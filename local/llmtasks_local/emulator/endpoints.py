@@ -14,7 +14,7 @@ LOCALSTACK = "localstack"  # the keyword that --endpoint-url resolves
 
 def localstack_endpoint(service: str) -> str:
     """The endpoint of `service` on the LocalStack the environment names."""
-    # Imported here: localstack-client imports boto3 (0.3 s of CPU), which the commands that
+    # Imported here: localstack-client imports boto3 (costly), which the commands that
     # import this module (the mock LLM's among them) need only when the keyword is given.
     from localstack_client.config import get_service_endpoint
 

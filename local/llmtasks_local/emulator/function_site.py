@@ -6,14 +6,14 @@ boto3). The local tools' venv holds far more: the tests', linters' and bench's p
 sandbox that saw all of them would import what Lambda would not have (a handler importing a
 package its requirements do not name would work here and fail there), and libraries that look
 for optional packages would find them: httpx imports its command-line client when rich, click
-and pygments are installed, 70 ms of a worker sandbox's 0.57 s of imports.
+and pygments are installed.
 
 So a sandbox runs without the venv's site-packages (`python -S`) and with a folder of links to
 the venv's installed distributions that its requirements name, their own requirements (with
 their extras and markers) followed through: the same versions, nothing downloaded. The folder is
 made once for each set of distributions and kept, and which folder a set of requirements gets is
 kept too, until the venv's installed distributions change (following them through reads every
-distribution's metadata: 0.13 s of each `llmtasks invoke`'s 1.1 s).
+distribution's metadata, a noticeable part of each `llmtasks invoke`).
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ def descendants(pid: int) -> list[int]:
 
 
 # How long a stack's start may go without printing a line, and in all, before it is taken for hung,
-# and how long a stop may take. Caps only a hang reaches: a start on one core shared with three
-# other suites' stacks printed nothing for over a minute while it imported, and a stop took 20 s.
+# and how long a stop may take. Caps only a hang reaches: a start on one core shared with other
+# suites' stacks can print nothing for over a minute while it imports.
 START_SILENCE_S = 180
 START_MOST_S = 420
 STOP_MOST_S = 120
@@ -240,9 +240,8 @@ def _launch(extra: tuple[str, ...], env: dict[str, str] | None, cwd: Path | None
     )
     try:
         # A start that goes on printing (each eager sandbox's cold start is a line) is not hung:
-        # the wait gives up after START_SILENCE_S without a new line, or START_MOST_S in all.
-        # On a loaded CI machine, eager cold starts took 15-16 s each and the whole start over
-        # the 60 s that once bounded it.
+        # the wait gives up after START_SILENCE_S without a new line, or START_MOST_S in all
+        # (on a loaded machine each eager cold start is slow).
         began = time.monotonic()
         heard, seen = began, 0
         while "Ready." not in (printed := log.read_text()):

@@ -1,15 +1,15 @@
 """Sandboxes forked from a process that has already imported their libraries: cold starts
 without the imports every sandbox of a function site repeats.
 
-A sandbox's cold start is mostly imports: 0.31-0.38 CPU-s of each function's 0.4-0.5, of which
-about 0.25 s are the same libraries in every sandbox (boto3 and botocore, pydantic, Powertools,
-the standard library's asyncio, email, http...). On two cores a burst that scales a function
-out, and a test suite that starts dozens of stacks, pay that once a sandbox. A fork server pays
-it once a function site: a process started like a sandbox (`python -S`, the function's
-environment, the site's packages on its path but none of the function's own code), which
-imports the libraries every function of the site imported before (the lists their sandboxes
-leave in the site, sandbox_main.preload_list: what all have in common, so a forked sandbox holds
-nothing in memory its own function would not) and then forks each new sandbox. The child takes
+A sandbox's cold start is mostly imports, most of them the same libraries in every sandbox
+(boto3 and botocore, pydantic, Powertools, the standard library's asyncio, email, http...). A
+burst that scales a function out, and a test suite that starts dozens of stacks, pay that once a
+sandbox. A fork server pays it once a function site: a process started like a sandbox
+(`python -S`, the function's environment, the site's packages on its path but none of the
+function's own code), which imports the libraries every function of the site imported before
+(the lists their sandboxes leave in the site, sandbox_main.preload_list: what all have in
+common, so a forked sandbox holds nothing in memory its own function would not) and then forks
+each new sandbox. The child takes
 the sandbox's own environment, working directory, `sys.path` and `sys.argv`, and runs
 sandbox_main as a spawned sandbox does. The function's code (the handler's module, the layers)
 is imported in the child alone, so its init runs in every sandbox as Lambda runs it, and a hot

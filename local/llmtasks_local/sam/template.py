@@ -30,8 +30,8 @@ from llmtasks_local.tool_errors import ToolError
 NO_VALUE = object()
 
 
-# libyaml's parser where PyYAML has it (its wheels do): the pure-Python one took 0.46 s of each
-# `llmtasks up` and `llmtasks invoke` on template.yaml, libyaml's takes a tenth of that.
+# libyaml's parser where PyYAML has it (its wheels do): the pure-Python one is several times
+# slower on template.yaml, at each `llmtasks up` and `llmtasks invoke`.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -342,7 +342,7 @@ class Template:
         mistake in one (a Ref or GetAtt to nothing, a CodeUri, Handler or layer that is not there,
         a queue's visibility under the function's Timeout, a requirements.txt line pip would not
         read) is said before anything starts, not once the endpoint runs and every table and
-        queue is made (2.5 s of CPU, then stopped)."""
+        queue is made, then stopped."""
         resources = self.body.get("Resources") or {}
         functions = self.functions({logical_id: logical_id for logical_id in resources}, _StandIns(resources))
         for spec in functions.values():  # what sam build would install for it
