@@ -49,7 +49,7 @@ class UntracedProvider(BaseProvider):
     """The Tracer's provider where tracing is off (POWERTOOLS_TRACE_DISABLED, as the local stack
     sets it, SAM's emulator, outside Lambda): Powertools builds X-Ray's recorder even then, and
     the recorder's sampling connector loads botocore's models for two X-Ray clients at import,
-    0.2 s of the 0.7 s of CPU a function's cold start spent importing. Where tracing is on (in
+    a large part of a function's cold start. Where tracing is on (in
     Lambda, with the template's `Tracing: Active`), the Tracer keeps X-Ray's own."""
 
     @contextmanager

@@ -2,8 +2,7 @@
 
 A session's loader keeps what it has read of botocore's data (the list of services, the
 endpoints and partitions, each service's model), so a sandbox's second and third clients cost
-a fraction of its first: dynamodb, sqs and s3 took 140 ms of CPU from a session each, 81 ms
-from one (the cold start of every function makes two or three). A session must not make
+a fraction of its first (the cold start of every function makes two or three). A session must not make
 clients in two threads at once, and a worker makes its S3 client in whichever thread first
 needs it: every client is made here, under the lock. Clients are thread-safe once made.
 """

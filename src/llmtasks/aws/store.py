@@ -385,8 +385,7 @@ class TaskStore:
             }
         try:
             # Nothing returned: the worker that ends a run has no use for the item, whose result is
-            # most of it (serialising DynamoDB's replies was 12% of the local moto server's CPU
-            # under a burst of submits, py-spy).
+            # most of it (a reply carrying it costs read bandwidth and serialising).
             self._update(
                 task_id,
                 returned="NONE",

@@ -33,8 +33,7 @@ from llmtasks.domain.rules import Clock, is_task_id
 # further when the model's text comes slower), and the head says when the next may be due: the
 # reply reads it every 0.3 s until then (a task can end between writes), every tenth of a second
 # from just before the due time until a second after it, then every 0.3 s again. With no head yet
-# (the task is queued), the reads back off from 0.05 s to 0.3 s. bench/run.py --only streaming
-# measures the lag and the read units.
+# (the task is queued), the reads back off from 0.05 s to 0.3 s.
 SLOW_POLL_S = 0.3
 FAST_POLL_S = 0.1
 FIRST_POLL_S = 0.05

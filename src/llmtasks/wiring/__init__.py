@@ -29,8 +29,8 @@ def build_in_lambda(*parts: Callable[[], object]) -> None:
     """Builds a function's parts (each cached once built) as its handler module is imported in a
     Lambda sandbox: their SDK clients are made in the init phase, as Lambda's guidance has it, so a
     sandbox started ahead (provisioned concurrency; `--warm-containers eager` locally) serves its
-    first invocation as fast as its next. Built at their first use instead, they cost the first
-    task after `make up` 0.2-0.27 s in each of SubmitFunction and WorkerFunction. Imported outside
+    first invocation as fast as its next (built at their first use, they would slow the first
+    task of each sandbox). Imported outside
     Lambda (the tests), nothing is built until used. In Lambda: LAMBDA_TASK_ROOT is set, as
     worker.call_slots.run_in_lambda_loop reads it."""
     if os.environ.get("LAMBDA_TASK_ROOT"):
