@@ -5,6 +5,9 @@ and nothing of AWS or of the service.
 Both clients have the same methods. Reads and submits survive connection errors and 5xx: reads
 are retried with backoff, and `submit` sends an Idempotency-Key of its own, so a retried submit
 never makes a second task. `wait` uses the server's long-poll and its Retry-After.
+
+Long because both clients are here, method beside method, so that a change to one is made
+beside the other; what they share (errors, retries, waiting, following) is above them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 from botocore.exceptions import ClientError
 
-from llmtasks.api.openai_batches import ENDPOINTS, OpenAIBatchFiles, line_parser
+from llmtasks.api.openai_batch_files import ENDPOINTS, OpenAIBatchFiles, line_parser
 from llmtasks.aws.batch_store import BatchCancellations, BatchStore, CountedChange, CountsRefused
 from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue

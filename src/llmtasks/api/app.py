@@ -1,4 +1,4 @@
-"""The HTTP API as one Powertools resolver (the routes of routes.py and openai.py, their
+"""The HTTP API as one Powertools resolver (the routes of commands.py, queries.py and openai.py, their
 errors in each surface's shape, the OpenAPI document), and one invocation of it as SubmitFunction
 and StatusFunction run it: the body decoded, the caller admitted, the routes given their services."""
 
@@ -14,6 +14,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 
 from llmtasks import __version__
 from llmtasks.api import openai as openai_api
+from llmtasks.api.commands import add_commands
 from llmtasks.api.problems import (
     backend_unavailable,
     malformed_json,
@@ -24,12 +25,11 @@ from llmtasks.api.problems import (
     on_validation_error,
     unexpected,
 )
+from llmtasks.api.queries import add_queries
 from llmtasks.api.routes import (
     PUBLIC_ROUTES,
     SECURITY,
     SECURITY_SCHEMES,
-    add_commands,
-    add_queries,
     batches_of,
     caller_of,
     service_of,

@@ -5,53 +5,32 @@ formats, so that code written with the `openai` SDK runs unchanged.
 An OpenAI batch is a native batch (`batch_<id>`): its valid lines are the batch's items, with
 their custom_id; a line that cannot be served is reported in the error file and does not fail
 the batch. Once every request has ended the batch is `finalizing` while BatchFunction writes
-its output and error files (OpenAIBatchFiles); it ends, `completed` or `cancelled`, in the write
-that records them, so whoever learns it ended (a read, its webhook) finds them.
+its output and error files (OpenAIBatchFiles, openai_batch_files.py); it ends, `completed` or
+`cancelled`, in the write that records them, so whoever learns it ended (a read, its webhook)
+finds them.
 """
 
 from __future__ import annotations
 
 import email.parser
 import email.policy
-import functools
-import json
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import ValidationError
 
-from llmtasks.api.openai_requests import (
-    CompleteUpload,
-    CreateBatch,
-    CreateResponse,
-    CreateUpload,
-    Endpoint,
-    InputMessage,
-)
-from llmtasks.domain.batch_input import LineParser, first_error
-from llmtasks.domain.batches import (
-    Batch,
-    BatchFiles,
-    BatchItem,
-    BatchResult,
-    BatchStatus,
-    FileUpload,
-    StoredFile,
-    SubmitBatchRequest,
-)
+from llmtasks.api.openai_batch_files import file_ids
+from llmtasks.api.openai_requests import CompleteUpload, CreateBatch, CreateUpload
+from llmtasks.domain.batch_input import first_error
+from llmtasks.domain.batches import Batch, BatchFiles, BatchStatus, FileUpload, StoredFile, SubmitBatchRequest
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.domain.errors import FileNotFound as NoSuchFile
-from llmtasks.domain.events import BATCH_ID_PREFIX, response_id
-from llmtasks.domain.models import TaskStatus
-from llmtasks.services.batch_outcomes import BatchOutcomes
+from llmtasks.domain.events import BATCH_ID_PREFIX
 from llmtasks.services.batches import BatchService
 
-ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB
-RESULTS_PAGE = 1000
 _STATUSES = {
     BatchStatus.VALIDATING: "validating",
     BatchStatus.FAILED: "failed",
@@ -100,53 +79,6 @@ def multipart_fields(content_type: str, body: bytes) -> dict[str, tuple[str | No
             payload = part.get_payload(decode=True)
             fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
     return fields
-
-
-def _line_item(line: Any, endpoint: str) -> BatchItem:
-    """One input line as a batch item; ValueError says why it cannot be served."""
-    if not isinstance(line, dict):
-        raise ValueError("a line must be a JSON object")
-    custom_id = line.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        raise ValueError("custom_id is missing")
-    if line.get("method", "POST") != "POST":
-        raise ValueError("method must be POST")
-    if line.get("url") != endpoint:
-        raise ValueError(f"url must be the batch's endpoint, {endpoint}")
-    body = line.get("body")
-    if not isinstance(body, dict):
-        raise ValueError("body must be a JSON object")
-    try:
-        if endpoint == "/v1/responses":
-            if "webhook_url" in body:  # a batch has one webhook, not one a line
-                raise ValueError("unsupported parameter 'webhook_url'")
-            asked = CreateResponse.model_validate({**body, "background": True}).task_request()
-            return BatchItem(custom_id=custom_id, **asked.model_dump(exclude_none=True))
-        return _chat_item(custom_id, body)
-    except (ValidationError, InvalidInput) as invalid:
-        raise ValueError(
-            str(invalid).splitlines()[0] if isinstance(invalid, InvalidInput) else first_error(invalid)
-        ) from invalid
-
-
-def line_parser(endpoint: str) -> LineParser:
-    """How a batch's input file of OpenAI request lines for `endpoint` is read (BatchFunction)."""
-    return functools.partial(_line_item, endpoint=endpoint)
-
-
-def _chat_item(custom_id: str, body: dict[str, Any]) -> BatchItem:
-    served = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature"}
-    unsupported = sorted(set(body) - served)
-    if unsupported:
-        raise ValueError(f"unsupported parameter '{unsupported[0]}'")
-    messages = [InputMessage.model_validate(m).chat() for m in body.get("messages") or []]
-    return BatchItem(
-        custom_id=custom_id,
-        messages=messages or None,
-        model=body.get("model"),
-        max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
-        temperature=body.get("temperature"),
-    )
 
 
 class OpenAIBatches:
@@ -321,7 +253,7 @@ class OpenAIBatches:
             return BatchFiles()
         if batch.files is not None:
             return batch.files
-        output_id, error_id = _file_ids(batch)
+        output_id, error_id = file_ids(batch)
         return BatchFiles(
             output_file_id=output_id if self._batches.file(batch.tenant_id, output_id) else None,
             error_file_id=error_id if self._batches.file(batch.tenant_id, error_id) else None,
@@ -342,123 +274,3 @@ def _errors_of(batch: Batch) -> dict[str, Any] | None:
         for refused in batch.input.refused_sample
     ]
     return {"object": "list", "data": data}
-
-
-class OpenAIBatchFiles:
-    """An ended batch's outcomes in OpenAI's output and error files, written by BatchFunction
-    before the batch ends (BatchEnds), a page of results at a time (neither file is ever whole
-    in memory): its ids derive from the batch's, and a retried batch's end has files of its own
-    (its items' latest outcomes)."""
-
-    def __init__(self, outcomes: BatchOutcomes, *, clock: Any = time.time) -> None:
-        self._outcomes = outcomes
-        self._clock = clock
-
-    def write(self, batch: Batch) -> BatchFiles:
-        tenant = batch.tenant_id
-        output_id, error_id = _file_ids(batch)
-        endpoint = (batch.metadata or {})["openai"]["endpoint"]
-        ended_at = int(self._clock())
-        outputs = self._outcomes.open_file(tenant, output_id, filename="output.jsonl", purpose="batch_output")
-        errors = self._outcomes.open_file(tenant, error_id, filename="errors.jsonl", purpose="batch_output")
-        try:
-            for line in self._refused_lines(batch):
-                errors.write(line)
-            for row in self._outcomes.every(batch, page_size=RESULTS_PAGE):
-                if row.status is TaskStatus.COMPLETED:
-                    outputs.write(_json_line(_output_line(row, endpoint, ended_at)))
-                    continue
-                code = (
-                    "batch_cancelled"
-                    if row.status is TaskStatus.CANCELLED
-                    else (row.error_code or "server_error")
-                )
-                errors.write(
-                    _json_line(_error_line(row.custom_id, code, row.error or "The request was not run."))
-                )
-            has_errors = errors.size > 0
-            if has_errors:
-                errors.close()
-            else:
-                errors.abort()
-            outputs.close()
-        except BaseException:
-            outputs.abort()
-            errors.abort()
-            raise
-        return BatchFiles(output_file_id=output_id, error_file_id=error_id if has_errors else None)
-
-    def _refused_lines(self, batch: Batch) -> Iterator[bytes]:
-        """The input's lines that were not served, as error lines: read from the batch's refused
-        lines (by line number)."""
-        if batch.input is None or not batch.input.refused:
-            return
-        for refused in self._outcomes.refused(batch):
-            yield _json_line(
-                _error_line(refused.custom_id, "invalid_request", f"line {refused.line}: {refused.error}")
-            )
-
-
-def _file_ids(batch: Batch) -> tuple[str, str]:
-    """The ids of the batch's output and error files, derived from its id: a retried batch's end
-    has files of its own."""
-    ending = f"-retry{batch.retries}" if batch.retries else ""
-    return f"file-{batch.batch_id}-output{ending}", f"file-{batch.batch_id}-errors{ending}"
-
-
-def _json_line(line: dict[str, Any]) -> bytes:
-    return json.dumps(line).encode() + b"\n"
-
-
-def _error_line(custom_id: Any, code: str, message: str) -> dict[str, Any]:
-    return {
-        "id": f"batch_req_{uuid.uuid4().hex}",
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": code, "message": message},
-    }
-
-
-def _output_line(row: BatchResult, endpoint: str, ended_at: int) -> dict[str, Any]:
-    usage = row.usage
-    if endpoint == "/v1/responses":
-        body: dict[str, Any] = {
-            "id": response_id(row.task_id),
-            "object": "response",
-            "status": "completed",
-            "output": [
-                {
-                    "type": "message",
-                    "id": f"msg_{row.task_id}",
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": row.result or "", "annotations": []}],
-                }
-            ],
-            "usage": usage
-            and {
-                "input_tokens": usage.prompt_tokens,
-                "output_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            },
-        }
-    else:
-        body = {
-            "id": f"chatcmpl-{row.task_id}",
-            "object": "chat.completion",
-            "created": ended_at,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": row.result or ""},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": usage and usage.model_dump(),
-        }
-    return {
-        "id": f"batch_req_{row.task_id}",
-        "custom_id": row.custom_id,
-        "response": {"status_code": 200, "request_id": row.task_id, "body": body},
-        "error": None,
-    }

@@ -6,6 +6,9 @@ however often its stream record is processed: retries, duplicate deliveries and 
 the counts exact. The mark is an item of its own, not an attribute of the task: it stays small
 (a write costs by the item's size, and a task's prompt may be 200 KiB), and its writes do not
 come back on the stream as changes of the task.
+
+Long because BatchStore is every write on a batch's items (the batch, its counters, events and
+marks): their layout and the transactions that keep the counts exact are read in one place.
 """
 
 from __future__ import annotations

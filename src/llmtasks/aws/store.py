@@ -4,6 +4,9 @@ Every state change is a conditional write, so no transition happens twice or bac
 `ClientError`s become domain errors here and nowhere else. Items are keyed by `pk`:
 `task#<id>` for tasks; the same table's `batch#<id>`, `tenant#<id>` and `usage#...` items have
 their own adapters (batch_store.py, tenant_secrets.py, usage.py).
+
+Long because TaskStore is every conditional write on a task's item: the item's layout and the
+transitions it allows are read in one place.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""A batch: its request, the stored item with its counts, its views and results."""
+"""A batch: its request, the stored item with its counts, its views and results.
+
+Long because a batch's models are one vocabulary, as a task's are in models.py: its request,
+item, views, results and events change together and make the OpenAPI document.
+"""
 
 from __future__ import annotations
 

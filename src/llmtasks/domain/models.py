@@ -2,6 +2,9 @@
 has the batch's, messages.py what crosses the queues and reaches receivers).
 
 The OpenAPI document is generated from these, so a field added here shows up in `/openapi.json`.
+
+Long because a task's models are one vocabulary: the request, the stored item and its views
+are checked against each other and make the OpenAPI document, so they change together.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The flow: the worker's terminal write appears on the table's stream; the webhook
 it to WebhookQueue (`WebhookRelay`), and delivers from there (`WebhookDelivery`) with retries
 as visibility delays, so one slow receiver never holds up a stream shard and no completion is
 lost between two writes.
+
+Long because an event's delivery is one path (relay, guard, sign, send, schedule the retry),
+kept in the order it runs.
 """
 
 from __future__ import annotations

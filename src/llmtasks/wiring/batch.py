@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from llmtasks.api.openai_batches import ENDPOINTS, OpenAIBatchFiles, line_parser
+from llmtasks.api.openai_batch_files import ENDPOINTS, OpenAIBatchFiles, line_parser
 from llmtasks.aws.queues import Queue
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress

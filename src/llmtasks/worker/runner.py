@@ -3,6 +3,9 @@
 
 Everything here talks to the table and the queues through their adapters, never to boto3, and
 takes its clock and randomness from the constructor so tests can pin them.
+
+Long because TaskRunner is one task's whole run under its lease (claim, call, charge, record,
+retry or dead letter): its steps share the lease and the clock, and read in the order they run.
 """
 
 from __future__ import annotations
