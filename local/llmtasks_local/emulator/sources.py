@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from llmtasks.aws.queues import Queue
-from llmtasks.records import sqs_record
 from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import RECEIVABLE_QUEUES_PATH, STREAM_RECORDS_PATH
 from llmtasks_local.emulator.payload_limits import fitting_batches
+from llmtasks_local.emulator.queue_calls import SourceQueue
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
-from llmtasks_local.sam.events import pattern_matcher, wire_stream_record
+from llmtasks_local.sam.events import pattern_matcher, sqs_record, wire_stream_record
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
 
 if TYPE_CHECKING:
@@ -76,8 +75,7 @@ class SqsPoller:
     ) -> None:
         self.source = source
         self._runtime = runtime
-        # Receives, deletes and releases as the worker's refill makes them.
-        self._queue = Queue(queue_url, sqs)
+        self._queue = SourceQueue(queue_url, sqs)
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
         self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)

@@ -25,13 +25,8 @@ import uvicorn
 from botocore.exceptions import BotoCoreError, ClientError
 from starlette.types import ASGIApp
 
-from llmtasks.aws.apikeys import ApiKeys
-from llmtasks.aws.batch_store import BatchStore
-from llmtasks.aws.queues import Queue
-from llmtasks.aws.results import ResultBlobs
-from llmtasks.aws.store import TaskStore
-from llmtasks.services.batches import BatchService
-from llmtasks.settings import SubmitSettings
+from llmtasks.ops.deadletters import DeadLetters
+from llmtasks.ops.keys import Keys
 from llmtasks_local import KEEP_ALIVE_S
 from llmtasks_local.emulator import hot_reload
 from llmtasks_local.emulator.console import Console
@@ -65,10 +60,8 @@ from llmtasks_local.emulator.sources import (
     queue_destination,
 )
 from llmtasks_local.emulator.ttl import DEFAULT_SWEEP_S, TtlSweeper, TtlTable
-from llmtasks_local.ops.deadletters import DeadLetters
-from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec, StreamSource
-from llmtasks_local.sam.provision import LocalResources, local_name, provision, provision_alarms
+from llmtasks_local.sam.provision import LocalResources, local_deployment, provision, provision_alarms
 from llmtasks_local.sam.template import Template
 from llmtasks_local.tool_errors import ToolError
 
@@ -144,6 +137,8 @@ class LocalStack:
         self._lambda_listener: socket.socket | None = None
         self._servers: list[uvicorn.Server] = []
         self.hurry = threading.Event()  # a second Ctrl-C: stop without waiting for calls in flight
+        self._console_keys: dict[str, str | None] = {}  # by tenant: the console's calls to the API
+        self._console_keys_lock = threading.Lock()
 
     @property
     def api_url(self) -> str:
@@ -153,8 +148,12 @@ class LocalStack:
     def lambda_url(self) -> str:
         """The Lambda API's own URL (also reached through the embedded AWS endpoint)."""
         assert self._lambda_listener is not None, "the stack is not started"
-        host = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host  # noqa: S104
-        return f"http://{host}:{self._lambda_listener.getsockname()[1]}"
+        return f"http://{self._local_host}:{self._lambda_listener.getsockname()[1]}"
+
+    @property
+    def _local_host(self) -> str:
+        """Where this machine reaches the stack's listeners."""
+        return "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host  # noqa: S104
 
     @property
     def console_url(self) -> str:
@@ -496,9 +495,8 @@ class LocalStack:
         thread.start()
         self._threads.append(thread)
 
-    def _create_dev_key(self) -> str | None:
-        """A key for this run, tenant `dev`, when the template has an authorizer with a keys table;
-        with a state dir, the one it kept (its table is kept too)."""
+    def _keys(self) -> Keys | None:
+        """The operator's keys tool on the authorizer's keys table, when the template has one."""
         table = next(
             (
                 spec.environment[KEYS_TABLE]
@@ -507,15 +505,32 @@ class LocalStack:
             ),
             None,
         )
-        if not table:
+        return Keys(table, boto3.client("dynamodb")) if table else None
+
+    def _create_dev_key(self) -> str | None:
+        """A key for this run, tenant `dev`, when the template has an authorizer with a keys table;
+        with a state dir, the one it kept (its table is kept too)."""
+        keys = self._keys()
+        if keys is None:
             return None
         kept = self._state(DEV_KEY)
         if kept is not None and kept.exists():
             return kept.read_text().strip()
-        key, _ = ApiKeys(table, boto3.client("dynamodb")).create("dev", name="llmtasks up")
+        key, _ = keys.create("dev", name="llmtasks up")
         if kept is not None:
             kept.write_text(key)
         return key
+
+    def _console_key(self, tenant: str) -> str | None:
+        """A key of `tenant` for the console's calls to the API, made at its first call and
+        kept for the run (None under `--no-auth`, or without a keys table)."""
+        with self._console_keys_lock:
+            if tenant not in self._console_keys:
+                keys = self._keys() if self.options.auth else None
+                self._console_keys[tenant] = (
+                    None if keys is None else keys.create(tenant, name="llmtasks console")[0]
+                )
+            return self._console_keys[tenant]
 
     def _failure_sink(self, source: StreamSource) -> Callable[[dict[str, Any]], None] | None:
         if not source.on_failure_arn or self.resources is None:
@@ -523,24 +538,17 @@ class LocalStack:
         return queue_destination(boto3.client("sqs"), self.resources.queue_url_of_arn(source.on_failure_arn))
 
     def _console(self, cloudwatch: CloudWatchClient) -> Console:
+        """The console, over the AWS endpoint (the operator's tools) and the stack's own API."""
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
-        deployment = Deployment.local(sqs)
-        store = TaskStore(deployment.tasks_table, dynamodb)
-        dead_letters = DeadLetters(deployment, store=store, sqs=sqs)
-        batches = BatchService(
-            SubmitSettings(),
-            store,
-            BatchStore(deployment.tasks_table, dynamodb),
-            Queue(deployment.queue_urls["fanout"], sqs),
-            results=ResultBlobs(local_name("ResultsBucket")),
-        )
+        deployment = local_deployment(sqs)
         return Console(
             dynamodb,
             sqs,
             deployment,
-            dead_letters,
+            DeadLetters(deployment, dynamodb=dynamodb, sqs=sqs),
             cloudwatch=cloudwatch,
-            batches=batches,
+            api_url=f"http://{self._local_host}:{self.options.port}",
+            key_of=self._console_key,
             token=self.console_token,
         )
 
