@@ -239,7 +239,8 @@ def keys_create(
 )
 def keys_dev(state_dir: Path | None) -> None:
     """The local stack's development key (tenant `dev`), as `llmtasks up` printed it."""
-    from llmtasks_local.emulator.stack import DEV_KEY, default_state_dir
+    from llmtasks_local.emulator.stack_keys import DEV_KEY
+    from llmtasks_local.emulator.stack_options import default_state_dir
 
     kept = (state_dir or default_state_dir(Path("template.yaml"))) / DEV_KEY
     if not kept.is_file():
