@@ -90,12 +90,15 @@ class Console:
         if tenant is None:
             return {"message": f"No batch '{batch_id[:64]}' (unknown or expired)."}, 404
         key = self._key_of(tenant)
-        reply = httpx.post(
-            f"{self._api_url}/batches/{batch_id}/retry",
-            json={},
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            timeout=RETRY_TIMEOUT_S,
-        )
+        try:
+            reply = httpx.post(
+                f"{self._api_url}/batches/{batch_id}/retry",
+                json={},
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                timeout=RETRY_TIMEOUT_S,
+            )
+        except httpx.HTTPError as failure:
+            return {"message": f"The API did not answer: {type(failure).__name__}: {failure}"}, 502
         try:
             body = reply.json()
         except ValueError:
