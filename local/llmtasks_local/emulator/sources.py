@@ -83,9 +83,8 @@ class SqsPoller:
         self._scaled = threading.Condition()
         self._grown_at = 0.0
         # Nothing found and nothing running: one poller keeps looking for the others, which wait
-        # for it to find messages. Lambda's idle pollers cost no one's CPU; here five long polls a
-        # second for each of a stack's queues were a tenth of a core of an idle stack (moto's and
-        # the stack's), and the test suite runs several stacks at once.
+        # for it to find messages. Lambda's idle pollers cost no one's CPU; here every long poll
+        # of an idle stack costs this machine's, and the test suite runs several stacks at once.
         self._quiet = False
         # And that one receives once the endpoint says the queue holds a message it would take
         # (None: it receives a second at a time, as Lambda's long polls do).
@@ -538,7 +537,7 @@ def _records_as_sent(
     """GetRecords' records taken as the endpoint sent them, before botocore parses the reply:
     that is the form Lambda hands a function, and botocore's parse (every attribute of both
     images walked against the shape, times made datetimes, blobs bytes) was undone at once to
-    build the event, at a tenth of the stack's CPU in a burst. The rest of the reply is parsed
+    build the event, a large part of the stack's CPU in a burst. The rest of the reply is parsed
     as ever; an error reply is left whole."""
     if response_dict.get("status_code", 500) >= 300:
         return

@@ -76,7 +76,7 @@ def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], boo
     pattern is handed the parts of the record it reads (pattern_paths), which it matches as it
     matches the whole (tests/unit/test_event_filters.py compares the two). The parts are fresh
     dicts of JSON's own types (a record comes from GetRecords' JSON), so moto's copy of them
-    through JSON, a third of a match's time, would give back the same: they are flattened and
+    through JSON would give back the same: they are flattened and
     matched as moto does after it."""
     if not patterns:
         return lambda _record: True
