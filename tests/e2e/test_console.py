@@ -20,7 +20,7 @@ from selenium.common.exceptions import StaleElementReferenceException, WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from llmtasks_local.ops.deployment import FUNCTIONS
+from llmtasks.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import HANG_S, ROOT, WebhookReceiver, chromium, eventually, serve

@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from llmtasks.domain.models import LLMRequest
+from llmtasks.ops.deployment import FUNCTIONS
 from llmtasks.settings import default_price_table
 from llmtasks_local.mock_llm import reply_text
-from llmtasks_local.ops.deployment import FUNCTIONS
 from llmtasks_local.sam.provision import local_name
 from llmtasks_local.sam.template import Template
 from tests.e2e.conftest import RunningStack, derived_template, start_stack, wait_terminal

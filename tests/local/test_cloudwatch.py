@@ -16,12 +16,12 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from moto import mock_aws
 
+from llmtasks.ops.deployment import Deployment
+from llmtasks.ops.stats import function_health
 from llmtasks_local.emulator.log_groups import LogsSink
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.runtime import FunctionRuntime
 from llmtasks_local.emulator.sources import StreamPoller
-from llmtasks_local.ops.deployment import Deployment
-from llmtasks_local.ops.stats import function_health
 from llmtasks_local.sam.function_spec import StreamSource
 from tests.helpers import metric_statistics, toy_function
 

@@ -26,6 +26,7 @@ from llmtasks.domain.errors import BatchNotFound, RetryLater
 from llmtasks.domain.messages import FanoutMessage, WebhookMessage
 from llmtasks.domain.models import TaskStatus
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
@@ -35,9 +36,8 @@ from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from llmtasks_local.mock_llm import reply_text
-from llmtasks_local.ops.deployment import Deployment
-from llmtasks_local.ops.stats import overview
 from llmtasks_local.sam.events import pattern_matcher, stream_record
+from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, emf_records, eventually, load_event, replay_batch_events, task_lanes
 from tests.unit.test_api import Api, assert_problem, task_service, webhook_controls
@@ -272,7 +272,7 @@ def test_a_batch_runs_once_per_item_and_its_counts_match_a_full_count_at_every_s
     results = rig.api.call("GET", f"/batches/{batch_id}/results", query="limit=3")["json"]
     assert [r["result"] for r in results["data"]] == [reply_text(f"item {i}") for i in range(3)]
     # The overview (`llmtasks stats`, the console) shows the batch ended, all ten finished
-    [shown] = overview(rig.aws.dynamodb, rig.aws.sqs, Deployment.local(rig.aws.sqs), now=time.time())[
+    [shown] = overview(rig.aws.dynamodb, rig.aws.sqs, local_deployment(rig.aws.sqs), now=time.time())[
         "batches"
     ]
     assert (shown["batch_id"], shown["status"], shown["finished"], shown["total"]) == (

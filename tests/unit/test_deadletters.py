@@ -13,8 +13,8 @@ from botocore.stub import Stubber
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
 from llmtasks.domain.models import Lease, TaskStatus, WebhookStatus
-from llmtasks_local.ops.deadletters import DeadLetters
-from llmtasks_local.ops.deployment import QUEUES, Deployment, QueueName
+from llmtasks.ops.deadletters import DeadLetters
+from llmtasks.ops.deployment import QUEUES, Deployment, QueueName
 from tests.conftest import Aws
 from tests.helpers import pending_task
 
@@ -36,7 +36,7 @@ def dead_letters(aws: Aws, store: TaskStore) -> DeadLetters:
         queue_urls={name: aws.queue_url(queue) for name, (queue, _) in QUEUES.items()},
         dlq_urls={name: aws.queue_url(dlq) for name, (_, dlq) in QUEUES.items()},
     )
-    return DeadLetters(deployment, store=store, sqs=aws.sqs)
+    return DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=aws.sqs)
 
 
 def dead_lettered_task(aws: Aws, store: TaskStore, task_id: str, queue: str = "TaskQueue") -> None:
@@ -131,7 +131,7 @@ def test_a_redrive_during_a_listing_waits_for_it_and_moves_every_message(aws: Aw
         queue_urls={name: aws.queue_url(queue) for name, (queue, _) in QUEUES.items()},
         dlq_urls={name: aws.queue_url(dlq) for name, (_, dlq) in QUEUES.items()},
     )
-    dead_letters = DeadLetters(deployment, store=store, sqs=SlowToShowAgain())  # type: ignore[arg-type]
+    dead_letters = DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=SlowToShowAgain())  # type: ignore[arg-type]
     listing = threading.Thread(target=dead_letters.letters, args=("tasks",))
     listing.start()
     assert listing_holds_them.wait(10)

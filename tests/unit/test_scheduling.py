@@ -13,10 +13,10 @@ from llmtasks.domain.batches import SubmitBatchRequest
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.models import SubmitTaskRequest
 from llmtasks.domain.rules import Lane, lane_of
+from llmtasks.ops.stats import scheduling
 from llmtasks.services.batch_items import item_task
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
-from llmtasks_local.ops.stats import scheduling
 from tests.conftest import Aws
 from tests.helpers import blobs, pending_task, stored_batch, task_lanes
 

@@ -22,13 +22,13 @@ from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.ops.stats import overview
 from llmtasks.records import sqs_record
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import HELD_LEASE_RECHECK_S, ITEM_RECHECKS_S, Delivery, TaskRunner
 from llmtasks_local.mock_llm import reply_text
-from llmtasks_local.ops.deployment import Deployment
-from llmtasks_local.ops.stats import overview
+from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import (
     HANG_S,
@@ -1061,7 +1061,7 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
     for receive in range(2, worker.settings.task_max_receive_count + 1):
         worker.run([redelivered(message, receive)], llm=CrashingLLM())
     later = worker.task(dead).lease_until + 1
-    deployment = Deployment.local(worker.aws.sqs)
+    deployment = local_deployment(worker.aws.sqs)
 
     view = overview(worker.aws.dynamodb, worker.aws.sqs, deployment, now=later)
 
@@ -1113,7 +1113,7 @@ def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
     assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
     assert all(before + 5 <= (t.next_attempt_at or 0) <= time.time() + 10 for t in waiting)
     # `llmtasks stats` and the console show who waits
-    view = overview(worker.aws.dynamodb, worker.aws.sqs, Deployment.local(worker.aws.sqs), now=time.time())
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
     assert view["scheduling"]["tenants"] == [{"tenant_id": "acme", "backlog": 3, "in_flight": 0}]
     assert view["scheduling"]["priorities"]["normal"] == {"backlog": 3, "in_flight": 0}
 

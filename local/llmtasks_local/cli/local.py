@@ -151,7 +151,9 @@ def up(
     """Run the whole application locally, from template.yaml, until Ctrl-C. Tasks, queues and
     results are kept in the state dir: a restart goes on where the stack stopped."""
     from llmtasks_local.emulator.logs import CompactStdout
-    from llmtasks_local.emulator.stack import DEV_KEY, LocalStack, StackOptions, default_state_dir
+    from llmtasks_local.emulator.stack import LocalStack
+    from llmtasks_local.emulator.stack_keys import DEV_KEY
+    from llmtasks_local.emulator.stack_options import StackOptions, default_state_dir
 
     if not no_state and state_dir is None:
         state_dir = default_state_dir(template)

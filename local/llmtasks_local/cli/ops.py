@@ -13,32 +13,29 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from llmtasks.aws.apikeys import MAX_IN_FLIGHT
-from llmtasks.domain.budgets import Budget
+from llmtasks.ops.deadletters import QUEUE_NAMES
+from llmtasks.ops.deployment import QueueName
+from llmtasks.ops.keys import MAX_IN_FLIGHT
 from llmtasks_local.cli.options import target_of, targeted
-from llmtasks_local.ops.deadletters import QUEUE_NAMES
-from llmtasks_local.ops.deployment import QueueName
 from llmtasks_local.tool_errors import ToolError
 
 if TYPE_CHECKING:
-    from llmtasks.aws.apikeys import ApiKeys
-    from llmtasks_local.ops.deadletters import DeadLetters
+    from llmtasks.ops.deadletters import DeadLetters
+    from llmtasks.ops.keys import Keys
 
 
 def _dead_letters(stack_name: str | None, endpoint_url: str | None) -> DeadLetters:
-    from llmtasks.aws.store import TaskStore
-    from llmtasks_local.ops.deadletters import DeadLetters
+    from llmtasks.ops.deadletters import DeadLetters
 
     target = target_of(stack_name, endpoint_url)
-    store = TaskStore(target.deployment.tasks_table, target.dynamodb)
-    return DeadLetters(target.deployment, store=store, sqs=target.sqs)
+    return DeadLetters(target.deployment, dynamodb=target.dynamodb, sqs=target.sqs)
 
 
-def _api_keys(stack_name: str | None, endpoint_url: str | None) -> ApiKeys:
-    from llmtasks.aws.apikeys import ApiKeys
+def _api_keys(stack_name: str | None, endpoint_url: str | None) -> Keys:
+    from llmtasks.ops.keys import Keys
 
     target = target_of(stack_name, endpoint_url)
-    return ApiKeys(target.deployment.api_keys_table, target.dynamodb)
+    return Keys(target.deployment.api_keys_table, target.dynamodb)
 
 
 @click.group()
@@ -87,11 +84,11 @@ def streams() -> None:
 def streams_skip(sequence_number: str, reason: str, stack_name: str | None, endpoint_url: str | None) -> None:
     """Let the stream consumers pass over the record SEQUENCE_NUMBER, which they cannot read (the
     `stream record unreadable` ERROR line names it): its retries hold their shard until then."""
-    from llmtasks.aws.stream_skips import StreamSkips
+    from llmtasks.ops.streams import skip_record
 
     target = target_of(stack_name, endpoint_url)
-    mark = StreamSkips(target.deployment.tasks_table, target.dynamodb).mark(
-        sequence_number, reason=reason, now=time.time()
+    mark = skip_record(
+        target.dynamodb, target.deployment.tasks_table, sequence_number, reason=reason, now=time.time()
     )
     click.echo(
         f"stream record {mark.sequence_number} marked to be skipped ({mark.reason}); the consumer"
@@ -123,7 +120,7 @@ def stats(as_json: bool, stack_name: str | None, endpoint_url: str | None) -> No
     """Tasks by status, queue and DLQ depths, backlog and in flight per priority and per tenant,
     latency p50/p95/p99 over the last hour, batches:
     the numbers of the local console (`llmtasks up`, /console), read from the tables and queues."""
-    from llmtasks_local.ops.stats import overview
+    from llmtasks.ops.stats import overview
 
     target = target_of(stack_name, endpoint_url)
     summary = overview(
@@ -220,12 +217,14 @@ def keys_create(
     endpoint_url: str | None,
 ) -> None:
     """Create a key; it is printed once and cannot be shown again."""
-    budget = Budget(
-        day_usd=None if budget_usd_day is None else Decimal(repr(budget_usd_day)),
-        month_usd=None if budget_usd_month is None else Decimal(repr(budget_usd_month)),
-    )
     key, record = _api_keys(stack_name, endpoint_url).create(
-        tenant, name=name, rps=rps, max_in_flight=max_in_flight, max_running=max_running, budget=budget
+        tenant,
+        name=name,
+        rps=rps,
+        max_in_flight=max_in_flight,
+        max_running=max_running,
+        budget_usd_day=None if budget_usd_day is None else Decimal(repr(budget_usd_day)),
+        budget_usd_month=None if budget_usd_month is None else Decimal(repr(budget_usd_month)),
     )
     click.echo(key)
     click.echo(f"(key id {record.key_id}, tenant {tenant}; keep the key: only its hash is stored)", err=True)
@@ -240,7 +239,8 @@ def keys_create(
 )
 def keys_dev(state_dir: Path | None) -> None:
     """The local stack's development key (tenant `dev`), as `llmtasks up` printed it."""
-    from llmtasks_local.emulator.stack import DEV_KEY, default_state_dir
+    from llmtasks_local.emulator.stack_keys import DEV_KEY
+    from llmtasks_local.emulator.stack_options import default_state_dir
 
     kept = (state_dir or default_state_dir(Path("template.yaml"))) / DEV_KEY
     if not kept.is_file():

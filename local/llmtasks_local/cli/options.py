@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
+    from llmtasks.ops.deployment import Deployment
     from llmtasks_client import Client
-    from llmtasks_local.ops.deployment import Deployment
 
 # Where `llmtasks up` serves its embedded AWS endpoint: also a LocalStack's, by default.
 LOCAL_ENDPOINT = "http://127.0.0.1:4566"
@@ -95,8 +95,9 @@ def endpoint_for(service: str, endpoint_url: str | None) -> str:
 def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     import boto3
 
-    from llmtasks_local.ops.deployment import Deployment
+    from llmtasks.ops.deployment import Deployment
     from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS
+    from llmtasks_local.sam.provision import local_deployment
 
     if stack_name:
         sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
@@ -110,7 +111,7 @@ def target_of(stack_name: str | None, endpoint_url: str | None) -> Target:
     sqs = session.client("sqs", endpoint_url=endpoint_for("sqs", endpoint_url))
     dynamodb = session.client("dynamodb", endpoint_url=endpoint_for("dynamodb", endpoint_url))
     cloudwatch = session.client("cloudwatch", endpoint_url=endpoint_for("cloudwatch", endpoint_url))
-    return Target(Deployment.local(sqs), sqs, dynamodb, cloudwatch)  # `targeted` says a silent endpoint
+    return Target(local_deployment(sqs), sqs, dynamodb, cloudwatch)  # `targeted` says a silent endpoint
 
 
 @contextmanager

@@ -1,10 +1,10 @@
 """The local console: `llmtasks up` serves it at /console beside the API (it is not part of the
 deployed API). One page (console.html, no assets from the internet) that polls two JSON
-views: the deployment's overview (`stats.overview`, what `llmtasks stats` prints) and its
-dead letters, with a button per queue that redrives it (`DeadLetters.redrive`, what
-`llmtasks dlq redrive` does). Both read the tables and queues the functions use. An ended batch
-with failed items has a Retry button: the service's own retry (`BatchService.retry`, what
-`POST /batches/{id}/retry` and `llmtasks batch retry` run), as the batch's tenant.
+views: the deployment's overview (`llmtasks.ops.stats`, what `llmtasks stats` prints) and its
+dead letters, with a button per queue that redrives it (`llmtasks.ops.deadletters`, what
+`llmtasks dlq redrive` does). Both read the tables and queues the functions use, through the
+AWS endpoint. An ended batch with failed items has a Retry button: the stack's own HTTP API,
+`POST /batches/{id}/retry`, called as the batch's tenant (with a key `key_of` gives).
 
 It shows every tenant's tasks, so its data needs the token `llmtasks up` prints in the console's
 URL, as Jupyter does: opening /console?token=... keeps it in a cookie for the page (HttpOnly,
@@ -19,28 +19,27 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmtasks.aws.apikeys import presented_key
-from llmtasks.domain.batches import RetryBatchRequest
-from llmtasks.domain.errors import ApiError
+from llmtasks.ops.batches import batch_tenant
+from llmtasks.ops.deadletters import QUEUE_NAMES, DeadLetters
+from llmtasks.ops.stats import overview
 from llmtasks_local.emulator.cpu_account import ACCOUNT
-from llmtasks_local.ops.deadletters import QUEUE_NAMES, DeadLetters
-from llmtasks_local.ops.stats import overview
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-    from llmtasks.services.batches import BatchService
-    from llmtasks_local.ops.deployment import Deployment
+    from llmtasks.ops.deployment import Deployment
 
 PREFIX = "/console"
 COOKIE = "llmtasks_console"
+RETRY_TIMEOUT_S = 30.0
 NEEDS_TOKEN = {
     "message": "The console needs its token: open the console URL `llmtasks up` printed (/console?token=...)."
 }
@@ -55,12 +54,14 @@ class Console:
         dead_letters: DeadLetters,
         *,
         cloudwatch: CloudWatchClient | None = None,
-        batches: BatchService | None = None,
+        api_url: str | None = None,
+        key_of: Callable[[str], str | None] = lambda _tenant: None,
         token: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._token = token
-        self._batches = batches  # the Retry button's: what POST /batches/{id}/retry runs
+        self._api_url = api_url  # the Retry button's: the stack's HTTP API (None: no Retry)
+        self._key_of = key_of  # a tenant's API key for it (None: the API takes no key)
         self._dynamodb = dynamodb
         self._sqs = sqs
         self._deployment = deployment
@@ -81,26 +82,38 @@ class Console:
         }
 
     def retry_batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
-        """The ended batch's failed items run again, as its tenant's POST /batches/{id}/retry
-        would (the console sees every tenant's batches)."""
-        if self._batches is None:
+        """The ended batch's failed items run again: its tenant's POST /batches/{id}/retry (the
+        console sees every tenant's batches); the API's refusal is said as it gives it."""
+        if self._api_url is None:
             return {"message": "This console cannot retry batches."}, 404
+        tenant = batch_tenant(self._dynamodb, self._deployment.tasks_table, batch_id)
+        if tenant is None:
+            return {"message": f"No batch '{batch_id[:64]}' (unknown or expired)."}, 404
+        key = self._key_of(tenant)
         try:
-            batch = self._batches.get_any(batch_id)
-            retried, _ = self._batches.retry(batch.tenant_id, batch_id, RetryBatchRequest())
-        except ApiError as refused:
-            return {"message": refused.detail}, refused.status
-        return {
-            "batch_id": retried.batch_id,
-            "status": retried.read_status.value,
-            "retries": retried.retries,
-        }, 202
+            reply = httpx.post(
+                f"{self._api_url}/batches/{batch_id}/retry",
+                json={},
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                timeout=RETRY_TIMEOUT_S,
+            )
+        except httpx.HTTPError as failure:
+            return {"message": f"The API did not answer: {type(failure).__name__}: {failure}"}, 502
+        try:
+            body = reply.json()
+        except ValueError:
+            body = {}
+        if reply.status_code != 202:
+            return {"message": body.get("detail") or body.get("title") or reply.text}, reply.status_code
+        return {"batch_id": body["batch_id"], "status": body["status"], "retries": body["retries"]}, 202
 
     def _is_token(self, given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())
 
     def _allowed(self, request: Request) -> bool:
-        return self._is_token(request.cookies.get(COOKIE)) or self._is_token(presented_key(request.headers))
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        given = bearer.strip() if scheme.lower() == "bearer" else None
+        return self._is_token(request.cookies.get(COOKIE)) or self._is_token(given)
 
     async def handle(self, request: Request) -> Response:
         path = request.url.path.removeprefix(PREFIX).rstrip("/")

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from llmtasks.aws.queues import Queue
-from llmtasks.records import sqs_record
 from llmtasks_local.emulator.journal import read_kept, write_kept
 from llmtasks_local.emulator.metrics import MetricsSink
 from llmtasks_local.emulator.moto_server import RECEIVABLE_QUEUES_PATH, STREAM_RECORDS_PATH
 from llmtasks_local.emulator.payload_limits import fitting_batches
+from llmtasks_local.emulator.queue_calls import SourceQueue
 from llmtasks_local.emulator.runtime import FunctionRuntime, Invocation
-from llmtasks_local.sam.events import pattern_matcher, wire_stream_record
+from llmtasks_local.sam.events import pattern_matcher, sqs_record, wire_stream_record
 from llmtasks_local.sam.function_spec import SqsSource, StreamSource
 
 if TYPE_CHECKING:
@@ -76,8 +75,7 @@ class SqsPoller:
     ) -> None:
         self.source = source
         self._runtime = runtime
-        # Receives, deletes and releases as the worker's refill makes them.
-        self._queue = Queue(queue_url, sqs)
+        self._queue = SourceQueue(queue_url, sqs)
         self._stop = stop
         self.concurrency = source.maximum_concurrency or DEFAULT_SQS_CONCURRENCY
         self.initial = min(INITIAL_SQS_POLLERS, self.concurrency)
@@ -85,9 +83,8 @@ class SqsPoller:
         self._scaled = threading.Condition()
         self._grown_at = 0.0
         # Nothing found and nothing running: one poller keeps looking for the others, which wait
-        # for it to find messages. Lambda's idle pollers cost no one's CPU; here five long polls a
-        # second for each of a stack's queues were a tenth of a core of an idle stack (moto's and
-        # the stack's), and the test suite runs several stacks at once.
+        # for it to find messages. Lambda's idle pollers cost no one's CPU; here every long poll
+        # of an idle stack costs this machine's, and the test suite runs several stacks at once.
         self._quiet = False
         # And that one receives once the endpoint says the queue holds a message it would take
         # (None: it receives a second at a time, as Lambda's long polls do).
@@ -540,7 +537,7 @@ def _records_as_sent(
     """GetRecords' records taken as the endpoint sent them, before botocore parses the reply:
     that is the form Lambda hands a function, and botocore's parse (every attribute of both
     images walked against the shape, times made datetimes, blobs bytes) was undone at once to
-    build the event, at a tenth of the stack's CPU in a burst. The rest of the reply is parsed
+    build the event, a large part of the stack's CPU in a burst. The rest of the reply is parsed
     as ever; an error reply is left whole."""
     if response_dict.get("status_code", 500) >= 300:
         return

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.aws.dynamo import is_condition_failure
-
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
@@ -73,7 +71,7 @@ class TtlSweeper:
                     ExpressionAttributeValues=values,
                 )
             except ClientError as exc:
-                if not is_condition_failure(exc):
+                if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
                     raise
                 continue  # its TTL moved on since the scan
             deleted += 1

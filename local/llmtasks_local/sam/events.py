@@ -1,5 +1,5 @@
-"""What Lambda hands a function from the template's event sources: a DynamoDB Streams record in
-Lambda's shape, and the records that pass an event source's FilterCriteria.
+"""What Lambda hands a function from the template's event sources: an SQS message and a DynamoDB
+Streams record in Lambda's shape, and the records that pass an event source's FilterCriteria.
 
 The local stack's pollers deliver through these, and the unit tests feed the handlers what the
 template's filters would let through, so a filter that drops a record a handler needs fails a
@@ -17,6 +17,27 @@ from typing import Any
 from moto.events.models import EventPattern, EventPatternParser
 
 from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS
+
+
+def sqs_record(message: Any, queue_arn: str) -> dict[str, Any]:
+    """A ReceiveMessage message as Lambda's SQS event source hands it to a function."""
+
+    def lower_first(attribute: dict[str, Any]) -> dict[str, Any]:
+        return {key[0].lower() + key[1:]: value for key, value in attribute.items()}
+
+    return {
+        "messageId": message["MessageId"],
+        "receiptHandle": message["ReceiptHandle"],
+        "body": message["Body"],
+        "attributes": dict(message.get("Attributes") or {}),
+        "messageAttributes": {
+            name: lower_first(dict(value)) for name, value in (message.get("MessageAttributes") or {}).items()
+        },
+        "md5OfBody": message.get("MD5OfBody", ""),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": queue_arn.split(":")[3] if queue_arn.startswith("arn:") else "",
+    }
 
 
 def stream_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
@@ -55,7 +76,7 @@ def pattern_matcher(patterns: tuple[str, ...]) -> Callable[[dict[str, Any]], boo
     pattern is handed the parts of the record it reads (pattern_paths), which it matches as it
     matches the whole (tests/unit/test_event_filters.py compares the two). The parts are fresh
     dicts of JSON's own types (a record comes from GetRecords' JSON), so moto's copy of them
-    through JSON, a third of a match's time, would give back the same: they are flattened and
+    through JSON would give back the same: they are flattened and
     matched as moto does after it."""
     if not patterns:
         return lambda _record: True

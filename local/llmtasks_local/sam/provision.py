@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sqs import SQSClient
 
+    from llmtasks.ops.deployment import Deployment
+
 _TABLE_ARGUMENTS = (
     "AttributeDefinitions",
     "KeySchema",
@@ -45,6 +47,14 @@ LOCAL_PREFIX = "llmtasks-local"
 
 def local_name(logical_id: str, prefix: str = LOCAL_PREFIX) -> str:
     return f"{prefix}-{logical_id}"
+
+
+def local_deployment(sqs: SQSClient) -> Deployment:
+    """The deployment `llmtasks up` provisioned on its endpoint (moto or LocalStack), for the
+    operator tools."""
+    from llmtasks.ops.deployment import Deployment
+
+    return Deployment.named(sqs, local_name)
 
 
 @dataclass

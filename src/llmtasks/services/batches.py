@@ -285,13 +285,6 @@ class BatchService:
         logger.info("batch submitted", batch_id=batch_id, tenant_id=tenant_id, total=batch.total)
         return batch
 
-    def get_any(self, batch_id: str) -> Batch:
-        """Any tenant's batch (the local console's, which serves every tenant); BatchNotFound."""
-        batch = self._batches.get(batch_id, now=self._clock()) if is_task_id(batch_id) else None
-        if batch is None:
-            raise BatchNotFound(batch_id[:64])
-        return batch
-
     def get(self, tenant_id: str, batch_id: str, *, consistent: bool = True) -> Batch:
         if not is_task_id(batch_id):
             raise BatchNotFound(batch_id[:64])

@@ -1,8 +1,10 @@
-"""Where one deployment's tables and queues are: a `sam deploy`ed stack (its Outputs) or the
-stack `llmtasks up` provisioned. The operator commands (`llmtasks dlq`, `llmtasks keys`) start here."""
+"""Where one deployment's tables and queues are: a `sam deploy`ed stack (its Outputs), or a stack
+whose resources are named from their logical ids (the local stack's). The operator tools start
+here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -61,16 +63,16 @@ class Deployment:
         )
 
     @classmethod
-    def local(cls, sqs: SQSClient) -> Deployment:
-        """The stack `llmtasks up` provisioned on its endpoint (moto or LocalStack)."""
-        from llmtasks_local.sam.provision import local_name
+    def named(cls, sqs: SQSClient, name_of: Callable[[str], str]) -> Deployment:
+        """A stack whose resources are named `name_of(logical id)` (the local stack's
+        `local_name`), its queues' URLs asked of SQS."""
 
         def url(logical_id: str) -> str:
-            return sqs.get_queue_url(QueueName=local_name(logical_id))["QueueUrl"]
+            return sqs.get_queue_url(QueueName=name_of(logical_id))["QueueUrl"]
 
         return cls(
-            tasks_table=local_name("TasksTable"),
-            api_keys_table=local_name("ApiKeysTable"),
+            tasks_table=name_of("TasksTable"),
+            api_keys_table=name_of("ApiKeysTable"),
             queue_urls={name: url(queue) for name, (queue, _) in QUEUES.items()},
             dlq_urls={name: url(dlq) for name, (_, dlq) in QUEUES.items()},
             functions={function: function for function in FUNCTIONS},  # named as their logical ids

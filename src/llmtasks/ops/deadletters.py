@@ -18,9 +18,10 @@ from pydantic import BaseModel, ValidationError
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.messages import FanoutMessage, TaskMessage, WebhookMessage
-from llmtasks_local.ops.deployment import Deployment, QueueName
+from llmtasks.ops.deployment import Deployment, QueueName
 
 if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_sqs.type_defs import MessageTypeDef
 
@@ -56,12 +57,12 @@ class DeadLetters:
         self,
         deployment: Deployment,
         *,
-        store: TaskStore,
+        dynamodb: DynamoDBClient | None = None,
         sqs: SQSClient | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._deployment = deployment
-        self._store = store
+        self._store = TaskStore(deployment.tasks_table, dynamodb or boto3.client("dynamodb"))
         self._sqs: SQSClient = sqs or boto3.client("sqs")
         self._clock = clock
         # A listing hides the messages it reads until it ends; a redrive meanwhile would find the

@@ -18,14 +18,14 @@ from llmtasks.aws.batch_store import scan_batches
 from llmtasks.aws.task_items import scan_tasks
 from llmtasks.domain.batches import BatchView
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
-from llmtasks_local.ops.deployment import STREAM_CONSUMERS
+from llmtasks.ops.deployment import STREAM_CONSUMERS
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-    from llmtasks_local.ops.deployment import Deployment
+    from llmtasks.ops.deployment import Deployment
 
 HOUR_S = 3600
 BUCKET_S = 300  # the charts' resolution: five minutes
