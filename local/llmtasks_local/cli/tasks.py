@@ -1,5 +1,8 @@
 """The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `usage`,
-`batch`, `webhooks`."""
+`batch`, `webhooks`.
+
+Long because every command a user calls on the HTTP API is here, each a few lines over the
+same showing and waiting helpers."""
 
 from __future__ import annotations
 

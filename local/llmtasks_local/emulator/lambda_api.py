@@ -6,6 +6,9 @@ The stack serves it on a port of its own (`--lambda-port`, as `sam local start-l
 and the embedded moto server hands it every request signed for `lambda` (moto_server.py), so
 one `--endpoint-url` reaches every service. An invocation runs on the same runtime and sandboxes
 that the HTTP API and the event sources use; a mapping's change reaches its running poller.
+
+Long because Lambda's API is served whole here: each REST path beside the configuration and
+mapping shapes it answers.
 """
 
 from __future__ import annotations

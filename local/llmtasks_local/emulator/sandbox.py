@@ -8,6 +8,9 @@ one small HTTP server per sandbox (`/2018-06-01/runtime/invocation/next`, `.../r
 exactly what Lambda runs. What Lambda enforces from outside, this does from outside: a sandbox
 past its Timeout or its MemorySize is killed, and what it would have done afterwards never
 happens.
+
+Long because one execution environment's life is here: its process, its Runtime API server and
+the limits enforced from outside share the sandbox's state.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ descriptors beside it): the stack sends a sandbox's start (environment, director
 with its output pipe's write end; the server answers with the child's pid and a pidfd (signals
 reach that process and no other, even once its pid is reused), and reports each exit with its
 status and CPU (it reaps its children, so the stack cannot read them from /proc afterwards).
+
+Long because the fork server and the forked child are two halves of one protocol (what is
+preloaded, what the child resets), read side by side.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Event source mappings, as Lambda runs them: SQS queues and DynamoDB streams polled into
 functions, read from the template's Events (batch size, batching window, partial batch
-responses, maximum concurrency, filters, retries, on-failure destination)."""
+responses, maximum concurrency, filters, retries, on-failure destination).
+
+Long because both event source kinds (SQS, DynamoDB streams) are here, sharing the activity
+that scales their pollers and the failure handling Lambda gives both."""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Nothing here keeps a second list of resources: tables, queues, functions, routes and event
 sources all come from the template, with Globals merged and intrinsic functions resolved.
+
+Long because Template is the one reader of template.yaml: parameters, conditions, intrinsic
+functions and Globals are resolved together, as CloudFormation does.
 """
 
 from __future__ import annotations
