@@ -52,7 +52,7 @@ from llmtasks_local.emulator.sources import (
     StreamActivity,
     StreamPositions,
 )
-from llmtasks_local.emulator.stack_keys import DEV_KEY, StackKeys
+from llmtasks_local.emulator.stack_keys import StackKeys
 from llmtasks_local.emulator.stack_options import StackOptions
 from llmtasks_local.emulator.stack_state import EVENT_SOURCE_CHANGES, STREAM_CHECKPOINTS
 from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
@@ -217,7 +217,7 @@ class LocalStack:
         # Each function's sandboxes get its own Environment (local/sandbox.py), on top of this
         # process's: the endpoint and credentials set above, and what the stack was started with.
         self.functions = template.functions(resources.refs, resources.attributes)
-        keys = StackKeys(self.functions, auth=self.options.auth, kept=self._state(DEV_KEY))
+        keys = StackKeys(self.functions, auth=self.options.auth, state_dir=self.options.state_dir)
         self.dev_key = keys.dev_key()
         streams, sqs = boto3.client("dynamodbstreams"), boto3.client("sqs")
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")

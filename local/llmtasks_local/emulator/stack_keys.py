@@ -1,10 +1,12 @@
 """The local stack's API keys, made with the operator's keys tool (`llmtasks.ops.keys`) on the
 authorizer's keys table, as `llmtasks keys create` makes them: the development key `llmtasks up`
-prints (tenant `dev`, kept in the state dir), and a key of each tenant whose batch the console
-retries through the HTTP API."""
+prints (tenant `dev`), and a key of each tenant whose batch the console retries through the HTTP
+API. With a state dir both are kept there, beside the keys table they are rows of, so a restart
+uses them again instead of making more."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +17,7 @@ from llmtasks.ops.keys import Keys
 from llmtasks_local.sam.function_spec import FunctionSpec
 
 DEV_KEY = "dev-key"  # the development key's file in the state dir
+CONSOLE_KEYS = "console-keys.json"  # the console's key of each tenant, in the state dir
 KEYS_TABLE = "API_KEYS_TABLE_NAME"  # the authorizer's variable: where its keys are
 
 
@@ -22,14 +25,17 @@ class StackKeys:
     """None for every key under `--no-auth` (the gateway names the tenant), or when no function
     has a keys table."""
 
-    def __init__(self, functions: Mapping[str, FunctionSpec], *, auth: bool, kept: Path | None) -> None:
+    def __init__(self, functions: Mapping[str, FunctionSpec], *, auth: bool, state_dir: Path | None) -> None:
         table = next(
             (spec.environment[KEYS_TABLE] for spec in functions.values() if KEYS_TABLE in spec.environment),
             None,
         )
         self._keys = Keys(table, boto3.client("dynamodb")) if table and auth else None
-        self._kept = kept
-        self._by_tenant: dict[str, str | None] = {}
+        self._kept = None if state_dir is None else state_dir / DEV_KEY
+        self._kept_by_tenant = None if state_dir is None else state_dir / CONSOLE_KEYS
+        self._by_tenant: dict[str, str] = {}
+        if self._keys is not None and self._kept_by_tenant is not None and self._kept_by_tenant.exists():
+            self._by_tenant = json.loads(self._kept_by_tenant.read_text())
         self._lock = threading.Lock()
 
     def dev_key(self) -> str | None:
@@ -46,9 +52,12 @@ class StackKeys:
 
     def of_tenant(self, tenant: str) -> str | None:
         """A key of `tenant` for the console's calls to the API, made at its first call and kept
-        for the run."""
+        for the run (with a state dir, for the next runs too)."""
+        if self._keys is None:
+            return None
         with self._lock:
             if tenant not in self._by_tenant:
-                made = None if self._keys is None else self._keys.create(tenant, name="llmtasks console")[0]
-                self._by_tenant[tenant] = made
+                self._by_tenant[tenant] = self._keys.create(tenant, name="llmtasks console")[0]
+                if self._kept_by_tenant is not None:
+                    self._kept_by_tenant.write_text(json.dumps(self._by_tenant))
             return self._by_tenant[tenant]

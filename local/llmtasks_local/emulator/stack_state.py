@@ -12,7 +12,7 @@ import httpx
 
 from llmtasks_local.emulator.journal import state_files
 from llmtasks_local.emulator.moto_server import STATE_PATH
-from llmtasks_local.emulator.stack_keys import DEV_KEY
+from llmtasks_local.emulator.stack_keys import CONSOLE_KEYS, DEV_KEY
 from llmtasks_local.tool_errors import ToolError
 
 STATE_WATCH_S = 1.0  # how often the endpoint is asked whether its state dir takes changes
@@ -34,7 +34,7 @@ def prepare(state_dir: Path, *, reset: bool) -> None:
             fix="give a writable folder with --state-dir, or keep nothing with --no-state",
         ) from error
     if reset:
-        kept = (STREAM_CHECKPOINTS, DEV_KEY, EVENT_SOURCE_CHANGES)
+        kept = (STREAM_CHECKPOINTS, DEV_KEY, CONSOLE_KEYS, EVENT_SOURCE_CHANGES)
         for path in (*state_files(state_dir), *(state_dir / name for name in kept)):
             path.unlink(missing_ok=True)
 
