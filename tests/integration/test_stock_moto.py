@@ -1,0 +1,141 @@
+"""The embedded endpoint on stock moto: with the patches refused (another moto version, or
+LLMTASKS_MOTO_PATCHES=off), it says so in one line and serves tables, queues and buckets,
+conditional writes still atomic."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from botocore.exceptions import ClientError
+
+from llmtasks_local import moto_patches
+from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
+from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
+from tests.helpers import local_client
+
+pytestmark = pytest.mark.integration
+STOCK_LINE = "running on stock moto: slower, never wrong"
+
+
+def test_another_moto_version_refuses_every_patch_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import moto
+
+    monkeypatch.setattr(moto, "__version__", "5.9.0")
+    monkeypatch.setattr(moto_patches, "_said", [])
+    monkeypatch.delenv(moto_patches.SWITCH, raising=False)
+
+    assert moto_patches.install() is False
+    assert moto_patches.enabled() is False  # asked again: refused again, not said again
+
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert "moto 5.9.0 found" in lines[0]
+    assert f"checked with moto {moto_patches.CHECKED_WITH}" in lines[0]
+    assert STOCK_LINE in lines[0]
+
+
+def test_the_pinned_version_is_the_checked_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import moto
+
+    monkeypatch.delenv(moto_patches.SWITCH, raising=False)
+    pin = next(
+        line.strip().strip('",')
+        for line in (Path(__file__).parents[2] / "local" / "pyproject.toml").read_text().splitlines()
+        if line.strip().startswith('"moto[server]')
+    )
+    assert pin == f"moto[server]=={moto_patches.CHECKED_WITH}"
+    assert moto.__version__ == moto_patches.CHECKED_WITH
+    assert moto_patches.refusal() is None
+
+
+@pytest.fixture
+def stock_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> Iterator[str]:
+    monkeypatch.setenv(moto_patches.SWITCH, "off")
+    listener = listen_on("127.0.0.1", 0, "--moto-port", "the test's moto server")
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    process: subprocess.Popen[bytes] = spawn_moto_server(listener, quiet=False, state_dir=tmp_path / "state")
+    try:
+        yield url
+    finally:
+        stop(process)
+
+
+def test_stock_moto_serves_tables_queues_and_buckets(
+    stock_endpoint: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dynamodb, sqs, s3 = (local_client(name, stock_endpoint) for name in ("dynamodb", "sqs", "s3"))
+
+    dynamodb.create_table(
+        TableName="tasks",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(TableName="tasks", Item={"pk": {"S": "t1"}, "state": {"S": "queued"}})
+    assert dynamodb.get_item(TableName="tasks", Key={"pk": {"S": "t1"}})["Item"]["state"] == {"S": "queued"}
+
+    queue_url = sqs.create_queue(QueueName="work")["QueueUrl"]
+    sqs.send_message(QueueUrl=queue_url, MessageBody="hello", MessageGroupId="tenant-a")
+    [message] = sqs.receive_message(QueueUrl=queue_url, WaitTimeSeconds=1)["Messages"]
+    assert message["Body"] == "hello"
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+    s3.create_bucket(Bucket="results")
+    s3.put_object(Bucket="results", Key="a/b.json", Body=b'{"ok": true}')
+    assert s3.get_object(Bucket="results", Key="a/b.json")["Body"].read() == b'{"ok": true}'
+
+    # Patched moto only: the stream activity endpoint is not there, the pollers read as Lambda does.
+    assert httpx.get(f"{stock_endpoint}{STREAM_RECORDS_PATH}").status_code == 404
+    said = [line for line in capfd.readouterr().err.splitlines() if STOCK_LINE in line]
+    assert said == [f"moto patches off ({moto_patches.SWITCH}=off): {STOCK_LINE}"]
+
+
+def test_stock_moto_lets_one_of_many_conditional_writers_win(stock_endpoint: str) -> None:
+    dynamodb = local_client("dynamodb", stock_endpoint)
+    dynamodb.create_table(
+        TableName="leases",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(TableName="leases", Item={"pk": {"S": "task"}, "owner": {"S": "none"}})
+    won: list[str] = []
+    refused: list[str] = []
+    start = threading.Barrier(16)
+
+    def claim(worker: str) -> None:
+        client: Any = local_client("dynamodb", stock_endpoint)
+        start.wait()
+        try:
+            client.update_item(
+                TableName="leases",
+                Key={"pk": {"S": "task"}},
+                UpdateExpression="SET #o = :me",
+                ConditionExpression="#o = :none",
+                ExpressionAttributeNames={"#o": "owner"},
+                ExpressionAttributeValues={":me": {"S": worker}, ":none": {"S": "none"}},
+            )
+            won.append(worker)
+        except ClientError as error:
+            refused.append(error.response["Error"]["Code"])
+
+    workers = [threading.Thread(target=claim, args=(f"w{n}",)) for n in range(16)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    assert len(won) == 1
+    assert refused == ["ConditionalCheckFailedException"] * 15
+    item = dynamodb.get_item(TableName="leases", Key={"pk": {"S": "task"}})["Item"]
+    assert item["owner"] == {"S": won[0]}
