@@ -1,10 +1,11 @@
 """The embedded endpoint's state, kept in a state dir so that nothing it acknowledged is lost.
 
-Two kinds of file: a snapshot of moto's backends (pickle) and the journal (journal.py) of every
-change made since. Each change is journaled before it is applied and before the request that
-made it is answered. A start loads the snapshot, replays the journal after it, and folds both
-into a new snapshot; so does a clean stop, and a journal that has grown past
-COMPACT_AFTER_BYTES.
+Two kinds of file: a snapshot (state_format: tables, items, stream records, queues, messages,
+objects, as AWS-level JSON) and the journal (journal.py) of every change made since. Each change
+is journaled before it is applied and before the request that made it is answered. A start loads
+the snapshot, replays the journal after it, and folds both into a new snapshot; so does a clean
+stop, and a journal that has grown past COMPACT_AFTER_BYTES. A state dir of the release before
+(a pickle of moto's backends, journal records pickled) is read once and rewritten so.
 
 What is journaled, and why at these levels:
 - DynamoDB and S3 writes, and the queue-level SQS calls (create, attributes, purge): the backend
@@ -16,6 +17,10 @@ What is journaled, and why at these levels:
   the ids it removes; a receive counts towards maxReceiveCount. Visibility is not journaled: after
   a start that follows a crash, every message in flight is visible at once (the invocations that
   held them are gone), as Lambda's would be once their timeout passed.
+
+The journal's hooks (`install`) wrap moto's backend methods, so they are patches like
+moto_patches' and go through the same gate: on stock moto nothing is journaled, and the state
+dir keeps what the last snapshot (a clean stop's, or the start's) holds.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ from moto.sqs.models import Message, Queue, SQSBackend
 
 from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
-from llmtasks_local.emulator.journal import SNAPSHOT, Journal, JournalUnavailable, StateError
+from llmtasks_local.emulator import state_format
+from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable, StateError
 from llmtasks_local.moto_patches import queue_index, redrive
 from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
 
-SNAPSHOT_FORMAT = 2
+LEGACY_SNAPSHOT_FORMAT = 2  # the pickle of moto's backends, with its journal's seq
 COMPACT_AFTER_BYTES = 64 * 1024 * 1024
 
 # The backend methods that change state, journaled as calls.
@@ -168,7 +174,7 @@ def _call_of(service: str, name: str) -> Callable[..., tuple[Any, ...]]:
 
 
 def _put_of(queue: Queue, message: Message) -> tuple[Any, ...]:
-    return ("put", queue.account_id, queue.region, queue.name, message)
+    return ("put", queue.account_id, queue.region, queue.name, state_format.message_of(message))
 
 
 def _delete_of(queue: Queue, receipt_handle: str) -> tuple[Any, ...] | None:
@@ -211,9 +217,7 @@ def _every_writer_stopped() -> Iterator[None]:
 
 
 def _snapshot(seq: int, *, clean: bool) -> bytes:
-    return pickle.dumps(
-        {"format": SNAPSHOT_FORMAT, "seq": seq, "clean": clean, "backends": moto_backends.state()}
-    )
+    return state_format.dump(seq, clean=clean)
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -245,12 +249,26 @@ class Loaded:
 
 def _load_snapshot(path: Path) -> tuple[int, bool]:
     try:
+        data = state_format.decode(path.read_bytes())
+        if not isinstance(data, dict) or data.get("format") != state_format.FORMAT:
+            raise ValueError("not a state snapshot")
+        if data.get("version") != state_format.VERSION:
+            version = data.get("version")
+            raise ValueError(f"format version {version}, this release reads {state_format.VERSION}")
+        return state_format.load(data)
+    except Exception as error:
+        raise StateError(f"the snapshot cannot be read: {error!r}", path) from error
+
+
+def _load_legacy_snapshot(path: Path) -> tuple[int, bool]:
+    """A snapshot the release before wrote (pickled backends), loaded as it loaded it."""
+    try:
         data = pickle.loads(path.read_bytes())  # noqa: S301 - the stack's own file, in its own state dir
     except Exception as error:
         raise StateError(f"the snapshot cannot be read: {error!r}", path) from error
     if not isinstance(data, dict):
         raise StateError("the snapshot is not one this version wrote", path)
-    if data.get("format") != SNAPSHOT_FORMAT:  # written before the journal: a clean stop's
+    if data.get("format") != LEGACY_SNAPSHOT_FORMAT:  # written before the journal: a clean stop's
         data = {"seq": 0, "clean": True, "backends": data}
     moto_backends.install(data["backends"])
     return int(data["seq"]), bool(data["clean"])
@@ -265,7 +283,9 @@ class _Messages:
             for message in queue._messages:
                 self.where[message.id] = (queue, message)
 
-    def put(self, queue: Queue, message: Message) -> None:
+    def put(self, queue: Queue, saved: Message | dict[str, Any]) -> None:
+        # a dict: as state_format keeps it; a Message: a journal of the release before
+        message = state_format.message_from(saved) if isinstance(saved, dict) else saved
         self.where[message.id] = (queue, message)  # a move: off the queue it was on
         queue._messages.append(message)
 
@@ -300,8 +320,11 @@ def _replay(records: list[tuple[int, Any]]) -> int:
         kind = record[0]
         if kind == "call":
             _, service, account, region, name, args, kwargs = record
+            backend = moto_backends.backends(service)[account][region]
             try:
-                getattr(moto_backends.backends(service)[account][region], name)(*args, **kwargs)
+                args = [_resolved(backend, value) for value in args]
+                kwargs = {key: _resolved(backend, value) for key, value in kwargs.items()}
+                getattr(backend, name)(*args, **kwargs)
             except Exception:
                 refused += 1
         elif kind == "put":
@@ -313,6 +336,10 @@ def _replay(records: list[tuple[int, Any]]) -> int:
             messages.received(record[1], record[2])
     messages.settle()
     return refused
+
+
+def _resolved(backend: Any, value: Any) -> Any:
+    return value.resolve(backend) if isinstance(value, state_format.S3ObjectRef) else value
 
 
 def _release_in_flight() -> int:
@@ -334,6 +361,7 @@ class DurableState:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.snapshot_path = directory / SNAPSHOT
+        self.legacy_path = directory / LEGACY_SNAPSHOT
         self.journal: Journal | None = None
         self._folding = threading.Lock()  # one fold at a time: each deletes the segments before it
         self._grown = threading.Event()
@@ -346,6 +374,8 @@ class DurableState:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshot_path.exists():
             loaded.seq, loaded.clean = _load_snapshot(self.snapshot_path)
+        elif self.legacy_path.exists():  # migrated: the fold below writes SNAPSHOT, then drops it
+            loaded.seq, loaded.clean = _load_legacy_snapshot(self.legacy_path)
         replay = journal_files.read(self.directory, after_seq=loaded.seq)
         loaded.torn = replay.torn
         loaded.replayed = len(replay.records)
@@ -371,7 +401,7 @@ class DurableState:
                 data = _snapshot(self.journal.seq, clean=clean)
                 older = self.journal.rotate()
             _write_whole(self.snapshot_path, data)
-            for path in older:
+            for path in (*older, self.legacy_path):
                 path.unlink(missing_ok=True)
         return len(data)
 
