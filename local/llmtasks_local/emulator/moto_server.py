@@ -14,372 +14,55 @@ WSGI app is served inside the stack's own paths:
 
 moto's own code is patched only when moto_patches.enabled() allows it (the pinned version);
 otherwise stock moto serves, with DynamoDB requests and SQS message changes taken one at a time
-(_one_at_a_time), so nothing a task relies on is lost. Over 400 lines: the endpoints above share
-the call counter and the server's start, and the request loop's patches live in
-moto_patches/serving.py.
+(_one_at_a_time), so nothing a task relies on is lost. The counts live in moto_counts, the long
+polls in moto_activity, the request loop's patches in moto_patches/serving.py.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import http.client
 import json
 import os
-import re
 import signal
 import sys
-import threading
-import time
-from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+
+from llmtasks_local.emulator.moto_activity import (
+    RECEIVABLE_QUEUES_PATH,
+    STREAM_RECORDS_PATH,
+    ReceivableQueues,
+    StreamRecords,
+)
+from llmtasks_local.emulator.moto_counts import (
+    BACKEND_PATH,
+    CALLS_PATH,
+    CPU_PATH,
+    WRITES_PATH,
+    CallCounter,
+    account_writes,
+    operation_of,
+    service_of,
+    time_backends,
+)
 
 if TYPE_CHECKING:  # moto is imported by the server process alone, not by the stack that starts it
     from llmtasks_local.emulator.moto_state import DurableState
 
-CALLS_PATH = "/_llmtasks/calls"
-CPU_PATH = "/_llmtasks/calls/cpu"
-BACKEND_PATH = "/_llmtasks/calls/backend"
-WRITES_PATH = "/_llmtasks/calls/writes"
-_COUNTS_PATHS = (CALLS_PATH, CPU_PATH, BACKEND_PATH, WRITES_PATH)
+# The endpoint's paths and its call counter, as the stack, the bench and the tests import them.
+__all__ = [
+    "BACKEND_PATH",
+    "CALLS_PATH",
+    "CPU_PATH",
+    "RECEIVABLE_QUEUES_PATH",
+    "STATE_PATH",
+    "STREAM_RECORDS_PATH",
+    "WRITES_PATH",
+    "CallCounter",
+    "main",
+]
 STATE_PATH = "/_llmtasks/state"
-# How many records each table's stream has taken (GET ?after=N&wait_s=S: once their sum passes N,
-# or S seconds on): what lets the stack's stream pollers skip reads of a stream with nothing new.
-STREAM_RECORDS_PATH = "/_llmtasks/streams/records"
-# The queues holding a message a receive would take now (GET ?after=VERSION&wait_s=S: once that
-# set's version differs from VERSION, or S seconds on): what lets an idle queue's poller wait
-# without receiving.
-RECEIVABLE_QUEUES_PATH = "/_llmtasks/queues/receivable"
-ACTIVITY_WAIT_MAX_S = 5.0  # the longest either holds a request (its wait_s) before answering
 STATE_ERROR_EXIT = 78  # EX_CONFIG: the state dir holds what cannot be read
-_SCOPE = re.compile(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request")
-
-
-class StreamRecords:
-    """The records DynamoDB streams have taken since the endpoint started, by table, and a wait
-    for the next. Lambda reads each shard four times a second, with or without records; in the
-    local stack those empty reads, two stream sources' at 4 a second, were 40% of an idle stack's
-    CPU (boto3's call in the stack, moto's answer: 3.7 ms a read), and the test suite keeps
-    several stacks idle at once. A poller whose last read was empty reads again once its table's
-    count has moved (sources.StreamActivity): the same records, in the same order, as soon."""
-
-    def __init__(self) -> None:
-        self._added = threading.Condition()
-        self.by_table: Counter[str] = Counter()
-        self.total = 0
-
-    def install(self) -> None:
-        """Counts each record moto's streams append (StreamShard.add, after the item's write)."""
-        # StreamShard.add imports moto's Lambda (and with it Kinesis) on a table's first record,
-        # to look for event source mappings of moto's own: 50-65 ms of CPU that the first task
-        # after Ready paid in its submit. Imported with the server instead.
-        import moto.awslambda.utils  # noqa: F401
-        from moto.dynamodb.models.table import StreamShard
-
-        add = StreamShard.add
-
-        def add_and_count(shard: StreamShard, old: Any, new: Any) -> None:
-            add(shard, old, new)
-            with self._added:
-                self.by_table[shard.table.name] += 1
-                self.total += 1
-                self._added.notify_all()
-
-        StreamShard.add = add_and_count  # type: ignore[method-assign,assignment]
-
-    def answer(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        asked = _long_poll_query(environ, after_default="-1")
-        if asked is None or not asked[0].removeprefix("-").isdigit():
-            start_response("400 Bad Request", [("Content-Type", "application/json")])
-            return [b'{"error": "after is an integer, wait_s a number of seconds"}']
-        after, wait_s = int(asked[0]), asked[1]
-        with self._added:
-            self._added.wait_for(lambda: self.total > after, timeout=wait_s)
-            body = json.dumps({"total": self.total, "by_table": dict(self.by_table)})
-        start_response("200 OK", [("Content-Type", "application/json")])
-        return [body.encode()]
-
-
-def _long_poll_query(environ: dict[str, Any], after_default: str) -> tuple[str, float] | None:
-    """`after` and `wait_s` (capped at ACTIVITY_WAIT_MAX_S) of an activity endpoint's query."""
-    query = parse_qs(environ.get("QUERY_STRING", ""))
-    try:
-        wait_s = min(ACTIVITY_WAIT_MAX_S, max(0.0, float(query.get("wait_s", ["0"])[0])))
-    except ValueError:
-        return None
-    return query.get("after", [after_default])[0], wait_s
-
-
-class ReceivableQueues:
-    """The queues holding a message a receive would take now (visible, not delayed), by ARN, and
-    a wait for that set to change. Lambda's idle pollers long-poll each queue, for no one's CPU;
-    in the local stack the quiet poller of each of a stack's five queues received once a second
-    (a boto3 call in the stack, moto's answer: 3.7 ms each), half of an idle stack's CPU, and the
-    test suite keeps several stacks idle at once. A quiet poller receives once its queue is in
-    the set (sources.QueueActivity): a send wakes the wait at once; a message whose delay or
-    visibility timeout runs out is seen within RESCAN_S, as moto's own long poll sees it within
-    its one-second slices."""
-
-    RESCAN_S = 0.25
-
-    def __init__(self) -> None:
-        self._sent = threading.Condition()
-        self._sends = 0  # read before each scan: a send during the scan ends the wait after it
-
-    def install(self) -> None:
-        """A send (Queue.add_message: SendMessage, its batch, a redrive) wakes the waits."""
-        from moto.sqs.models import Message, Queue
-
-        add = Queue.add_message
-
-        def add_and_wake(queue: Queue, message: Message) -> None:
-            add(queue, message)
-            with self._sent:
-                self._sends += 1
-                self._sent.notify_all()
-
-        Queue.add_message = add_and_wake  # type: ignore[method-assign,assignment]
-
-    def _wait_for_send(self, seen: int, timeout_s: float) -> None:
-        with self._sent:
-            self._sent.wait_for(lambda: self._sends != seen, timeout=timeout_s)
-
-    @staticmethod
-    def receivable() -> list[str]:
-        from moto.sqs.models import sqs_backends
-
-        from llmtasks_local.moto_patches.atomic import sqs_lock
-
-        with sqs_lock():  # no send, receive or delete changes a queue's messages meanwhile
-            return sorted(
-                queue.queue_arn
-                for _account, _region, backend in sqs_backends.iter_backends()
-                for queue in list(backend.queues.values())  # type: ignore[attr-defined]
-                if any(message.visible and not message.delayed for message in queue._messages)
-            )
-
-    @staticmethod
-    def version(arns: list[str]) -> str:
-        return hashlib.blake2b("\n".join(arns).encode(), digest_size=8).hexdigest()
-
-    def answer(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        asked = _long_poll_query(environ, after_default="")
-        if asked is None:
-            start_response("400 Bad Request", [("Content-Type", "application/json")])
-            return [b'{"error": "wait_s is a number of seconds"}']
-        after, wait_s = asked
-        deadline = time.monotonic() + wait_s
-        while True:
-            sends = self._sends
-            arns = self.receivable()
-            version = self.version(arns)
-            left = deadline - time.monotonic()
-            if version != after or left <= 0:
-                break
-            self._wait_for_send(sends, min(left, self.RESCAN_S))
-        start_response("200 OK", [("Content-Type", "application/json")])
-        return [json.dumps({"version": version, "receivable": arns}).encode()]
-
-
-def service_of(environ: dict[str, Any]) -> str:
-    """The service a request is signed for (its SigV4 scope), or "unknown"."""
-    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
-    return scope.group(1) if scope else "unknown"
-
-
-def operation_of(environ: dict[str, Any]) -> str:
-    """`service.Operation` of one request: JSON protocols name it in X-Amz-Target, query
-    protocols in Action; REST ones (S3, Lambda) only by method."""
-    service = service_of(environ)
-    target = environ.get("HTTP_X_AMZ_TARGET", "")
-    if target.startswith("DynamoDBStreams"):
-        service = "dynamodbstreams"  # signed as dynamodb, billed apart (free to Lambda triggers)
-    if target:
-        return f"{service}.{target.rsplit('.', 1)[-1]}"
-    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
-    if action:
-        return f"{service}.{action[0]}"
-    return f"{service}.{environ.get('REQUEST_METHOD', 'GET')}"
-
-
-def _is_empty_receive(body: bytes) -> bool:
-    return b"Messages" not in body and b"<Message>" not in body
-
-
-class CallCounter:
-    """Counts each AWS call moto answers, and the CPU its answer took (the serving thread's, in
-    microseconds: what each operation costs the endpoint), and answers reads of both. Receives
-    that return no message are counted apart (`sqs.ReceiveMessage.empty`): pollers make them
-    while idle, at a rate set by time, not by the number of tasks."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.calls: Counter[str] = Counter()
-        self.cpu_us: Counter[str] = Counter()
-        # Of cpu_us, what moto's backends took (charge_backend), by the operation being served,
-        # and what the journal took of that with what it wrote (charge_journal).
-        self.backend_us: Counter[str] = Counter()
-        self.journal: Counter[str] = Counter()
-        # DynamoDB item writes by table (charge_write): how many, their items' bytes, write units.
-        self.writes: dict[str, Counter[str]] = {"items": Counter(), "bytes": Counter(), "units": Counter()}
-        self._serving = threading.local()  # the operation this thread is answering
-
-    def count(self, operation: str, cpu_s: float = 0.0) -> None:
-        with self._lock:
-            self.calls[operation] += 1
-            self.cpu_us[operation] += round(cpu_s * 1e6)
-
-    def charge_backend(self, cpu_s: float) -> None:
-        operation = getattr(self._serving, "operation", None) or "outside requests"
-        with self._lock:
-            self.backend_us[operation] += round(cpu_s * 1e6)
-
-    def charge_journal(self, cpu_s: float, written: int) -> None:
-        with self._lock:
-            self.journal["us"] += round(cpu_s * 1e6)
-            self.journal["bytes"] += written
-            self.journal["records"] += 1
-
-    def charge_write(self, table: str, item_bytes: int) -> None:
-        """One item written to `table` (put, updated or deleted), `item_bytes` its size: DynamoDB
-        bills a write a unit a KB of the item, rounded up, and twice that in a transaction."""
-        transaction = getattr(self._serving, "operation", None) == "dynamodb.TransactWriteItems"
-        units = max(1, -(-item_bytes // 1024)) * (2 if transaction else 1)
-        with self._lock:
-            self.writes["items"][table] += 1
-            self.writes["bytes"][table] += item_bytes
-            self.writes["units"][table] += units
-
-    def read(self, path: str, *, reset: bool = False) -> bytes:
-        """The counts one of _COUNTS_PATHS answers; `reset` zeroes every count after."""
-        with self._lock:
-            if path == BACKEND_PATH:
-                body = json.dumps({"backend_us": dict(self.backend_us), "journal": dict(self.journal)})
-            elif path == WRITES_PATH:
-                body = json.dumps({name: dict(counts) for name, counts in self.writes.items()})
-            else:
-                body = json.dumps(dict(self.cpu_us if path == CPU_PATH else self.calls))
-            if reset:
-                for counts in (self.calls, self.cpu_us, self.backend_us, self.journal, *self.writes.values()):
-                    counts.clear()
-        return body.encode()
-
-    def __call__(self, app: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        """Answers a read of the counts at CALLS_PATH, of the CPU at CPU_PATH, of the backend's
-        share of it at BACKEND_PATH and of the items written at WRITES_PATH (DELETE at any of
-        them zeroes them all); sends any other request to `app`, and counts it."""
-        path = environ.get("PATH_INFO")
-        if path in _COUNTS_PATHS:
-            start_response("200 OK", [("Content-Type", "application/json")])
-            return [self.read(path, reset=environ.get("REQUEST_METHOD") == "DELETE")]
-        started = time.thread_time()
-        operation = operation_of(environ)
-        self._serving.operation = operation
-        try:
-            reply: Iterable[bytes] = app(environ, start_response)
-        finally:
-            self._serving.operation = None
-        if operation.endswith(".ReceiveMessage"):
-            reply = [b"".join(reply)]  # a receive's reply is small; read it to see if it is empty
-            if _is_empty_receive(reply[0]):
-                operation += ".empty"
-        self.count(operation, time.thread_time() - started)
-        return reply
-
-
-def _time_backends(counter: CallCounter) -> None:
-    """Charges `counter` with the CPU moto's backends take (each public method of the services'
-    backend classes, outermost call only), by the operation being served, and the journal's
-    appends within them: the work each call asks for, the floor of what answering it costs.
-    (An empty receive's backend time is charged to sqs.ReceiveMessage: the backend runs before
-    the reply says it is empty.)"""
-    import inspect
-
-    from moto.cloudwatch.models import CloudWatchBackend
-    from moto.dynamodb.models import DynamoDBBackend
-    from moto.dynamodbstreams.models import DynamoDBStreamsBackend
-    from moto.logs.models import LogsBackend
-    from moto.s3.models import S3Backend
-    from moto.sqs.models import SQSBackend
-
-    from llmtasks_local.emulator.journal import Journal
-
-    inside = threading.local()
-
-    def timed(method: Any) -> Any:
-        @functools.wraps(method)
-        def backend_call(*args: Any, **kwargs: Any) -> Any:
-            if getattr(inside, "backend", False):
-                return method(*args, **kwargs)
-            inside.backend = True
-            started = time.thread_time()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                inside.backend = False
-                counter.charge_backend(time.thread_time() - started)
-
-        return backend_call
-
-    for backend_class in (
-        DynamoDBBackend,
-        DynamoDBStreamsBackend,
-        SQSBackend,
-        S3Backend,
-        LogsBackend,
-        CloudWatchBackend,
-    ):
-        for name, member in list(vars(backend_class).items()):
-            if not name.startswith("_") and inspect.isfunction(member):
-                setattr(backend_class, name, timed(member))
-
-    append = Journal.append
-
-    def timed_append(journal: Journal, record: Any) -> int:
-        started, before = time.thread_time(), journal.bytes_since_rotation
-        seq = append(journal, record)
-        counter.charge_journal(time.thread_time() - started, journal.bytes_since_rotation - before)
-        return seq
-
-    Journal.append = timed_append  # type: ignore[method-assign,assignment]
-
-
-def _account_writes(counter: CallCounter) -> None:
-    """Charges `counter` with each item DynamoDB writes, by table: every write path of moto's
-    (PutItem, UpdateItem, DeleteItem, BatchWriteItem, a transaction's actions) goes through these
-    three backend methods. The size is the item's after a put or an update (DynamoDB bills the
-    larger of before and after: an item that only grows, as a task's does), the deleted one's for
-    a delete, and for a write its condition refused, the item it was checked against (DynamoDB
-    bills those too). Wrapped around the backends' timing: its own work is serving, not the
-    floor."""
-    from moto.dynamodb.exceptions import ConditionalCheckFailed
-    from moto.dynamodb.models import DynamoDBBackend
-    from moto.dynamodb.models.dynamo_type import DynamoType
-
-    def accounted(write: Any, keyed: bool) -> Any:
-        @functools.wraps(write)
-        def written(backend: DynamoDBBackend, table_name: str, *args: Any, **kwargs: Any) -> Any:
-            try:
-                item = write(backend, table_name, *args, **kwargs)
-            except ConditionalCheckFailed:
-                attrs = args[0] if args else kwargs.get("key" if keyed else "item_attrs", {})
-                table = backend.get_table(table_name)
-                hash_key = attrs.get(table.hash_key_attr)
-                range_key = attrs.get(table.range_key_attr) if table.range_key_attr else None
-                checked = table.get_item(DynamoType(hash_key), DynamoType(range_key) if range_key else None)
-                counter.charge_write(table_name, checked.size() if checked is not None else 0)
-                raise
-            if item is not None:
-                counter.charge_write(table_name, item.size())
-            return item
-
-        return written
-
-    for name, keyed in (("put_item", False), ("update_item", True), ("delete_item", True)):
-        setattr(DynamoDBBackend, name, accounted(getattr(DynamoDBBackend, name), keyed))
 
 
 def _endpoint_app(moto_app: Any, state: DurableState | None, lambda_url: str | None, *, patched: bool) -> Any:
@@ -389,8 +72,8 @@ def _endpoint_app(moto_app: Any, state: DurableState | None, lambda_url: str | N
     counter = CallCounter()
     stream_records, receivable_queues = StreamRecords(), ReceivableQueues()
     if patched:
-        _time_backends(counter)
-        _account_writes(counter)
+        time_backends(counter)
+        account_writes(counter)
         stream_records.install()
         receivable_queues.install()
     serve = moto_app if patched else _one_at_a_time(moto_app)

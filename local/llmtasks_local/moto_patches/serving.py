@@ -21,8 +21,8 @@ _SPECIAL_PATHS = ("/moto-api", "/favicon.ico", "/latest/meta-data/", "/latest/ap
 
 def _install_backend_cache() -> None:
     """moto's dispatcher finds each request's backend under one lock, by matching the request's
-    inferred host against every service's URL patterns (hundreds of regexes): in a burst of
-    submits, 73% of the server's active samples waited on that lock. A signed request's backend
+    inferred host against every service's URL patterns (hundreds of regexes): in a burst, most
+    of the server's threads waited on that lock. A signed request's backend
     follows from its signing scope alone, so the app found for an inferred host is kept and
     looked up without the lock; anything else takes moto's own way."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
@@ -55,9 +55,9 @@ def _serve_lightly() -> None:
     werkzeug's development server closes every connection after its response (it says
     `Connection: close` each time: http.server cannot drain a body the app left unread before
     the next request line), so each boto3 call of a sandbox or of the stack opened a TCP
-    connection, and the server accepted it, started a thread for it, drained and closed it:
-    2,531 connections in 20 s of a burst, about one a request, and on the client's side urllib3
-    reset its dropped connection before each call. Here a request's body is read whole before
+    connection, and the server accepted it, started a thread for it, drained and closed it
+    (about one a request), and on the client's side urllib3 reset its dropped connection before
+    each call. Here a request's body is read whole before
     the app runs (its Content-Length says how much), and the reply is written whole with its
     length, so the connection takes the client's next request: a thread a connection, not a
     request. A request whose length is not given (a chunked upload) is served as werkzeug serves
@@ -66,7 +66,7 @@ def _serve_lightly() -> None:
 
     WSGIRequestHandler.protocol_version = "HTTP/1.1"
     # The headers and the body are two writes: on a kept connection, Nagle's algorithm held the
-    # body until the client's delayed ACK of the headers (40 ms a reply; closing flushed it).
+    # body until the client's delayed ACK of the headers (closing flushed it).
     WSGIRequestHandler.disable_nagle_algorithm = True
     serve_and_close = WSGIRequestHandler.run_wsgi
 
@@ -125,9 +125,9 @@ def _serve_lightly() -> None:
 
 
 def _no_access_log() -> None:
-    """werkzeug wrote a log line per request to stderr (7% of the server's samples in a burst);
-    and it formats each request's line (its time, its address, its path as an IRI) before its
-    logger says it drops it, 1.5% more: the line is formatted only when it would be written."""
+    """werkzeug wrote a log line per request to stderr, and formats each request's line (its
+    time, its address, its path as an IRI) before its logger says it drops it: the line is
+    formatted only when it would be written."""
     import logging
 
     from werkzeug.serving import WSGIRequestHandler
@@ -154,8 +154,8 @@ def parse_headers_lightly(fp: Any, _class: type[http.client.HTTPMessage] = http.
     """http.client.parse_headers, without the email parser where it has nothing to do.
 
     http.server reads each request's headers with the email package's parser (a FeedParser
-    fed the whole block, each line matched against its patterns): 4% of moto's server's CPU in a
-    burst, for requests whose headers are all `Name: value` lines. A block whose every line is
+    fed the whole block, each line matched against its patterns), for requests whose headers are
+    all `Name: value` lines. A block whose every line is
     one (no folded line, no line the email parser would take as the body's start or a defect)
     is made into the same message as the parser makes, each header through the message's own
     policy (header_source_parse, as the parser calls it); any other block goes to the email
@@ -174,7 +174,7 @@ def parse_headers_lightly(fp: Any, _class: type[http.client.HTTPMessage] = http.
 def _debug_mode_off() -> None:
     """moto makes each service's Flask app in debug mode, where Flask subclasses each request's
     files dict to word a KeyError better (flask.debughelpers.attach_enctype_error_multidict: a
-    class made a request), 4% of the server's CPU in a burst. The apps run without it here, and
+    class made a request). The apps run without it here, and
     keep what debug mode does to errors: an unhandled one still propagates to werkzeug, which
     answers 500 and prints its traceback."""
     import moto.server
