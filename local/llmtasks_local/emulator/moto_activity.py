@@ -86,9 +86,9 @@ class ReceivableQueues:
     a wait for that set to change. Lambda's idle pollers long-poll each queue, for no one's CPU;
     in the local stack the quiet poller of each of a stack's queues received once a second, most
     of an idle stack's CPU, and the test suite keeps several stacks idle at once. A quiet poller
-    receives once its queue is in the set (sources.QueueActivity): a send wakes the wait at once; a message whose delay or
-    visibility timeout runs out is seen within RESCAN_S, as moto's own long poll sees it within
-    its one-second slices."""
+    receives once its queue is in the set (sources.QueueActivity): a send wakes the wait at
+    once; a message whose delay or visibility timeout runs out is seen within RESCAN_S, as moto's
+    own long poll sees it within its one-second slices."""
 
     RESCAN_S = 0.25
 
