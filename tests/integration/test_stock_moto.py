@@ -63,8 +63,13 @@ def stock_endpoint(
     monkeypatch.setenv(moto_patches.SWITCH, "off")
     listener = listen_on("127.0.0.1", 0, "--moto-port", "the test's moto server")
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    process: subprocess.Popen[bytes] = spawn_moto_server(listener, quiet=False, state_dir=tmp_path / "state")
+    said: list[str] = []
+    process: subprocess.Popen[bytes] = spawn_moto_server(
+        listener, quiet=False, state_dir=tmp_path / "state", say=said.append
+    )
     try:
+        # what the stack says to its user, once
+        assert said == [f"moto patches off ({moto_patches.SWITCH}=off): {STOCK_LINE}"]
         yield url
     finally:
         stop(process)

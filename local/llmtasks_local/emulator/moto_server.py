@@ -190,7 +190,7 @@ def _state_endpoint(state: DurableState | None, method: str, start_response: Any
     return [json.dumps(body).encode()]
 
 
-def _open_state(directory: Path, report_file: Path | None) -> DurableState:
+def _open_state(directory: Path, report_file: Path | None, *, patched: bool) -> DurableState:
     """The state dir loaded. What the start found is written to `report_file` for the stack to
     say (this process's own output may go nowhere): notes, or the error that stops it."""
     from llmtasks_local.emulator.journal import StateError
@@ -221,9 +221,13 @@ def _open_state(directory: Path, report_file: Path | None) -> DurableState:
             f"The last run stopped without saving: {loaded.replayed} journaled change(s) replayed;"
             f" {loaded.released} message(s) received before the stop and not deleted are visible again"
         )
-    report(notes=notes)
     for note in notes:
         print(note, file=sys.stderr, flush=True)
+    if not patched:  # said on stderr already (moto_patches.enabled); the stack says it to its user
+        from llmtasks_local import moto_patches
+
+        notes.insert(0, moto_patches.stock_line(moto_patches.refusal() or "refused"))
+    report(notes=notes)
     return state
 
 
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
     # a death of the endpoint (SIGXFSZ's default).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    state = None if state_dir is None else _open_state(state_dir, report_file)
+    state = None if state_dir is None else _open_state(state_dir, report_file, patched=patched)
     _serve(host, port, state, lambda_url, patched=patched)
 
 

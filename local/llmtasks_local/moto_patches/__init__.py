@@ -52,16 +52,17 @@ def refusal() -> str | None:
     return None
 
 
+def stock_line(reason: str) -> str:
+    """The one line that says the patches are off, and why."""
+    return f"moto patches off ({reason}): running on stock moto: slower, never wrong"
+
+
 def enabled() -> bool:
     """Whether the patches may be installed; says once a process why not, in one line."""
     reason = refusal()
     if reason is not None and not _said:
         _said.append(reason)
-        print(
-            f"moto patches off ({reason}): running on stock moto: slower, never wrong",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(stock_line(reason), file=sys.stderr, flush=True)
     return reason is None
 
 
