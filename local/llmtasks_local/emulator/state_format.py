@@ -16,7 +16,7 @@ put_item, create_queue, create_bucket, put_object...):
   StreamSpecification, LatestStreamLabel, TimeToLive ({AttributeName, Enabled} or null), Tags,
   Items (DynamoDB JSON, as GetItem answers them), and StreamRecords: the stream's records as
   GetRecords answers them, with their sequence numbers, so the stream positions the stack keeps
-  beside the snapshot (stream-checkpoints) still point at the same records.
+  beside the snapshot (streams.json) still point at the same records.
 - QUEUE: QueueName, Attributes (the settable ones, as SetQueueAttributes takes them), Tags,
   and Messages: MessageId, Body, MessageAttributes, MessageSystemAttributes, MessageGroupId,
   MessageDeduplicationId, SequenceNumber, SenderId, SentTimestamp,
