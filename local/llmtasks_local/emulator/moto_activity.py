@@ -17,6 +17,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs
 
+from llmtasks_local import moto_patches
+
 # How many records each table's stream has taken (GET ?after=N&wait_s=S: once their sum passes N,
 # or S seconds on): what lets the stack's stream pollers skip reads of a stream with nothing new.
 STREAM_RECORDS_PATH = "/_llmtasks/streams/records"
@@ -41,6 +43,8 @@ class StreamRecords:
 
     def install(self) -> None:
         """Counts each record moto's streams append (StreamShard.add, after the item's write)."""
+        if not moto_patches.enabled():  # not the moto version it was written for
+            return
         # StreamShard.add imports moto's Lambda (and with it Kinesis) on a table's first record,
         # to look for event source mappings of moto's own, which the first task after Ready paid
         # for in its submit. Imported with the server instead.
@@ -98,6 +102,8 @@ class ReceivableQueues:
 
     def install(self) -> None:
         """A send (Queue.add_message: SendMessage, its batch, a redrive) wakes the waits."""
+        if not moto_patches.enabled():  # not the moto version it was written for
+            return
         from moto.sqs.models import Message, Queue
 
         add = Queue.add_message

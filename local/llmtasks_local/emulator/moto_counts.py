@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
+from llmtasks_local import moto_patches
+
 CALLS_PATH = "/_llmtasks/calls"
 CPU_PATH = "/_llmtasks/calls/cpu"
 BACKEND_PATH = "/_llmtasks/calls/backend"
@@ -138,6 +140,8 @@ def time_backends(counter: CallCounter) -> None:
     appends within them: the work each call asks for, the floor of what answering it costs.
     (An empty receive's backend time is charged to sqs.ReceiveMessage: the backend runs before
     the reply says it is empty.)"""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     import inspect
 
     from moto.cloudwatch.models import CloudWatchBackend
@@ -197,6 +201,8 @@ def account_writes(counter: CallCounter) -> None:
     a delete, and for a write its condition refused, the item it was checked against (DynamoDB
     bills those too). Wrapped around the backends' timing: its own work is serving, not the
     floor."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     from moto.dynamodb.exceptions import ConditionalCheckFailed
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.models.dynamo_type import DynamoType

@@ -42,7 +42,7 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.s3.models import S3Backend
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from llmtasks_local import moto_backends
+from llmtasks_local import moto_backends, moto_patches
 from llmtasks_local.emulator import journal as journal_files
 from llmtasks_local.emulator import state_format
 from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable, StateError
@@ -192,6 +192,8 @@ def _removal_of(_queue: Queue, message: Message) -> tuple[Any, ...]:
 
 def install() -> None:
     """Idempotent; after moto_patches.atomic.install(), so its locked methods are the ones journaled."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     for service, (backend_class, names) in _CALLS.items():
         for name in names:
             method = getattr(backend_class, name)

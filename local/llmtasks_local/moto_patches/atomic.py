@@ -48,6 +48,8 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.responses import DynamoHandler
 from moto.sqs.models import Queue, SQSBackend
 
+from llmtasks_local import moto_patches
+
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 # Item reads take the same lock: moto applies an UpdateItem's SETs to the stored item one by one,
 # so a GetItem between them saw a task `completed` without its result (a CI run's README check).
@@ -242,6 +244,8 @@ def _count_unless_sending(count: property) -> property:
 
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     if DynamoDBBackend.transact_write_items is not transact_write_items:
         DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
     for name in (*_WRITES, *_ITEM_READS):

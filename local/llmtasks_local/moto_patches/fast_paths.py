@@ -56,6 +56,7 @@ from moto.sqs import models as _sqs_models
 from moto.sqs.models import Message, SQSBackend
 from moto.utilities import aws_headers as _aws_headers
 
+from llmtasks_local import moto_patches
 from llmtasks_local.moto_patches import index_queries
 
 _serializers_get_records = DynamoDBStreamsHandler.get_records
@@ -385,6 +386,8 @@ def _request_id(headerdict: dict[str, Any] | None = None) -> str:
 
 def install() -> None:
     """Idempotent; before moto serves."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     setattr(DynamoDBStreamsHandler, "get_records", _get_records)  # noqa: B010 - a patch, typed apart
     setattr(DynamoResult, "execute_result", _dynamo_result)  # noqa: B010
     _UpdateExpressionParser.make = classmethod(_parsed_update)

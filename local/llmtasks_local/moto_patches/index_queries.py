@@ -30,6 +30,8 @@ from typing import Any, cast
 from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
 from moto.dynamodb.models.table import RESULT_SIZE_LIMIT, Table
 
+from llmtasks_local import moto_patches
+
 _moto_query = Table.query
 
 
@@ -231,6 +233,8 @@ def _query(query: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Idempotent; before moto serves."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     _switch.on = True
     if not getattr(Table.query, "__llmtasks_indexed__", False):
         setattr(Table, "query", _query(Table.query))  # noqa: B010

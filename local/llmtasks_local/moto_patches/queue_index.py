@@ -40,6 +40,8 @@ from typing import Any, Generic, TypeVar
 from moto.sqs.exceptions import ReceiptHandleIsInvalid
 from moto.sqs.models import Message, Queue, SQSBackend
 
+from llmtasks_local import moto_patches
+
 Rank = TypeVar("Rank", bound=Hashable)
 
 _moto_delete = Queue.delete_message
@@ -280,6 +282,8 @@ def _messages(queue: Queue) -> Any:
 def install() -> None:
     """Idempotent; before moto serves, and before what wraps these methods (the journal, the
     fair queue's clock) wraps them."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     _switch.on = True
     if _switch.installed:
         return

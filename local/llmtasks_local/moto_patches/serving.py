@@ -15,6 +15,8 @@ import re
 import traceback
 from typing import Any
 
+from llmtasks_local import moto_patches
+
 # Paths moto's dispatcher routes by path, not by the signing scope.
 _SPECIAL_PATHS = ("/moto-api", "/favicon.ico", "/latest/meta-data/", "/latest/api/")
 
@@ -272,6 +274,8 @@ def _dispatch_json_rpc_directly() -> None:
 
 def install() -> None:
     """Every patch of the server's request loop; in the moto server's process, before it serves."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     _install_backend_cache()
     _serve_lightly()
     _no_access_log()
