@@ -4,6 +4,7 @@ conditional writes still atomic."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -56,21 +57,67 @@ def test_the_pinned_version_is_the_checked_one(monkeypatch: pytest.MonkeyPatch) 
     assert moto_patches.refusal() is None
 
 
+def _start_stock(state_dir: Path, port: int = 0) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+    listener = listen_on("127.0.0.1", port, "--moto-port", "the test's moto server")
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    said: list[str] = []
+    process = spawn_moto_server(listener, quiet=False, state_dir=state_dir, say=said.append)
+    return process, url, said
+
+
 @pytest.fixture
 def stock_endpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> Iterator[str]:
     monkeypatch.setenv(moto_patches.SWITCH, "off")
-    listener = listen_on("127.0.0.1", 0, "--moto-port", "the test's moto server")
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    said: list[str] = []
-    process: subprocess.Popen[bytes] = spawn_moto_server(
-        listener, quiet=False, state_dir=tmp_path / "state", say=said.append
-    )
+    process, url, said = _start_stock(tmp_path / "state")
     try:
         # what the stack says to its user, once
         assert said == [f"moto patches off ({moto_patches.SWITCH}=off): {STOCK_LINE}"]
         yield url
+    finally:
+        stop(process)
+
+
+def test_stock_moto_journals_what_it_acknowledged_through_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an endpoint on stock moto that acknowledged writes, then was killed
+    monkeypatch.setenv(moto_patches.SWITCH, "off")
+    process, url, _ = _start_stock(tmp_path / "state")
+    try:
+        dynamodb, sqs = local_client("dynamodb", url), local_client("sqs", url)
+        dynamodb.create_table(
+            TableName="tasks",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        dynamodb.put_item(TableName="tasks", Item={"pk": {"S": "kept"}})
+        queue_url = sqs.create_queue(QueueName="work")["QueueUrl"]
+        sqs.send_message(QueueUrl=queue_url, MessageBody="deleted")
+        sqs.send_message(QueueUrl=queue_url, MessageBody="kept")
+        for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10)["Messages"]:
+            if message["Body"] == "deleted":
+                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    # When it starts again on the same state dir
+    process, url, said = _start_stock(tmp_path / "state")
+    try:
+        # Then the journal gave back every acknowledged change; what was in flight is visible
+        assert any("journaled change(s) replayed" in note for note in said)
+        dynamodb, sqs = local_client("dynamodb", url), local_client("sqs", url)
+        assert dynamodb.scan(TableName="tasks")["Items"] == [{"pk": {"S": "kept"}}]
+        queue_url = sqs.get_queue_url(QueueName="work")["QueueUrl"]
+        messages = sqs.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=10,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        )["Messages"]
+        assert [(m["Body"], m["Attributes"]["ApproximateReceiveCount"]) for m in messages] == [("kept", "2")]
     finally:
         stop(process)
 

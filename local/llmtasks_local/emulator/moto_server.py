@@ -246,6 +246,10 @@ def main(argv: list[str] | None = None) -> None:
     patched = moto_patches.enabled()  # on another moto version: stock moto, said in one line
     if patched:
         _install_patches()
+    else:
+        from llmtasks_local.emulator import moto_state
+
+        moto_state.install()  # the journal, on any moto that has the methods it follows
     # A file over the size limit (ulimit -f) is a write error, answered 503 and reported, not
     # a death of the endpoint (SIGXFSZ's default).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

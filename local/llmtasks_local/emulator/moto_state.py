@@ -18,9 +18,11 @@ What is journaled, and why at these levels:
   a start that follows a crash, every message in flight is visible at once (the invocations that
   held them are gone), as Lambda's would be once their timeout passed.
 
-The journal's hooks (`install`) wrap moto's backend methods, so they are patches like
-moto_patches' and go through the same gate: on stock moto nothing is journaled, and the state
-dir keeps what the last snapshot (a clean stop's, or the start's) holds.
+The journal's hooks (`install`) wrap moto's backend operations (the methods its responses call,
+which state_format builds the state with too) and three methods of its SQS models. Unlike
+moto_patches they are installed on any moto version that has those methods, the pinned one or
+not: without them a crash would lose what the endpoint acknowledged. On a version that lacks
+one, none is installed and the start says the state dir is kept at clean stops only.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.s3.models import S3Backend
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from llmtasks_local import moto_backends, moto_patches
+from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
 from llmtasks_local.emulator import state_format
 from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable, StateError
@@ -178,7 +180,11 @@ def _put_of(queue: Queue, message: Message) -> tuple[Any, ...]:
 
 
 def _delete_of(queue: Queue, receipt_handle: str) -> tuple[Any, ...] | None:
-    message = queue_index.find(queue, receipt_handle)
+    message = (
+        queue_index.find(queue, receipt_handle)
+        if queue_index.installed()
+        else next((m for m in queue._messages if m.had_receipt_handle(receipt_handle)), None)
+    )
     return ("delete", [message.id]) if message is not None else None
 
 
@@ -192,7 +198,18 @@ def _removal_of(_queue: Queue, message: Message) -> tuple[Any, ...]:
 
 def install() -> None:
     """Idempotent; after moto_patches.atomic.install(), so its locked methods are the ones journaled."""
-    if not moto_patches.enabled():  # not the moto version it was written for
+    hooks = [(backend_class, name) for backend_class, names in _CALLS.values() for name in names]
+    hooks += [(Queue, "add_message"), (Queue, "delete_message"), (Message, "mark_received")]
+    missing = [
+        f"{owner.__name__}.{name}" for owner, name in hooks if not callable(getattr(owner, name, None))
+    ]
+    if missing:
+        print(
+            f"the journal cannot follow this moto ({', '.join(missing)} missing): the state dir is"
+            " kept at clean stops only",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     for service, (backend_class, names) in _CALLS.items():
         for name in names:

@@ -133,6 +133,11 @@ class _Switch:
 _switch = _Switch()
 
 
+def installed() -> bool:
+    """Whether the index is in place and used (not on stock moto)."""
+    return _switch.installed and _switch.on
+
+
 def delete_message(queue: Queue, receipt_handle: str) -> None:
     """moto's Queue.delete_message, its message found through the index: deleted already is
     no error; a handle no message of the queue had is ReceiptHandleIsInvalid."""
