@@ -24,7 +24,8 @@ put_item, create_queue, create_bucket, put_object...):
   one a receive gave, the current last), VisibleAt and DelayedUntil (epoch seconds, 0: now).
 - BUCKET: Name, Region, and Objects: Key, Body (base64), Metadata (the object's headers:
   Content-Type, x-amz-meta-*...), LastModified. A bucket's configuration (lifecycle) is the
-  template's, applied again at each start.
+  template's, applied again at each start; an unfinished multipart upload is not kept (the
+  invocation making it is gone with the stop, and Lambda's retry starts another).
 
 Bytes anywhere else (a binary message attribute) are `{"$bytes": BASE64}` and times
 `{"$datetime": ISO-8601}`; the journal's records use the same encoding (`encode`, `decode`).
