@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -44,14 +43,12 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.s3.models import S3Backend
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
-from llmtasks_local.emulator import state_format
-from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable, StateError
+from llmtasks_local.emulator import state_format, state_loading
+from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable
 from llmtasks_local.moto_patches import queue_index, redrive
 from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
 
-LEGACY_SNAPSHOT_FORMAT = 2  # the pickle of moto's backends, with its journal's seq
 COMPACT_AFTER_BYTES = 64 * 1024 * 1024
 
 # The backend methods that change state, journaled as calls.
@@ -266,113 +263,6 @@ class Loaded:
     torn: journal_files.TornTail | None = None
 
 
-def _load_snapshot(path: Path) -> tuple[int, bool]:
-    try:
-        data = state_format.decode(path.read_bytes())
-        if not isinstance(data, dict) or data.get("format") != state_format.FORMAT:
-            raise ValueError("not a state snapshot")
-        if data.get("version") != state_format.VERSION:
-            version = data.get("version")
-            raise ValueError(f"format version {version}, this release reads {state_format.VERSION}")
-        return state_format.load(data)
-    except Exception as error:
-        raise StateError(f"the snapshot cannot be read: {error!r}", path) from error
-
-
-def _load_legacy_snapshot(path: Path) -> tuple[int, bool]:
-    """A snapshot the release before wrote (pickled backends), loaded as it loaded it."""
-    try:
-        data = pickle.loads(path.read_bytes())  # noqa: S301 - the stack's own file, in its own state dir
-    except Exception as error:
-        raise StateError(f"the snapshot cannot be read: {error!r}", path) from error
-    if not isinstance(data, dict):
-        raise StateError("the snapshot is not one this version wrote", path)
-    if data.get("format") != LEGACY_SNAPSHOT_FORMAT:  # written before the journal: a clean stop's
-        data = {"seq": 0, "clean": True, "backends": data}
-    moto_backends.install(data["backends"])
-    return int(data["seq"]), bool(data["clean"])
-
-
-class _Messages:
-    """Every message of every queue by id, for replaying the journal's message records."""
-
-    def __init__(self) -> None:
-        self.where: dict[str, tuple[Queue, Message]] = {}
-        for queue in _queues():
-            for message in queue._messages:
-                self.where[message.id] = (queue, message)
-
-    def put(self, queue: Queue, saved: Message | dict[str, Any]) -> None:
-        # a dict: as state_format keeps it; a Message: a journal of the release before
-        message = state_format.message_from(saved) if isinstance(saved, dict) else saved
-        self.where[message.id] = (queue, message)  # a move: off the queue it was on
-        queue._messages.append(message)
-
-    def delete(self, ids: list[str]) -> None:
-        for message_id in ids:
-            self.where.pop(message_id, None)
-
-    def received(self, message_id: str, at_ms: int) -> None:
-        if message_id in self.where:
-            message = self.where[message_id][1]
-            message.approximate_receive_count += 1
-            message.approximate_first_receive_timestamp = message.approximate_first_receive_timestamp or at_ms
-
-    def settle(self) -> None:
-        """Each queue keeps the messages that are still where the journal last put them."""
-        for queue in _queues():
-            queue._messages = [m for m in queue._messages if self.where.get(m.id, (None, None)) == (queue, m)]
-
-
-def _queues() -> Iterator[Queue]:
-    for regions in moto_backends.backends("sqs").values():
-        for backend in regions.values():
-            yield from backend.queues.values()
-
-
-def _replay(records: list[tuple[int, Any]]) -> int:
-    """Applies the journal's records; returns how many were refused again (a write whose
-    condition failed when it was served fails the same way)."""
-    messages = _Messages()
-    refused = 0
-    for _, record in records:
-        kind = record[0]
-        if kind == "call":
-            _, service, account, region, name, args, kwargs = record
-            backend = moto_backends.backends(service)[account][region]
-            try:
-                args = [_resolved(backend, value) for value in args]
-                kwargs = {key: _resolved(backend, value) for key, value in kwargs.items()}
-                getattr(backend, name)(*args, **kwargs)
-            except Exception:
-                refused += 1
-        elif kind == "put":
-            _, account, region, queue_name, message = record
-            messages.put(moto_backends.backends("sqs")[account][region].queues[queue_name], message)
-        elif kind == "delete":
-            messages.delete(record[1])
-        elif kind == "received":
-            messages.received(record[1], record[2])
-    messages.settle()
-    return refused
-
-
-def _resolved(backend: Any, value: Any) -> Any:
-    return value.resolve(backend) if isinstance(value, state_format.S3ObjectRef) else value
-
-
-def _release_in_flight() -> int:
-    """Messages received by invocations of a run that crashed are visible again at once (those
-    invocations are gone); returns how many had been received and not deleted."""
-    received = 0
-    for queue in _queues():
-        for message in queue._messages:
-            received += message.approximate_receive_count > 0
-            message.visible_at = 0.0
-        queue._pending_messages = set()
-    return received
-
-
 class DurableState:
     """The state dir of the embedded endpoint: loaded and folded at start, journaled while it
     runs, snapshotted at a clean stop and whenever the journal grows."""
@@ -392,17 +282,17 @@ class DurableState:
         loaded = Loaded()
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshot_path.exists():
-            loaded.seq, loaded.clean = _load_snapshot(self.snapshot_path)
+            loaded.seq, loaded.clean = state_loading.load_snapshot(self.snapshot_path)
         elif self.legacy_path.exists():  # migrated: the fold below writes SNAPSHOT, then drops it
-            loaded.seq, loaded.clean = _load_legacy_snapshot(self.legacy_path)
+            loaded.seq, loaded.clean = state_loading.load_legacy_snapshot(self.legacy_path)
         replay = journal_files.read(self.directory, after_seq=loaded.seq)
         loaded.torn = replay.torn
         loaded.replayed = len(replay.records)
-        loaded.refused_again = _replay(replay.records)
+        loaded.refused_again = state_loading.replay(replay.records)
         last_seq = replay.records[-1][0] if replay.records else loaded.seq
         if loaded.replayed or not loaded.clean:
             loaded.clean = False
-            loaded.released = _release_in_flight()
+            loaded.released = state_loading.release_in_flight()
         self.journal = Journal(self.directory, next_seq=last_seq + 1)
         self._fold(clean=False)
         _recording.journal, _recording.grown = self.journal, self._grown
