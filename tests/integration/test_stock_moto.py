@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,50 @@ def test_stock_moto_lets_one_of_many_conditional_writers_win(stock_endpoint: str
     assert refused == ["ConditionalCheckFailedException"] * 15
     item = dynamodb.get_item(TableName="leases", Key={"pk": {"S": "task"}})["Item"]
     assert item["owner"] == {"S": won[0]}
+
+
+def test_stock_moto_hands_each_message_to_one_of_many_pollers(stock_endpoint: str) -> None:
+    sqs: Any = local_client("sqs", stock_endpoint)
+    url = sqs.create_queue(QueueName="work")["QueueUrl"]
+    for start in range(0, 100, 10):
+        sqs.send_message_batch(
+            QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
+        )
+    received: list[str] = []
+
+    def poll() -> None:
+        client: Any = local_client("sqs", stock_endpoint)
+        while batch := client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=120, WaitTimeSeconds=1
+        ).get("Messages", []):
+            received.extend(m["Body"] for m in batch)
+
+    pollers = [threading.Thread(target=poll) for _ in range(6)]
+    for poller in pollers:
+        poller.start()
+    for poller in pollers:
+        poller.join(timeout=60)
+
+    assert sorted(received) == sorted(f"m{i}" for i in range(100))  # each once
+
+
+def test_stock_moto_long_poll_waits_without_holding_up_sends(stock_endpoint: str) -> None:
+    sqs: Any = local_client("sqs", stock_endpoint)
+    url = sqs.create_queue(QueueName="work")["QueueUrl"]
+    got: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: got.append(
+            local_client("sqs", stock_endpoint).receive_message(QueueUrl=url, WaitTimeSeconds=10)
+        )
+    )
+    waiting.start()
+    time.sleep(0.5)  # the long poll is waiting on the empty queue
+
+    started = time.monotonic()
+    sqs.send_message(QueueUrl=url, MessageBody="wake")
+    sent_in_s = time.monotonic() - started
+    waiting.join(timeout=15)
+
+    assert sent_in_s < 2  # not behind the poll's 10 s
+    assert [m["Body"] for m in got[0]["Messages"]] == ["wake"]
+    assert time.monotonic() - started < 5  # the poll answered once the message came

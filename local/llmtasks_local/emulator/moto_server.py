@@ -14,7 +14,7 @@ WSGI app is served inside the stack's own paths:
 
 moto's own code is patched only when moto_patches.enabled() allows it (the pinned version);
 otherwise stock moto serves, with DynamoDB requests and SQS message changes taken one at a time
-(_one_at_a_time), so nothing a task relies on is lost. The counts live in moto_counts, the long
+(moto_stock), so nothing a task relies on is lost. The counts live in moto_counts, the long
 polls in moto_activity, the request loop's patches in moto_patches/serving.py.
 """
 
@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmtasks_local.emulator import moto_stock
 from llmtasks_local.emulator.moto_activity import (
     RECEIVABLE_QUEUES_PATH,
     STREAM_RECORDS_PATH,
@@ -41,7 +42,6 @@ from llmtasks_local.emulator.moto_counts import (
     WRITES_PATH,
     CallCounter,
     account_writes,
-    operation_of,
     service_of,
     time_backends,
 )
@@ -76,7 +76,7 @@ def _endpoint_app(moto_app: Any, state: DurableState | None, lambda_url: str | N
         account_writes(counter)
         stream_records.install()
         receivable_queues.install()
-    serve = moto_app if patched else _one_at_a_time(moto_app)
+    serve = moto_app if patched else moto_stock.one_at_a_time(moto_app)
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO")
@@ -93,43 +93,6 @@ def _endpoint_app(moto_app: Any, state: DurableState | None, lambda_url: str | N
         return counter(serve, environ, start_response)
 
     return app
-
-
-# The SQS operations that change a queue's messages, served one at a time on stock moto. A
-# receive is left out: it may long-poll, and two receives at once may both take one message,
-# which SQS's at-least-once delivery allows (the service takes a second delivery over).
-_SQS_MESSAGE_WRITES = frozenset(
-    {
-        "SendMessage",
-        "SendMessageBatch",
-        "DeleteMessage",
-        "DeleteMessageBatch",
-        "ChangeMessageVisibility",
-        "ChangeMessageVisibilityBatch",
-        "PurgeQueue",
-    }
-)
-
-
-def _one_at_a_time(moto_app: Any) -> Any:
-    """On stock moto (no moto_patches.atomic): each DynamoDB request served alone, so that a
-    conditional write is checked and applied as one step, as DynamoDB does, and each SQS change
-    of messages alone, so that a delete does not drop a message sent meanwhile. The locks are
-    atomic's own, which a snapshot takes too. Slower, never wrong."""
-    from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
-
-    def serve(environ: dict[str, Any], start_response: Any) -> Any:
-        service, _, operation = operation_of(environ).partition(".")
-        if service in ("dynamodb", "dynamodbstreams"):
-            lock = write_lock()
-        elif service == "sqs" and operation in _SQS_MESSAGE_WRITES:
-            lock = sqs_lock()
-        else:
-            return moto_app(environ, start_response)
-        with lock:
-            return [b"".join(moto_app(environ, start_response))]
-
-    return serve
 
 
 # Headers of one hop, not passed on by a proxy (RFC 9110 7.6.1), and the length it recomputes.
