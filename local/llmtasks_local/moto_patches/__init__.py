@@ -20,9 +20,9 @@ was written for one moto version: CHECKED_WITH, the version local/pyproject.toml
 is the gate every patch goes through: on any other moto version, or with the environment
 variable LLMTASKS_MOTO_PATCHES=off, no patch is installed and moto runs as released, with one
 line on stderr saying so. Stock moto is slower and lacks the move tasks and the fair queues; the
-local stack keeps DynamoDB's conditional writes atomic without the patches by serving each
-DynamoDB request alone (emulator/moto_server.py), and its journal follows moto's public backend
-operations on any version (emulator/moto_state.py), so it is never wrong.
+local stack keeps DynamoDB's conditional writes and SQS's receives atomic without the patches by
+serving those requests one at a time (emulator/moto_stock.py), and its journal follows moto's
+backend operations on any version that has them (emulator/moto_state.py): slower, never wrong.
 
 Nothing here is of the local stack's runtime (`llmtasks_local.emulator`), and none of it ships to Lambda.
 """
