@@ -1,6 +1,7 @@
-"""moto's backends as a value: what the local stack's state dir snapshots and loads again, and
-what each unit test's fresh in-process moto starts from (template.yaml provisioned once a test
-process instead of once a test)."""
+"""moto's backends as a value, in memory: what each unit test's fresh in-process moto starts from
+(template.yaml provisioned once a test process instead of once a test), and how a state dir of
+the release before (a pickle of them) is read once to be migrated. The state dir itself keeps
+AWS-level data (emulator/state_format.py), never these objects."""
 
 from __future__ import annotations
 

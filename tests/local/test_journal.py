@@ -27,16 +27,21 @@ def written(directory: Path, records: list[object]) -> Journal:
 
 
 def test_records_come_back_in_order_with_their_numbers(tmp_path: Path) -> None:
-    writer = written(tmp_path, [("call", "put", {"k": 1}), ("delete", ["m-1"]), ("received", "m-2", 5)])
+    writer = written(
+        tmp_path,
+        [("call", "put", {"k": 1, "body": b"\x00\xff"}), ("delete", ["m-1"]), ("received", "m-2", 5)],
+    )
     writer.close()
 
     replay = journal.read(tmp_path)
 
+    # JSON, not pickles: a record's tuples come back as lists, its bytes as bytes
     assert replay.records == [
-        (1, ("call", "put", {"k": 1})),
-        (2, ("delete", ["m-1"])),
-        (3, ("received", "m-2", 5)),
+        (1, ["call", "put", {"k": 1, "body": b"\x00\xff"}]),
+        (2, ["delete", ["m-1"]]),
+        (3, ["received", "m-2", 5]),
     ]
+    assert journal.segments(tmp_path)[0].read_bytes()[16:17] == b"["
     assert replay.torn is None
 
 

@@ -464,10 +464,10 @@ def test_an_invocation_during_a_warm_up_waits_for_that_sandbox_instead_of_starti
 def test_moto_s_apps_run_without_flask_s_debug_mode_and_errors_still_propagate() -> None:
     import moto.server
 
-    from llmtasks_local.emulator import moto_server
+    from llmtasks_local.moto_patches import serving
 
     create = moto.server.create_backend_app
-    moto_server._debug_mode_off()
+    serving._debug_mode_off()
     try:
         app = moto.server.create_backend_app("sqs")
     finally:

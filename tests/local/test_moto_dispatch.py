@@ -1,9 +1,9 @@
 """The embedded endpoint's ways past moto's generic serving answer as moto's own do.
 
-Its direct dispatch of JSON RPC requests (moto_server._dispatch_json_rpc_directly): the same
+Its direct dispatch of JSON RPC requests (moto_patches.serving._dispatch_json_rpc_directly): the same
 requests, sent both ways to moto's WSGI app in this process, get the same status, headers and
 body, but for what moto draws afresh each time (request ids, message ids, receipt handles,
-times). Its reading of request headers (moto_server.parse_headers_lightly): the same blocks
+times). Its reading of request headers (moto_patches.serving.parse_headers_lightly): the same blocks
 parse as http.client's parse_headers, through the email parser, parses them."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def served() -> Iterator[Callable[[bool], tuple[Any, Any, Any, list[Reply]]]]:
     from flask import Flask
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
-    from llmtasks_local.emulator import moto_server
+    from llmtasks_local.moto_patches import serving
 
     call = DomainDispatcherApplication.__call__
     wsgi_app = Flask.wsgi_app
@@ -98,7 +98,7 @@ def served() -> Iterator[Callable[[bool], tuple[Any, Any, Any, list[Reply]]]]:
     def make(direct: bool) -> tuple[Any, Any, Any, list[Reply]]:
         DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
         if direct:
-            moto_server._dispatch_json_rpc_directly()
+            serving._dispatch_json_rpc_directly()
         app = DomainDispatcherApplication(moto.server.create_backend_app)
         replies: list[Reply] = []
 
@@ -253,7 +253,7 @@ HEADER_BLOCKS = [
 def test_headers_parse_as_the_email_parser_parses_them(block: bytes) -> None:
     import http.client
 
-    from llmtasks_local.emulator.moto_server import parse_headers_lightly
+    from llmtasks_local.moto_patches.serving import parse_headers_lightly
 
     light, parsed = parse_headers_lightly(io.BytesIO(block)), http.client.parse_headers(io.BytesIO(block))
     assert type(light) is type(parsed)
@@ -269,7 +269,7 @@ def test_headers_parse_as_the_email_parser_parses_them(block: bytes) -> None:
 def test_plain_header_lines_skip_the_email_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     import email.parser
 
-    from llmtasks_local.emulator.moto_server import parse_headers_lightly
+    from llmtasks_local.moto_patches.serving import parse_headers_lightly
 
     def parse(*_: Any, **__: Any) -> Any:
         raise AssertionError("the email parser was used")

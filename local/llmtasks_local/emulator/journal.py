@@ -10,7 +10,8 @@ A record is framed `length | crc32 | seq | payload` (big-endian 4, 4, 8 bytes), 
 tells a record cut short by a crash (the last one of the last segment: dropped, with a warning)
 from a file damaged in the middle (refused: the start stops and says which file). Segments are
 named by the sequence number of their first record; a snapshot says which number it includes,
-and a start replays what comes after it.
+and a start replays what comes after it. A record's payload is JSON (state_format.encode); a
+segment written before that holds pickles, read once when such a state dir is migrated.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtasks_local.emulator import state_format
 from llmtasks_local.tool_errors import EXIT_FAILED, ToolError
 
 _HEADER = struct.Struct(">IIQ")
-SNAPSHOT = "moto.pickle"
+SNAPSHOT = "state.json"
+# The snapshot of a state dir written before state_format: pickles of moto's backends, read
+# once (and the journal after it), then replaced by SNAPSHOT.
+LEGACY_SNAPSHOT = "moto.pickle"
+_PICKLE = b"\x80"  # how a pickle of protocol 2 or later begins; JSON never does
 SEGMENT_PREFIX = "journal-"
 SEGMENT_SUFFIX = ".log"
 SYNC_EVERY_S = 1.0
@@ -59,8 +65,8 @@ def segments(directory: Path) -> list[Path]:
 
 
 def state_files(directory: Path) -> list[Path]:
-    """The endpoint's files in a state dir: its snapshot and its journal."""
-    return [directory / SNAPSHOT, *segments(directory)]
+    """The endpoint's files in a state dir: its snapshot (and an older one) and its journal."""
+    return [directory / SNAPSHOT, directory / LEGACY_SNAPSHOT, *segments(directory)]
 
 
 def _frame(seq: int, payload: bytes) -> bytes:
@@ -115,7 +121,7 @@ def read(directory: Path, after_seq: int = 0) -> Replay:
                 expected = seq + 1
                 if seq > after_seq:
                     try:
-                        record = pickle.loads(data[start : start + length])  # noqa: S301 - our own file
+                        record = _record(data[start : start + length])
                     except Exception as error:
                         raise StateError(
                             f"record {seq} of the journal cannot be read: {error}", path
@@ -128,6 +134,12 @@ def read(directory: Path, after_seq: int = 0) -> Replay:
                 break
             raise StateError(f"the journal is damaged at byte {offset}", path)
     return replay
+
+
+def _record(payload: bytes) -> Any:
+    if payload.startswith(_PICKLE):  # written before state_format: migrated at this start
+        return pickle.loads(payload)  # noqa: S301 - the stack's own file, in its own state dir
+    return state_format.decode(payload)
 
 
 def _torn_or_record(data: bytes, offset: int) -> str | None:
@@ -185,7 +197,10 @@ class Journal:
 
     def append(self, record: Any) -> int:
         """Writes `record`; returns its sequence number once it is in the file."""
-        payload = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            payload = state_format.encode(record)
+        except (TypeError, ValueError) as error:
+            raise JournalUnavailable(f"a change that cannot be kept: {error}") from error
         with self._lock:
             seq = self.seq + 1
             frame = _frame(seq, payload)

@@ -1,10 +1,11 @@
 """The embedded endpoint's state, kept in a state dir so that nothing it acknowledged is lost.
 
-Two kinds of file: a snapshot of moto's backends (pickle) and the journal (journal.py) of every
-change made since. Each change is journaled before it is applied and before the request that
-made it is answered. A start loads the snapshot, replays the journal after it, and folds both
-into a new snapshot; so does a clean stop, and a journal that has grown past
-COMPACT_AFTER_BYTES.
+Two kinds of file: a snapshot (state_format: tables, items, stream records, queues, messages,
+objects, as AWS-level JSON) and the journal (journal.py) of every change made since. Each change
+is journaled before it is applied and before the request that made it is answered. A start loads
+the snapshot, replays the journal after it, and folds both into a new snapshot; so does a clean
+stop, and a journal that has grown past COMPACT_AFTER_BYTES. A state dir of the release before
+(a pickle of moto's backends, journal records pickled) is read once and rewritten so.
 
 What is journaled, and why at these levels:
 - DynamoDB and S3 writes, and the queue-level SQS calls (create, attributes, purge): the backend
@@ -16,6 +17,12 @@ What is journaled, and why at these levels:
   the ids it removes; a receive counts towards maxReceiveCount. Visibility is not journaled: after
   a start that follows a crash, every message in flight is visible at once (the invocations that
   held them are gone), as Lambda's would be once their timeout passed.
+
+The journal's hooks (`install`) wrap moto's backend operations (the methods its responses call,
+which state_format builds the state with too) and three methods of its SQS models. Unlike
+moto_patches they are installed on any moto version that has those methods, the pinned one or
+not: without them a crash would lose what the endpoint acknowledged. On a version that lacks
+one, none is installed and the start says the state dir is kept at clean stops only.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -37,13 +43,12 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.s3.models import S3Backend
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from llmtasks_local import moto_backends
 from llmtasks_local.emulator import journal as journal_files
-from llmtasks_local.emulator.journal import SNAPSHOT, Journal, JournalUnavailable, StateError
+from llmtasks_local.emulator import state_format, state_loading
+from llmtasks_local.emulator.journal import LEGACY_SNAPSHOT, SNAPSHOT, Journal, JournalUnavailable
 from llmtasks_local.moto_patches import queue_index, redrive
 from llmtasks_local.moto_patches.atomic import sqs_lock, write_lock
 
-SNAPSHOT_FORMAT = 2
 COMPACT_AFTER_BYTES = 64 * 1024 * 1024
 
 # The backend methods that change state, journaled as calls.
@@ -168,11 +173,15 @@ def _call_of(service: str, name: str) -> Callable[..., tuple[Any, ...]]:
 
 
 def _put_of(queue: Queue, message: Message) -> tuple[Any, ...]:
-    return ("put", queue.account_id, queue.region, queue.name, message)
+    return ("put", queue.account_id, queue.region, queue.name, state_format.message_of(message))
 
 
 def _delete_of(queue: Queue, receipt_handle: str) -> tuple[Any, ...] | None:
-    message = queue_index.find(queue, receipt_handle)
+    message = (
+        queue_index.find(queue, receipt_handle)
+        if queue_index.installed()
+        else next((m for m in queue._messages if m.had_receipt_handle(receipt_handle)), None)
+    )
     return ("delete", [message.id]) if message is not None else None
 
 
@@ -186,6 +195,19 @@ def _removal_of(_queue: Queue, message: Message) -> tuple[Any, ...]:
 
 def install() -> None:
     """Idempotent; after moto_patches.atomic.install(), so its locked methods are the ones journaled."""
+    hooks = [(backend_class, name) for backend_class, names in _CALLS.values() for name in names]
+    hooks += [(Queue, "add_message"), (Queue, "delete_message"), (Message, "mark_received")]
+    missing = [
+        f"{owner.__name__}.{name}" for owner, name in hooks if not callable(getattr(owner, name, None))
+    ]
+    if missing:
+        print(
+            f"the journal cannot follow this moto ({', '.join(missing)} missing): the state dir is"
+            " kept at clean stops only",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     for service, (backend_class, names) in _CALLS.items():
         for name in names:
             method = getattr(backend_class, name)
@@ -211,9 +233,7 @@ def _every_writer_stopped() -> Iterator[None]:
 
 
 def _snapshot(seq: int, *, clean: bool) -> bytes:
-    return pickle.dumps(
-        {"format": SNAPSHOT_FORMAT, "seq": seq, "clean": clean, "backends": moto_backends.state()}
-    )
+    return state_format.dump(seq, clean=clean)
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -243,90 +263,6 @@ class Loaded:
     torn: journal_files.TornTail | None = None
 
 
-def _load_snapshot(path: Path) -> tuple[int, bool]:
-    try:
-        data = pickle.loads(path.read_bytes())  # noqa: S301 - the stack's own file, in its own state dir
-    except Exception as error:
-        raise StateError(f"the snapshot cannot be read: {error!r}", path) from error
-    if not isinstance(data, dict):
-        raise StateError("the snapshot is not one this version wrote", path)
-    if data.get("format") != SNAPSHOT_FORMAT:  # written before the journal: a clean stop's
-        data = {"seq": 0, "clean": True, "backends": data}
-    moto_backends.install(data["backends"])
-    return int(data["seq"]), bool(data["clean"])
-
-
-class _Messages:
-    """Every message of every queue by id, for replaying the journal's message records."""
-
-    def __init__(self) -> None:
-        self.where: dict[str, tuple[Queue, Message]] = {}
-        for queue in _queues():
-            for message in queue._messages:
-                self.where[message.id] = (queue, message)
-
-    def put(self, queue: Queue, message: Message) -> None:
-        self.where[message.id] = (queue, message)  # a move: off the queue it was on
-        queue._messages.append(message)
-
-    def delete(self, ids: list[str]) -> None:
-        for message_id in ids:
-            self.where.pop(message_id, None)
-
-    def received(self, message_id: str, at_ms: int) -> None:
-        if message_id in self.where:
-            message = self.where[message_id][1]
-            message.approximate_receive_count += 1
-            message.approximate_first_receive_timestamp = message.approximate_first_receive_timestamp or at_ms
-
-    def settle(self) -> None:
-        """Each queue keeps the messages that are still where the journal last put them."""
-        for queue in _queues():
-            queue._messages = [m for m in queue._messages if self.where.get(m.id, (None, None)) == (queue, m)]
-
-
-def _queues() -> Iterator[Queue]:
-    for regions in moto_backends.backends("sqs").values():
-        for backend in regions.values():
-            yield from backend.queues.values()
-
-
-def _replay(records: list[tuple[int, Any]]) -> int:
-    """Applies the journal's records; returns how many were refused again (a write whose
-    condition failed when it was served fails the same way)."""
-    messages = _Messages()
-    refused = 0
-    for _, record in records:
-        kind = record[0]
-        if kind == "call":
-            _, service, account, region, name, args, kwargs = record
-            try:
-                getattr(moto_backends.backends(service)[account][region], name)(*args, **kwargs)
-            except Exception:
-                refused += 1
-        elif kind == "put":
-            _, account, region, queue_name, message = record
-            messages.put(moto_backends.backends("sqs")[account][region].queues[queue_name], message)
-        elif kind == "delete":
-            messages.delete(record[1])
-        elif kind == "received":
-            messages.received(record[1], record[2])
-    messages.settle()
-    return refused
-
-
-def _release_in_flight() -> int:
-    """Messages received by invocations of a run that crashed are visible again at once (those
-    invocations are gone); returns how many had been received and not deleted."""
-    received = 0
-    for queue in _queues():
-        for message in queue._messages:
-            received += message.approximate_receive_count > 0
-            message.visible_at = 0.0
-        queue._pending_messages = set()
-    return received
-
-
 class DurableState:
     """The state dir of the embedded endpoint: loaded and folded at start, journaled while it
     runs, snapshotted at a clean stop and whenever the journal grows."""
@@ -334,6 +270,7 @@ class DurableState:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.snapshot_path = directory / SNAPSHOT
+        self.legacy_path = directory / LEGACY_SNAPSHOT
         self.journal: Journal | None = None
         self._folding = threading.Lock()  # one fold at a time: each deletes the segments before it
         self._grown = threading.Event()
@@ -345,15 +282,17 @@ class DurableState:
         loaded = Loaded()
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshot_path.exists():
-            loaded.seq, loaded.clean = _load_snapshot(self.snapshot_path)
+            loaded.seq, loaded.clean = state_loading.load_snapshot(self.snapshot_path)
+        elif self.legacy_path.exists():  # migrated: the fold below writes SNAPSHOT, then drops it
+            loaded.seq, loaded.clean = state_loading.load_legacy_snapshot(self.legacy_path)
         replay = journal_files.read(self.directory, after_seq=loaded.seq)
         loaded.torn = replay.torn
         loaded.replayed = len(replay.records)
-        loaded.refused_again = _replay(replay.records)
+        loaded.refused_again = state_loading.replay(replay.records)
         last_seq = replay.records[-1][0] if replay.records else loaded.seq
         if loaded.replayed or not loaded.clean:
             loaded.clean = False
-            loaded.released = _release_in_flight()
+            loaded.released = state_loading.release_in_flight()
         self.journal = Journal(self.directory, next_seq=last_seq + 1)
         self._fold(clean=False)
         _recording.journal, _recording.grown = self.journal, self._grown
@@ -371,7 +310,7 @@ class DurableState:
                 data = _snapshot(self.journal.seq, clean=clean)
                 older = self.journal.rotate()
             _write_whole(self.snapshot_path, data)
-            for path in older:
+            for path in (*older, self.legacy_path):
                 path.unlink(missing_ok=True)
         return len(data)
 

@@ -10,18 +10,68 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
   as SQS fair queues do;
 - `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
 - `queue_index`: an SQS queue's receives and deletes find their messages without scanning it;
-- `fast_paths`: the replies and expressions that profiles of the local stack found dominating
-  moto's CPU, computed the same way at a fraction of the cost (tests/unit/test_fast_paths.py);
-  with them `index_queries`, a Query on an index that reads only the items of its key.
+- `fast_paths`: moto's replies and expressions computed the same way at a fraction of the cost
+  (tests/unit/test_fast_paths.py); with them `index_queries`, a Query on an index that reads
+  only the items of its key;
+- `serving`: the moto server's request loop (werkzeug, http.client, Flask) made lighter.
+
+Every patch replaces private code of moto (or of werkzeug and http.client beneath it), so each
+was written for one moto version: CHECKED_WITH, the version local/pyproject.toml pins. `enabled()`
+is the gate every patch goes through: on any other moto version, or with the environment
+variable LLMTASKS_MOTO_PATCHES=off, no patch is installed and moto runs as released, with one
+line on stderr saying so. Stock moto is slower and lacks the move tasks and the fair queues; the
+local stack keeps DynamoDB's conditional writes and SQS's receives atomic without the patches by
+serving those requests one at a time (emulator/moto_stock.py), and its journal follows moto's
+backend operations on any version that has them (emulator/moto_state.py): slower, never wrong.
 
 Nothing here is of the local stack's runtime (`llmtasks_local.emulator`), and none of it ships to Lambda.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 
-def install() -> None:
-    """Every patch, in the order they build on each other; idempotent, before moto serves."""
+# The moto version every patch here (and the journal's hooks, emulator/moto_state.py) was
+# written for and tested with; local/pyproject.toml pins the same.
+CHECKED_WITH = "5.2.6"
+# "off" keeps every patch out, whatever the version (the tests of stock moto set it).
+SWITCH = "LLMTASKS_MOTO_PATCHES"
+
+_said: list[str] = []
+
+
+def refusal() -> str | None:
+    """Why the patches are not installed in this process, or None when they are allowed."""
+    if os.environ.get(SWITCH, "").strip().lower() in ("off", "0", "false", "no"):
+        return f"{SWITCH}=off"
+    import moto
+
+    found = getattr(moto, "__version__", "unknown")
+    if found != CHECKED_WITH:
+        return f"moto {found} found, the patches were checked with moto {CHECKED_WITH}"
+    return None
+
+
+def stock_line(reason: str) -> str:
+    """The one line that says the patches are off, and why."""
+    return f"moto patches off ({reason}): running on stock moto: slower, never wrong"
+
+
+def enabled() -> bool:
+    """Whether the patches may be installed; says once a process why not, in one line."""
+    reason = refusal()
+    if reason is not None and not _said:
+        _said.append(reason)
+        print(stock_line(reason), file=sys.stderr, flush=True)
+    return reason is None
+
+
+def install() -> bool:
+    """Every patch, in the order they build on each other, when enabled(); idempotent, before
+    moto serves. Returns whether they are installed."""
+    if not enabled():
+        return False
     from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive
 
     redrive.install()
@@ -29,3 +79,4 @@ def install() -> None:
     queue_index.install()
     fair_queues.install()
     fast_paths.install()
+    return True

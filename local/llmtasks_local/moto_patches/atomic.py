@@ -8,9 +8,9 @@ atomicity. `install()` serialises moto's handling of each DynamoDB write request
 in whatever process runs moto, and of each item read, which DynamoDB answers whole.
 
 It also makes TransactWriteItems cost what it costs in DynamoDB: moto deep-copies every table a
-transaction touches, once per action, to roll back a refused one, so one 50-action transaction
-on a table of a few thousand items took a second, under the lock, while every other write waited
-(the batch counters are such transactions). Here every condition is checked first and nothing
+transaction touches, once per action, to roll back a refused one, so a transaction cost as much
+as the tables it touched, under the lock, while every other write waited (the batch counters are
+such transactions). Here every condition is checked first and nothing
 is written unless all hold; only the touched items are kept for a rollback.
 
 moto's SQS has the same gap: a receive checks that a message is visible, then marks it received,
@@ -25,8 +25,8 @@ function it triggers continues).
 
 And one cost: moto's SendMessage reads the queue's whole attribute set to learn whether it
 deduplicates by content, and that set counts the queue's visible, delayed and in-flight messages
-by scanning all of them, so each send cost O(messages in the queue): a 10,000-message backlog
-took minutes to fill and a send into it about a third of a second. A send never needs the
+by scanning all of them, so each send cost O(messages in the queue) and a backlog took
+quadratic time to fill. A send never needs the
 counts, so they are not counted while a send runs.
 """
 
@@ -47,6 +47,8 @@ from moto.dynamodb.exceptions import (
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.responses import DynamoHandler
 from moto.sqs.models import Queue, SQSBackend
+
+from llmtasks_local import moto_patches
 
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 # Item reads take the same lock: moto applies an UpdateItem's SETs to the stored item one by one,
@@ -242,6 +244,8 @@ def _count_unless_sending(count: property) -> property:
 
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     if DynamoDBBackend.transact_write_items is not transact_write_items:
         DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
     for name in (*_WRITES, *_ITEM_READS):

@@ -33,6 +33,7 @@ from typing import Any
 
 from moto.sqs.models import Message, Queue
 
+from llmtasks_local import moto_patches
 from llmtasks_local.moto_patches import queue_index
 
 CONCURRENCY_SHARE = 0.10
@@ -179,7 +180,7 @@ def enabled() -> bool:
 
 def install() -> None:
     """Idempotent; in whatever process runs moto, before it serves the first receive."""
-    if not enabled():
+    if not moto_patches.enabled() or not enabled():  # another moto version; or turned off
         return
     patches = (
         (Message, "mark_received", _timed_receipt),

@@ -1,93 +1,28 @@
-"""moto's replies written straight to JSON where its generic serializer was the local stack's
-largest cost, and its update expressions parsed once.
+"""moto's hot paths computed the same way at less cost: the same replies, the same answers.
 
-moto builds each JSON reply by walking the operation's botocore shape, member by member, through
-an attribute picker (moto/core/serialize.py). For DynamoDB Streams' GetRecords that walk covers
-every attribute of both images of every record: measured in a burst of 600 submits on the local
-stack, one GetRecords took 72 ms of moto's CPU (two stream consumers read each record), 22 ms a
-task, a third of all moto did. The records moto keeps are already in the wire's form (typed
-AttributeValues, as PutItem received them); only timestamps and blobs need writing, as the
-serializer writes them (epoch seconds with milliseconds; base64). Same reply, parsed the same by boto3
-(tests/unit/test_fast_paths.py compares the two).
+Each one replaces work moto repeats on every request with work done once, where profiles of the
+local stack under load found moto's CPU going (the measurements are in bench/RESULTS.md and the CHANGELOG):
 
-An UpdateItem's expression is parsed twice by moto (once to check its placeholders, once to
-apply it), from its text, every time; a task's claim is a 13-action expression. The worker sends
-a handful of distinct expressions, so each is parsed once and kept: moto's validator copies the
-tree before it substitutes a request's values into it, and nothing else changes the tree.
+- replies written straight to JSON: DynamoDB Streams' GetRecords and DynamoDB's item replies
+  (GetItem, BatchGetItem, Query, Scan, the writes' ReturnValues). moto keeps records and items in
+  the wire's form already, and its generic serializer walked every attribute against the shape;
+  only timestamps and blobs are written here, as the serializer writes them;
+- expressions: an UpdateItem's expression parsed once by its text and kept (moto's validator
+  copies the tree before it substitutes values), its tree-only checks run once per set of
+  attribute names, a condition's tokens kept by text, and a request's second parse given the
+  first's tree; the traverser's per-node class checks worked out once per pair of classes;
+- SQS: a receive's retention check reads the period instead of building every attribute (whose
+  counts scan the queue), a message answers whether it had a receipt handle without building the
+  list, the clock read as epoch milliseconds without datetimes (queue_index ends the scans);
+- UpdateItem's two deep copies of the old item skipped where nothing reads them (a table with
+  no stream), and a Scan copies only the items its filter keeps; a Query on an index reads only
+  the items of its key (index_queries);
+- a response class's method list and the camelCase-to-snake names worked out once, and request
+  ids drawn from the OS's random bytes at once (moto's seeding no longer repeats them).
 
-Two of moto's checks of an update look at its tree alone (at most one SET, ADD, REMOVE clause;
-no path set twice, with its attribute names resolved), and each walks the whole tree again at
-every UpdateExpression node of it, a chain of one a clause: 53 walks for a claim, a quarter of
-an UpdateItem's CPU in moto. A kept tree is checked once for each set of attribute names it
-passes with; a refused one is checked (and refused) every time.
-
-A condition expression is lexed from its text at each parse (moto parses it twice a request),
-half of the parse's CPU: its tokens are kept by text, and the rest of the parse (names and
-values resolved, the tree built from fresh nodes) runs as moto runs it. And the second parse of
-a request (PutItem, UpdateItem and DeleteItem parse in the handler, to check the placeholders
-used, then in the backend, to judge the item) is given the first's tree: same text, the same
-names and values objects, on the same thread, the same tree (moto's evaluation only reads it).
-A claim's parse was a third of moto's CPU for its UpdateItem (profiled in-process).
-
-Then moto checks and applies it with ten passes over the tree (its DepthFirstTraverser), each
-asking at every node whether it is a Node and which of the pass's processors takes it: two
-isinstance checks against abstract classes, and a fresh tuple and dict of the processors, a
-node. Half of an UpdateItem's CPU was those passes. Both answers depend only on the node's class
-and the pass's class, so each is worked out once per pair of classes; the walk is the same.
-
-DynamoDB's item replies (GetItem, BatchGetItem, Query, Scan and the writes' ReturnValues) go the
-same way, for the same reason: moto keeps items in the wire's form, and its serializer walked
-every attribute of every item against the shape. Measured in-process: ten listing pages (a Query
-and a BatchGetItem of 100 tasks each) took 9.8 s, 6.7 s of it in the serializer; on the local stack
-recovering a thousand tasks after a crash, one `GET /tasks?status=processing` took 19-22 s, and on
-a loaded CI machine passed API Gateway's 30 s (a 503). Only the reply's top-level members change
-hands: those of the operation's output shape, set (the serializer leaves out what is None).
-
-And an SQS receive checks each message it returns against the queue's retention period by
-building the queue's whole attribute set, whose message counts scan every message of the queue
-three times: a receive of ten from a queue of a thousand took 0.35 s, and the call-slot workloads
-keep hundreds waiting. The check reads the period itself here.
-
-An SQS delete finds its message by scanning every message of the queue twice, asking each for
-every receipt handle it was ever given (a fresh list each time), and a receive lists the visible
-messages by reading the clock twice a message through datetime: measured in-process, a receive
-of ten and their delete took 23 ms from a queue of 1,000 messages and 445 ms from one of 20,000
-(a batch of 20,000 items waits in its queue so), 22 us a queued message. Here a message answers
-whether it had a handle without the list, and the clock is read as epoch milliseconds straight
-from time.time() (moto's unix_time_millis without the datetimes). What scans were left, each
-linear in the queue's messages at a seventh of the cost (59 ms from 20,000), queue_index ends:
-a delete finds its message by an index of the handles, a receive reads no further than it takes.
-
-Last, moto's UpdateItem deep-copies the item twice before each write: once in its request
-handler, to read the old attributes (which it then reads with Item.to_json, itself a fresh copy),
-and once in the backend, for the stream's old image, on every table, streamed or not. LimitsTable
-has no stream and items that grow with what a key holds (`budget#<key>`: a reservation an
-in-flight task): measured on the local stack, a reservation took 8 ms with an empty item and
-23 ms with 300 reservations in it, most of it those copies. Here the handler reads the old
-attributes without the first copy, and a table without a stream skips the second.
-
-And each request's dispatch lists its response class's methods (inspect.getmembers over the
-class, a sorted walk of every attribute) to see whether the action is one of them: 11% of a
-GetItem's CPU in moto. The list is the same for a class each time (moto's patches here and in
-atomic, moto_state and fair_queues wrap methods under their own names, all before moto
-serves), so it is made once a class.
-
-A Scan deep-copies every item it reads before its filter is applied: the local stack's TTL sweep
-(a Scan of each table for expired items, a minute apart) took 1.0 s of CPU on a table of 10,000
-tasks, growing with the table for as long as a state dir keeps it. Here a Scan reads the items
-as they are (an index's projection makes a new item, as a ProjectionExpression does), and only
-those its filter kept are copied; the pages and counts are moto's. A Query on an index reads the
-items of its key alone and sorts them once by their plain values (index_queries).
-
-And each reply's request id (x-amzn-RequestId, 52 letters and digits) was drawn one character
-at a time from moto's seedable random: 4% of the server's CPU in a burst. It is drawn from the
-OS's random bytes at once here, in the same alphabet and length; moto's seeding (POST
-/moto-api/seed) no longer repeats request ids, which no client of the stack reads for anything
-but logs.
-
-And moto turns each request's action name, and each of a queue's attribute names every time an
-SQS send builds the queue's attributes, into a method name a character at a time: each name is
-worked out once (a pure function of the name)."""
+tests/unit/test_fast_paths.py runs the same requests with and without them and compares. Just
+over 400 lines: the paths share their install and uninstall, which that test switches together.
+"""
 
 from __future__ import annotations
 
@@ -121,6 +56,7 @@ from moto.sqs import models as _sqs_models
 from moto.sqs.models import Message, SQSBackend
 from moto.utilities import aws_headers as _aws_headers
 
+from llmtasks_local import moto_patches
 from llmtasks_local.moto_patches import index_queries
 
 _serializers_get_records = DynamoDBStreamsHandler.get_records
@@ -400,7 +336,7 @@ class _NoItemCopy:
 
 # moto's camelcase_to_underscores walks its argument a character at a time (three istitle() calls
 # a character): each request's action name, and every attribute name of a queue each time an SQS
-# send builds the queue's attributes (14 names a send), 3.5% of moto's CPU in a burst. It is a
+# send builds the queue's attributes (14 names a send). It is a
 # function of its argument alone, and the names are a few dozen: each is worked out once.
 _moto_camelcase_to_underscores = camelcase_to_underscores
 _camelcase_to_underscores = functools.lru_cache(maxsize=1024)(camelcase_to_underscores)
@@ -450,6 +386,8 @@ def _request_id(headerdict: dict[str, Any] | None = None) -> str:
 
 def install() -> None:
     """Idempotent; before moto serves."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     setattr(DynamoDBStreamsHandler, "get_records", _get_records)  # noqa: B010 - a patch, typed apart
     setattr(DynamoResult, "execute_result", _dynamo_result)  # noqa: B010
     _UpdateExpressionParser.make = classmethod(_parsed_update)

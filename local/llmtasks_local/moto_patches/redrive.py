@@ -22,6 +22,7 @@ from moto.sqs.exceptions import InvalidParameterValue, QueueDoesNotExist
 from moto.sqs.models import Message, Queue, SQSBackend
 from moto.sqs.responses import SQSResponse
 
+from llmtasks_local import moto_patches
 from llmtasks_local.moto_patches import queue_index
 from llmtasks_local.moto_patches.atomic import sqs_lock
 
@@ -166,6 +167,8 @@ def remove_message(queue: Queue, message: Message) -> None:
 
 def install() -> None:
     """Idempotent; must run before moto handles the first request."""
+    if not moto_patches.enabled():  # not the moto version it was written for
+        return
     SQSResponse.start_message_move_task = _start  # type: ignore[attr-defined]
     SQSResponse.list_message_move_tasks = _list  # type: ignore[attr-defined]
     SQSResponse.cancel_message_move_task = _cancel  # type: ignore[attr-defined]
