@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from llmtasks_local import moto_patches
 from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
 from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
+from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable, expired_on
 from tests.helpers import local_client
 
 pytestmark = pytest.mark.integration
@@ -239,3 +240,32 @@ def test_stock_moto_long_poll_waits_without_holding_up_sends(stock_endpoint: str
     assert sent_in_s < 2  # not behind the poll's 10 s
     assert [m["Body"] for m in got[0]["Messages"]] == ["wake"]
     assert time.monotonic() - started < 5  # the poll answered once the message came
+
+
+def test_stock_moto_s_ttl_sweep_scans_for_the_expired_items(stock_endpoint: str) -> None:
+    # Given a TTL table on stock moto, one item expired
+    dynamodb = local_client("dynamodb", stock_endpoint)
+    dynamodb.create_table(
+        TableName="tasks",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.update_time_to_live(
+        TableName="tasks", TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+    )
+    now = int(time.time())
+    for pk, expires_at in (("old", now - 10), ("new", now + 3600)):
+        dynamodb.put_item(TableName="tasks", Item={"pk": {"S": pk}, "expires_at": {"N": str(expires_at)}})
+    scans: list[str] = []
+    dynamodb.meta.events.register("before-call.dynamodb.Scan", lambda **_: scans.append("Scan"))
+    expired = expired_on(stock_endpoint, dynamodb.meta.region_name)
+
+    # When the stack's sweep asks which items expired, the endpoint cannot tell (no TTL index)
+    assert expired(TtlTable("tasks", "expires_at"), now) is None
+    sweeper = TtlSweeper(dynamodb, [TtlTable("tasks", "expires_at")], expired=expired)
+
+    # Then it scans the table, and still deletes the expired item alone
+    assert sweeper.sweep() == 1
+    assert scans == ["Scan"]
+    assert [item["pk"]["S"] for item in dynamodb.scan(TableName="tasks")["Items"]] == ["new"]

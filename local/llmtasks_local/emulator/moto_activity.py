@@ -1,10 +1,13 @@
-"""The embedded endpoint's activity long polls: when a table's stream or a queue has something new.
+"""The embedded endpoint's activity long polls: when a table's stream or a queue has something new;
+and the items of a TTL table that have expired.
 
 Lambda's pollers read each stream shard four times a second and receive from each queue with or
 without messages; the local stack's pollers ask these first (sources.StreamActivity,
 sources.QueueActivity) and read only when there is something to read, so an idle stack's
 moto does almost nothing. Both count through hooks on moto's models, installed with the moto
-patches only; on stock moto the paths answer 404 and the pollers read as Lambda does.
+patches only; on stock moto the paths answer 404 and the pollers read as Lambda does. Likewise
+the TTL sweep (ttl.TtlSweeper) asks ExpiredItems which items to delete, instead of scanning each
+table, and scans when the path answers 404.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ STREAM_RECORDS_PATH = "/_llmtasks/streams/records"
 # set's version differs from VERSION, or S seconds on): what lets an idle queue's poller wait
 # without receiving.
 RECEIVABLE_QUEUES_PATH = "/_llmtasks/queues/receivable"
+# The keys of a TTL table's items whose TTL has passed (GET ?table=NAME&region=R&attribute=A
+# &now=EPOCH&limit=N), from moto_patches.ttl_index: what the TTL sweep deletes.
+TTL_EXPIRED_PATH = "/_llmtasks/ttl/expired"
 ACTIVITY_WAIT_MAX_S = 5.0  # the longest either holds a request (its wait_s) before answering
 
 
@@ -155,3 +161,32 @@ class ReceivableQueues:
             self._wait_for_send(sends, min(left, self.RESCAN_S))
         start_response("200 OK", [("Content-Type", "application/json")])
         return [json.dumps({"version": version, "receivable": arns}).encode()]
+
+
+class ExpiredItems:
+    """The keys of a TTL table's expired items, from the index moto_patches.ttl_index keeps as
+    items are written: a sweep reads what has expired, not the table. 404 when the table is not
+    there, 409 when `attribute` is not its enabled TTL attribute (the sweep then scans)."""
+
+    @staticmethod
+    def answer(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        from llmtasks_local.moto_patches import ttl_index
+
+        query = {name: values[0] for name, values in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        try:
+            table_name, region, attribute = query["table"], query["region"], query["attribute"]
+            now, limit = float(query["now"]), int(query.get("limit", ttl_index.MAX_KEYS))
+        except (KeyError, ValueError):
+            return _json(start_response, "400 Bad Request", {"error": "table, region, attribute and now"})
+        table = ttl_index.table_of(region, table_name)
+        if table is None:
+            return _json(start_response, "404 Not Found", {"error": f"no table {table_name} in {region}"})
+        keys = ttl_index.expired_keys(table, attribute, now, limit=limit)
+        if keys is None:
+            return _json(start_response, "409 Conflict", {"error": f"{attribute} is not the table's TTL"})
+        return _json(start_response, "200 OK", {"keys": keys})
+
+
+def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
+    start_response(status, [("Content-Type", "application/json")])
+    return [json.dumps(body).encode()]

@@ -10,6 +10,8 @@ WSGI app is served inside the stack's own paths:
   moto_state), POST takes a clean stop's snapshot;
 - `/_llmtasks/streams/records` and `/_llmtasks/queues/receivable`: long polls that tell the
   stack's pollers when a stream or a queue has something new (patched moto only);
+- `/_llmtasks/ttl/expired`: the keys of a TTL table's expired items, for the stack's TTL sweep
+  (patched moto only: on stock moto the sweep scans);
 - requests signed for Lambda go on to the stack's Lambda API (`--lambda-url`).
 
 moto's own code is patched only when moto_patches.enabled() allows it (the pinned version);
@@ -32,6 +34,8 @@ from llmtasks_local.emulator import moto_stock
 from llmtasks_local.emulator.moto_activity import (
     RECEIVABLE_QUEUES_PATH,
     STREAM_RECORDS_PATH,
+    TTL_EXPIRED_PATH,
+    ExpiredItems,
     ReceivableQueues,
     StreamRecords,
 )
@@ -57,6 +61,7 @@ __all__ = [
     "RECEIVABLE_QUEUES_PATH",
     "STATE_PATH",
     "STREAM_RECORDS_PATH",
+    "TTL_EXPIRED_PATH",
     "WRITES_PATH",
     "CallCounter",
     "main",
@@ -82,10 +87,12 @@ def _endpoint_app(moto_app: Any, state: DurableState | None, lambda_url: str | N
         path = environ.get("PATH_INFO")
         if path == STATE_PATH:
             return _state_endpoint(state, environ.get("REQUEST_METHOD", "GET"), start_response)
-        if path in (STREAM_RECORDS_PATH, RECEIVABLE_QUEUES_PATH):
+        if path in (STREAM_RECORDS_PATH, RECEIVABLE_QUEUES_PATH, TTL_EXPIRED_PATH):
             if not patched:
                 start_response("404 Not Found", [("Content-Type", "application/json")])
                 return [b'{"error": "not counted on stock moto"}']
+            if path == TTL_EXPIRED_PATH:
+                return ExpiredItems.answer(environ, start_response)
             activity = stream_records if path == STREAM_RECORDS_PATH else receivable_queues
             return activity.answer(environ, start_response)
         if lambda_url is not None and service_of(environ) == "lambda":
@@ -224,11 +231,20 @@ def _install_patches() -> None:
     """moto_patches.install()'s order, with the journal between: it records the atomic writes
     (so replays take the same locks), and the fair queue's bookkeeping wraps what it journals."""
     from llmtasks_local.emulator import moto_state
-    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive, serving
+    from llmtasks_local.moto_patches import (
+        atomic,
+        fair_queues,
+        fast_paths,
+        queue_index,
+        redrive,
+        serving,
+        ttl_index,
+    )
 
     redrive.install()
     atomic.install()
     queue_index.install()  # beneath what the journal and the fair queue's clock wrap
+    ttl_index.install()  # before the journal: a replay keeps the TTL index as a write does
     moto_state.install()
     fair_queues.install()
     fast_paths.install()

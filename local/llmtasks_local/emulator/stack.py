@@ -55,7 +55,7 @@ from llmtasks_local.emulator.sources import (
 from llmtasks_local.emulator.stack_keys import StackKeys
 from llmtasks_local.emulator.stack_options import StackOptions
 from llmtasks_local.emulator.stack_state import EVENT_SOURCE_CHANGES, STREAM_CHECKPOINTS
-from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable
+from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable, expired_on
 from llmtasks_local.sam.function_spec import PSEUDO_PARAMETERS, FunctionSpec
 from llmtasks_local.sam.provision import LocalResources, local_deployment, provision, provision_alarms
 from llmtasks_local.sam.template import Template
@@ -309,7 +309,17 @@ class LocalStack:
         ]
         if not tables or self.options.ttl_sweep_s <= 0:
             return
-        sweeper = TtlSweeper(boto3.client("dynamodb"), tables, interval_s=self.options.ttl_sweep_s)
+        dynamodb = boto3.client("dynamodb")
+        embedded = (
+            self.options.endpoint_url is None and dynamodb.meta.endpoint_url.rstrip("/") == self.endpoint_url
+        )
+        sweeper = TtlSweeper(
+            dynamodb,
+            tables,
+            interval_s=self.options.ttl_sweep_s,
+            # the embedded endpoint names the expired items; an endpoint of your own is scanned
+            expired=expired_on(dynamodb.meta.endpoint_url, dynamodb.meta.region_name) if embedded else None,
+        )
         thread = threading.Thread(target=sweeper.run, args=(self._stop,), name="ttl", daemon=True)
         thread.start()
         self._threads.append(thread)

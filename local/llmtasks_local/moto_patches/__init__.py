@@ -13,6 +13,8 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
 - `fast_paths`: moto's replies and expressions computed the same way at a fraction of the cost
   (tests/unit/test_fast_paths.py); with them `index_queries`, a Query on an index that reads
   only the items of its key;
+- `ttl_index`: each TTL table's items by their TTL value, kept as they are written, so that the
+  local stack's TTL sweep reads what has expired, not every item;
 - `serving`: the moto server's request loop (werkzeug, http.client, Flask) made lighter.
 
 Every patch replaces private code of moto (or of werkzeug and http.client beneath it), so each
@@ -72,11 +74,12 @@ def install() -> bool:
     moto serves. Returns whether they are installed."""
     if not enabled():
         return False
-    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive
+    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive, ttl_index
 
     redrive.install()
     atomic.install()
     queue_index.install()
+    ttl_index.install()
     fair_queues.install()
     fast_paths.install()
     return True
