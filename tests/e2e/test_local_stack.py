@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from standardwebhooks import Webhook
 from starlette.applications import Starlette
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from llmtasks.domain.models import LLMRequest
 from llmtasks.ops.deployment import FUNCTIONS
 from llmtasks.settings import default_price_table
+from llmtasks_local.emulator.moto_server import CALLS_PATH
 from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.provision import local_name
 from llmtasks_local.sam.template import Template
@@ -252,6 +254,9 @@ def test_the_stack_deletes_expired_items_as_dynamodb_ttl_does() -> None:
         eventually(
             present, lambda left: left == {"task#alive"}, timeout_s=HANG_S, what="the expired item deleted"
         )
+        # asked of the embedded endpoint's TTL index: no sweep scanned the table
+        calls = httpx.get(f"{stack.endpoint}{CALLS_PATH}").json()
+        assert [operation for operation in calls if operation.endswith(".Scan")] == []
     finally:
         stack.stop()
 
