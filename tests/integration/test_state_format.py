@@ -6,6 +6,7 @@ messages (attributes, receive counts, timers) and objects; a state dir of the re
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import time
@@ -59,6 +60,10 @@ class Endpoint:
 
 @pytest.fixture
 def endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Endpoint]:
+    # The endpoint is the test's own moto server, and the old state dir is made by moto in-process:
+    # an endpoint the environment names (LocalStack's SQS in scripts/localstack-tests) is neither.
+    for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")]:
+        monkeypatch.delenv(name)
     running = Endpoint(tmp_path / "state", monkeypatch)
     yield running
     if running.process is not None:
