@@ -2,7 +2,7 @@
 process, on the events a burst gives them, against the stack's own endpoint and mock LLM: no
 sandbox, no Runtime API, no gateway, no two dozen processes taking turns on the cores.
 
-Run by bench/run.py (cpu_account) as `python bench/handlers_in_process.py CONFIG`, CONFIG a JSON
+Run by bench/workloads/cpu_account.py as `python bench/handlers_in_process.py CONFIG`, CONFIG a JSON
 object: `endpoint`, `tasks`, `environment` (the three functions' variables together, as the
 stack's Lambda API gives them) and `queue_url` (a queue no event source polls, where this
 process's submits go and its worker takes them from). Prints a JSON object: each function's CPU
