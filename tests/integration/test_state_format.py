@@ -273,3 +273,52 @@ def test_a_state_dir_of_the_release_before_is_migrated_at_its_first_start(endpoi
     endpoint.start(patched=True)
     keys = {item["pk"]["S"] for item in endpoint.client("dynamodb").scan(TableName="tasks")["Items"]}
     assert keys == {"old", "new"}
+
+
+def test_a_queue_keeps_its_policy_and_a_fifo_group_in_flight_stays_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")]:
+        monkeypatch.delenv(name)
+    policy = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": "*", "Action": "sqs:SendMessage", "Resource": "*"}
+            ],
+        }
+    )
+    # Given a FIFO queue with a policy and a redrive policy, one of its group's messages in flight
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        dlq = sqs.create_queue(QueueName="dead.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 3})
+        url = sqs.create_queue(
+            QueueName="work.fifo",
+            Attributes={
+                "FifoQueue": "true",
+                "ContentBasedDeduplication": "true",
+                "Policy": policy,
+                "RedrivePolicy": redrive,
+            },
+        )["QueueUrl"]
+        for body in ("first", "second"):
+            sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId="g")
+        taken = sqs.receive_message(QueueUrl=url, VisibilityTimeout=300)["Messages"]
+        assert [message["Body"] for message in taken] == ["first"]
+        saved = state_format.decode(state_format.dump(1, clean=True))
+
+    # When it is loaded into an empty moto
+    with mock_aws():
+        state_format.load(saved)
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.get_queue_url(QueueName="work.fifo")["QueueUrl"]
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+
+        # Then both policies are there, and the group stays held while its first message is in flight
+        assert json.loads(attributes["Policy"]) == json.loads(policy)
+        assert json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 3
+        assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []

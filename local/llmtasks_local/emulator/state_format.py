@@ -21,7 +21,7 @@ put_item, create_queue, create_bucket, put_object...):
   and Messages: MessageId, Body, MessageAttributes, MessageSystemAttributes, MessageGroupId,
   MessageDeduplicationId, SequenceNumber, SenderId, SentTimestamp,
   ApproximateReceiveCount, ApproximateFirstReceiveTimestamp (epoch ms), ReceiptHandles (each
-  one a receive gave, the current last), VisibleAt and DelayedUntil (epoch seconds, 0: now).
+  one a receive gave, the current last), VisibleAt and DelayedUntil (epoch milliseconds, 0: now).
 - BUCKET: Name, Region, and Objects: Key, Body (base64), Metadata (the object's headers:
   Content-Type, x-amz-meta-*...), LastModified. A bucket's configuration (lifecycle) is the
   template's, applied again at each start; an unfinished multipart upload is not kept (the
@@ -236,12 +236,19 @@ def load(state: dict[str, Any]) -> tuple[int, bool]:
             backend.create_queue(queue["QueueName"], tags=queue["Tags"] or None, **attributes)
         for queue in place["queues"]:
             if "RedrivePolicy" in queue["Attributes"]:
-                backend.set_queue_attributes(
-                    queue["QueueName"], {"RedrivePolicy": queue["Attributes"]["RedrivePolicy"]}
-                )
+                # moto's SetQueueAttributes resets a Policy it is not given: it goes along
+                again = {
+                    name: queue["Attributes"][name]
+                    for name in ("RedrivePolicy", "Policy")
+                    if name in queue["Attributes"]
+                }
+                backend.set_queue_attributes(queue["QueueName"], again)
             live = backend.queues[queue["QueueName"]]
             for message in queue["Messages"]:
-                live.add_message(message_from(message))
+                restored = message_from(message)
+                live.add_message(restored)
+                if restored.approximate_receive_count and not restored.visible:
+                    live.pending_messages.add(restored)  # in flight: its FIFO group stays held
     for place in state.get("s3", []):
         backend = moto_backends.backends("s3")[place["account"]][place["region"]]
         for bucket in place["buckets"]:
