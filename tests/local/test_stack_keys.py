@@ -4,6 +4,7 @@ run rather than made anew."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ import pytest
 from moto import mock_aws
 
 from llmtasks.ops.keys import Keys
-from llmtasks_local.emulator.stack_keys import KEYS_TABLE, StackKeys
+from llmtasks_local.emulator.stack_keys import CONSOLE_KEYS, KEYS_TABLE, StackKeys
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +63,22 @@ def test_no_keys_under_no_auth(functions: dict[str, Any], tmp_path: Path) -> Non
 
     assert (keys.dev_key(), keys.of_tenant("acme")) == (None, None)
     assert names() == []
+
+
+def test_a_key_file_cut_short_is_made_again_and_another_endpoints_table_keeps_none(
+    functions: dict[str, Any], tmp_path: Path
+) -> None:
+    (tmp_path / CONSOLE_KEYS).write_text('{"acme": "lt_cut')  # a crash in the middle of a write
+
+    keys = StackKeys(functions, auth=True, state_dir=tmp_path)
+    acme = keys.of_tenant("acme")
+
+    assert acme is not None
+    assert acme.startswith("lt_")
+    assert acme != "lt_cut"
+    assert json.loads((tmp_path / CONSOLE_KEYS).read_text()) == {"acme": acme}
+    # An endpoint of your own keeps (or not) its keys table: its console keys are not kept here
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    StackKeys(functions, auth=True, state_dir=elsewhere, keeps_table=False).of_tenant("acme")
+    assert not (elsewhere / CONSOLE_KEYS).exists()

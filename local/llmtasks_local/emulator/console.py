@@ -102,10 +102,12 @@ class Console:
         try:
             body = reply.json()
         except ValueError:
+            body = None
+        if not isinstance(body, dict):
             body = {}
         if reply.status_code != 202:
             return {"message": body.get("detail") or body.get("title") or reply.text}, reply.status_code
-        return {"batch_id": body["batch_id"], "status": body["status"], "retries": body["retries"]}, 202
+        return {name: body.get(name) for name in ("batch_id", "status", "retries")}, 202
 
     def _is_token(self, given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())

@@ -217,7 +217,12 @@ class LocalStack:
         # Each function's sandboxes get its own Environment (local/sandbox.py), on top of this
         # process's: the endpoint and credentials set above, and what the stack was started with.
         self.functions = template.functions(resources.refs, resources.attributes)
-        keys = StackKeys(self.functions, auth=self.options.auth, state_dir=self.options.state_dir)
+        keys = StackKeys(
+            self.functions,
+            auth=self.options.auth,
+            state_dir=self.options.state_dir,
+            keeps_table=self._keeps_endpoint_state,
+        )
         self.dev_key = keys.dev_key()
         streams, sqs = boto3.client("dynamodbstreams"), boto3.client("sqs")
         lag_alarm = template.parameters.get("StreamLagAlarmSeconds")
@@ -396,11 +401,13 @@ class LocalStack:
         )
         for runtime in runtimes:
             runtime.close()  # the sandboxes end; an invocation still running is cut short
-        if self._children:
-            self._keep_state(cut_short)
-        for child in self._children:
-            stop(child)
-        self._children.clear()
+        try:
+            if self._children:
+                self._keep_state(cut_short)
+        finally:  # a snapshot that failed says so, and stops no less: the journal still holds it all
+            for child in self._children:
+                stop(child)
+            self._children.clear()
 
     def _activity(self, kind: type[ActivityKind], service_url: str) -> ActivityKind | None:
         """What the embedded endpoint says of a service's activity (its streams' records, its

@@ -6,6 +6,7 @@ uses them again instead of making more."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Mapping
@@ -25,17 +26,27 @@ class StackKeys:
     """None for every key under `--no-auth` (the gateway names the tenant), or when no function
     has a keys table."""
 
-    def __init__(self, functions: Mapping[str, FunctionSpec], *, auth: bool, state_dir: Path | None) -> None:
+    def __init__(
+        self,
+        functions: Mapping[str, FunctionSpec],
+        *,
+        auth: bool,
+        state_dir: Path | None,
+        keeps_table: bool = True,  # whether the state dir keeps the keys table too (not another endpoint's)
+    ) -> None:
         table = next(
             (spec.environment[KEYS_TABLE] for spec in functions.values() if KEYS_TABLE in spec.environment),
             None,
         )
         self._keys = Keys(table, boto3.client("dynamodb")) if table and auth else None
         self._kept = None if state_dir is None else state_dir / DEV_KEY
-        self._kept_by_tenant = None if state_dir is None else state_dir / CONSOLE_KEYS
+        self._kept_by_tenant = None if state_dir is None or not keeps_table else state_dir / CONSOLE_KEYS
         self._by_tenant: dict[str, str] = {}
         if self._keys is not None and self._kept_by_tenant is not None and self._kept_by_tenant.exists():
-            self._by_tenant = json.loads(self._kept_by_tenant.read_text())
+            with contextlib.suppress(ValueError):  # cut short by a crash: the keys are made again
+                kept = json.loads(self._kept_by_tenant.read_text())
+                if isinstance(kept, dict):
+                    self._by_tenant = {str(tenant): str(key) for tenant, key in kept.items()}
         self._lock = threading.Lock()
 
     def dev_key(self) -> str | None:
@@ -58,6 +69,8 @@ class StackKeys:
         with self._lock:
             if tenant not in self._by_tenant:
                 self._by_tenant[tenant] = self._keys.create(tenant, name="llmtasks console")[0]
-                if self._kept_by_tenant is not None:
-                    self._kept_by_tenant.write_text(json.dumps(self._by_tenant))
+                if self._kept_by_tenant is not None:  # whole or not at all, as a crash may come
+                    written = self._kept_by_tenant.with_suffix(".tmp")
+                    written.write_text(json.dumps(self._by_tenant))
+                    written.replace(self._kept_by_tenant)
             return self._by_tenant[tenant]
