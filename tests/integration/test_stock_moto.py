@@ -4,6 +4,7 @@ conditional writes still atomic."""
 
 from __future__ import annotations
 
+import http.client
 import signal
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from llmtasks_local import moto_patches
 from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
 from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
 from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable, expired_on
+from llmtasks_local.moto_patches import serving
 from tests.helpers import local_client
 
 pytestmark = pytest.mark.integration
@@ -269,3 +271,23 @@ def test_stock_moto_s_ttl_sweep_scans_for_the_expired_items(stock_endpoint: str)
     assert sweeper.sweep() == 1
     assert scans == ["Scan"]
     assert [item["pk"]["S"] for item in dynamodb.scan(TableName="tasks")["Items"]] == ["new"]
+
+
+def test_another_werkzeug_keeps_moto_s_own_request_loop_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the pinned moto, and a werkzeug other than the one the request loop's patches know
+    monkeypatch.delenv(moto_patches.SWITCH, raising=False)
+    monkeypatch.setitem(serving.CHECKED_WITH, "werkzeug", "0.0.1")
+    parse_headers = http.client.parse_headers
+
+    # When the request loop's patches are installed
+    serving.install()
+
+    # Then none is (http.client's is the standard library's) and one line says why
+    assert http.client.parse_headers is parse_headers
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1
+    assert "werkzeug" in said[0]
+    assert "checked with 0.0.1" in said[0]
+    assert said[0].endswith("slower, never wrong")

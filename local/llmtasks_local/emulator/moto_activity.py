@@ -166,7 +166,8 @@ class ReceivableQueues:
 class ExpiredItems:
     """The keys of a TTL table's expired items, from the index moto_patches.ttl_index keeps as
     items are written: a sweep reads what has expired, not the table. 404 when the table is not
-    there, 409 when `attribute` is not its enabled TTL attribute (the sweep then scans)."""
+    there, 409 when `attribute` is not its enabled TTL attribute (as DynamoDB, the sweep then
+    deletes nothing by it)."""
 
     @staticmethod
     def answer(environ: dict[str, Any], start_response: Any) -> list[bytes]:

@@ -288,6 +288,7 @@ class _Activity:
                 body = reply.read()
                 if reply.status != 200:
                     self._take(None)
+                    connection.close()
                     return  # not the embedded endpoint: the pollers read as Lambda does
                 self._take(json.loads(body))
             except (OSError, http.client.HTTPException, ValueError, KeyError):
@@ -300,7 +301,7 @@ class _Activity:
 
 class StreamActivity(_Activity):
     """How many records each table's stream has taken, as the embedded endpoint counts them
-    (moto_server.StreamRecords): a stream poller whose last read found nothing reads again once
+    (moto_activity.StreamRecords): a stream poller whose last read found nothing reads again once
     its table's count has moved, instead of four empty reads a second."""
 
     PATH = STREAM_RECORDS_PATH
@@ -326,7 +327,7 @@ class StreamActivity(_Activity):
 
 class QueueActivity(_Activity):
     """Which queues hold a message a receive would take now, as the embedded endpoint sees them
-    (moto_server.ReceivableQueues): a quiet SQS poller receives once its queue is among them,
+    (moto_activity.ReceivableQueues): a quiet SQS poller receives once its queue is among them,
     instead of a receive a second for nothing."""
 
     PATH = RECEIVABLE_QUEUES_PATH

@@ -33,7 +33,7 @@ class StackOptions:
     grace_s: float = 30.0
     ttl_sweep_s: float = DEFAULT_SWEEP_S  # how often expired items are deleted (DynamoDB TTL)
     # SAM CLI's --warm-containers: "eager" starts a sandbox of every function before the stack is
-    # Ready (`_warm_up`); "lazy" starts each at its first invocation.
+    # Ready (`LambdaFunctions.warm_up`); "lazy" starts each at its first invocation.
     warm_containers: Literal["eager", "lazy"] = "lazy"
     # The Lambda API's own port (`sam local start-lambda`'s convention); None: a free one, which
     # Lambda calls reach through the embedded AWS endpoint.

@@ -47,7 +47,7 @@ EXPIRED_PAGE = 1000  # keys asked for at once (moto_patches.ttl_index.MAX_KEYS)
 
 def expired_on(endpoint_url: str, region: str) -> ExpiredKeys:
     """What the embedded endpoint answers at moto_activity.TTL_EXPIRED_PATH: None when it does
-    not know the path (stock moto) or the table's TTL."""
+    not know the path (stock moto) or the table (404)."""
     address = urlsplit(endpoint_url)
 
     def expired(table: TtlTable, now: int) -> list[dict[str, Any]] | None:
@@ -59,8 +59,10 @@ def expired_on(endpoint_url: str, region: str) -> ExpiredKeys:
             body = reply.read()
         finally:
             connection.close()
+        if reply.status == 404:
+            return None  # stock moto, or a table it does not index: the sweep scans
         if reply.status != 200:
-            return None
+            return []  # nothing this round rather than a scan of the whole table; the next asks again
         keys: list[dict[str, Any]] = json.loads(body)["keys"]
         return keys
 

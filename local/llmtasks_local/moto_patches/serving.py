@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import email.parser
 import http.client
+import importlib.metadata
 import io
 import re
+import sys
 import traceback
 from typing import Any
 
@@ -272,9 +274,28 @@ def _dispatch_json_rpc_directly() -> None:
     DomainDispatcherApplication.__call__ = dispatch  # type: ignore[method-assign]
 
 
+# The versions of the other libraries whose private code these patches replace, as checked.
+CHECKED_WITH = {"werkzeug": "3.1.9", "flask": "3.1.3"}
+
+
+def refusal() -> str | None:
+    """Why the request loop's patches are not installed beside moto's, or None when they may be."""
+    for package, checked in CHECKED_WITH.items():
+        found = importlib.metadata.version(package)
+        if found != checked:
+            return f"{package} {found} found, the request loop's patches were checked with {checked}"
+    if not hasattr(http.client, "_read_headers"):
+        return "this Python's http.client has no _read_headers"
+    return None
+
+
 def install() -> None:
     """Every patch of the server's request loop; in the moto server's process, before it serves."""
     if not moto_patches.enabled():  # not the moto version it was written for
+        return
+    reason = refusal()
+    if reason is not None:  # moto's own request loop: slower, the same replies
+        print(f"request loop patches off ({reason}): slower, never wrong", file=sys.stderr, flush=True)
         return
     _install_backend_cache()
     _serve_lightly()
