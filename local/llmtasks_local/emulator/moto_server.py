@@ -228,26 +228,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _install_patches() -> None:
-    """moto_patches.install()'s order, with the journal between: it records the atomic writes
-    (so replays take the same locks), and the fair queue's bookkeeping wraps what it journals."""
+    """moto_patches.install(), with the journal beneath the fair queue's bookkeeping (which wraps
+    what it journals), and the server's request loop."""
+    from llmtasks_local import moto_patches
     from llmtasks_local.emulator import moto_state
-    from llmtasks_local.moto_patches import (
-        atomic,
-        fair_queues,
-        fast_paths,
-        queue_index,
-        redrive,
-        serving,
-        ttl_index,
-    )
+    from llmtasks_local.moto_patches import serving
 
-    redrive.install()
-    atomic.install()
-    queue_index.install()  # beneath what the journal and the fair queue's clock wrap
-    ttl_index.install()  # before the journal: a replay keeps the TTL index as a write does
-    moto_state.install()
-    fair_queues.install()
-    fast_paths.install()
+    moto_patches.install(beneath_fair_queues=moto_state.install)
     serving.install()
 
 

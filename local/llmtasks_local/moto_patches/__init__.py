@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 # The moto version every patch here (and the journal's hooks, emulator/moto_state.py) was
 # written for and tested with; local/pyproject.toml pins the same.
@@ -69,9 +70,11 @@ def enabled() -> bool:
     return reason is None
 
 
-def install() -> bool:
+def install(beneath_fair_queues: Callable[[], None] | None = None) -> bool:
     """Every patch, in the order they build on each other, when enabled(); idempotent, before
-    moto serves. Returns whether they are installed."""
+    moto serves. Returns whether they are installed. `beneath_fair_queues` goes in after the
+    writes and indexes and before the fair queue's bookkeeping (the moto server's journal: it
+    records the atomic writes, so replays take the same locks and keep the indexes)."""
     if not enabled():
         return False
     from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive, ttl_index
@@ -80,6 +83,8 @@ def install() -> bool:
     atomic.install()
     queue_index.install()
     ttl_index.install()
+    if beneath_fair_queues is not None:
+        beneath_fair_queues()
     fair_queues.install()
     fast_paths.install()
     return True
