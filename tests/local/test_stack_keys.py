@@ -82,3 +82,16 @@ def test_a_key_file_cut_short_is_made_again_and_another_endpoints_table_keeps_no
     elsewhere.mkdir()
     StackKeys(functions, auth=True, state_dir=elsewhere, keeps_table=False).of_tenant("acme")
     assert not (elsewhere / CONSOLE_KEYS).exists()
+
+
+def test_a_key_the_api_refused_is_made_anew_and_kept_in_its_place(
+    functions: dict[str, Any], tmp_path: Path
+) -> None:
+    keys = StackKeys(functions, auth=True, state_dir=tmp_path)
+    refused = keys.of_tenant("acme")
+
+    renewed = keys.of_tenant("acme", renew=True)
+
+    assert renewed not in (None, refused)
+    assert keys.of_tenant("acme") == renewed
+    assert StackKeys(functions, auth=True, state_dir=tmp_path).of_tenant("acme") == renewed

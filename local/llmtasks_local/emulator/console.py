@@ -55,13 +55,13 @@ class Console:
         *,
         cloudwatch: CloudWatchClient | None = None,
         api_url: str | None = None,
-        key_of: Callable[[str], str | None] = lambda _tenant: None,
+        key_of: Callable[[str, bool], str | None] = lambda _tenant, _renew: None,
         token: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._token = token
         self._api_url = api_url  # the Retry button's: the stack's HTTP API (None: no Retry)
-        self._key_of = key_of  # a tenant's API key for it (None: the API takes no key)
+        self._key_of = key_of  # a tenant's API key for it, a new one if asked (None: the API takes no key)
         self._dynamodb = dynamodb
         self._sqs = sqs
         self._deployment = deployment
@@ -89,14 +89,10 @@ class Console:
         tenant = batch_tenant(self._dynamodb, self._deployment.tasks_table, batch_id)
         if tenant is None:
             return {"message": f"No batch '{batch_id[:64]}' (unknown or expired)."}, 404
-        key = self._key_of(tenant)
         try:
-            reply = httpx.post(
-                f"{self._api_url}/batches/{batch_id}/retry",
-                json={},
-                headers={"Authorization": f"Bearer {key}"} if key else {},
-                timeout=RETRY_TIMEOUT_S,
-            )
+            reply = self._retry_as(tenant, batch_id, renew=False)
+            if reply.status_code in (401, 403):  # its key revoked, or its table reset: a new one
+                reply = self._retry_as(tenant, batch_id, renew=True)
         except httpx.HTTPError as failure:
             return {"message": f"The API did not answer: {type(failure).__name__}: {failure}"}, 502
         try:
@@ -108,6 +104,15 @@ class Console:
         if reply.status_code != 202:
             return {"message": body.get("detail") or body.get("title") or reply.text}, reply.status_code
         return {name: body.get(name) for name in ("batch_id", "status", "retries")}, 202
+
+    def _retry_as(self, tenant: str, batch_id: str, *, renew: bool) -> httpx.Response:
+        key = self._key_of(tenant, renew)
+        return httpx.post(
+            f"{self._api_url}/batches/{batch_id}/retry",
+            json={},
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            timeout=RETRY_TIMEOUT_S,
+        )
 
     def _is_token(self, given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(str(given).encode(), self._token.encode())

@@ -61,13 +61,14 @@ class StackKeys:
             self._kept.write_text(key)
         return key
 
-    def of_tenant(self, tenant: str) -> str | None:
+    def of_tenant(self, tenant: str, renew: bool = False) -> str | None:
         """A key of `tenant` for the console's calls to the API, made at its first call and kept
-        for the run (with a state dir, for the next runs too)."""
+        for the run (with a state dir, for the next runs too); `renew` makes a new one, as when the
+        API refused the one kept."""
         if self._keys is None:
             return None
         with self._lock:
-            if tenant not in self._by_tenant:
+            if renew or tenant not in self._by_tenant:
                 self._by_tenant[tenant] = self._keys.create(tenant, name="llmtasks console")[0]
                 if self._kept_by_tenant is not None:  # whole or not at all, as a crash may come
                     written = self._kept_by_tenant.with_suffix(".tmp")
