@@ -59,11 +59,15 @@ class Endpoint:
 
 
 @pytest.fixture
-def endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Endpoint]:
-    # The endpoint is the test's own moto server, and the old state dir is made by moto in-process:
-    # an endpoint the environment names (LocalStack's SQS in scripts/localstack-tests) is neither.
+def in_process_moto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto in-process answers every call: an endpoint the environment names (LocalStack's SQS in
+    scripts/localstack-tests) would take the calls meant for it."""
     for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")]:
         monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process_moto: None) -> Iterator[Endpoint]:
     running = Endpoint(tmp_path / "state", monkeypatch)
     yield running
     if running.process is not None:
@@ -275,11 +279,8 @@ def test_a_state_dir_of_the_release_before_is_migrated_at_its_first_start(endpoi
     assert keys == {"old", "new"}
 
 
-def test_a_queue_keeps_its_policy_and_a_fifo_group_in_flight_stays_held(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")]:
-        monkeypatch.delenv(name)
+@pytest.mark.usefixtures("in_process_moto")
+def test_a_queue_keeps_its_policy_and_a_fifo_group_in_flight_stays_held() -> None:
     policy = json.dumps(
         {
             "Version": "2012-10-17",
