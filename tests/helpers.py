@@ -425,3 +425,48 @@ def replay_batch_events(events: list[dict[str, Any]], total: int) -> tuple[dict[
             status_of[item["index"]] = item["status"]
         assert event["counts"] == counts, event
     return counts, status_of
+
+
+def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, Any]]:
+    """Every record of TasksTable's stream so far, from its start, handed through
+    BatchFunction's filter to its handler as Lambda would (so the task counters take them;
+    records seen before come again, as a redelivery does): the records handed. `progress`: the
+    batches' counting (one for tasks of no batch without it)."""
+    from llmtasks.aws.batch_store import BatchStore
+    from llmtasks.aws.task_counts import TaskCounts
+    from llmtasks.services.batch_items import BatchEnds, BatchProgress
+    from llmtasks.services.task_tally import TaskTally
+    from llmtasks_local.sam.events import pattern_matcher, stream_record
+
+    arn = aws.resources.attributes[("TasksTable", "StreamArn")]
+    table = aws.resources.table_names["TasksTable"]
+    records: list[dict[str, Any]] = []
+    for shard in aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
+        iterator = aws.streams.get_shard_iterator(
+            StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while iterator:
+            reply = aws.streams.get_records(ShardIterator=iterator)
+            if not reply["Records"]:
+                break
+            records += [stream_record(dict(r), arn) for r in reply["Records"]]
+            iterator = reply.get("NextShardIterator")
+    matches = pattern_matcher(aws.function("BatchFunction").stream_sources[0].filter_patterns)
+    chosen = [record for record in records if matches(record)]
+    if progress is None:
+        batches = BatchStore(table, aws.dynamodb)
+
+        def no_files(*_: Any) -> None:
+            raise AssertionError("a batch ended: pass its rig's progress")
+
+        ends = BatchEnds(batches, Queue(aws.queue_url("BatchFanoutQueue"), aws.sqs), files=no_files)
+        progress = BatchProgress(batches, ends=ends)
+    function, context = handler("BatchFunction")
+    if chosen:
+        function(
+            {"Records": chosen},
+            context,
+            progress=progress,
+            tally=TaskTally(TaskCounts(table, aws.dynamodb)),
+        )
+    return chosen

@@ -2,8 +2,9 @@
 
 - BatchFanoutQueue: one chunk of a batch's items becomes tasks on BatchTaskQueue, or is
   cancelled.
-- TasksTable's stream (filtered to batch items whose status changed): the batch's counters move,
-  exactly once per change, and the batch ends when every item is terminal. The records of one
+- TasksTable's stream (filtered to tasks' inserts, changes and deletions): the batch's counters
+  move, exactly once per change, and the batch ends when every item is terminal; the counters of
+  every task by status, tenant and priority (aws/task_counts.py) move the same way. The records of one
   invocation are counted together (one transaction per batch, not one per record), so a failure
   returns the whole batch of records; counting is idempotent, so the retry is harmless.
 """
@@ -19,11 +20,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.stream_skips import StreamSkips
-from llmtasks.aws.task_items import task_change
+from llmtasks.aws.task_items import is_task_removal, removed_task, task_change
 from llmtasks.domain.messages import FanoutMessage
+from llmtasks.domain.models import Task
 from llmtasks.observability import logger, tracer
 from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message, read_stream_record
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
+from llmtasks.services.task_tally import TaskTally
 from llmtasks.wiring import batch as wiring
 from llmtasks.wiring.adapters import stream_skips
 
@@ -40,13 +43,20 @@ def lambda_handler(
     progress: BatchProgress | None = None,
     queue: Queue | None = None,
     skips: StreamSkips | None = None,
+    tally: TaskTally | None = None,
 ) -> PartialItemFailureResponse | None:
     if is_stream_event(event):
-        changes = (
-            read_stream_record(record, {"task"}, task_change, lambda: skips or stream_skips())
-            for record in event["Records"]
-        )
-        (progress or wiring.batch_progress()).apply([change for change in changes if change is not None])
+        changes: list[tuple[Task | None, Task]] = []
+        removed: list[tuple[Task | None, Task | None]] = []
+        for record in event["Records"]:
+            if is_task_removal(record):
+                removed.append((removed_task(record), None))
+                continue
+            change = read_stream_record(record, {"task"}, task_change, lambda: skips or stream_skips())
+            if change is not None:
+                changes.append(change)
+        (progress or wiring.batch_progress()).apply(changes)
+        (tally or wiring.task_tally()).apply([*changes, *removed])
         return None
 
     fanout = fanout or wiring.batch_fanout()

@@ -20,6 +20,7 @@ from llmtasks.aws.idempotency import IdempotencyKeys
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.stream_skips import StreamSkips
+from llmtasks.aws.task_counts import TaskCounts
 from llmtasks.aws.task_items import task_change
 from llmtasks.domain.batches import MAX_BATCH_ITEMS, Batch, BatchStatus
 from llmtasks.domain.errors import BatchNotFound, RetryLater
@@ -32,6 +33,7 @@ from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
 from llmtasks.services.batch_outcomes import batch_task_id
 from llmtasks.services.batches import BatchService
+from llmtasks.services.task_tally import TaskTally
 from llmtasks.services.webhooks import WebhookRelay
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
@@ -39,7 +41,15 @@ from llmtasks_local.mock_llm import reply_text
 from llmtasks_local.sam.events import pattern_matcher, stream_record
 from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock
-from tests.helpers import blobs, emf_records, eventually, load_event, replay_batch_events, task_lanes
+from tests.helpers import (
+    blobs,
+    count_tasks,
+    emf_records,
+    eventually,
+    load_event,
+    replay_batch_events,
+    task_lanes,
+)
 from tests.unit.test_api import Api, assert_problem, task_service, webhook_controls
 
 pytestmark = pytest.mark.unit
@@ -76,6 +86,7 @@ class Rig:
             batches=self.service,
             webhooks=webhook_controls(aws, settings),
         )
+        self.handler = handler
         self._batch_fn, self.batch_ctx = handler("BatchFunction")
         self.lanes = task_lanes(settings, aws.sqs)
         # An OpenAI batch's output files, written as it ends, as BatchFunction is wired.
@@ -132,6 +143,7 @@ class Rig:
             progress=self.progress,
             queue=self.fanout_queue,
             skips=StreamSkips(self.settings.tasks_table_name, self.aws.dynamodb),
+            tally=TaskTally(TaskCounts(self.settings.tasks_table_name, self.aws.dynamodb)),
         )
 
     def _sqs_event(self, logical_id: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -272,6 +284,7 @@ def test_a_batch_runs_once_per_item_and_its_counts_match_a_full_count_at_every_s
     results = rig.api.call("GET", f"/batches/{batch_id}/results", query="limit=3")["json"]
     assert [r["result"] for r in results["data"]] == [reply_text(f"item {i}") for i in range(3)]
     # The overview (`llmtasks stats`, the console) shows the batch ended, all ten finished
+    count_tasks(rig.aws, rig.handler, rig.progress)
     [shown] = overview(rig.aws.dynamodb, rig.aws.sqs, local_deployment(rig.aws.sqs), now=time.time())[
         "batches"
     ]

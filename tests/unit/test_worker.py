@@ -34,6 +34,7 @@ from tests.helpers import (
     HANG_S,
     SpanJitter,
     blobs,
+    count_tasks,
     emf_records,
     emf_units,
     eventually,
@@ -1045,7 +1046,7 @@ def test_a_task_s_last_delivery_failing_counts_it_dead_lettered(
 
 
 def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
-    worker: Worker, mock_llm: RunningMock
+    worker: Worker, mock_llm: RunningMock, handler: Any
 ) -> None:
     # One task that fails once and then completes, one that fails for good, one dead-lettered
     mock_llm.configure(rate_500=1.0)
@@ -1062,6 +1063,7 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
         worker.run([redelivered(message, receive)], llm=CrashingLLM())
     later = worker.task(dead).lease_until + 1
     deployment = local_deployment(worker.aws.sqs)
+    count_tasks(worker.aws, handler)  # BatchFunction's counters of tasks, from the stream
 
     view = overview(worker.aws.dynamodb, worker.aws.sqs, deployment, now=later)
 
@@ -1087,7 +1089,7 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
 
 
 def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
-    worker: Worker, mock_llm: RunningMock
+    worker: Worker, mock_llm: RunningMock, handler: Any
 ) -> None:
     # Tenant acme's five tasks and globex's one reach one invocation; the stack caps a tenant at two
     # running calls, and acme's key at one for the task it sent with it
@@ -1113,6 +1115,7 @@ def test_a_tenant_at_its_running_cap_waits_queued_while_other_tenants_run(
     assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
     assert all(before + 5 <= (t.next_attempt_at or 0) <= time.time() + 10 for t in waiting)
     # `llmtasks stats` and the console show who waits
+    count_tasks(worker.aws, handler)
     view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
     assert view["scheduling"]["tenants"] == [{"tenant_id": "acme", "backlog": 3, "in_flight": 0}]
     assert view["scheduling"]["priorities"]["normal"] == {"backlog": 3, "in_flight": 0}

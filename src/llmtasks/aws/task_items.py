@@ -39,6 +39,21 @@ def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:
     return stream_change(record, task_from_item)
 
 
+def is_task_removal(record: Mapping[str, Any]) -> bool:
+    """A REMOVE record of a task's item (its TTL passed, and DynamoDB deleted it)."""
+    images = record.get("dynamodb") or {}
+    return (
+        record.get("eventName") == "REMOVE"
+        and "OldImage" in images
+        and str((images.get("Keys") or {}).get("pk", {}).get("S", "")).startswith("task#")
+    )
+
+
+def removed_task(record: Mapping[str, Any]) -> Task:
+    """The task a REMOVE record deleted (its old image)."""
+    return task_from_item(record["dynamodb"]["OldImage"])
+
+
 def failed_task(exc: ClientError) -> Task | None:
     """The item as it was when a condition failed (ReturnValuesOnConditionCheckFailure=ALL_OLD)."""
     item: Mapping[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]

@@ -346,13 +346,14 @@ class BatchProgress:
         self._sleep = sleep  # the back-off after a transaction conflict
 
     def apply(self, changes: list[tuple[Task | None, Task]]) -> None:
-        """`changes`: (old, new) images in stream order. Items of batches only; a task inserted
-        as anything but pending counts as moving from pending (every item starts counted so).
+        """`changes`: (old, new) images in stream order; tasks of no batch are passed over. An
+        item inserted pending is counted so already (every item starts counted so); one inserted
+        as anything else counts as moving from pending.
         Writes that kept the status count too: their revisions place the others in order."""
         steps: dict[str, dict[str, list[_Step]]] = defaultdict(lambda: defaultdict(list))
         for old, new in changes:
-            if new.batch_id is None:
-                continue
+            if new.batch_id is None or (old is None and new.status is TaskStatus.PENDING):
+                continue  # an item inserted pending is counted so already: its batch starts so
             before = old.status if old is not None else TaskStatus.PENDING
             steps[new.batch_id][new.task_id].append(
                 _Step(before, new.status, new.revision, new.expires_at, new.batch_index or 0, new.custom_id)

@@ -6,13 +6,16 @@ from functools import lru_cache
 
 from llmtasks.api.openai_batch_files import ENDPOINTS, OpenAIBatchFiles, line_parser
 from llmtasks.aws.queues import Queue
+from llmtasks.aws.task_counts import TaskCounts
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
 from llmtasks.services.batch_outcomes import BatchOutcomes
-from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, resources, section
+from llmtasks.services.task_tally import TaskTally
+from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, TasksTable, resources, section
 from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import (
     batch_store,
+    dynamodb,
     key_budgets,
     key_limits,
     result_blobs,
@@ -24,7 +27,7 @@ from llmtasks.wiring.adapters import (
 
 def cold_start() -> None:
     check_configuration(BatchResources, FanoutSettings)
-    build_in_lambda(batch_fanout, batch_progress)
+    build_in_lambda(batch_fanout, batch_progress, task_tally)
 
 
 def batch_fanout_queue() -> Queue:
@@ -63,3 +66,8 @@ def batch_fanout() -> BatchFanout:
 @lru_cache(maxsize=1)
 def batch_progress() -> BatchProgress:
     return BatchProgress(batch_store(), ends=batch_ends())
+
+
+@lru_cache(maxsize=1)
+def task_tally() -> TaskTally:
+    return TaskTally(TaskCounts(resources(TasksTable).tasks_table_name, dynamodb()))
