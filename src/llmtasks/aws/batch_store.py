@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.dynamo import (
+    batch_get,
     deserialize,
+    dynamodb_errors,
     from_json_text,
     is_condition_failure,
     json_text,
     numbered_items,
-    scan_by_prefix,
     serialize,
     stream_change,
     updated_if,
@@ -97,9 +98,12 @@ def _batch_of(fields: dict[str, Any]) -> Batch:
     return Batch.model_validate(fields)
 
 
-def scan_batches(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[Batch]:
-    """Up to `limit` batches, with the given fields only (the overview)."""
-    return [_batch_of(item) for item in scan_by_prefix(client, table, "batch#", fields, limit=limit)]
+def batches_by_id(client: DynamoDBClient, table: str, batch_ids: list[str], fields: list[str]) -> list[Batch]:
+    """The batches among these ids (at most a hundred) that exist, with the given fields only
+    (pk among them: the overview)."""
+    with dynamodb_errors("read"):
+        items = batch_get(client, table, [batch_key(batch_id) for batch_id in batch_ids], fields=fields)
+    return [_batch_of(deserialize(item)) for item in items.values()]
 
 
 def change_of(record: Mapping[str, Any]) -> tuple[Task | None, Task] | tuple[Batch | None, Batch]:

@@ -113,28 +113,17 @@ def is_condition_failure(exc: ClientError) -> bool:
     return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
 
 
-def scan_by_prefix(
-    client: DynamoDBClient, table: str, prefix: str, fields: list[str], *, limit: int
-) -> list[dict[str, Any]]:
-    """Up to `limit` items whose key starts with `prefix`, with the given fields only, decoded.
-    Every name goes through a placeholder: several (status, total) are reserved words."""
+def projection(fields: list[str]) -> dict[str, Any]:
+    """A read's ProjectionExpression and ExpressionAttributeNames for these fields (paths with
+    dots). Every name goes through a placeholder: several (status, total) are reserved words."""
     names = sorted({name for path in fields for name in path.split(".")})
     placeholder = {name: f"#n{i}" for i, name in enumerate(names)}
-    projection = ", ".join(".".join(placeholder[name] for name in path.split(".")) for path in fields)
-    items: list[dict[str, Any]] = []
-    pages = client.get_paginator("scan").paginate(
-        TableName=table,
-        FilterExpression="begins_with(pk, :prefix)",
-        ExpressionAttributeValues={":prefix": {"S": prefix}},
-        ProjectionExpression=projection,
-        ExpressionAttributeNames={alias: name for name, alias in placeholder.items()},
-    )
-    with dynamodb_errors("scan"):
-        for page in pages:
-            items += page.get("Items", [])
-            if len(items) >= limit:
-                break
-    return [deserialize(item) for item in items[:limit]]
+    return {
+        "ProjectionExpression": ", ".join(
+            ".".join(placeholder[name] for name in path.split(".")) for path in fields
+        ),
+        "ExpressionAttributeNames": {alias: name for name, alias in placeholder.items()},
+    }
 
 
 def stream_change(record: Mapping[str, Any], decode: Callable[[Mapping[str, Any]], T]) -> tuple[T | None, T]:
@@ -163,18 +152,24 @@ def numbered_items(
 
 
 def batch_get(
-    client: DynamoDBClient, table: str, keys: list[dict[str, AttributeValueTypeDef]]
+    client: DynamoDBClient,
+    table: str,
+    keys: list[dict[str, AttributeValueTypeDef]],
+    *,
+    fields: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The items of up to 100 keys, by pk, read consistently; keys DynamoDB leaves unprocessed
-    (throttling) are asked again, with a backoff."""
+    """The items of up to 100 keys, by pk, read consistently (with `fields`, those only: pk must
+    be one); keys DynamoDB leaves unprocessed (throttling) are asked again, with a backoff."""
     found: dict[str, dict[str, Any]] = {}
     pending: list[Any] = list(keys)
+    projected: Any = projection(fields) if fields else {}
     for attempt in range(BATCH_GET_ATTEMPTS):
         if not pending:
             break
         if attempt:
             time.sleep(0.05 * 2**attempt)
-        reply = client.batch_get_item(RequestItems={table: {"Keys": pending, "ConsistentRead": True}})
+        wanted: Any = {"Keys": pending, "ConsistentRead": True, **projected}
+        reply = client.batch_get_item(RequestItems={table: wanted})
         for item in reply.get("Responses", {}).get(table, []):
             found[str(item["pk"]["S"])] = dict(item)
         unprocessed: Any = reply.get("UnprocessedKeys", {}).get(table) or {}

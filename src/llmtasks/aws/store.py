@@ -27,7 +27,7 @@ from llmtasks.aws.dynamo import (
     json_text,
     serialize,
 )
-from llmtasks.aws.task_items import failed_task, task_from_item, task_key
+from llmtasks.aws.task_items import TENANT_INDEX, failed_task, task_from_item, task_key
 from llmtasks.aws.task_output import TaskOutput
 from llmtasks.aws.tenant_secrets import TenantSecrets
 from llmtasks.aws.usage import UsageCounters
@@ -60,7 +60,6 @@ RETRY_EARLY_S = 1.0
 TRANSACT_GROUP = 100
 TRANSACT_BYTES = 3_000_000
 TRANSACT_ATTEMPTS = 8
-TENANT_INDEX = "by_tenant_with_status"
 # Index entries a listing by status looks through a query at most: a hundred bytes each, so
 # 100 KB of the 1 MB a query may read, and 25 read units (eventually consistent). Its first query
 # looks through twice the page's size (a page of a common status fills from it, as most tasks

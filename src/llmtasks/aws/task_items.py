@@ -1,6 +1,6 @@
 """A task's item in TasksTable: its key (`task#<id>`), a task read back from an item, a write's
-refusal or a stream record, and scans over the task items. The layout lives here; store.py writes
-through it, and the stream's readers (batch counters, webhooks) decode with it."""
+refusal or a stream record, and the newest tasks of some tenants. The layout lives here; store.py
+writes through it, and the stream's readers (batch counters, webhooks) decode with it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from llmtasks.aws.dynamo import deserialize, from_json_text, scan_by_prefix, stream_change
+from llmtasks.aws.dynamo import (
+    BATCH_GET_KEYS,
+    batch_get,
+    deserialize,
+    dynamodb_errors,
+    from_json_text,
+    stream_change,
+)
 from llmtasks.domain.models import Task
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+# A tenant's tasks, newest first (GET /tasks): the keys and each task's status.
+TENANT_INDEX = "by_tenant_with_status"
 
 
 def task_key(task_id: str) -> dict[str, AttributeValueTypeDef]:
@@ -29,9 +39,39 @@ def task_from_item(item: Mapping[str, Any]) -> Task:
     return Task.model_validate(fields)
 
 
-def scan_tasks(client: DynamoDBClient, table: str, fields: list[str], *, limit: int) -> list[dict[str, Any]]:
-    """Up to `limit` task items, with the given fields only (the overview: no prompt, no result)."""
-    return scan_by_prefix(client, table, "task#", fields, limit=limit)
+def newest_tasks(
+    client: DynamoDBClient,
+    table: str,
+    tenant_ids: list[str],
+    fields: list[str],
+    *,
+    per_tenant: int,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The newest `limit` tasks among the newest `per_tenant` of each tenant, newest first, with
+    the given fields only (pk among them): a query of the tenant index each, and the items read
+    by key; never more than len(tenant_ids) * per_tenant index entries and `limit` items."""
+    entries: list[tuple[float, dict[str, Any]]] = []
+    for tenant_id in tenant_ids:
+        with dynamodb_errors("query"):
+            reply = client.query(
+                TableName=table,
+                IndexName=TENANT_INDEX,
+                KeyConditionExpression="tenant_id = :tenant",
+                ExpressionAttributeValues={":tenant": {"S": tenant_id}},
+                ProjectionExpression="pk, created_at",
+                ScanIndexForward=False,
+                Limit=per_tenant,
+            )
+        entries += [(float(entry["created_at"]["N"]), {"pk": entry["pk"]}) for entry in reply["Items"]]
+    entries.sort(key=lambda entry: -entry[0])
+    keys: list[Any] = [key for _, key in entries[:limit]]
+    items: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(keys), BATCH_GET_KEYS):
+        with dynamodb_errors("read"):
+            items |= batch_get(client, table, keys[start : start + BATCH_GET_KEYS], fields=fields)
+    # In the index's order; a task deleted between the query and the read is left out.
+    return [deserialize(items[key["pk"]["S"]]) for key in keys if key["pk"]["S"] in items]
 
 
 def task_change(record: Mapping[str, Any]) -> tuple[Task | None, Task]:

@@ -2,8 +2,12 @@
 the local console (`llmtasks up`, /console) draws it. Both read the tables and queues the
 functions use; there is no second store.
 
-Tasks are read with one Scan of TasksTable (prompts and results left out), up to MAX_ITEMS
-items: cheap on a local stack, a bounded read on a deployed one.
+Every read is bounded, whatever the table holds (never a Scan: one of a big table stalled the
+stack it watched): the counts of tasks by status, tenant and priority are the counters
+BatchFunction keeps from the stream (aws/task_counts.py), one item; the timelines, the latency
+and the dead-lettered tasks come from the newest SAMPLE tasks of the busiest TENANTS tenants
+(their index, newest first, then the items by key, prompts and results left out); the batches
+are the newest of those tasks' batches.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from llmtasks.aws.batch_store import scan_batches
-from llmtasks.aws.task_items import scan_tasks
+from llmtasks.aws.batch_store import batches_by_id
+from llmtasks.aws.task_counts import TaskCounts, TaskCountsView
+from llmtasks.aws.task_items import newest_tasks
 from llmtasks.domain.batches import BatchView
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
 from llmtasks.ops.deployment import STREAM_CONSUMERS
@@ -29,12 +34,13 @@ if TYPE_CHECKING:
 
 HOUR_S = 3600
 BUCKET_S = 300  # the charts' resolution: five minutes
-MAX_ITEMS = 20_000
 RECENT = 25  # tasks shown with their timeline
+SAMPLE = 500  # the newest tasks read: the timelines, the latency, the dead-lettered
+TENANTS = 20  # the busiest tenants, whose newest tasks those are
 HEALTH_S = 900  # the window of the functions' errors and throttles: the alarms' 5 minutes, thrice
 LAG_S = 300  # the window of a stream consumer's lag (its largest IteratorAge)
 BATCHES = 10
-# What the Scan reads of a task: never its prompt, result or webhook URL.
+# What the overview reads of a task: never its prompt, result or webhook URL.
 _TASK_FIELDS = [
     "pk",
     "task_id",
@@ -131,32 +137,50 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
-def scheduling(tasks: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
+def scheduling(counts: TaskCountsView) -> dict[str, Any]:
     """What waits (backlog: pending) and what runs (in flight: processing), per tenant (the
     busiest first) and per priority."""
-    tenants: dict[str, Counter[str]] = {}
-    priorities: dict[str, Counter[str]] = {p: Counter() for p in ("high", "normal", "low")}
-    for task, status in zip(tasks, statuses, strict=True):
-        column = {TaskStatus.PENDING.value: "backlog", TaskStatus.PROCESSING.value: "in_flight"}.get(status)
-        if column is None:
-            continue
-        tenants.setdefault(str(task.get("tenant_id")), Counter())[column] += 1
-        priorities.setdefault(str(task.get("priority") or "normal"), Counter())[column] += 1
 
-    def row(counts: Counter[str]) -> dict[str, int]:
-        return {"backlog": counts["backlog"], "in_flight": counts["in_flight"]}
+    def row(statuses: dict[str, int]) -> dict[str, int]:
+        return {
+            "backlog": statuses.get(TaskStatus.PENDING.value, 0),
+            "in_flight": statuses.get(TaskStatus.PROCESSING.value, 0),
+        }
 
-    busiest = sorted(tenants.items(), key=lambda pair: (-sum(pair[1].values()), pair[0]))
+    tenants = [(tenant, row(statuses)) for tenant, statuses in counts.by_tenant.items()]
+    busiest = sorted(
+        ((tenant, r) for tenant, r in tenants if r["backlog"] or r["in_flight"]),
+        key=lambda pair: (-sum(pair[1].values()), pair[0]),
+    )
+    priorities = {p: {"backlog": 0, "in_flight": 0} for p in ("high", "normal", "low")}
+    priorities |= {priority: row(statuses) for priority, statuses in counts.by_priority.items()}
     return {
-        "tenants": [{"tenant_id": tenant, **row(counts)} for tenant, counts in busiest],
-        "priorities": {priority: row(counts) for priority, counts in priorities.items()},
+        "tenants": [{"tenant_id": tenant, **r} for tenant, r in busiest],
+        "priorities": priorities,
     }
+
+
+def busiest_tenants(counts: TaskCountsView, n: int) -> list[str]:
+    """The `n` tenants with the most tasks waiting or running, then the most tasks."""
+
+    def weight(tenant: str) -> tuple[int, int, str]:
+        statuses = counts.by_tenant[tenant]
+        active = statuses.get(TaskStatus.PENDING.value, 0) + statuses.get(TaskStatus.PROCESSING.value, 0)
+        return (-active, -sum(statuses.values()), tenant)
+
+    return sorted(counts.by_tenant, key=weight)[:n]
 
 
 def llm_time(task: dict[str, Any]) -> float:
     """The time its attempts took, each from its claim to its end (the LLM's call, mostly),
     without the waits between them."""
     return float(sum(entry["ended_at"] - entry["started_at"] for entry in task.get("attempt_log") or []))
+
+
+def read_bound() -> int:
+    """The most items one overview reads: the counters' item, the index entries of the busiest
+    tenants' newest tasks, the newest of those tasks, their newest batches."""
+    return 1 + max(TENANTS * RECENT, SAMPLE) + SAMPLE + 2 * BATCHES
 
 
 def overview(
@@ -167,16 +191,27 @@ def overview(
     now: float,
     cloudwatch: CloudWatchClient | None = None,
 ) -> dict[str, Any]:
-    """Tasks by status; queue wait, LLM time (the attempts' own durations) and end-to-end time
-    over the last hour, as percentiles and per five minutes; the newest
-    tasks with their timelines; queue and DLQ depths; backlog and in flight per tenant and per
-    priority; the newest batches with their counts; with `cloudwatch`, each function's health
-    (`function_health`). The console and `llmtasks stats` show this one view."""
-    scanned = scan_tasks(dynamodb, deployment.tasks_table, _TASK_FIELDS, limit=MAX_ITEMS)
-    tasks = [task for task in scanned if task["expires_at"] > now]
+    """Tasks by status (dead-lettered ones among the newest told apart from the others in
+    processing); queue wait, LLM time (the attempts' own durations) and end-to-end time of the
+    newest tasks over the last hour, as percentiles and per five minutes; the newest tasks with
+    their timelines; queue and DLQ depths; backlog and in flight per tenant and per priority;
+    the newest batches with their counts; with `cloudwatch`, each function's health
+    (`function_health`). The console and `llmtasks stats` show this one view. It reads at most
+    one counter item, `read_bound()` items in all, whatever the table holds."""
+    counts = TaskCounts(deployment.tasks_table, dynamodb).read()
+    tenants = busiest_tenants(counts, TENANTS)
+    # Each tenant's newest RECENT at least, so the newest RECENT of all are among them.
+    per_tenant = max(RECENT, SAMPLE // max(1, len(tenants)))
+    sampled = newest_tasks(
+        dynamodb, deployment.tasks_table, tenants, _TASK_FIELDS, per_tenant=per_tenant, limit=SAMPLE
+    )
+    tasks = [task for task in sampled if task["expires_at"] > now]
     statuses = [_status(task, now) for task in tasks]
     by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus} | {DEAD_LETTERED: 0})
-    by_status.update(statuses)
+    by_status.update(counts.by_status)
+    dead = statuses.count(DEAD_LETTERED)
+    by_status[DEAD_LETTERED] += dead
+    by_status[TaskStatus.PROCESSING.value] -= dead
     since = now - HOUR_S
     buckets = int(HOUR_S / BUCKET_S)
     measured: dict[str, list[list[float]]] = {
@@ -199,8 +234,9 @@ def overview(
         {"at": since + i * BUCKET_S, **{name: percentiles(rows[i]) for name, rows in measured.items()}}
         for i in range(buckets)
     ]
-    newest = sorted(zip(tasks, statuses, strict=True), key=lambda pair: -pair[0]["created_at"])[:RECENT]
-    stored = scan_batches(dynamodb, deployment.tasks_table, _BATCH_FIELDS, limit=MAX_ITEMS)
+    newest = list(zip(tasks, statuses, strict=True))[:RECENT]
+    batch_ids = list(dict.fromkeys(task["batch_id"] for task in tasks if task.get("batch_id")))
+    stored = batches_by_id(dynamodb, deployment.tasks_table, batch_ids[: BATCHES * 2], _BATCH_FIELDS)
     newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
     views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
     batches = [
@@ -209,12 +245,16 @@ def overview(
     ]
     view = {
         "generated_at": now,
-        "tasks": {"by_status": dict(by_status), "total": len(tasks), "read_at_most": MAX_ITEMS},
+        "tasks": {
+            "by_status": dict(by_status),
+            "total": sum(counts.by_status.values()),
+            "sampled": len(tasks),
+        },
         "latency": latency,
         "series": series,
         "recent": [_timeline(task, status) for task, status in newest],
         "queues": queue_depths(sqs, deployment),
-        "scheduling": scheduling(tasks, statuses),
+        "scheduling": scheduling(counts),
         "batches": batches,
     }
     if cloudwatch is not None:

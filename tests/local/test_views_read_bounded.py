@@ -1,0 +1,147 @@
+"""The views of a deployment (the console's routes, `llmtasks stats`, `llmtasks dlq list`) read
+a bounded amount whatever TasksTable holds, and never Scan it: counted here, call by call, on a
+table of 20,000 tasks (issue 78: a Scan of one stalled the batch it watched for 15 minutes)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from botocore.client import BaseClient
+from click.testing import CliRunner
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.dynamodb.models import dynamodb_backends
+
+from llmtasks.aws.store import TaskStore
+from llmtasks.aws.task_counts import COUNTS_PK
+from llmtasks_local.cli import ops as cli_ops
+from llmtasks_local.cli.options import Target
+from llmtasks_local.emulator.console import Console
+from llmtasks_local.ops.deadletters import DeadLetters
+from llmtasks_local.ops.deployment import Deployment
+from llmtasks_local.ops.stats import overview, read_bound
+from tests.conftest import Aws
+
+pytestmark = pytest.mark.unit
+TASKS = 20_000
+TENANTS = 11  # under the overview's TENANTS: the newest tasks of all are among those it reads
+STATUSES = ("completed", "completed", "completed", "failed", "pending", "processing")
+
+
+@dataclass
+class Calls:
+    """Every AWS call made in the test's process: its operation and table, and the items (or
+    index entries) its reply held."""
+
+    made: list[tuple[str, str | None, int]] = field(default_factory=list)
+
+    def items_read(self) -> int:
+        return sum(items for _, _, items in self.made)
+
+    def operations(self) -> set[tuple[str, str | None]]:
+        return {(operation, table) for operation, table, _ in self.made}
+
+
+def _items(operation: str, reply: dict[str, Any]) -> int:
+    if operation in ("Query", "Scan"):
+        return len(reply.get("Items", []))
+    if operation == "GetItem":
+        return 1 if reply.get("Item") else 0
+    if operation == "BatchGetItem":
+        return sum(len(items) for items in reply.get("Responses", {}).values())
+    return 0
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    recorded = Calls()
+    make_api_call = BaseClient._make_api_call
+
+    def recording(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        reply = make_api_call(client, operation, params)
+        table = params.get("TableName") or next(iter(params.get("RequestItems") or {}), None)
+        recorded.made.append((operation, table, _items(operation, reply)))
+        return reply
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", recording)
+    return recorded
+
+
+@pytest.fixture
+def crowded(aws: Aws) -> str:
+    """TasksTable with TASKS tasks of TENANTS tenants in it, and the counters BatchFunction
+    would have made of them, written straight to moto's backend (through the API it took
+    minutes): the table's name."""
+    table = aws.resources.table_names["TasksTable"]
+    backend = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
+    now = time.time()
+    counters: dict[str, int] = {}
+    for i in range(TASKS):
+        tenant, status = f"tenant-{i % TENANTS}", STATUSES[i % len(STATUSES)]
+        backend.put_item(
+            table,
+            {
+                "pk": {"S": f"task#t{i}"},
+                "task_id": {"S": f"t{i}"},
+                "tenant_id": {"S": tenant},
+                "status": {"S": status},
+                "priority": {"S": "normal"},
+                "created_at": {"N": str(now - TASKS + i)},
+                "expires_at": {"N": str(int(now) + 3600)},
+                "request": {"M": {"prompt": {"S": "p"}, "model": {"S": "m"}}},
+                "batch_id": {"S": f"b{i % 7}"},
+            },
+        )
+        for name in (f"status|{status}", f"tenant|{tenant}|{status}", f"priority|normal|{status}"):
+            counters[name] = counters.get(name, 0) + 1
+    backend.put_item(table, {"pk": {"S": COUNTS_PK}, **{k: {"N": str(v)} for k, v in counters.items()}})
+    return table
+
+
+def test_one_overview_of_20000_tasks_reads_a_fixed_number_of_items_and_scans_nothing(
+    aws: Aws, crowded: str, calls: Calls
+) -> None:
+    view = overview(aws.dynamodb, aws.sqs, Deployment.local(aws.sqs), now=time.time())
+
+    assert calls.items_read() <= read_bound() < TASKS // 10
+    assert not [call for call in calls.made if call[0] == "Scan"]
+    # The counts are the whole table's; the newest tasks are the newest of all
+    assert view["tasks"]["total"] == TASKS
+    completed = sum(STATUSES[i % len(STATUSES)] == "completed" for i in range(TASKS))
+    assert view["tasks"]["by_status"]["completed"] == completed
+    assert len(view["scheduling"]["tenants"]) == TENANTS
+    assert [task["task_id"] for task in view["recent"][:3]] == [
+        f"t{TASKS - 1}",
+        f"t{TASKS - 2}",
+        f"t{TASKS - 3}",
+    ]
+
+
+def test_no_view_of_the_console_or_the_cli_scans_the_tasks_table(
+    aws: Aws, crowded: str, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    deployment = Deployment.local(aws.sqs)
+    cloudwatch = boto3.client("cloudwatch")
+    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    console = Console(aws.dynamodb, aws.sqs, deployment, letters, cloudwatch=cloudwatch, token="t")
+    target = Target(deployment, aws.sqs, aws.dynamodb, cloudwatch)
+    monkeypatch.setattr(cli_ops, "target_of", lambda *_: target)
+
+    for path in ("/api/overview", "/api/dlq"):
+        body, status = console._answer("GET", path)
+        assert status == 200, body
+    stats = CliRunner().invoke(cli_ops.stats, ["--json"])
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.output)["tasks"]["total"] == TASKS
+    listed = CliRunner().invoke(cli_ops.dlq_list, [])
+    assert listed.exit_code == 0, listed.output
+    assert "tasks DLQ: 0 message(s)" in listed.output
+
+    assert calls.made  # the recorder saw them
+    assert ("Scan", crowded) not in calls.operations()
+    assert not [call for call in calls.made if call[0] == "Scan"]
