@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from botocore.client import BaseClient
+from botocore.exceptions import ClientError
 from click.testing import CliRunner
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.dynamodb.models import dynamodb_backends
 
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.task_counts import COUNTS_PK
+from llmtasks.domain.errors import BackendError
 from llmtasks_local.cli import ops as cli_ops
 from llmtasks_local.cli.options import Target
 from llmtasks_local.emulator.console import Console
@@ -145,3 +147,65 @@ def test_no_view_of_the_console_or_the_cli_scans_the_tasks_table(
     assert calls.made  # the recorder saw them
     assert ("Scan", crowded) not in calls.operations()
     assert not [call for call in calls.made if call[0] == "Scan"]
+
+
+def test_an_overview_out_of_time_answers_with_what_it_read_and_names_the_rest(
+    aws: Aws, crowded: str, calls: Calls
+) -> None:
+    # Given a deadline that passes once the counters are read
+    ticks = iter([0.0, 5.0, 5.0, 5.0, 5.0])
+    view = overview(
+        aws.dynamodb,
+        aws.sqs,
+        Deployment.local(aws.sqs),
+        now=time.time(),
+        deadline=1.0,
+        clock=lambda: next(ticks),
+    )
+    assert view["tasks"]["total"] == TASKS
+    assert (view["recent"], view["batches"], view["queues"]) == ([], [], {})
+    assert view["incomplete"] == {name: "not read: out of time" for name in ("recent", "queues", "batches")}
+    assert [call[0] for call in calls.made if call[1] == crowded] == ["GetItem"]  # the counters alone
+
+
+def test_a_read_the_stack_refuses_leaves_its_part_out_and_says_why(
+    aws: Aws, crowded: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*_: Any, **__: Any) -> Any:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "Query")
+
+    monkeypatch.setattr(aws.dynamodb, "query", refused)
+    view = overview(aws.dynamodb, aws.sqs, Deployment.local(aws.sqs), now=time.time())
+    assert view["incomplete"] == {"recent": "not read: BackendError"}
+    assert view["tasks"]["total"] == TASKS
+    assert view["queues"]
+
+
+def test_the_console_never_stacks_overview_reads_and_says_a_view_is_stale(
+    aws: Aws, crowded: str, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = Deployment.local(aws.sqs)
+    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
+    first, status = console._answer("GET", "/api/overview")
+    assert status == 200
+    assert "stale" not in first
+    # While a read holds the stack (a page's poll still being answered), the next poll waits
+    # OVERVIEW_S at most, then answers with the last view, stale, having read nothing itself
+    console._reading.acquire()
+    try:
+        calls.made.clear()
+        second, status = console._answer("GET", "/api/overview")
+    finally:
+        console._reading.release()
+    assert status == 200
+    assert second == {**first, "stale": True}
+    assert calls.made == []
+
+    # A read the stack refuses is a 503 that says so, not a 500
+    def refused(*_: Any, **__: Any) -> Any:
+        raise BackendError("DynamoDB read failed: timed out")
+
+    monkeypatch.setattr(letters, "letters", refused)
+    body, status = console._answer("GET", "/api/dlq")
+    assert (status, body["message"]) == (503, "The stack did not answer this view: BackendError.")

@@ -6,6 +6,12 @@ dead letters, with a button per queue that redrives it (`llmtasks.ops.deadletter
 AWS endpoint. An ended batch with failed items has a Retry button: the stack's own HTTP API,
 `POST /batches/{id}/retry`, called as the batch's tenant (with a key `key_of` gives).
 
+The overview is read within OVERVIEW_S, one at a time: a poll that finds one being read waits
+for it that long at most, then answers with the last view, marked stale, and starts no read of
+its own; a read's parts not begun in time are left out and named (`incomplete`). So a page
+polling a slow stack never piles reads up in it, and a page closed leaves at most one read to
+end. A read that fails answers 503 with why, never a 500.
+
 It shows every tenant's tasks, so its data needs the token `llmtasks up` prints in the console's
 URL, as Jupyter does: opening /console?token=... keeps it in a cookie for the page (HttpOnly,
 SameSite=Strict, so another site's page cannot use it); a script may send it as a Bearer token.
@@ -14,17 +20,20 @@ SameSite=Strict, so another site's page cannot use it); a script may send it as 
 from __future__ import annotations
 
 import hmac
+import threading
 import time
 from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from botocore.exceptions import BotoCoreError, ClientError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llmtasks.domain.errors import BackendError
 from llmtasks.ops.batches import batch_tenant
 from llmtasks.ops.deadletters import QUEUE_NAMES, DeadLetters
 from llmtasks.ops.stats import overview
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
     from llmtasks.ops.deployment import Deployment
 
 PREFIX = "/console"
+OVERVIEW_S = 1.0  # what an overview may take; the page polls every two seconds
 COOKIE = "llmtasks_console"
 RETRY_TIMEOUT_S = 30.0
 NEEDS_TOKEN = {
@@ -69,11 +79,28 @@ class Console:
         self._cloudwatch = cloudwatch  # the functions' errors, throttles and stream lag, if given
         self._clock = clock
         self._page = resources.files("llmtasks_local.emulator").joinpath("console.html").read_text()
+        self._reading = threading.Lock()  # one overview read at a time
+        self._last: dict[str, Any] | None = None
 
     def overview(self) -> dict[str, Any]:
-        return overview(
-            self._dynamodb, self._sqs, self._deployment, now=self._clock(), cloudwatch=self._cloudwatch
-        )
+        """The overview read now, within OVERVIEW_S; or, while another read runs past that, the
+        last one read, marked stale."""
+        if not self._reading.acquire(timeout=OVERVIEW_S):
+            last = self._last or {"generated_at": None, "incomplete": {}}
+            return {**last, "stale": True}
+        try:
+            view = overview(
+                self._dynamodb,
+                self._sqs,
+                self._deployment,
+                now=self._clock(),
+                cloudwatch=self._cloudwatch,
+                deadline=time.monotonic() + OVERVIEW_S,
+            )
+            self._last = view
+            return view
+        finally:
+            self._reading.release()
 
     def letters(self) -> dict[str, Any]:
         return {
@@ -136,7 +163,14 @@ class Console:
         return JSONResponse(body, status)
 
     def _answer(self, method: str, path: str) -> tuple[Any, int]:
-        """The data routes' JSON and status (the caller holds the token)."""
+        """The data routes' JSON and status (the caller holds the token); a read the stack did
+        not answer is a 503 that says so."""
+        try:
+            return self._route(method, path)
+        except (BackendError, BotoCoreError, ClientError) as error:
+            return {"message": f"The stack did not answer this view: {type(error).__name__}."}, 503
+
+    def _route(self, method: str, path: str) -> tuple[Any, int]:
         if method == "GET" and path == "/api/overview":
             return self.overview(), 200
         if method == "GET" and path == "/api/dlq":

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import boto3
 import uvicorn
+from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from starlette.types import ASGIApp
 
@@ -65,6 +66,7 @@ ActivityKind = TypeVar("ActivityKind", StreamActivity, QueueActivity)
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
 
+CONSOLE_READ_S = 5  # the longest one call of the console's views may take
 NO_AUTH_TENANT = "default"  # every request's tenant under `--no-auth`
 
 
@@ -334,8 +336,11 @@ class LocalStack:
             self._threads.append(stack_state.watch(*kept, self._stop))
 
     def _console(self, cloudwatch: CloudWatchClient, keys: StackKeys) -> Console:
-        """The console, over the AWS endpoint (the operator's tools) and the stack's own API."""
-        sqs, dynamodb = boto3.client("sqs"), boto3.client("dynamodb")
+        """The console, over the AWS endpoint (the operator's tools) and the stack's own API. A
+        view's call that takes longer than CONSOLE_READ_S is cut short, not retried (botocore's
+        60 s, retried, kept a page's Scan going for minutes): the next poll asks again."""
+        quick = Config(connect_timeout=2, read_timeout=CONSOLE_READ_S, retries={"total_max_attempts": 1})
+        sqs, dynamodb = boto3.client("sqs", config=quick), boto3.client("dynamodb", config=quick)
         deployment = local_deployment(sqs)
         return Console(
             dynamodb,

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.batch_store import batches_by_id
 from llmtasks.aws.task_counts import TaskCounts, TaskCountsView
 from llmtasks.aws.task_items import newest_tasks
 from llmtasks.domain.batches import BatchView
+from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
 from llmtasks.ops.deployment import STREAM_CONSUMERS
 
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
 
     from llmtasks.ops.deployment import Deployment
 
+T = TypeVar("T")
 HOUR_S = 3600
 BUCKET_S = 300  # the charts' resolution: five minutes
 RECENT = 25  # tasks shown with their timeline
@@ -183,6 +189,32 @@ def read_bound() -> int:
     return 1 + max(TENANTS * RECENT, SAMPLE) + SAMPLE + 2 * BATCHES
 
 
+_NO_ROWS: list[dict[str, Any]] = []
+_NO_DEPTHS: dict[str, int] = {}
+_NO_HEALTH: dict[str, Any] = {}
+
+
+class _Budget:
+    """Runs the overview's parts while its time lasts: a part begun after the deadline, or whose
+    read failed, gives its empty value and is named in `incomplete` (with why), so a view that
+    cannot be read whole in time answers with what it has and says so."""
+
+    def __init__(self, deadline: float | None, clock: Callable[[], float]) -> None:
+        self._deadline = deadline
+        self._clock = clock
+        self.incomplete: dict[str, str] = {}
+
+    def run(self, name: str, part: Callable[[], T], empty: T) -> T:
+        if self._deadline is not None and self._clock() >= self._deadline:
+            self.incomplete[name] = "not read: out of time"
+            return empty
+        try:
+            return part()
+        except (BackendError, BotoCoreError, ClientError) as error:
+            self.incomplete[name] = f"not read: {type(error).__name__}"
+            return empty
+
+
 def overview(
     dynamodb: DynamoDBClient,
     sqs: SQSClient,
@@ -190,6 +222,8 @@ def overview(
     *,
     now: float,
     cloudwatch: CloudWatchClient | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     """Tasks by status (dead-lettered ones among the newest told apart from the others in
     processing); queue wait, LLM time (the attempts' own durations) and end-to-end time of the
@@ -197,14 +231,22 @@ def overview(
     their timelines; queue and DLQ depths; backlog and in flight per tenant and per priority;
     the newest batches with their counts; with `cloudwatch`, each function's health
     (`function_health`). The console and `llmtasks stats` show this one view. It reads at most
-    one counter item, `read_bound()` items in all, whatever the table holds."""
-    counts = TaskCounts(deployment.tasks_table, dynamodb).read()
-    tenants = busiest_tenants(counts, TENANTS)
-    # Each tenant's newest RECENT at least, so the newest RECENT of all are among them.
-    per_tenant = max(RECENT, SAMPLE // max(1, len(tenants)))
-    sampled = newest_tasks(
-        dynamodb, deployment.tasks_table, tenants, _TASK_FIELDS, per_tenant=per_tenant, limit=SAMPLE
+    one counter item, `read_bound()` items in all, whatever the table holds. With `deadline`
+    (on `clock`), the parts not begun by then are left out, and named in `incomplete`."""
+    budget = _Budget(deadline, clock)
+    counts = budget.run(
+        "tasks", lambda: TaskCounts(deployment.tasks_table, dynamodb).read(), TaskCountsView({}, {}, {})
     )
+
+    def sample() -> list[dict[str, Any]]:
+        tenants = busiest_tenants(counts, TENANTS)
+        # Each tenant's newest RECENT at least, so the newest RECENT of all are among them.
+        per_tenant = max(RECENT, SAMPLE // max(1, len(tenants)))
+        return newest_tasks(
+            dynamodb, deployment.tasks_table, tenants, _TASK_FIELDS, per_tenant=per_tenant, limit=SAMPLE
+        )
+
+    sampled = budget.run("recent", sample, list(_NO_ROWS))
     tasks = [task for task in sampled if task["expires_at"] > now]
     statuses = [_status(task, now) for task in tasks]
     by_status: Counter[str] = Counter({status.value: 0 for status in TaskStatus} | {DEAD_LETTERED: 0})
@@ -236,13 +278,16 @@ def overview(
     ]
     newest = list(zip(tasks, statuses, strict=True))[:RECENT]
     batch_ids = list(dict.fromkeys(task["batch_id"] for task in tasks if task.get("batch_id")))
-    stored = batches_by_id(dynamodb, deployment.tasks_table, batch_ids[: BATCHES * 2], _BATCH_FIELDS)
-    newest_batches = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
-    views = [BatchView.of(batch) for batch in newest_batches[:BATCHES]]
-    batches = [
-        {**view.model_dump(mode="json"), "finished": view.finished, "ended": view.status.is_terminal}
-        for view in views
-    ]
+
+    def newest_batches() -> list[dict[str, Any]]:
+        stored = batches_by_id(dynamodb, deployment.tasks_table, batch_ids[: BATCHES * 2], _BATCH_FIELDS)
+        live = sorted((b for b in stored if not b.is_expired(now)), key=lambda b: -b.created_at)
+        views = [BatchView.of(batch) for batch in live[:BATCHES]]
+        return [
+            {**view.model_dump(mode="json"), "finished": view.finished, "ended": view.status.is_terminal}
+            for view in views
+        ]
+
     view = {
         "generated_at": now,
         "tasks": {
@@ -253,12 +298,15 @@ def overview(
         "latency": latency,
         "series": series,
         "recent": [_timeline(task, status) for task, status in newest],
-        "queues": queue_depths(sqs, deployment),
+        "queues": budget.run("queues", lambda: queue_depths(sqs, deployment), dict(_NO_DEPTHS)),
         "scheduling": scheduling(counts),
-        "batches": batches,
+        "batches": budget.run("batches", newest_batches, list(_NO_ROWS)),
     }
     if cloudwatch is not None:
-        view["functions"] = function_health(cloudwatch, deployment, now=now)
+        view["functions"] = budget.run(
+            "functions", lambda: function_health(cloudwatch, deployment, now=now), dict(_NO_HEALTH)
+        )
+    view["incomplete"] = budget.incomplete
     return view
 
 
