@@ -427,19 +427,11 @@ def replay_batch_events(events: list[dict[str, Any]], total: int) -> tuple[dict[
     return counts, status_of
 
 
-def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, Any]]:
-    """Every record of TasksTable's stream so far, from its start, handed through
-    BatchFunction's filter to its handler as Lambda would (so the task counters take them;
-    records seen before come again, as a redelivery does): the records handed. `progress`: the
-    batches' counting (one for tasks of no batch without it)."""
-    from llmtasks.aws.batch_store import BatchStore
-    from llmtasks.aws.task_counts import TaskCounts
-    from llmtasks.services.batch_items import BatchEnds, BatchProgress
-    from llmtasks.services.task_tally import TaskTally
-    from llmtasks_local.sam.events import pattern_matcher, stream_record
+def stream_records(aws: Any) -> list[dict[str, Any]]:
+    """Every record of TasksTable's stream so far, from its start, as Lambda hands them over."""
+    from llmtasks_local.sam.events import stream_record
 
     arn = aws.resources.attributes[("TasksTable", "StreamArn")]
-    table = aws.resources.table_names["TasksTable"]
     records: list[dict[str, Any]] = []
     for shard in aws.streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
         iterator = aws.streams.get_shard_iterator(
@@ -451,6 +443,23 @@ def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, 
                 break
             records += [stream_record(dict(r), arn) for r in reply["Records"]]
             iterator = reply.get("NextShardIterator")
+    return records
+
+
+def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, Any]]:
+    """Every record of TasksTable's stream so far, from its start, handed through
+    BatchFunction's filter to its handler as Lambda would (so the task counters take them;
+    records seen before come again, as a redelivery does): the records handed. `progress`: the
+    batches' counting (one for tasks of no batch without it)."""
+    from llmtasks.aws.batch_store import BatchStore
+    from llmtasks.aws.stream_skips import StreamSkips
+    from llmtasks.aws.task_counts import TaskCounts
+    from llmtasks.services.batch_items import BatchEnds, BatchProgress
+    from llmtasks.services.task_tally import TaskTally
+    from llmtasks_local.sam.events import pattern_matcher
+
+    table = aws.resources.table_names["TasksTable"]
+    records = stream_records(aws)
     matches = pattern_matcher(aws.function("BatchFunction").stream_sources[0].filter_patterns)
     chosen = [record for record in records if matches(record)]
     if progress is None:
@@ -468,5 +477,6 @@ def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, 
             context,
             progress=progress,
             tally=TaskTally(TaskCounts(table, aws.dynamodb)),
+            skips=StreamSkips(table, aws.dynamodb),
         )
     return chosen

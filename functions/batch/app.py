@@ -24,7 +24,13 @@ from llmtasks.aws.task_items import is_task_removal, removed_task, task_change
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import Task
 from llmtasks.observability import logger, tracer
-from llmtasks.records import is_stream_event, process_sqs_concurrently, read_message, read_stream_record
+from llmtasks.records import (
+    decoded_or_skipped,
+    is_stream_event,
+    process_sqs_concurrently,
+    read_message,
+    read_stream_record,
+)
 from llmtasks.services.batch_items import BatchFanout, BatchProgress
 from llmtasks.services.task_tally import TaskTally
 from llmtasks.wiring import batch as wiring
@@ -48,11 +54,17 @@ def lambda_handler(
     if is_stream_event(event):
         changes: list[tuple[Task | None, Task]] = []
         removed: list[tuple[Task | None, Task | None]] = []
+
+        def marks() -> StreamSkips:  # built only for a record that does not read
+            return skips or stream_skips()
+
         for record in event["Records"]:
             if is_task_removal(record):
-                removed.append((removed_task(record), None))
+                gone = decoded_or_skipped(record, removed_task, marks)
+                if gone is not None:
+                    removed.append((gone, None))
                 continue
-            change = read_stream_record(record, {"task"}, task_change, lambda: skips or stream_skips())
+            change = read_stream_record(record, {"task"}, task_change, marks)
             if change is not None:
                 changes.append(change)
         (progress or wiring.batch_progress()).apply(changes)

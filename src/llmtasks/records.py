@@ -182,6 +182,17 @@ def read_stream_record(
     if stream_item(record) not in wanted:
         logger.info("stream record not this function's; passed over", event_id=record.get("eventID"))
         return None
+    return decoded_or_skipped(record, decode, skips)
+
+
+def decoded_or_skipped(
+    record: Mapping[str, Any],
+    decode: Callable[[Mapping[str, Any]], Change],
+    skips: Callable[[], StreamSkips],
+) -> Change | None:
+    """What `decode` reads from the record; one it cannot read is logged and raised, or passed
+    over (None) once an operator marked it to be skipped (see `read_stream_record`): a deletion's
+    record too, which `read_stream_record` does not take."""
     try:
         return decode(record)
     except (KeyError, TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError

@@ -7,13 +7,15 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.stream_skips import StreamSkips
 from llmtasks.aws.task_counts import TaskCounts
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import AttemptRecord, Lease, Usage
 from tests.conftest import Aws
-from tests.helpers import NEVER, count_tasks, pending_task
+from tests.helpers import NEVER, count_tasks, pending_task, stream_records
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +92,28 @@ def test_a_task_deleted_by_its_ttl_is_counted_out_once(aws: Aws, handler: Any) -
     count_tasks(aws, handler)
     assert counts.read().by_status["pending"] == 1
     assert counts.read().by_tenant == {"default": {"pending": 1}}
+
+
+def test_a_task_deletion_that_cannot_be_read_holds_the_counter_until_an_operator_skips_it(
+    aws: Aws, handler: Any
+) -> None:
+    counts = TaskCounts(table(aws), aws.dynamodb)
+    skips = StreamSkips(table(aws), aws.dynamodb)
+    now = time.time()
+    # Given an item a bug wrote without its request, marked skipped once it held the counter
+    bad = {"pk": {"S": "task#bad"}, "task_id": {"S": "bad"}, "status": {"S": "pending"}}
+    aws.dynamodb.put_item(TableName=table(aws), Item=bad | {"expires_at": {"N": str(int(now) + 60)}})
+    with pytest.raises(ValidationError):
+        count_tasks(aws, handler)
+    [insert] = stream_records(aws)
+    skips.mark(insert["dynamodb"]["SequenceNumber"], reason="a bug's", now=now)
+    count_tasks(aws, handler)
+    # When it is deleted, its deletion's record holds the counter too, until it is skipped
+    aws.dynamodb.delete_item(TableName=table(aws), Key={"pk": bad["pk"]})
+    with pytest.raises(ValidationError):
+        count_tasks(aws, handler)
+    removal = stream_records(aws)[-1]
+    assert removal["eventName"] == "REMOVE"
+    skips.mark(removal["dynamodb"]["SequenceNumber"], reason="a bug's", now=now)
+    count_tasks(aws, handler)
+    assert counts.read().by_status["pending"] == 0
