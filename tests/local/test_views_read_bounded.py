@@ -1,6 +1,6 @@
 """The views of a deployment (the console's routes, `llmtasks stats`, `llmtasks dlq list`) read
 a bounded amount whatever TasksTable holds, and never Scan it: counted here, call by call, on a
-table of 20,000 tasks (issue 78: a Scan of one stalled the batch it watched for 15 minutes)."""
+crowded table (issue 78: a Scan of one stalled the batch it watched)."""
 
 from __future__ import annotations
 
