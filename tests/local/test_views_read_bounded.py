@@ -21,11 +21,13 @@ from llmtasks.aws.task_counts import COUNTS_PK
 from llmtasks.domain.errors import BackendError
 from llmtasks_local.cli import ops as cli_ops
 from llmtasks_local.cli.options import Target
+from llmtasks_local.emulator import console as console_module
 from llmtasks_local.emulator.console import Console
 from llmtasks_local.ops.deadletters import DeadLetters
 from llmtasks_local.ops.deployment import Deployment
 from llmtasks_local.ops.stats import overview, read_bound
 from tests.conftest import Aws
+from tests.helpers import HANG_S, eventually
 
 pytestmark = pytest.mark.unit
 TASKS = 20_000
@@ -134,9 +136,18 @@ def test_no_view_of_the_console_or_the_cli_scans_the_tasks_table(
     target = Target(deployment, aws.sqs, aws.dynamodb, cloudwatch)
     monkeypatch.setattr(cli_ops, "target_of", lambda *_: target)
 
-    for path in ("/api/overview", "/api/dlq"):
-        body, status = console._answer("GET", path)
-        assert status == 200, body
+    monkeypatch.setattr(console_module, "IDLE_S", 0.5)
+    eventually(
+        lambda: console._answer("GET", "/api/overview"),
+        lambda answer: answer[1] == 200 and "tasks" in answer[0],
+        timeout_s=HANG_S,
+        what="the console's first view",
+    )
+    body, status = console._answer("GET", "/api/dlq")
+    assert status == 200, body
+    eventually(
+        lambda: console._reader, lambda reader: reader is None, timeout_s=HANG_S, what="the reader stops"
+    )
     stats = CliRunner().invoke(cli_ops.stats, ["--json"])
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.output)["tasks"]["total"] == TASKS
@@ -181,28 +192,54 @@ def test_a_read_the_stack_refuses_leaves_its_part_out_and_says_why(
     assert view["queues"]
 
 
-def test_the_console_never_stacks_overview_reads_and_says_a_view_is_stale(
+def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_polls(
     aws: Aws, crowded: str, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(console_module, "REFRESH_S", 0.2)
+    monkeypatch.setattr(console_module, "IDLE_S", 1.0)
+    deployment = Deployment.local(aws.sqs)
+    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
+    # Given a page that polls until the first view is read
+    first = eventually(
+        lambda: console._answer("GET", "/api/overview"),
+        lambda answer: answer[1] == 200 and "tasks" in answer[0],
+        timeout_s=HANG_S,
+        what="the first view",
+    )[0]
+    assert first["tasks"]["total"] == TASKS
+    assert first["stale"] is False
+    # When pages poll many times at once, each answers with the reader's newest view, at once:
+    # the reads are the reader's alone, one every REFRESH_S, not one a poll
+    calls.made.clear()
+    started = time.monotonic()
+    for _ in range(50):
+        body, status = console._answer("GET", "/api/overview")
+        assert status == 200
+        assert body["tasks"]["total"] == TASKS
+    polled_s = time.monotonic() - started
+    counter_reads = [call for call in calls.made if call[0] == "GetItem" and call[1] == crowded]
+    assert len(counter_reads) <= 2 + polled_s / console_module.REFRESH_S
+    # Then with no page polling, the reader stops within IDLE_S and reads nothing more
+    eventually(
+        lambda: console._reader, lambda reader: reader is None, timeout_s=HANG_S, what="the reader stops"
+    )
+    calls.made.clear()
+    time.sleep(0.5)
+    assert calls.made == []
+    # A later poll answers at once with the last view, its age said, and wakes the reader
+    late, status = console._answer("GET", "/api/overview")
+    assert (status, late["tasks"]["total"]) == (200, TASKS)
+    assert late["age_s"] >= 0.5
+
+
+def test_a_view_the_stack_refuses_is_a_503_that_says_why(
+    aws: Aws, crowded: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deployment = Deployment.local(aws.sqs)
     letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
-    first, status = console._answer("GET", "/api/overview")
-    assert status == 200
-    assert "stale" not in first
-    # While a read holds the stack (a page's poll still being answered), the next poll waits
-    # OVERVIEW_S at most, then answers with the last view, stale, having read nothing itself
-    console._reading.acquire()
-    try:
-        calls.made.clear()
-        second, status = console._answer("GET", "/api/overview")
-    finally:
-        console._reading.release()
-    assert status == 200
-    assert second == {**first, "stale": True}
-    assert calls.made == []
 
-    # A read the stack refuses is a 503 that says so, not a 500
     def refused(*_: Any, **__: Any) -> Any:
         raise BackendError("DynamoDB read failed: timed out")
 

@@ -6,11 +6,13 @@ dead letters, with a button per queue that redrives it (`llmtasks.ops.deadletter
 AWS endpoint. An ended batch with failed items has a Retry button: the stack's own HTTP API,
 `POST /batches/{id}/retry`, called as the batch's tenant (with a key `key_of` gives).
 
-The overview is read within OVERVIEW_S, one at a time: a poll that finds one being read waits
-for it that long at most, then answers with the last view, marked stale, and starts no read of
-its own; a read's parts not begun in time are left out and named (`incomplete`). So a page
-polling a slow stack never piles reads up in it, and a page closed leaves at most one read to
-end. A read that fails answers 503 with why, never a 500.
+The overview is read by one thread of the console's own, every REFRESH_S while a page polls
+and never after IDLE_S without a poll; a poll answers the newest view at once (its age in
+`age_s`, `stale` once older than STALE_S), or, before the first, within FIRST_S with what
+there is. So any number of pages cost the stack one read every REFRESH_S, a closed page none
+after IDLE_S, and a slow stack a late view, never a pile of reads. A read's parts not begun
+within READ_S are left out and named (`incomplete`). A view whose read fails answers 503 with
+why, never a 500.
 
 It shows every tenant's tasks, so its data needs the token `llmtasks up` prints in the console's
 URL, as Jupyter does: opening /console?token=... keeps it in a cookie for the page (HttpOnly,
@@ -47,7 +49,11 @@ if TYPE_CHECKING:
     from llmtasks.ops.deployment import Deployment
 
 PREFIX = "/console"
-OVERVIEW_S = 1.0  # what an overview may take; the page polls every two seconds
+REFRESH_S = 2.0  # how often the overview is read while polled: the page polls every two seconds
+IDLE_S = 10.0  # no read after this long without a poll
+STALE_S = 3 * REFRESH_S  # a view older than this says it is stale
+FIRST_S = 1.0  # how long a poll waits for the first view
+READ_S = 5.0  # the parts of a read begun after this are left out
 COOKIE = "llmtasks_console"
 RETRY_TIMEOUT_S = 30.0
 NEEDS_TOKEN = {
@@ -79,28 +85,50 @@ class Console:
         self._cloudwatch = cloudwatch  # the functions' errors, throttles and stream lag, if given
         self._clock = clock
         self._page = resources.files("llmtasks_local.emulator").joinpath("console.html").read_text()
-        self._reading = threading.Lock()  # one overview read at a time
+        self._views = threading.Condition()
         self._last: dict[str, Any] | None = None
+        self._last_at = 0.0  # when it was read (monotonic)
+        self._asked_at = 0.0  # the newest poll (monotonic)
+        self._reader: threading.Thread | None = None
 
     def overview(self) -> dict[str, Any]:
-        """The overview read now, within OVERVIEW_S; or, while another read runs past that, the
-        last one read, marked stale."""
-        if not self._reading.acquire(timeout=OVERVIEW_S):
-            last = self._last or {"generated_at": None, "incomplete": {}}
-            return {**last, "stale": True}
-        try:
-            view = overview(
-                self._dynamodb,
-                self._sqs,
-                self._deployment,
-                now=self._clock(),
-                cloudwatch=self._cloudwatch,
-                deadline=time.monotonic() + OVERVIEW_S,
-            )
-            self._last = view
-            return view
-        finally:
-            self._reading.release()
+        """The newest view read, at once, with its age (the reader started if it is not running);
+        before the first, what FIRST_S brings."""
+        with self._views:
+            self._asked_at = time.monotonic()
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(target=self._read_while_polled, name="console", daemon=True)
+                self._reader.start()
+            if self._last is None:
+                self._views.wait_for(lambda: self._last is not None, timeout=FIRST_S)
+            if self._last is None:
+                return {"generated_at": None, "incomplete": {"all": "not read yet: the stack is busy"}}
+            age = time.monotonic() - self._last_at
+            return {**self._last, "age_s": round(age, 1), "stale": age > STALE_S}
+
+    def _read_while_polled(self) -> None:
+        while True:
+            with self._views:
+                if time.monotonic() - self._asked_at > IDLE_S:
+                    self._reader = None
+                    return
+            started = time.monotonic()
+            view = self.read_overview(deadline=started + READ_S)  # its parts' failures are in it
+            with self._views:
+                self._last, self._last_at = view, time.monotonic()
+                self._views.notify_all()
+            time.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))
+
+    def read_overview(self, *, deadline: float | None = None) -> dict[str, Any]:
+        """One read of the overview (the reader's)."""
+        return overview(
+            self._dynamodb,
+            self._sqs,
+            self._deployment,
+            now=self._clock(),
+            cloudwatch=self._cloudwatch,
+            deadline=deadline,
+        )
 
     def letters(self) -> dict[str, Any]:
         return {
