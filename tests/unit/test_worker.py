@@ -1069,6 +1069,10 @@ def test_the_overview_counts_tasks_and_shows_each_attempt_of_a_task_s_timeline(
 
     counts = view["tasks"]["by_status"]
     assert (counts["completed"], counts["failed"], counts["dead_lettered"], counts["pending"]) == (1, 1, 1, 0)
+    assert counts["processing"] == 0
+    # The dead-lettered task is stored as processing, but nothing runs it: not in flight
+    assert view["scheduling"]["tenants"] == []
+    assert view["scheduling"]["priorities"]["normal"] == {"backlog": 0, "in_flight": 0}
     timeline = {task["task_id"]: task for task in view["recent"]}
     log = timeline[retried]["attempt_log"]
     assert [(a["attempt"], a["outcome"], a.get("error_code")) for a in log] == [

@@ -166,6 +166,22 @@ def scheduling(counts: TaskCountsView) -> dict[str, Any]:
     }
 
 
+def without_dead_letters(counts: TaskCountsView, dead: list[dict[str, Any]]) -> TaskCountsView:
+    """The counts with these dead-lettered tasks (stored as processing, but run by nothing until
+    a redrive) out of processing: what runs is what is in flight."""
+    by_tenant = {tenant: dict(statuses) for tenant, statuses in counts.by_tenant.items()}
+    by_priority = {priority: dict(statuses) for priority, statuses in counts.by_priority.items()}
+    processing = TaskStatus.PROCESSING.value
+    for task in dead:
+        for group, key in (
+            (by_tenant, str(task.get("tenant_id"))),
+            (by_priority, str(task.get("priority") or "normal")),
+        ):
+            if group.get(key, {}).get(processing, 0) > 0:
+                group[key][processing] -= 1
+    return TaskCountsView(by_status=counts.by_status, by_tenant=by_tenant, by_priority=by_priority)
+
+
 def busiest_tenants(counts: TaskCountsView, n: int) -> list[str]:
     """The `n` tenants with the most tasks waiting or running, then the most tasks."""
 
@@ -276,7 +292,8 @@ def overview(
         {"at": since + i * BUCKET_S, **{name: percentiles(rows[i]) for name, rows in measured.items()}}
         for i in range(buckets)
     ]
-    newest = list(zip(tasks, statuses, strict=True))[:RECENT]
+    newest_all = list(zip(tasks, statuses, strict=True))
+    newest = newest_all[:RECENT]
     batch_ids = list(dict.fromkeys(task["batch_id"] for task in tasks if task.get("batch_id")))
 
     def newest_batches() -> list[dict[str, Any]]:
@@ -299,7 +316,9 @@ def overview(
         "series": series,
         "recent": [_timeline(task, status) for task, status in newest],
         "queues": budget.run("queues", lambda: queue_depths(sqs, deployment), dict(_NO_DEPTHS)),
-        "scheduling": scheduling(counts),
+        "scheduling": scheduling(
+            without_dead_letters(counts, [t for t, st in newest_all if st == DEAD_LETTERED])
+        ),
         "batches": budget.run("batches", newest_batches, list(_NO_ROWS)),
     }
     if cloudwatch is not None:
