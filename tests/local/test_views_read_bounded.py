@@ -31,6 +31,7 @@ from tests.helpers import HANG_S, eventually
 
 pytestmark = pytest.mark.unit
 TASKS = 20_000
+SOME = 500
 TENANTS = 11  # under the overview's TENANTS: the newest tasks of all are among those it reads
 STATUSES = ("completed", "completed", "completed", "failed", "pending", "processing")
 
@@ -76,14 +77,25 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
 
 @pytest.fixture
 def crowded(aws: Aws) -> str:
-    """TasksTable with TASKS tasks of TENANTS tenants in it, and the counters BatchFunction
+    """TasksTable with TASKS tasks in it: the table's name."""
+    return stocked(aws, TASKS)
+
+
+@pytest.fixture
+def busy(aws: Aws) -> str:
+    """TasksTable with SOME tasks in it, for the tests of what a view does in time."""
+    return stocked(aws, SOME)
+
+
+def stocked(aws: Aws, tasks: int) -> str:
+    """TasksTable with `tasks` tasks of TENANTS tenants in it, and the counters BatchFunction
     would have made of them, written straight to moto's backend (through the API it took
     minutes): the table's name."""
     table = aws.resources.table_names["TasksTable"]
     backend = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
     now = time.time()
     counters: dict[str, int] = {}
-    for i in range(TASKS):
+    for i in range(tasks):
         tenant, status = f"tenant-{i % TENANTS}", STATUSES[i % len(STATUSES)]
         backend.put_item(
             table,
@@ -93,7 +105,7 @@ def crowded(aws: Aws) -> str:
                 "tenant_id": {"S": tenant},
                 "status": {"S": status},
                 "priority": {"S": "normal"},
-                "created_at": {"N": str(now - TASKS + i)},
+                "created_at": {"N": str(now - tasks + i)},
                 "expires_at": {"N": str(int(now) + 3600)},
                 "request": {"M": {"prompt": {"S": "p"}, "model": {"S": "m"}}},
                 "batch_id": {"S": f"b{i % 7}"},
@@ -161,7 +173,7 @@ def test_no_view_of_the_console_or_the_cli_scans_the_tasks_table(
 
 
 def test_an_overview_out_of_time_answers_with_what_it_read_and_names_the_rest(
-    aws: Aws, crowded: str, calls: Calls
+    aws: Aws, busy: str, calls: Calls
 ) -> None:
     # Given a deadline that passes once the counters are read
     ticks = iter([0.0, 5.0, 5.0, 5.0, 5.0])
@@ -173,14 +185,14 @@ def test_an_overview_out_of_time_answers_with_what_it_read_and_names_the_rest(
         deadline=1.0,
         clock=lambda: next(ticks),
     )
-    assert view["tasks"]["total"] == TASKS
+    assert view["tasks"]["total"] == SOME
     assert (view["recent"], view["batches"], view["queues"]) == ([], [], {})
     assert view["incomplete"] == {name: "not read: out of time" for name in ("recent", "queues", "batches")}
-    assert [call[0] for call in calls.made if call[1] == crowded] == ["GetItem"]  # the counters alone
+    assert [call[0] for call in calls.made if call[1] == busy] == ["GetItem"]  # the counters alone
 
 
 def test_a_read_the_stack_refuses_leaves_its_part_out_and_says_why(
-    aws: Aws, crowded: str, monkeypatch: pytest.MonkeyPatch
+    aws: Aws, busy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refused(*_: Any, **__: Any) -> Any:
         raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "Query")
@@ -188,17 +200,17 @@ def test_a_read_the_stack_refuses_leaves_its_part_out_and_says_why(
     monkeypatch.setattr(aws.dynamodb, "query", refused)
     view = overview(aws.dynamodb, aws.sqs, Deployment.local(aws.sqs), now=time.time())
     assert view["incomplete"] == {"recent": "not read: BackendError"}
-    assert view["tasks"]["total"] == TASKS
+    assert view["tasks"]["total"] == SOME
     assert view["queues"]
 
 
 def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_polls(
-    aws: Aws, crowded: str, calls: Calls, monkeypatch: pytest.MonkeyPatch
+    aws: Aws, busy: str, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(console_module, "REFRESH_S", 0.2)
     monkeypatch.setattr(console_module, "IDLE_S", 1.0)
     deployment = Deployment.local(aws.sqs)
-    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    letters = DeadLetters(deployment, store=TaskStore(busy, aws.dynamodb), sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
     # Given a page that polls until the first view is read
     first = eventually(
@@ -207,7 +219,7 @@ def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_pol
         timeout_s=HANG_S,
         what="the first view",
     )[0]
-    assert first["tasks"]["total"] == TASKS
+    assert first["tasks"]["total"] == SOME
     assert first["stale"] is False
     # When pages poll many times at once, each answers with the reader's newest view, at once:
     # the reads are the reader's alone, one every REFRESH_S, not one a poll
@@ -216,9 +228,9 @@ def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_pol
     for _ in range(50):
         body, status = console._answer("GET", "/api/overview")
         assert status == 200
-        assert body["tasks"]["total"] == TASKS
+        assert body["tasks"]["total"] == SOME
     polled_s = time.monotonic() - started
-    counter_reads = [call for call in calls.made if call[0] == "GetItem" and call[1] == crowded]
+    counter_reads = [call for call in calls.made if call[0] == "GetItem" and call[1] == busy]
     assert len(counter_reads) <= 2 + polled_s / console_module.REFRESH_S
     # Then with no page polling, the reader stops within IDLE_S and reads nothing more
     eventually(
@@ -229,15 +241,15 @@ def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_pol
     assert calls.made == []
     # A later poll answers at once with the last view, its age said, and wakes the reader
     late, status = console._answer("GET", "/api/overview")
-    assert (status, late["tasks"]["total"]) == (200, TASKS)
+    assert (status, late["tasks"]["total"]) == (200, SOME)
     assert late["age_s"] >= 0.5
 
 
 def test_a_view_the_stack_refuses_is_a_503_that_says_why(
-    aws: Aws, crowded: str, monkeypatch: pytest.MonkeyPatch
+    aws: Aws, busy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deployment = Deployment.local(aws.sqs)
-    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    letters = DeadLetters(deployment, store=TaskStore(busy, aws.dynamodb), sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
 
     def refused(*_: Any, **__: Any) -> Any:
