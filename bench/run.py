@@ -1,6 +1,7 @@
 """The llmtasks benchmark: overhead against the boto3 floor, scale, goodput under a provider rate
 limit, AWS calls and cost per task, durable state, key limits, the seed's Celery design side by
-side, call slots kept busy on long calls, scheduling between tenants, and cold-start import time.
+side, call slots kept busy on long calls, scheduling between tenants, cold-start import
+time, and a big batch watched in the console.
 
 Run from the project root: `make bench` (or `.venv/bin/python bench/run.py`). It starts its own
 local stacks (`llmtasks up` on free ports, 127.0.0.1 only), prints each figure with its ratio and
@@ -24,6 +25,7 @@ from figures import Report, ms, percentile, verdict
 from harness import ROOT, stack_running
 from workloads.batches import batch_files, batch_output
 from workloads.call_slots import call_slots
+from workloads.console import console_load
 from workloads.costs import costs
 from workloads.cpu_account import cpu_account
 from workloads.goodput import goodput
@@ -61,6 +63,7 @@ SECTIONS = (
     "queues",
     "listing",
     "progress",
+    "console",
 )
 
 
@@ -174,6 +177,8 @@ def main() -> None:
         listing_pages(report, args.quick)
     if "progress" in chosen:
         progress_writes(report, args.quick)
+    if "console" in chosen:
+        console_load(report, args.quick)
     elapsed = time.monotonic() - began
     report.note(f"whole run: {elapsed:.0f} s on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     args.out.write_text(
