@@ -16,16 +16,15 @@ from click.testing import CliRunner
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.dynamodb.models import dynamodb_backends
 
-from llmtasks.aws.store import TaskStore
 from llmtasks.aws.task_counts import COUNTS_PK
 from llmtasks.domain.errors import BackendError
+from llmtasks.ops.deadletters import DeadLetters
+from llmtasks.ops.stats import overview, read_bound
 from llmtasks_local.cli import ops as cli_ops
 from llmtasks_local.cli.options import Target
 from llmtasks_local.emulator import console as console_module
 from llmtasks_local.emulator.console import Console
-from llmtasks_local.ops.deadletters import DeadLetters
-from llmtasks_local.ops.deployment import Deployment
-from llmtasks_local.ops.stats import overview, read_bound
+from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws
 from tests.helpers import HANG_S, eventually
 
@@ -120,7 +119,7 @@ def stocked(aws: Aws, tasks: int) -> str:
 def test_one_overview_of_20000_tasks_reads_a_fixed_number_of_items_and_scans_nothing(
     aws: Aws, crowded: str, calls: Calls
 ) -> None:
-    view = overview(aws.dynamodb, aws.sqs, Deployment.local(aws.sqs), now=time.time())
+    view = overview(aws.dynamodb, aws.sqs, local_deployment(aws.sqs), now=time.time())
 
     assert calls.items_read() <= read_bound() < TASKS // 10
     assert not [call for call in calls.made if call[0] == "Scan"]
@@ -141,9 +140,9 @@ def test_no_view_of_the_console_or_the_cli_scans_the_tasks_table(
 ) -> None:
     import boto3
 
-    deployment = Deployment.local(aws.sqs)
+    deployment = local_deployment(aws.sqs)
     cloudwatch = boto3.client("cloudwatch")
-    letters = DeadLetters(deployment, store=TaskStore(crowded, aws.dynamodb), sqs=aws.sqs)
+    letters = DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, cloudwatch=cloudwatch, token="t")
     target = Target(deployment, aws.sqs, aws.dynamodb, cloudwatch)
     monkeypatch.setattr(cli_ops, "target_of", lambda *_: target)
@@ -180,7 +179,7 @@ def test_an_overview_out_of_time_answers_with_what_it_read_and_names_the_rest(
     view = overview(
         aws.dynamodb,
         aws.sqs,
-        Deployment.local(aws.sqs),
+        local_deployment(aws.sqs),
         now=time.time(),
         deadline=1.0,
         clock=lambda: next(ticks),
@@ -198,7 +197,7 @@ def test_a_read_the_stack_refuses_leaves_its_part_out_and_says_why(
         raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "Query")
 
     monkeypatch.setattr(aws.dynamodb, "query", refused)
-    view = overview(aws.dynamodb, aws.sqs, Deployment.local(aws.sqs), now=time.time())
+    view = overview(aws.dynamodb, aws.sqs, local_deployment(aws.sqs), now=time.time())
     assert view["incomplete"] == {"recent": "not read: BackendError"}
     assert view["tasks"]["total"] == SOME
     assert view["queues"]
@@ -209,8 +208,8 @@ def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_pol
 ) -> None:
     monkeypatch.setattr(console_module, "REFRESH_S", 0.2)
     monkeypatch.setattr(console_module, "IDLE_S", 1.0)
-    deployment = Deployment.local(aws.sqs)
-    letters = DeadLetters(deployment, store=TaskStore(busy, aws.dynamodb), sqs=aws.sqs)
+    deployment = local_deployment(aws.sqs)
+    letters = DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
     # Given a page that polls until the first view is read
     first = eventually(
@@ -248,8 +247,8 @@ def test_the_console_answers_at_once_from_one_reader_that_stops_when_no_page_pol
 def test_a_view_the_stack_refuses_is_a_503_that_says_why(
     aws: Aws, busy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    deployment = Deployment.local(aws.sqs)
-    letters = DeadLetters(deployment, store=TaskStore(busy, aws.dynamodb), sqs=aws.sqs)
+    deployment = local_deployment(aws.sqs)
+    letters = DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=aws.sqs)
     console = Console(aws.dynamodb, aws.sqs, deployment, letters, token="t")
 
     def refused(*_: Any, **__: Any) -> Any:

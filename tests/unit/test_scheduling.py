@@ -9,6 +9,7 @@ import pytest
 
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.store import TaskStore
+from llmtasks.aws.task_counts import TaskCountsView
 from llmtasks.domain.batches import SubmitBatchRequest
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.models import SubmitTaskRequest
@@ -133,15 +134,21 @@ def test_a_place_whose_lease_lapsed_is_cleared_by_the_next_take_that_finds_the_c
 
 
 def test_the_scheduling_view_counts_waiting_and_running_tasks_per_tenant_and_priority() -> None:
-    tasks = [
-        {"tenant_id": "flood", "priority": "normal"},
-        {"tenant_id": "flood", "priority": "normal"},
-        {"tenant_id": "flood", "priority": "high"},
-        {"tenant_id": "quiet", "priority": "low"},
-        {"tenant_id": "quiet", "priority": "normal"},
-    ]
-    statuses = ["pending", "processing", "processing", "pending", "completed"]
-    view = scheduling(tasks, statuses)
+    counts = TaskCountsView(
+        by_status={"pending": 2, "processing": 2, "completed": 1},
+        by_tenant={
+            "flood": {"pending": 1, "processing": 2},
+            "quiet": {"pending": 1, "completed": 1},
+            "idle": {"completed": 4},
+        },
+        by_priority={
+            "normal": {"pending": 1, "processing": 1, "completed": 1},
+            "high": {"processing": 1},
+            "low": {"pending": 1},
+        },
+    )
+    view = scheduling(counts)
+    # The busiest first; a tenant with nothing waiting or running is not a row
     assert view["tenants"] == [
         {"tenant_id": "flood", "backlog": 1, "in_flight": 2},
         {"tenant_id": "quiet", "backlog": 1, "in_flight": 0},

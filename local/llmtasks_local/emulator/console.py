@@ -29,6 +29,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -54,6 +55,9 @@ IDLE_S = 10.0  # no read after this long without a poll
 STALE_S = 3 * REFRESH_S  # a view older than this says it is stale
 FIRST_S = 1.0  # how long a poll waits for the first view
 READ_S = 5.0  # the parts of a read begun after this are left out
+# The console's AWS clients: a call that takes longer is cut short, and not retried (botocore's
+# 60 s, retried, kept a page's Scan going for minutes): the next read asks again.
+CALLS = Config(connect_timeout=2, read_timeout=READ_S, retries={"total_max_attempts": 1})
 COOKIE = "llmtasks_console"
 RETRY_TIMEOUT_S = 30.0
 NEEDS_TOKEN = {

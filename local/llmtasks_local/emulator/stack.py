@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 import boto3
 import uvicorn
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from starlette.types import ASGIApp
 
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks_local import KEEP_ALIVE_S
 from llmtasks_local.emulator import stack_state
-from llmtasks_local.emulator.console import Console
+from llmtasks_local.emulator.console import CALLS, Console
 from llmtasks_local.emulator.gateway import HttpGateway
 from llmtasks_local.emulator.lambda_api import (
     EventInvocations,
@@ -66,7 +65,6 @@ ActivityKind = TypeVar("ActivityKind", StreamActivity, QueueActivity)
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
 
-CONSOLE_READ_S = 5  # the longest one call of the console's views may take
 NO_AUTH_TENANT = "default"  # every request's tenant under `--no-auth`
 
 
@@ -336,11 +334,9 @@ class LocalStack:
             self._threads.append(stack_state.watch(*kept, self._stop))
 
     def _console(self, cloudwatch: CloudWatchClient, keys: StackKeys) -> Console:
-        """The console, over the AWS endpoint (the operator's tools) and the stack's own API. A
-        view's call that takes longer than CONSOLE_READ_S is cut short, not retried (botocore's
-        60 s, retried, kept a page's Scan going for minutes): the next poll asks again."""
-        quick = Config(connect_timeout=2, read_timeout=CONSOLE_READ_S, retries={"total_max_attempts": 1})
-        sqs, dynamodb = boto3.client("sqs", config=quick), boto3.client("dynamodb", config=quick)
+        """The console, over the AWS endpoint (the operator's tools, with its clients' short
+        timeouts) and the stack's own API."""
+        sqs, dynamodb = boto3.client("sqs", config=CALLS), boto3.client("dynamodb", config=CALLS)
         deployment = local_deployment(sqs)
         return Console(
             dynamodb,
