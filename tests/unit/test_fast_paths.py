@@ -901,3 +901,58 @@ def test_a_queue_changed_behind_its_index_answers_as_moto_s_own_does(aws: Any) -
     assert fast["in dlq"] == ["poison"]
     assert fast["old handle"] == ["ReceiptHandleIsInvalid"]
     assert fast["after purge"] == (["after the purge"], ["a"])
+
+
+PROJECTIONS = [
+    "pk, n, m.k, m.deep.s, ss",  # plain paths: one conversion of the item
+    "pk, l[1], m.deep",  # a list element: moto's own
+    "pk, nothing, m.missing, n",  # paths the item lacks
+    "m.nul, m.deep, pk",
+]
+
+
+def projections(aws: Any, name: str) -> list[Any]:
+    """Each of PROJECTIONS through GetItem, BatchGetItem and Scan, on ITEM with a NULL in a map."""
+    dynamodb = aws.dynamodb
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    item = {**ITEM, "m": {"M": {**ITEM["m"]["M"], "nul": {"NULL": True}}}}
+    dynamodb.put_item(TableName=name, Item=item)
+    replies: list[Any] = []
+    for projection in PROJECTIONS:
+        ask = {"ProjectionExpression": projection}
+        replies.append(dynamodb.get_item(TableName=name, Key={"pk": item["pk"]}, **ask)["Item"])
+        batch = dynamodb.batch_get_item(RequestItems={name: {"Keys": [{"pk": item["pk"]}], **ask}})
+        replies.append(batch["Responses"][name])
+        replies.append(dynamodb.scan(TableName=name, **ask)["Items"])
+    return replies
+
+
+def test_a_projection_converts_the_item_once_and_answers_as_moto_does(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moto.dynamodb.models.dynamo_type import Item
+
+    fast, slow = with_and_without(projections, aws)
+    assert fast == slow
+    assert fast[0]["m"] == {"M": {"k": {"BOOL": False}, "deep": {"M": {"s": {"S": "é"}}}}}
+    assert (fast[0]["pk"], fast[0]["n"], sorted(fast[0]["ss"]["SS"])) == (ITEM["pk"], ITEM["n"], ["p", "q"])
+    # Five plain paths: the item made plain JSON once (moto's own: once a path)
+    conversions: list[int] = []
+    to_regular_json = Item.to_regular_json
+
+    def counted(item: Item) -> dict[str, Any]:
+        conversions.append(1)
+        return to_regular_json(item)
+
+    monkeypatch.setattr(Item, "to_regular_json", counted)
+    aws.dynamodb.get_item(
+        TableName="fast",
+        Key={"pk": ITEM["pk"]},
+        ProjectionExpression=PROJECTIONS[0],
+    )
+    assert len(conversions) == 1

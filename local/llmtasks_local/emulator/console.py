@@ -53,7 +53,7 @@ PREFIX = "/console"
 REFRESH_S = 2.0  # how often the overview is read while polled: the page polls every two seconds
 IDLE_S = 10.0  # no read after this long without a poll
 STALE_S = 3 * REFRESH_S  # a view older than this says it is stale
-FIRST_S = 1.0  # how long a poll waits for the first view
+FIRST_S = 0.5  # how long a poll waits for the first view: a poll answers within a second
 READ_S = 5.0  # the parts of a read begun after this are left out
 # The console's AWS clients: a call that takes longer is cut short, and not retried (botocore's
 # 60 s, retried, kept a page's Scan going for minutes): the next read asks again.

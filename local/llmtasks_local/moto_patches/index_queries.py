@@ -13,8 +13,15 @@ limits are moto's: Limit items, or the items' full sizes past 1 MB (RESULT_SIZE_
 the filter; the filter, the ProjectionExpression, the counts and LastEvaluatedKey are moto's own.
 
 Any other Query (on the table itself, a key condition on the range key, a composite key, the
-legacy QueryFilter, a start key without every sort attribute) is moto's. The answers are compared
-with moto's own in tests/unit/test_fast_paths.py.
+legacy QueryFilter, a start key without every sort attribute) is moto's.
+
+And a ProjectionExpression (GetItem, BatchGetItem, Query, Scan) converts the item to plain JSON
+once, not once a path: moto's Item.project made a deep copy of the whole item for each path, so
+twenty fields of a task cost twenty copies of its prompt. Only for paths of plain names none of
+which begins another (DynamoDB refuses overlapping paths, and so does moto before this runs;
+the merge of one into another's map would edit the shared copy); any other is moto's.
+
+The answers are compared with moto's own in tests/unit/test_fast_paths.py.
 """
 
 from __future__ import annotations
@@ -27,12 +34,15 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any, cast
 
-from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
+from botocore.utils import merge_dicts
+from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict, serializer
 from moto.dynamodb.models.table import RESULT_SIZE_LIMIT, Table
+from moto.dynamodb.models.utilities import find_nested_key
 
 from llmtasks_local import moto_patches
 
 _moto_query = Table.query
+_moto_project = Item.project
 
 
 class _Switch:
@@ -231,6 +241,21 @@ def _query(query: Callable[..., Any]) -> Callable[..., Any]:
     return indexed
 
 
+def _item_projection(item: Item, projection_expressions: list[list[str]]) -> Item:
+    """moto's Item.project with the item made plain JSON once, for paths that cannot overlap."""
+    paths = [tuple(path) for path in projection_expressions]
+    overlapping = any(a != b and b[: len(a)] == a for a in paths for b in paths) or len(set(paths)) < len(
+        paths
+    )
+    if not _switch.on or overlapping or any("[" in name for path in paths for name in path):
+        return _moto_project(item, projection_expressions)
+    plain = item.to_regular_json()
+    result: dict[str, Any] = {}
+    for path in projection_expressions:
+        merge_dicts(result, find_nested_key(path, plain))
+    return Item(hash_key=item.hash_key, range_key=item.range_key, attrs=serializer.serialize(result)["M"])
+
+
 def install() -> None:
     """Idempotent; before moto serves."""
     if not moto_patches.enabled():  # not the moto version it was written for
@@ -238,8 +263,9 @@ def install() -> None:
     _switch.on = True
     if not getattr(Table.query, "__llmtasks_indexed__", False):
         setattr(Table, "query", _query(Table.query))  # noqa: B010
+    setattr(Item, "project", _item_projection)  # noqa: B010
 
 
 def uninstall() -> None:
-    """moto's own Query (for the tests that compare the two)."""
+    """moto's own Query and projection (for the tests that compare the two)."""
     _switch.on = False
