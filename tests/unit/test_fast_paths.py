@@ -956,3 +956,29 @@ def test_a_projection_converts_the_item_once_and_answers_as_moto_does(
         ProjectionExpression=PROJECTIONS[0],
     )
     assert len(conversions) == 1
+
+
+def test_a_query_s_pass_over_the_table_survives_a_put_beside_it(aws: Any) -> None:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.dynamodb.models import dynamodb_backends
+    from moto.dynamodb.responses import DynamoHandler
+
+    from llmtasks_local.moto_patches import index_queries as patched
+
+    aws.dynamodb.create_table(
+        TableName="grows",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    for i in range(3):
+        aws.dynamodb.put_item(TableName="grows", Item={"pk": {"S": f"task#{i}"}})
+    table = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_table("grows")
+    # A put lands between two steps of the pass (the moto server serves each request on a
+    # thread of its own): the pass goes on over the items it began with
+    passing = patched._items(table)
+    first = next(passing)
+    aws.dynamodb.put_item(TableName="grows", Item={"pk": {"S": "task#new"}})
+    assert len([first, *passing]) == 3
+    # And queries and scans wait for the writes' lock, as item reads do
+    assert all(getattr(DynamoHandler, name).__llmtasks_atomic__ for name in ("query", "scan"))

@@ -53,7 +53,9 @@ from llmtasks_local import moto_patches
 _WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 # Item reads take the same lock: moto applies an UpdateItem's SETs to the stored item one by one,
 # so a GetItem between them saw a task `completed` without its result (a CI run's README check).
-_ITEM_READS = ("get_item", "batch_get_item", "transact_get_items")
+# Queries and scans too: they iterate the table's dict, which a put beside them grows
+# ("dictionary changed size during iteration", a 500 to GET /tasks during a batch).
+_ITEM_READS = ("get_item", "batch_get_item", "transact_get_items", "query", "scan")
 _lock = threading.RLock()
 _SQS_MESSAGE_OPERATIONS = (
     "send_message",

@@ -220,10 +220,11 @@ def _project(item: Item, names: list[str]) -> Item:
 
 
 def _items(table: Table) -> Iterator[Any]:
-    """The table's items in no order (moto's all_items sorts them)."""
-    for stored in table.items.values():
+    """The table's items in no order (moto's all_items sorts them), from a copy of its dicts'
+    values: a write beside the query may add an item (atomic.py locks them apart as well)."""
+    for stored in list(table.items.values()):
         if table.range_key_attr:
-            yield from stored.values()
+            yield from list(stored.values())
         else:
             yield stored
 
