@@ -144,7 +144,7 @@ def test_a_crash_at_a_random_moment_loses_no_accepted_task(
                     line
                     for run in (first, second)
                     for line in run.log.read_text().splitlines()
-                    if task_id in line
+                    if task_id in line or "backend failed" in line  # and why a read failed
                 ]
                 raise AssertionError(
                     f"{stuck}\n{task_id} in the stack's logs:\n" + "\n".join(story)
