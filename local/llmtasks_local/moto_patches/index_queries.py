@@ -254,7 +254,8 @@ def _item_projection(item: Item, projection_expressions: list[list[str]]) -> Ite
     result: dict[str, Any] = {}
     for path in projection_expressions:
         merge_dicts(result, find_nested_key(path, plain))
-    return Item(hash_key=item.hash_key, range_key=item.range_key, attrs=serializer.serialize(result)["M"])
+    attrs = cast(dict[str, Any], serializer.serialize(result)["M"])
+    return Item(hash_key=item.hash_key, range_key=item.range_key, attrs=attrs)
 
 
 def install() -> None:

@@ -34,6 +34,7 @@ from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.observability import Metric, emit, logger
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
+from llmtasks.services.counted_once import count_once
 from llmtasks.settings import FanoutSettings
 
 # Tasks written before their messages are sent: one TransactWriteItems (TaskStore.create_many),
@@ -301,6 +302,10 @@ class BatchEnds:
         return ended
 
 
+class _BatchGone(Exception):
+    """The batch's item expired before its counts: nothing left to count them on."""
+
+
 @dataclass(frozen=True)
 class _Step:
     old: TaskStatus
@@ -363,30 +368,27 @@ class BatchProgress:
             self._ends.if_done(batch_id)
 
     def _count(self, batch_id: str, by_task: dict[str, list[_Step]]) -> None:
-        counted: dict[str, int | None] = {}
-        todo = dict(by_task)
-        for attempt in range(COUNT_ATTEMPTS):
-            collapsed = (_collapse(task_id, steps, counted.get(task_id)) for task_id, steps in todo.items())
-            pending = [change for change in collapsed if change is not None]
-            todo = {change.task_id: todo[change.task_id] for change in pending}
-            if not pending:
-                return
-            for start in range(0, len(pending), COUNT_GROUP):
-                group = pending[start : start + COUNT_GROUP]
-                try:
-                    self._batches.count_changes(batch_id, group, now=self._clock())
-                except CountsRefused as refused:
-                    if refused.batch_gone:
-                        logger.info("batch gone; its counts are left", batch_id=batch_id)
-                        return
-                    for task_id, revision in refused.counted.items():
-                        counted[task_id] = (
-                            revision if revision is not None else self._batches.counted_revision(task_id)
-                        )
-                    if refused.conflict:
-                        self._sleep(0.05 * 2**attempt)
-                    continue
-                for change in group:
-                    del todo[change.task_id]
-        if todo:
+        def apply(changes: list[CountedChange]) -> None:
+            try:
+                self._batches.count_changes(batch_id, changes, now=self._clock())
+            except CountsRefused as refused:
+                if refused.batch_gone:
+                    raise _BatchGone from refused
+                raise
+
+        try:
+            left = count_once(
+                by_task,
+                _collapse,
+                apply,
+                self._batches.counted_revision,
+                refused=CountsRefused,
+                group=COUNT_GROUP,
+                attempts=COUNT_ATTEMPTS,
+                sleep=self._sleep,
+            )
+        except _BatchGone:
+            logger.info("batch gone; its counts are left", batch_id=batch_id)
+            return
+        if left:
             raise BackendError(f"batch {batch_id}: counts not applied after {COUNT_ATTEMPTS} attempts")

@@ -13,6 +13,7 @@ from llmtasks.aws.task_counts import MARK_GRACE_S, Tally, TallyRefused, TaskCoun
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
+from llmtasks.services.counted_once import count_once
 
 # Tasks in one transaction: DynamoDB allows 100 actions, one is the counters'.
 TALLY_GROUP = 99
@@ -88,27 +89,15 @@ class TaskTally:
         self._count(steps)
 
     def _count(self, by_task: dict[str, list[_Step]]) -> None:
-        counted: dict[str, int | None] = {}
-        todo = dict(by_task)
-        for attempt in range(TALLY_ATTEMPTS):
-            collapsed = (_collapse(task_id, steps, counted.get(task_id)) for task_id, steps in todo.items())
-            pending = [tally for tally in collapsed if tally is not None]
-            todo = {tally.task_id: todo[tally.task_id] for tally in pending}
-            if not pending:
-                return
-            for start in range(0, len(pending), TALLY_GROUP):
-                group = pending[start : start + TALLY_GROUP]
-                try:
-                    self._counts.apply(group)
-                except TallyRefused as refused:
-                    for task_id, revision in refused.counted.items():
-                        counted[task_id] = (
-                            revision if revision is not None else self._counts.tallied_revision(task_id)
-                        )
-                    if refused.conflict:
-                        self._sleep(0.05 * 2**attempt)
-                    continue
-                for tally in group:
-                    del todo[tally.task_id]
-        if todo:
+        left = count_once(
+            by_task,
+            _collapse,
+            self._counts.apply,
+            self._counts.tallied_revision,
+            refused=TallyRefused,
+            group=TALLY_GROUP,
+            attempts=TALLY_ATTEMPTS,
+            sleep=self._sleep,
+        )
+        if left:
             raise BackendError(f"task counts not applied after {TALLY_ATTEMPTS} attempts")
