@@ -242,13 +242,19 @@ def _query(query: Callable[..., Any]) -> Callable[..., Any]:
     return indexed
 
 
-def _item_projection(item: Item, projection_expressions: list[list[str]]) -> Item:
-    """moto's Item.project with the item made plain JSON once, for paths that cannot overlap."""
-    paths = [tuple(path) for path in projection_expressions]
+@functools.lru_cache(maxsize=256)
+def _plain_paths(paths: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether a projection's paths are plain names none of which begins another (or repeats):
+    worked out once a projection, not once an item it projects."""
     overlapping = any(a != b and b[: len(a)] == a for a in paths for b in paths) or len(set(paths)) < len(
         paths
     )
-    if not _switch.on or overlapping or any("[" in name for path in paths for name in path):
+    return not overlapping and not any("[" in name for path in paths for name in path)
+
+
+def _item_projection(item: Item, projection_expressions: list[list[str]]) -> Item:
+    """moto's Item.project with the item made plain JSON once, for paths that cannot overlap."""
+    if not _switch.on or not _plain_paths(tuple(tuple(path) for path in projection_expressions)):
         return _moto_project(item, projection_expressions)
     plain = item.to_regular_json()
     result: dict[str, Any] = {}
