@@ -102,6 +102,7 @@ class MockStats(BaseModel):
     outcomes_by_prompt: dict[str, list[Outcome]] = Field(default_factory=dict)
     calls_with_key: int = 0  # calls that sent `Authorization: Bearer ...`
     latency_total_s: float = 0.0  # the call times drawn, summed (what the calls asked of the slots)
+    arrivals: list[float] = Field(default_factory=list)  # each call's time.monotonic() on arrival
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))
@@ -147,6 +148,7 @@ class MockLLM:
         config = self.config
         with self._lock:
             self.stats.calls += 1
+            self.stats.arrivals.append(time.monotonic())
             latency = config.latency_s
             if config.latency_sigma and latency:
                 latency = self._random.lognormvariate(math.log(latency), config.latency_sigma)

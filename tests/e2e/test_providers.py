@@ -3,6 +3,7 @@ one of which answers 429 for a while."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 from collections.abc import Iterator
@@ -14,6 +15,12 @@ from tests.e2e.conftest import RunningStack, start_stack
 from tests.helpers import serve
 
 pytestmark = pytest.mark.e2e
+
+
+def max_in_any_window(times: list[float], *, seconds: float) -> int:
+    """The most of `times` inside any half-open window `seconds` long."""
+    ordered = sorted(times)
+    return max((bisect.bisect_left(ordered, t + seconds) - i for i, t in enumerate(ordered)), default=0)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +51,12 @@ def test_the_healthy_key_carries_the_load_while_the_other_is_rate_limited(
     assert healthy.stats.completed == 30
     assert limited.stats.completed == 0
     # Each sandbox (a process of its own) learns of the 429 from its own first call to that key,
-    # then rests it: at most one call a worker sandbox, and the worker has WorkerMaxConcurrency +
-    # BatchMaxConcurrency + HighMaxConcurrency (10 + 5 + 2) of them, whichever of its three
-    # queues' pollers made each one.
-    assert limited.stats.calls <= 17
+    # then rests it for the Retry-After (5 s): at most one call a sandbox in any 5 s, and the
+    # worker has WorkerMaxConcurrency + BatchMaxConcurrency + HighMaxConcurrency (10 + 5 + 2)
+    # sandboxes, whichever of its three queues' pollers made each call. (A slow run outlasts one
+    # Retry-After, and a sandbox may then try the key again: the rule holds per window.)
+    assert limited.stats.calls >= 1
+    assert max_in_any_window(limited.stats.arrivals, seconds=5.0) <= 17
     # Once the first key answers again, it serves its share.
     limited.config = MockConfig()
     time.sleep(5)
