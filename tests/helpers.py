@@ -35,7 +35,8 @@ from starlette.routing import Route
 from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
-from llmtasks.domain.models import LLMRequest, Task, TaskStatus
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.settings import Settings
 from llmtasks_local import KEEP_ALIVE_S

@@ -12,7 +12,8 @@ from botocore.config import Config
 from botocore.stub import Stubber
 
 from llmtasks.domain.errors import RATE_LIMITED, LLMError
-from llmtasks.domain.models import ChatMessage, LLMRequest, TaskStatus
+from llmtasks.domain.llm_request import ChatMessage, LLMRequest
+from llmtasks.domain.models import TaskStatus
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.bedrock import BedrockConverse
 from llmtasks.settings import Settings

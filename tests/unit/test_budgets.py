@@ -16,7 +16,8 @@ from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.budgets import Budget, Periods
 from llmtasks.domain.caller import Caller, authorizer_context, caller_of
-from llmtasks.domain.models import AttemptRecord, LLMRequest, SubmitTaskRequest, TaskStatus, Usage
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import AttemptRecord, SubmitTaskRequest, TaskStatus, Usage
 from llmtasks.domain.pricing import MESSAGE_OVERHEAD_TOKENS, ModelPrice, PriceTable
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.records import sqs_record

@@ -13,8 +13,9 @@ import pytest
 
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.usage import UsageCounters, utc_day
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, Task, TaskStatus, Usage
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, Usage
 from llmtasks.domain.pricing import ModelPrice, PriceTable
 from llmtasks.settings import Settings, default_price_table
 from llmtasks_local.mock_llm import reply_text

@@ -11,7 +11,8 @@ from llmtasks.api.openai_requests import CreateResponse
 from llmtasks.domain.batches import BatchStatus, BatchView
 from llmtasks.domain.errors import RATE_LIMITED, InvalidInput
 from llmtasks.domain.events import openai_event
-from llmtasks.domain.models import ChatMessage, LLMRequest, TaskStatus, TaskView, Usage
+from llmtasks.domain.llm_request import ChatMessage, LLMRequest
+from llmtasks.domain.models import TaskStatus, TaskView, Usage
 from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
-from llmtasks.domain.models import WEBHOOK_URL_RULE, ChatMessage, MaxTokens, SubmitTaskRequest, Temperature
+from llmtasks.domain.fields import MaxTokens, Temperature
+from llmtasks.domain.llm_request import ChatMessage
+from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
 # OpenAI's metadata: up to 16 string values.
 OpenAIMetadata = Annotated[

@@ -305,11 +305,9 @@ class TaskStore:
             lease_id=lease_id,
             status=TaskStatus.COMPLETED,
             attempt=attempt,
-            values={
-                "result": None if result_ref else completion.text,
-                "result_ref": result_ref,
+            values=_answer_values(completion, result_ref)
+            | {
                 "usage": completion.usage.model_dump(),
-                "model": completion.model,
                 "llm_key_index": completion.key_index,
                 "completed_at": now,
             },
@@ -324,14 +322,18 @@ class TaskStore:
         error_code: str,
         now: float,
         attempt: AttemptRecord | None = None,
+        answer: Completion | None = None,
+        result_ref: str | None = None,
     ) -> None:
-        """processing (under this lease) -> failed."""
+        """processing (under this lease) -> failed; with the last `answer`, when it was billed
+        but did not fit what was asked, kept as the result."""
+        kept = _answer_values(answer, result_ref) if answer else {}
         self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.FAILED,
             attempt=attempt,
-            values={"error": error, "error_code": error_code, "completed_at": now},
+            values=kept | {"error": error, "error_code": error_code, "completed_at": now},
         )
 
     def release(
@@ -550,6 +552,20 @@ class TaskStore:
     def endpoints(self) -> WebhookEndpoints:
         """The same table's items of each tenant's failing and disabled webhook URLs."""
         return WebhookEndpoints(self.table_name, self._client)
+
+
+def _answer_values(completion: Completion, result_ref: str | None) -> dict[str, Any]:
+    """The model's answer as the item keeps it: its text (or where it is), model and message."""
+    calls = [call.model_dump(mode="json") for call in completion.tool_calls or []]
+    return {
+        "result": None if result_ref else completion.text,
+        "result_ref": result_ref,
+        "model": completion.model,
+        "finish_reason": completion.finish_reason,
+        "refusal": completion.refusal,
+        "tool_calls": calls or None,
+        "reasoning": completion.reasoning,
+    }
 
 
 def _new_item(task: Task) -> dict[str, Any]:

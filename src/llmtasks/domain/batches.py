@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from llmtasks.domain.budgets import Budget
+from llmtasks.domain.fields import JsonObject, Strict, Text
 from llmtasks.domain.json_schema import Ways, alternatives, exactly_one_of
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
@@ -28,19 +29,16 @@ from llmtasks.domain.models import (
     WEBHOOK_URL_RULE,
     BatchEventType,
     EventType,
-    JsonObject,
     Priority,
     Task,
     TaskOptions,
     TaskStatus,
-    Text,
     Usage,
     WebhookAttempt,
     WebhookFormat,
     WebhookStatus,
     WebhookView,
     _at,
-    _Strict,
     _utc,
 )
 from llmtasks.domain.usage import BatchSpend
@@ -95,7 +93,7 @@ class BatchItem(TaskOptions):
     )
 
 
-class SubmitBatchRequest(_Strict):
+class SubmitBatchRequest(Strict):
     """`POST /batches`."""
 
     model_config = ConfigDict(json_schema_extra=alternatives(ITEMS_OR_FILE, WEBHOOK_URL))
@@ -164,7 +162,7 @@ ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
 RetriedStatus = Literal["failed", "cancelled"]
 
 
-class RetryBatchRequest(_Strict):
+class RetryBatchRequest(Strict):
     """`POST /batches/{id}/retry`: which ended items to run again."""
 
     statuses: list[RetriedStatus] = Field(

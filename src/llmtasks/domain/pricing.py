@@ -15,7 +15,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmtasks.domain.models import LLMRequest, Usage
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import Usage
 
 PER = Decimal(1_000_000)
 # Tokens a chat format adds around each message and before the reply (OpenAI's is 3-4 a message

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 
 from llmtasks.domain.errors import LLMError
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import LLMRequest, Usage
+from llmtasks.domain.models import Usage
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.answers import answer_problem
 from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
     RATE_LIMITED,
@@ -39,7 +40,7 @@ from llmtasks.domain.errors import (
     TaskNotFound,
 )
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus, Usage
+from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
@@ -232,11 +233,19 @@ class TaskRunner:
         if completion is None:
             return
         completion = await self._charge(task, completion)
-        result_ref = None
-        if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
-            # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
-            # rule removes it with the rest.
-            result_ref = self._results.put(task.task_id, completion.text)
+        problem = answer_problem(
+            task.request,
+            completion.text,
+            refused=completion.refusal is not None,
+            called_tools=bool(completion.tool_calls),
+        )
+        if problem is not None:
+            # Billed, but not what was asked: retried like a transient error, the text kept if
+            # it is the last.
+            error = LLMError(problem, code=INVALID_OUTPUT, transient=True)
+            self._after_llm_error(task, lease_id, error, answer=completion)
+            return
+        result_ref = self._result_ref(task, completion.text)
         try:
             await asyncio.to_thread(
                 self._store.complete,
@@ -269,6 +278,14 @@ class TaskRunner:
         emit(Metric.COMPLETED, **dimensions)
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
         emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
+
+    def _result_ref(self, task: Task, text: str) -> str | None:
+        """Where a text too large for the item is kept (ResultsBucket), else None."""
+        if len(text.encode()) <= self._settings.max_inline_result_bytes:
+            return None
+        # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
+        # rule removes it with the rest.
+        return self._results.put(task.task_id, text)
 
     async def _charge(self, task: Task, completion: Completion) -> Completion:
         """The completion priced, and counted in its tenant's and batch's spend before anything
@@ -403,14 +420,19 @@ class TaskRunner:
         logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
         raise RetryLater(wait, "lease held by another delivery") from refused
 
-    def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
+    def _after_llm_error(
+        self, task: Task, lease_id: str, error: LLMError, *, answer: Completion | None = None
+    ) -> None:
+        """A failed call, or `answer`, billed but not what was asked (error says why): retried
+        while retries and time remain; failed otherwise, the answer's text kept."""
         now = self._clock()
         logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
         if task.attempts - task.attempts_before_retry > task.max_retries:
-            self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
+            message = f"{error} (gave up after {task.attempts} attempts)"
+            self._fail(task, lease_id, message, error.code, answer=answer)
             return
         delay = self.backoff_s(task.attempts)
         if self._pacer is not None and error.code == RATE_LIMITED and error.retry_after is not None:
@@ -431,14 +453,22 @@ class TaskRunner:
             delay = max(delay, error.retry_after)
         deadline = task.deadline
         if deadline is not None and now + delay >= deadline:
-            self._fail(
-                task, lease_id, f"{error} (no time left for a retry before the deadline)", "deadline_exceeded"
-            )
+            message = f"{error} (no time left for a retry before the deadline)"
+            self._fail(task, lease_id, message, "deadline_exceeded", answer=answer)
             return
-        self._schedule_retry(task, lease_id, delay, str(error), error.code)
+        usage = answer.usage if answer else None
+        self._schedule_retry(task, lease_id, delay, str(error), error.code, usage=usage)
 
     def _schedule_retry(
-        self, task: Task, lease_id: str, delay: float, error: str, error_code: str, *, attempted: bool = True
+        self,
+        task: Task,
+        lease_id: str,
+        delay: float,
+        error: str,
+        error_code: str,
+        *,
+        attempted: bool = True,
+        usage: Usage | None = None,
     ) -> None:
         """The task back to pending with a delayed message of its own; `attempted` False when no
         call left (the pace was full), so the wait costs the task none of its retries."""
@@ -457,7 +487,7 @@ class TaskRunner:
                 error_code=error_code,
                 next_attempt_at=self._clock() + delay,
                 attempted=attempted,
-                attempt=self._attempt(task, "retry", error_code),
+                attempt=self._attempt(task, "retry", error_code, usage=usage),
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))
@@ -500,7 +530,11 @@ class TaskRunner:
         logger.info("cancelled with its batch", **task_keys(task))
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
 
-    def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
+    def _fail(
+        self, task: Task, lease_id: str, error: str, error_code: str, *, answer: Completion | None = None
+    ) -> None:
+        """The task failed; with the `answer` the provider billed for its last attempt, if any,
+        whose text and message are kept (an answer that did not fit its response_format)."""
         try:
             self._store.fail(
                 task.task_id,
@@ -508,7 +542,9 @@ class TaskRunner:
                 error=error,
                 error_code=error_code,
                 now=self._clock(),
-                attempt=self._attempt(task, "failed", error_code),
+                attempt=self._attempt(task, "failed", error_code, usage=answer.usage if answer else None),
+                answer=answer,
+                result_ref=self._result_ref(task, answer.text) if answer else None,
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))
