@@ -199,6 +199,13 @@ MALFORMED = [
         id="a tool message without its call's id",
     ),
     pytest.param({"n": 2}, ("n", "unsupported_value"), id="more than one choice"),
+    pytest.param({"stop": ["a", "b", "c", "d", "e"]}, ("stop", "invalid_type"), id="five stop strings"),
+    pytest.param(
+        {"max_completion_tokens": "10"}, ("max_completion_tokens", "invalid_type"), id="a cap as text"
+    ),
+    pytest.param(
+        {"stream_options": {"include_usage": True}}, ("stream_options", "invalid_value"), id="unstreamed"
+    ),
     pytest.param(
         {"reasoning_effort": "extreme"}, ("reasoning_effort", "invalid_value"), id="an unknown effort"
     ),

@@ -46,8 +46,7 @@ def completion(call: ChatCall, *, reply_chars: int = 0, pad_word_chars: int = 0)
     message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
     finish = "stop"
     calls = _tool_calls(call)
-    cap = body.get("max_completion_tokens", body.get("max_tokens"))
-    reasoning = call.reasoning_tokens if cap is None else min(call.reasoning_tokens, cap)
+    cap, reasoning = call.cap, call.reasoning_tokens
     if call.marked("[mock:refuse]"):
         message["refusal"] = REFUSAL
         tokens = len(REFUSAL.split())

@@ -80,6 +80,11 @@ class ChatCall:
     cached_tokens: int = 0  # decided by the server from the prefixes it has seen
 
     @property
+    def cap(self) -> Any:
+        """The most completion tokens asked for, reasoning included."""
+        return self.body.get("max_completion_tokens", self.body.get("max_tokens"))
+
+    @property
     def structured(self) -> dict[str, Any] | None:
         fmt = self.body.get("response_format")
         return fmt if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema") else None
@@ -260,6 +265,13 @@ def _read_options(call: ChatCall) -> None:
             param="stream_options",
             code="invalid_value",
         )
+    for name in ("max_completion_tokens", "max_tokens"):
+        if body.get(name) is not None and (type(body[name]) is not int or body[name] < 1):
+            raise _invalid_type(name, "a positive integer", body[name])
+    stop = [] if body.get("stop") is None else body["stop"]
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(w, str) for w in stop):
+        raise _invalid_type("stop", "a string or an array of at most 4 strings", body["stop"])
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in EFFORTS:
         raise _value("reasoning_effort", effort, ", ".join(f"'{e}'" for e in EFFORTS))
@@ -273,6 +285,8 @@ def _read_options(call: ChatCall) -> None:
             code="unsupported_parameter",
         )
     call.reasoning_tokens = EFFORTS[effort or ("medium" if named else "none")]
+    if isinstance(call.cap, int):
+        call.reasoning_tokens = min(call.reasoning_tokens, call.cap)  # they count against the cap
     temperature = body.get("temperature")
     if call.reasoning_tokens and temperature is not None and temperature != 1:
         raise OpenAIError(

@@ -31,7 +31,7 @@ from llmtasks_local.mock_llm.reply import chunks, completion
 from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, read_call
 
 # The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
-CACHE_ENTRIES = 100_000
+CACHE_ENTRIES = 10_000
 
 
 class MockConfig(BaseSettings):
