@@ -44,6 +44,9 @@ from llmtasks.domain.usage import Day, GroupBy, UsageReport
 
 MAX_WAIT_S = 25
 
+# What a listing leaves out of each task: the answer (read the task for it).
+LISTED_WITHOUT = {"result": None, "output": None, "parsed": None}
+
 
 # A chunk is a progress write (one each 2 s): a task has a few thousand in its longest call; a
 # batch has an event per count of its items, at most two per item.
@@ -108,7 +111,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         tasks, next_cursor = service_of(app).list_tasks(
             tenant_of(app), status=status, limit=limit, cursor=cursor
         )
-        views = [TaskView.of(task).model_copy(update={"result": None}) for task in tasks]
+        views = [TaskView.of(task).model_copy(update=LISTED_WITHOUT) for task in tasks]
         return json_reply(TaskList(data=views, next_cursor=next_cursor), 200)
 
     @app.get(

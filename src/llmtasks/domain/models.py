@@ -617,8 +617,8 @@ class TaskView(BaseModel):
 
 
 class TaskList(BaseModel):
-    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out `result`
-    (read the task for it)."""
+    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out the answer:
+    `result`, `output` and `parsed` (read the task for it)."""
 
     data: list[TaskView]
     next_cursor: str | None = Field(
