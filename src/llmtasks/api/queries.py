@@ -132,11 +132,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The chunks after `after` (none if the wait ran out); whether they end it",
+                "description": "The chunks after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": TaskOutputPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's task"),
-            422: openapi_problem("An invalid parameter, or `after` past the output's last chunk"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def task_output(
@@ -199,11 +200,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The events after `after` (none if the wait ran out); whether they end it",
+                "description": "The events after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": BatchEventPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's batch"),
-            422: openapi_problem("An invalid parameter, or `after` past the batch's last event"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def batch_events(
