@@ -11,7 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
-from llmtasks.domain.models import WEBHOOK_URL_RULE, ChatMessage, MaxTokens, SubmitTaskRequest, Temperature
+from llmtasks.domain.models import (
+    WEBHOOK_URL_RULE,
+    ChatMessage,
+    MaxTokens,
+    SubmitTaskRequest,
+    Temperature,
+    WebhookUrl,
+)
 
 # OpenAI's metadata: up to 16 string values.
 OpenAIMetadata = Annotated[
@@ -20,7 +27,7 @@ OpenAIMetadata = Annotated[
     WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 16}),
 ]
 # llmtasks' extension (the SDK's extra_body): where OpenAI's webhook events go.
-WebhookUrl = Annotated[str, Field(max_length=2048, description=WEBHOOK_URL_RULE)]
+OpenAIWebhookUrl = Annotated[WebhookUrl, Field(description=WEBHOOK_URL_RULE)]
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -65,7 +72,7 @@ class CreateResponse(_Closed):
     store: Annotated[
         StrictBool | None, WithJsonSchema({"anyOf": [{"type": "boolean", "const": True}, {"type": "null"}]})
     ] = None
-    webhook_url: WebhookUrl | None = None
+    webhook_url: OpenAIWebhookUrl | None = None
     # The reply: the response's events (text/event-stream), a segment of up to 25 s, instead of
     # the Response object; read on with GET /v1/responses/{id}?stream=true&starting_after=N.
     stream: StrictBool | None = None
@@ -116,7 +123,7 @@ class CreateBatch(_Closed):
     endpoint: Endpoint
     completion_window: Literal["24h"]
     metadata: OpenAIMetadata | None = None
-    webhook_url: WebhookUrl | None = None
+    webhook_url: OpenAIWebhookUrl | None = None
 
 
 class CreateUpload(_Closed):

@@ -38,6 +38,7 @@ from llmtasks.domain.models import (
     WebhookAttempt,
     WebhookFormat,
     WebhookStatus,
+    WebhookUrl,
     WebhookView,
     _at,
     _Strict,
@@ -108,10 +109,8 @@ class SubmitBatchRequest(_Strict):
         " POST /batches/uploads (up to 256 MiB and 100,000 lines), read in the background; the"
         " batch is `validating` until then, and its refused lines are reported by line number.",
     )
-    webhook_url: Text | None = Field(
-        default=None,
-        max_length=2048,
-        description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE,
+    webhook_url: WebhookUrl | None = Field(
+        default=None, description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE
     )
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
     webhook_format: WebhookFormat | None = Field(

@@ -161,6 +161,11 @@ WEBHOOK_URL_RULE = (
     "https, and its host must resolve to public addresses only (a host of the deployment's"
     " WEBHOOK_ALLOWED_HOSTS may be anything, over http too); refused with 422 otherwise."
 )
+# Its form, which the document can say: an http(s) URL (the scheme in any case, as the SSRF guard
+# reads it, services/webhook_urls.py) with a host, and no whitespace.
+WEBHOOK_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+# The bounds before the validator, so that the document carries them.
+WebhookUrl = Annotated[str, Field(max_length=2048, pattern=WEBHOOK_URL_PATTERN), AfterValidator(_utf8)]
 # ... and the webhook's fields only beside its URL.
 WEBHOOK_URL: Ways = [
     {"webhook_url": False, "webhook_events": False, "webhook_format": False},
