@@ -40,7 +40,7 @@ from llmtasks.domain.models import (
     WebhookAttemptList,
 )
 from llmtasks.domain.output import TaskOutputPage
-from llmtasks.domain.usage import Day, GroupBy, UsageReport
+from llmtasks.domain.usage import KEPT_DAYS, Day, GroupBy, UsageReport
 
 MAX_WAIT_S = 25
 
@@ -135,11 +135,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The chunks after `after` (none if the wait ran out); whether they end it",
+                "description": "The chunks after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": TaskOutputPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's task"),
-            422: openapi_problem("An invalid parameter, or `after` past the output's last chunk"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def task_output(
@@ -202,11 +203,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The events after `after` (none if the wait ran out); whether they end it",
+                "description": "The events after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": BatchEventPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's batch"),
-            422: openapi_problem("An invalid parameter, or `after` past the batch's last event"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def batch_events(
@@ -311,15 +313,18 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
                 "description": "The totals of each group, and of all",
                 "content": {"application/json": {"model": UsageReport}},
             },
-            422: openapi_problem(
-                "An invalid parameter: a date that is not YYYY-MM-DD, `from` after `to`, a span over 366 days"
-            ),
+            422: openapi_problem("An invalid parameter: a date that is not YYYY-MM-DD, an unknown group_by"),
         },
     )
     def get_usage(
         from_: Annotated[
             Day | None,
-            Query(alias="from", description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent"),
+            Query(
+                alias="from",
+                description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent. Any span is"
+                f" answered: days over {KEPT_DAYS} ago have no counters kept, and a `from` after `to`"
+                " spans no day (an empty report)",
+            ),
         ] = None,
         to: Annotated[
             Day | None, Query(description="The last UTC day (YYYY-MM-DD), included; today if absent")
