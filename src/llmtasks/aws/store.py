@@ -34,6 +34,7 @@ from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import WebhookEndpoints, outcome_update
 from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.domain.fields import STORED
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import (
     DEAD_LETTERED,
@@ -571,7 +572,8 @@ def _answer_values(completion: Completion, result_ref: str | None) -> dict[str, 
 def _new_item(task: Task) -> dict[str, Any]:
     """A new task's item. Unset fields are left out, but the client's metadata is kept exactly,
     as text."""
-    fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(task.metadata)}
+    fields = task.model_dump(mode="json", exclude_none=True, context=STORED)
+    fields |= {"metadata": json_text(task.metadata)}
     return serialize({"pk": f"task#{task.task_id}", **fields})
 
 

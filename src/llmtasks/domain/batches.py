@@ -29,6 +29,7 @@ from llmtasks.domain.models import (
     WEBHOOK_URL_RULE,
     BatchEventType,
     EventType,
+    OutputMessage,
     Priority,
     Task,
     TaskOptions,
@@ -40,6 +41,7 @@ from llmtasks.domain.models import (
     WebhookView,
     _at,
     _utc,
+    parsed_output,
 )
 from llmtasks.domain.usage import BatchSpend
 
@@ -427,6 +429,13 @@ class BatchResult(BaseModel):
     task_id: str
     status: TaskStatus
     result: str | None = None
+    output: OutputMessage | None = Field(
+        default=None, description="The model's whole message: text, refusal, tool calls."
+    )
+    finish_reason: str | None = None
+    parsed: Any = Field(
+        default=None, description="With a JSON response_format: the answer, validated against its schema."
+    )
     error: str | None = None
     error_code: str | None = None
     attempts: int = 0
@@ -440,6 +449,9 @@ class BatchResult(BaseModel):
             task_id=task.task_id,
             status=task.status,
             result=task.result,
+            output=OutputMessage.of(task),
+            finish_reason=task.finish_reason,
+            parsed=parsed_output(task),
             error=task.error,
             error_code=task.error_code,
             attempts=task.attempts,

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SerializationInfo,
     ValidationInfo,
     WithJsonSchema,
 )
@@ -123,7 +124,7 @@ TimeoutSeconds = Annotated[
 ]
 
 
-# Validation context of a task read back from its item: free JSON comes back from its text.
+# The context of a task written to its item and read back from it: free JSON is text there.
 STORED = {"stored": True}
 
 
@@ -133,17 +134,20 @@ def _from_stored_text(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-def _as_text(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def _as_stored(value: dict[str, Any], info: SerializationInfo) -> Any:
+    if isinstance(info.context, dict) and info.context.get("stored"):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return value
 
 
 # A JSON Schema, or a tool's parameters: any JSON object the client sends, passed to the model as
 # it came. An item keeps it as text (a DynamoDB map refuses empty keys, nesting past 32 and
-# numbers past 38 digits, all of which a schema may have); STORED reads it back.
+# numbers past 38 digits, all of which a schema may have): dumped with context STORED, and read
+# back with it.
 FreeJson = Annotated[
     dict[str, Any],
     BeforeValidator(_from_stored_text),
     AfterValidator(_json_object),
-    PlainSerializer(_as_text, when_used="json"),
+    PlainSerializer(_as_stored),
     WithJsonSchema({"type": "object", "additionalProperties": True}),
 ]
