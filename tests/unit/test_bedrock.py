@@ -755,7 +755,30 @@ def document(data: str, filename: str | None = None) -> dict[str, Any]:
         # Reasoning: Claude 3.7 and 4 only, with no sampling change, forced tool or tiny limit.
         ({"reasoning_effort": "low"}, CLAUDE_35, "reasoning_effort"),
         ({"reasoning_effort": "low"}, "amazon.nova-pro-v1:0", "reasoning_effort"),
+        ({"temperature": 1.5}, MODEL, "temperature"),
         ({"reasoning_effort": "low", "temperature": 0.2}, THINKING, "temperature"),
+        (
+            {
+                "reasoning_effort": "low",
+                "tools": [weather_tool()],
+                "messages": [
+                    {"role": "user", "content": "Oslo?"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+                ],
+            },
+            THINKING,
+            "messages[1].tool_calls",
+        ),
         ({"reasoning_effort": "low", "top_p": 0.5}, THINKING, "top_p"),
         ({"reasoning_effort": "low", "max_tokens": 1024}, THINKING, "max_tokens"),
         (
@@ -805,6 +828,28 @@ def test_what_a_bedrock_model_cannot_take_is_refused_naming_the_field(
         ),
         ({"response_format": {"type": "json_object"}, "stop": "END", "top_p": 0.9}, "some.new-model-v1"),
         ({"tools": [weather_tool()]}, "some.new-model-v1"),
+        (
+            {
+                "reasoning_effort": "low",
+                "messages": [
+                    {"role": "user", "content": "Oslo?"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+                    {"role": "assistant", "content": "Rain in Oslo."},
+                    {"role": "user", "content": "And tomorrow?"},
+                ],
+            },
+            THINKING,
+        ),
     ],
 )
 def test_what_a_bedrock_model_takes_passes(body: dict[str, Any], model: str) -> None:

@@ -162,6 +162,8 @@ def check_request(request: LLMRequest, model: str) -> None:
             raise Refusal(
                 name, "Bedrock's requestMetadata takes letters, digits, spaces and :_@$#=/+,-. only"
             )
+    if request.temperature is not None and request.temperature > 1:
+        raise Refusal("temperature", "Bedrock's models take a temperature from 0 to 1")
     if request.parallel_tool_calls is False:
         raise Refusal("parallel_tool_calls", "Converse cannot turn parallel tool calls off")
     _check_messages(request, can)
@@ -253,6 +255,14 @@ def _check_reasoning(request: LLMRequest, can: Capabilities) -> None:
     if isinstance(request.response_format, JsonSchemaFormat):
         raise Refusal(
             "response_format", "a schema is answered through a forced tool, which thinking cannot take"
+        )
+    # Claude wants the thinking that led to a tool call sent back with it, which a Chat
+    # Completions history does not carry.
+    assistants = [i for i, m in enumerate(request.messages or []) if m.role == "assistant"]
+    if assistants and (request.messages or [])[assistants[-1]].tool_calls:
+        raise Refusal(
+            f"messages[{assistants[-1]}].tool_calls",
+            "Claude thinking needs the thinking behind a tool call, which the history does not carry",
         )
     limit = request.output_limit
     if limit is not None and limit <= MIN_THINKING_BUDGET:
