@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 import llmtasks_client
 from llmtasks.api.openai_batches import multipart_fields
+from llmtasks.domain.batches import SubmitBatchRequest
 from llmtasks.domain.models import SubmitTaskRequest
 from llmtasks_client import LocalFile, file_part, image_part, json_schema_format, strict_json_schema
 from llmtasks_client.client import FILE_PART_BYTES
@@ -99,6 +100,19 @@ def test_submit_sends_a_model_as_its_json_schema_format_and_the_service_accepts_
     assert llmtasks_client.client._Policy.task_body("x", None, given, {})["response_format"] == given
     with pytest.raises(TypeError):
         llmtasks_client.client._Policy.task_body("x", None, Label(label="ham", score=1), {})  # type: ignore[arg-type]
+
+
+def test_a_batch_s_items_take_model_classes_and_parts_as_a_task_does() -> None:
+    items = [
+        {"custom_id": "a", "prompt": "spam?", "response_format": Label},
+        {"custom_id": "b", "messages": [{"role": "user", "content": ["ham?", image_part(PNG)]}]},
+    ]
+    body = llmtasks_client.client._Policy.batch_body(items, {"priority": "low", "webhook_url": None})
+    assert body["items"][0]["response_format"] == type_to_response_format_param(Label)
+    assert body["items"][1]["messages"][0]["content"][0] == {"type": "text", "text": "ham?"}
+    assert items[0]["response_format"] is Label  # the caller's items are left as they were
+    assert "webhook_url" not in body
+    SubmitBatchRequest.model_validate(json.loads(json.dumps(body)))  # what the service takes
 
 
 def test_image_part_passes_urls_and_inlines_small_images_as_data_urls(tmp_path: Path) -> None:
