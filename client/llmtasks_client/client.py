@@ -454,8 +454,10 @@ class Client:
         """A new task (`202`) of `prompt` or `messages` (content parts: text, `image_part`,
         `file_part`; those too large to go inline are uploaded first) and the parameters of one
         Chat Completions call. `response_format` may be a pydantic model class: the task is asked
-        for JSON that fits it, and `get`/`wait` give its `parsed` as an instance of it. Retried
-        under one Idempotency-Key, so never two."""
+        for JSON that fits it, and `get`/`wait` give its `parsed` as an instance of it (pydantic's
+        ValidationError if a constraint the schema cannot say refuses it). Retried under one
+        Idempotency-Key, so never two; parts uploaded first are uploaded again by a second
+        submit, so reuse a key only with parts that go inline or by `file_id`."""
         body = self._uploaded(self._policy.task_body(prompt, messages, response_format, options))
         accepted = self._request("POST", "/tasks", **self._policy.posted(body, idempotency_key))
         self._policy.remember(accepted["task_id"], response_format)
