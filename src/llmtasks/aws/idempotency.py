@@ -22,7 +22,6 @@ from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import D
 from pydantic import BaseModel
 
 from llmtasks.domain.errors import InvalidInput, ServiceUnavailable, TaskConflict
-from llmtasks.domain.fields import STORED
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -102,5 +101,4 @@ def once_per_key(
         key=key,
         body=body.model_dump(mode="json", exclude_unset=True),
     )
-    # (Read as a stored item is: a schema in it was kept as JSON text.)
-    return model.model_validate(stored, context=STORED), replayed
+    return model.model_validate(stored), replayed
