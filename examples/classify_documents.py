@@ -3,8 +3,8 @@
 The seed's own case: a team's documents, each read by the model and given a label that must fit a
 schema. Every item asks for `response_format` json_schema (strict), so each result comes back as
 `parsed`, an object already validated against the schema; a model answer that does not fit is
-retried, and fails as `invalid_output` only after its retries. PDFs travel as file parts (inline
-here; upload larger ones with POST /v1/files and name their file_id).
+retried, and fails as `invalid_output` only after its retries. PDFs travel as file parts: inline
+when small, uploaded (POST /v1/files) and named by file_id when large, which the SDK decides.
 
     export LLMTASKS_API_URL=http://127.0.0.1:3000 LLMTASKS_API_KEY=lt_...   # the key make up printed
     python examples/classify_documents.py path/to/folder
@@ -12,7 +12,6 @@ here; upload larger ones with POST /v1/files and name their file_id).
 
 from __future__ import annotations
 
-import base64
 import os
 import sys
 from dataclasses import dataclass
@@ -45,23 +44,13 @@ class Classified:
     cost_usd: Decimal
 
 
-def label_format() -> dict[str, Any]:
-    """Label as a strict json_schema response_format: every property required, no others."""
-    schema = Label.model_json_schema()
-    schema["required"] = list(schema["properties"])
-    return {"type": "json_schema", "json_schema": {"name": "Label", "schema": schema, "strict": True}}
-
-
 def item(path: Path, model: str) -> dict[str, Any]:
-    """One batch item: the document as a text part, or a PDF as a file part."""
+    """One batch item: the document as a text part, or a PDF as a file part; the answer a Label
+    (the SDK turns the model class into a strict json_schema response_format)."""
     if path.suffix.lower() == ".pdf":
-        data = base64.b64encode(path.read_bytes()).decode()
-        document: dict[str, Any] = {
-            "type": "file",
-            "file": {"filename": path.name, "file_data": f"data:application/pdf;base64,{data}"},
-        }
+        document = llmtasks_client.file_part(path)
     else:
-        document = {"type": "text", "text": path.read_text(encoding="utf-8", errors="replace")}
+        document = llmtasks_client.text_part(path.read_text(encoding="utf-8", errors="replace"))
     return {
         "custom_id": path.name,
         "model": model,
@@ -69,7 +58,7 @@ def item(path: Path, model: str) -> dict[str, Any]:
             {"role": "developer", "content": INSTRUCTIONS},
             {"role": "user", "content": [document]},
         ],
-        "response_format": label_format(),
+        "response_format": Label,
         "max_completion_tokens": 200,
     }
 
