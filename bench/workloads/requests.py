@@ -1,0 +1,149 @@
+"""What the whole request costs at submit (section request): a structured-output task and a task
+that names a 20 MB document, beside a plain one. Each kind: its submits' latency from one client
+(POST /tasks to the 202), then the AWS calls, Lambda time and DynamoDB write units a task costs
+end to end, counted as the cost section counts them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from figures import Report
+from harness import stack_running
+from llmtasks_local.emulator.launcher import LaunchedStack
+from llmtasks_local.sam.provision import local_name
+from workloads.costs import Cost, measure_cost
+
+LABEL = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "Label",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "category": {"type": "string", "enum": ["invoice", "contract", "report", "letter"]},
+                "summary": {"type": "string"},
+            },
+            "required": ["category", "summary"],
+            "additionalProperties": False,
+        },
+    },
+}
+DOCUMENT_BYTES = 20 * 1024 * 1024
+LATENCY_SUBMITS = 30
+
+
+def pdf_of_size(size: int) -> bytes:
+    """A one-page PDF of about `size` bytes (an unused stream pads it), whose page says it is an
+    invoice."""
+    page = b"BT /F1 12 Tf 72 720 Td (This invoice is due in 30 days.) Tj ET"
+    padding = b"%" * max(0, size - 700)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(page), page),
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(padding), padding),
+    ]
+    body = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, content in enumerate(objects, start=1):
+        offsets.append(len(body))
+        body += b"%d 0 obj\n%s\nendobj\n" % (number, content)
+    xref = len(body)
+    body += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    body += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    body += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(body)
+
+
+def uploaded_document(stack: LaunchedStack) -> str:
+    """A 20 MB PDF sent through the Files API (purpose user_data): its file id."""
+    with stack.client(timeout=120) as client:
+        reply = client.post(
+            "/v1/files",
+            data={"purpose": "user_data"},
+            files={"file": ("invoice.pdf", pdf_of_size(DOCUMENT_BYTES), "application/pdf")},
+        )
+    reply.raise_for_status()
+    return str(reply.json()["id"])
+
+
+def submit_latency_ms(stack: LaunchedStack, body: Callable[[int], dict[str, Any]]) -> list[float]:
+    """POST /tasks to its 202, one submit after the other from one client."""
+    took = []
+    with stack.client() as client:
+        for i in range(LATENCY_SUBMITS):
+            started = time.perf_counter()
+            client.post("/tasks", json=body(i)).raise_for_status()
+            took.append((time.perf_counter() - started) * 1000)
+    return took
+
+
+def request_costs(report: Report, tasks: int) -> None:
+    with stack_running() as stack:
+        file_id = uploaded_document(stack)
+        kinds: dict[str, Callable[[int], dict[str, Any]]] = {
+            "plain": lambda i: {"prompt": f"plain {i} {uuid.uuid4().hex}"},
+            "structured output": lambda i: {
+                "prompt": f"an invoice {i} {uuid.uuid4().hex}",
+                "response_format": LABEL,
+            },
+            "20 MB document": lambda i: {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": f"Classify {i} {uuid.uuid4().hex}"},
+                            {"type": "file", "file": {"file_id": file_id}},
+                        ],
+                    }
+                ],
+                "response_format": LABEL,
+            },
+        }
+        measured: dict[str, tuple[list[float], Cost]] = {}
+        for label, body in kinds.items():
+            stack.configure_mock()
+            latency = submit_latency_ms(stack, body)
+            measured[label] = (latency, measure_cost(stack, tasks, body))
+    section = "request"
+    plain_latency, plain = measured["plain"]
+    for label, (latency, cost) in measured.items():
+        p50 = statistics.median(latency)
+        ratio = p50 / statistics.median(plain_latency)
+        report.add(
+            section,
+            f"{label}: submit p50 / p95, ms",
+            f"{p50:.1f} / {_p95(latency):.1f}",
+            f"{ratio:.2f}x plain",
+        )
+        submit_gb_s = cost.lambda_usage.get("SubmitFunction", (0.0, 0.0))[1]
+        worker_gb_s = cost.lambda_usage.get("WorkerFunction", (0.0, 0.0))[1]
+        report.add(
+            section,
+            "  SubmitFunction, WorkerFunction GB-s per task",
+            f"{submit_gb_s:.4f}, {worker_gb_s:.4f}",
+        )
+        units = cost.writes.get("units", {}).get(local_name("TasksTable"), 0.0)
+        report.add(
+            section, "  AWS calls, TasksTable write units per task", f"{cost.api_calls:.2f}, {units:.2f}"
+        )
+        usd = sum(cost.per_million(http_requests=1).values())
+        plain_usd = sum(plain.per_million(http_requests=1).values())
+        report.add(section, "  AWS cost per million tasks", f"${usd:.2f}", f"{usd / plain_usd:.2f}x plain")
+    report.note(
+        "Submit latency from one client, each submit after the last (the mock answers at once, so"
+        " the worker runs beside). The document is uploaded once and named by file_id in each task;"
+        " the worker reads it from S3 for each call. AWS cost as the cost section prices it."
+    )
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
