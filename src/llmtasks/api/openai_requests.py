@@ -130,7 +130,10 @@ class CreateUpload(_Closed):
     )
     filename: str = Field(min_length=1, max_length=256)
     mime_type: str = Field(max_length=200)
-    purpose: Literal["batch"] = Field(description="llmtasks keeps files for batches only.")
+    purpose: Literal["batch", "user_data", "vision"] = Field(
+        description="batch: a batch's input; user_data or vision: an image or document (at most"
+        " 50 MB) that tasks name by file_id."
+    )
 
 
 class CompleteUpload(_Closed):

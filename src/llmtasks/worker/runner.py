@@ -11,6 +11,7 @@ retry or dead letter): its steps share the lease and the clock, and read in the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import time
@@ -39,6 +40,8 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
+from llmtasks.domain.input_files import INPUT_FILE_MISSING, FileFacts, InputFileMissing, with_file_data
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rules import Clock, dimensions_of
@@ -194,7 +197,12 @@ class TaskRunner:
         if task.retried_at is None and not task.billed_cost:
             return None
         request = task.request
-        most = self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        files: dict[str, FileFacts] = {}
+        for file_id in request.file_ids():
+            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
+            files |= {file_id: facts} if facts is not None else {}
+        model = request.model or self._settings.llm_model
+        most = self._settings.price_table.most_cost(request, model, files)
         try:
             await asyncio.to_thread(
                 self._budgets.reserve, task.key_id, task.budget, task.task_id, most, attempt=task.attempts
@@ -228,8 +236,15 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
+        try:
+            # The files the task names, read in for this call only: the task keeps their ids.
+            read = functools.partial(self._results.input_file, task.tenant_id)
+            request = await asyncio.to_thread(with_file_data, task.request, read)
+        except InputFileMissing as missing:
+            self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
+            return
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, lease_id, timeout, progress)
+        completion = await self._call(task, request, lease_id, timeout, progress)
         if completion is None:
             return
         completion = await self._charge(task, completion)
@@ -319,12 +334,18 @@ class TaskRunner:
         )
 
     async def _call(
-        self, task: Task, lease_id: str, timeout_s: float, progress: ProgressWriter | None
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        timeout_s: float,
+        progress: ProgressWriter | None,
     ) -> Completion | None:
-        """The LLM's completion; None when there is none to store (the error is dealt with)."""
+        """The LLM's completion of `request` (the task's, its files read in); None when there is
+        none to store (the error is dealt with)."""
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
-            return await self._complete(task, timeout_s, progress)
+            return await self._complete(task, request, timeout_s, progress)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except StaleWrite:
@@ -339,10 +360,12 @@ class TaskRunner:
 
     # A subsegment of its own in the trace; its reply (the result text) is never put in it.
     @tracer.capture_method(capture_response=False)
-    async def _complete(self, task: Task, timeout_s: float, progress: ProgressWriter | None) -> Completion:
+    async def _complete(
+        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None
+    ) -> Completion:
         tracer.put_annotation("task_id", task.task_id)
         return await self._llm.complete(
-            task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            request, timeout_s=timeout_s, on_progress=progress.record if progress else None
         )
 
     async def _claim(
