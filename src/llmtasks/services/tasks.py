@@ -71,7 +71,6 @@ class TaskService:
         self._clock = clock
         self._resolve = resolve or resolver_from_settings(settings)
         self._results = results
-        self._files = InputFiles(results)
         # The API registers each invocation's context with these, and counts each request
         # against the limits (api/app.py).
         self.idempotency = idempotency
@@ -92,7 +91,7 @@ class TaskService:
         caller's key with a max_in_flight holds the task (none: no limit)."""
         # Before the key is recorded: a refused body leaves no trace.
         check_limits(body, self._settings.size_limits)
-        files = self._files.check(tenant_id, body.llm_request())
+        files = InputFiles(self._results).check(tenant_id, body.llm_request())
         if body.webhook_url is not None:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
