@@ -32,7 +32,7 @@ from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, pdf_document
 from tests.unit.test_api import assert_problem
 from tests.unit.test_batches import Rig
-from tests.unit.test_openapi import multipart
+from tests.unit.test_openapi import document, multipart, validator
 from tests.unit.test_worker import Worker
 
 
@@ -317,3 +317,15 @@ def test_a_file_gone_when_the_task_runs_fails_it_with_input_file_missing_and_no_
 
 def _request(body: dict[str, Any]) -> SubmitTaskRequest:
     return SubmitTaskRequest.model_validate(body)
+
+
+def test_the_document_says_an_input_file_s_upload_holds_50_mb_as_the_api_does(rig: Rig) -> None:
+    check = validator(document(rig), "/v1/uploads")
+    for purpose, size in (
+        ("user_data", MAX_TASK_FILE_BYTES),
+        ("vision", MAX_TASK_FILE_BYTES + 1),
+        ("batch", 10**8),
+    ):
+        body = {"bytes": size, "filename": "a.pdf", "mime_type": "application/pdf", "purpose": purpose}
+        accepted = rig.api.call("POST", "/v1/uploads", body)["statusCode"] == 200
+        assert check.is_valid(body) == accepted == (purpose == "batch" or size <= MAX_TASK_FILE_BYTES), body

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.fields import MaxTokens, Temperature
+from llmtasks.domain.input_files import MAX_TASK_FILE_BYTES
 from llmtasks.domain.llm_request import ChatMessage
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
@@ -123,7 +124,15 @@ class CreateBatch(_Closed):
 
 class CreateUpload(_Closed):
     """`POST /v1/uploads`: a file to send in parts (`expires_after` is refused: files expire with
-    the results, ResultRetentionDays)."""
+    the results, ResultRetentionDays). An image or document for tasks holds at most 50 MB."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"purpose": {"enum": ["user_data", "vision"]}}, "required": ["purpose"]},
+            "then": {"properties": {"bytes": {"maximum": MAX_TASK_FILE_BYTES}}},
+        },
+    )
 
     bytes: int = Field(
         ge=1, le=MAX_INPUT_FILE_BYTES, description="The file's size: its parts must add up to it."
