@@ -28,6 +28,8 @@ from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.models import SubmitTaskRequest, TaskStatus
 from llmtasks.domain.pricing import ModelPrice, PriceTable
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.records import sqs_record
+from llmtasks.worker.runner import TaskRunner
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, pdf_document
 from tests.unit.test_api import assert_problem
@@ -329,3 +331,44 @@ def test_the_document_says_an_input_file_s_upload_holds_50_mb_as_the_api_does(ri
         body = {"bytes": size, "filename": "a.pdf", "mime_type": "application/pdf", "purpose": purpose}
         accepted = rig.api.call("POST", "/v1/uploads", body)["statusCode"] == 200
         assert check.is_valid(body) == accepted == (purpose == "batch" or size <= MAX_TASK_FILE_BYTES), body
+
+
+def test_an_invocation_holds_one_call_s_files_past_its_limit_and_the_others_wait_queued(
+    worker: Worker, mock_llm: RunningMock, aws: Aws
+) -> None:
+    # Three tasks naming a document each reach one invocation, whose limit holds one document:
+    # one call runs with it, and the first of the others is sent back to its queue, costing no
+    # retry, while a task naming no file runs beside them
+    mock_llm.configure(latency_s=1.0)
+    results = blobs(worker.settings)
+    named = []
+    for n in range(2):
+        results.put_file(
+            "default", f"file-doc{n}", pdf_document(f"doc {n}"), filename="a.pdf", purpose="user_data"
+        )
+        named.append(
+            worker.service.submit("default", _request(asking(file_part(f"file-doc{n}")))).task.task_id
+        )
+    plain = worker.submit("no file")
+    runner = TaskRunner(
+        worker.settings.model_copy(update={"worker_call_slots": 0}),
+        worker.store,
+        worker.lanes,
+        OpenAIChat(base_url=mock_llm.url, api_key=None, default_model="mock-model"),
+        results=results,
+        held_file_limit=len(pdf_document("doc 0")),
+    )
+    arn = aws.resources.attributes[("TaskQueue", "Arn")]
+    event = {"Records": [sqs_record(m, arn) for m in worker.queued()]}  # type: ignore[arg-type]
+    assert worker.fn(event, worker.context, runner=runner, queue=worker.queue, call_slots=0) == {
+        "batchItemFailures": []
+    }
+    ran, waiting = sorted((worker.task(t) for t in named), key=lambda t: t.status is TaskStatus.PENDING)
+    assert ran.status is TaskStatus.COMPLETED
+    assert (waiting.status, waiting.last_error_code, waiting.attempts) == (
+        TaskStatus.PENDING,
+        "files_held",
+        0,
+    )
+    assert worker.task(plain).status is TaskStatus.COMPLETED
+    assert mock_llm.stats.files == 1

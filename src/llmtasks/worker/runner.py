@@ -40,7 +40,13 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
-from llmtasks.domain.input_files import INPUT_FILE_MISSING, FileFacts, InputFileMissing, with_file_data
+from llmtasks.domain.input_files import (
+    INPUT_FILE_MISSING,
+    MAX_TASK_FILE_BYTES,
+    FileFacts,
+    InputFileMissing,
+    with_file_data,
+)
 from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
@@ -57,6 +63,10 @@ ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
 HELD_LEASE_RECHECK_S = 3.0
 # A call ends this long before the function's timeout, to leave time to write its outcome.
 OUTCOME_TIME_S = 10.0
+# The bytes of named files an invocation holds for its calls at once: a call's request carries
+# them base64-encoded, about five times their size in memory in all, and a function has 512 MB.
+# One call always runs, whatever its files (a task names 50 MB at most).
+HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
@@ -96,9 +106,12 @@ class TaskRunner:
         cancellations: BatchCancellations | None = None,
         running: RunningCalls | None = None,
         budgets: KeyBudgets | None = None,
+        held_file_limit: int = HELD_FILE_BYTES,
     ) -> None:
         self._settings = settings
         self._budgets = budgets
+        self._held_file_limit = held_file_limit
+        self._held_file_bytes = 0  # of the calls running in this invocation (its event loop)
         self._store = store
         self._lanes = lanes
         self._cancellations = cancellations
@@ -220,7 +233,41 @@ class TaskRunner:
     async def _call_and_record(
         self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
     ) -> None:
-        """The claimed task's LLM call, within its time, and its outcome stored."""
+        """The claimed task's LLM call, within its time, and its outcome stored; the files it
+        names held in memory meanwhile, within what the invocation may hold."""
+        held = await self._hold_files(task, lease_id)
+        if held is None:
+            return
+        try:
+            await self._paced_call(task, lease_id, now, remaining_s)
+        finally:
+            self._held_file_bytes -= held
+
+    async def _hold_files(self, task: Task, lease_id: str) -> int | None:
+        """The bytes of the files the task names, now counted as held by this invocation; None
+        when the task is dealt with instead: a file is gone (it fails), or the invocation holds
+        other calls' files and this one would pass its limit (it waits in its queue)."""
+        named = task.request.file_ids()
+        if not named:
+            return 0
+        found = [await asyncio.to_thread(self._results.file, task.tenant_id, file_id) for file_id in named]
+        sizes = [stored.size for stored in found if stored is not None]
+        if len(sizes) < len(named):
+            gone = named[[stored is None for stored in found].index(True)]
+            self._fail(task, lease_id, str(InputFileMissing(gone)), INPUT_FILE_MISSING)
+            return None
+        if self._held_file_bytes and self._held_file_bytes + sum(sizes) > self._held_file_limit:
+            delay = self._rng.uniform(CAPPED_RETRY_S, 2 * CAPPED_RETRY_S)
+            why = "The invocation holds other calls' files: this one waits for room."
+            self._schedule_retry(task, lease_id, delay, why, "files_held", attempted=False)
+            return None
+        self._held_file_bytes += sum(sizes)
+        return sum(sizes)
+
+    async def _paced_call(
+        self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
+    ) -> None:
+        """The call once its pace allows, with the task's files read in, and its outcome."""
         deadline = task.deadline
         dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
