@@ -492,31 +492,3 @@ def count_tasks(aws: Any, handler: Any, progress: Any = None) -> list[dict[str, 
             skips=StreamSkips(table, aws.dynamodb),
         )
     return chosen
-
-
-def pdf_document(text: str, *, pad_to: int = 0) -> bytes:
-    """A valid one-page PDF that shows `text` (its content stream uncompressed, so a reader of
-    the bytes finds the words), padded to about `pad_to` bytes with a stream no page draws."""
-    escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
-    page = f"BT /F1 12 Tf 72 720 Td ({escaped}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
-        b" /Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(page), page),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    if pad_to:
-        padding = b"%" * max(0, pad_to - 600)
-        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(padding), padding))
-    body = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, content in enumerate(objects, start=1):
-        offsets.append(len(body))
-        body += b"%d 0 obj\n%s\nendobj\n" % (number, content)
-    xref = len(body)
-    body += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    body += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    body += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(body)

@@ -7,16 +7,20 @@ end to end, counted as the cost section counts them.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from figures import Report
-from harness import stack_running
+from harness import ROOT, stack_running
 from llmtasks_local.emulator.launcher import LaunchedStack
 from llmtasks_local.sam.provision import local_name
 from workloads.costs import Cost, measure_cost
+
+sys.path.insert(0, str(ROOT))  # the tests' document maker: one PDF writer in the repository
+from tests.documents import pdf_document
 
 LABEL = {
     "type": "json_schema",
@@ -38,37 +42,19 @@ DOCUMENT_BYTES = 20 * 1024 * 1024
 LATENCY_SUBMITS = 30
 
 
-def pdf_of_size(size: int) -> bytes:
-    """A one-page PDF of about `size` bytes (an unused stream pads it), whose page says it is an
-    invoice."""
-    page = b"BT /F1 12 Tf 72 720 Td (This invoice is due in 30 days.) Tj ET"
-    padding = b"%" * max(0, size - 700)
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(page), page),
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(padding), padding),
-    ]
-    body = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, content in enumerate(objects, start=1):
-        offsets.append(len(body))
-        body += b"%d 0 obj\n%s\nendobj\n" % (number, content)
-    xref = len(body)
-    body += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    body += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    body += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(body)
-
-
 def uploaded_document(stack: LaunchedStack) -> str:
     """A 20 MB PDF sent through the Files API (purpose user_data): its file id."""
     with stack.client(timeout=120) as client:
         reply = client.post(
             "/v1/files",
             data={"purpose": "user_data"},
-            files={"file": ("invoice.pdf", pdf_of_size(DOCUMENT_BYTES), "application/pdf")},
+            files={
+                "file": (
+                    "invoice.pdf",
+                    pdf_document("This invoice is due in 30 days.", size=DOCUMENT_BYTES),
+                    "application/pdf",
+                )
+            },
         )
     reply.raise_for_status()
     return str(reply.json()["id"])

@@ -26,16 +26,9 @@ from llmtasks.services.batch_outcomes import batch_task_id
 from llmtasks_client import verify_webhook
 from llmtasks_local.mock_llm import MockConfig, reply_text
 from llmtasks_local.sam.provision import local_name
+from tests.documents import pdf_document
 from tests.e2e.conftest import RunningStack, start_stack, wait_terminal
-from tests.helpers import (
-    HANG_S,
-    WebhookReceiver,
-    eventually,
-    load_example,
-    local_client,
-    pdf_document,
-    replay_batch_events,
-)
+from tests.helpers import HANG_S, WebhookReceiver, eventually, load_example, local_client, replay_batch_events
 
 pytestmark = pytest.mark.e2e
 

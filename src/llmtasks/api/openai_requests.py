@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.fields import MaxTokens, Temperature, WebhookUrl
+from llmtasks.domain.input_files import MAX_TASK_FILE_BYTES
 from llmtasks.domain.llm_request import ChatMessage
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
@@ -123,14 +124,25 @@ class CreateBatch(_Closed):
 
 class CreateUpload(_Closed):
     """`POST /v1/uploads`: a file to send in parts (`expires_after` is refused: files expire with
-    the results, ResultRetentionDays)."""
+    the results, ResultRetentionDays). An image or document for tasks holds at most 50 MB."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"purpose": {"enum": ["user_data", "vision"]}}, "required": ["purpose"]},
+            "then": {"properties": {"bytes": {"maximum": MAX_TASK_FILE_BYTES}}},
+        },
+    )
 
     bytes: int = Field(
         ge=1, le=MAX_INPUT_FILE_BYTES, description="The file's size: its parts must add up to it."
     )
     filename: str = Field(min_length=1, max_length=256)
     mime_type: str = Field(max_length=200)
-    purpose: Literal["batch"] = Field(description="llmtasks keeps files for batches only.")
+    purpose: Literal["batch", "user_data", "vision"] = Field(
+        description="batch: a batch's input; user_data or vision: an image or document (at most"
+        " 50 MB) that tasks name by file_id."
+    )
 
 
 class CompleteUpload(_Closed):

@@ -519,6 +519,10 @@ class StoredFile:
     purpose: str
     size: int
     created_at: float
+    # An input file's (purpose user_data or vision): its media type as uploaded, and a PDF's
+    # pages as counted when it was stored (None: not counted).
+    mime_type: str | None = None
+    pages: int | None = None
 
 
 # OpenAI's Uploads API: a file sent in parts, each within a request's 6 MB (base64-encoded in
@@ -539,6 +543,7 @@ class FileUpload(BaseModel):
     created_at: float
     expires_at: float
     status: UploadStatus = "pending"
+    mime_type: str | None = None
 
     def status_at(self, now: float) -> UploadStatus:
         return "expired" if self.status == "pending" and now >= self.expires_at else self.status

@@ -50,7 +50,9 @@ def check_limits(body: TaskOptions, limits: SizeLimits, *, where: str = "") -> N
     if size > limits.max_prompt_bytes:
         of = f" of {where}" if where else ""
         raise PayloadTooLarge(
-            f"The prompt{of} is {size} bytes; the limit is {limits.max_prompt_bytes} bytes."
+            f"The prompt{of} is {size} bytes (its text and inline data: images and documents as data"
+            f" URLs count); the limit is {limits.max_prompt_bytes} bytes. Upload larger images and"
+            " documents with POST /v1/files or /v1/uploads (purpose user_data) and name them by file_id."
         )
     if body.metadata is not None:
         check_metadata(body.metadata, limits, field=f"{where}.metadata" if where else "metadata")

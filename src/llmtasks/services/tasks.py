@@ -23,12 +23,14 @@ from llmtasks.aws.usage import utc_day
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import TaskNotFound
+from llmtasks.domain.input_files import FileFacts
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
 from llmtasks.domain.output import TaskOutputPage
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
 from llmtasks.domain.usage import GroupBy, UsageReport, days_read, default_first
 from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.services.input_files import InputFiles
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.task_output import OutputReader
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
@@ -89,6 +91,7 @@ class TaskService:
         caller's key with a max_in_flight holds the task (none: no limit)."""
         # Before the key is recorded: a refused body leaves no trace.
         check_limits(body, self._settings.size_limits)
+        files = InputFiles(self._results).check(tenant_id, body.llm_request())
         if body.webhook_url is not None:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
@@ -102,13 +105,14 @@ class TaskService:
             key=idempotency_key,
             body=body,
             caller=caller,
-            held=Held("t", task_id, most_cost=self._most_cost(body)),
+            held=Held("t", task_id, most_cost=self._most_cost(body, files)),
         )
         return Submission(task, replayed=replayed)
 
-    def _most_cost(self, body: SubmitTaskRequest) -> Decimal:
+    def _most_cost(self, body: SubmitTaskRequest, files: dict[str, FileFacts]) -> Decimal:
         request = body.llm_request()
-        return self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        model = request.model or self._settings.llm_model
+        return self._settings.price_table.most_cost(request, model, files)
 
     def _create(
         self,

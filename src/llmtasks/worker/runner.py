@@ -11,6 +11,7 @@ retry or dead letter): its steps share the lease and the clock, and read in the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import time
@@ -39,6 +40,14 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
+from llmtasks.domain.input_files import (
+    INPUT_FILE_MISSING,
+    MAX_TASK_FILE_BYTES,
+    FileFacts,
+    InputFileMissing,
+    with_file_data,
+)
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rules import Clock, dimensions_of
@@ -54,6 +63,10 @@ ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
 HELD_LEASE_RECHECK_S = 3.0
 # A call ends this long before the function's timeout, to leave time to write its outcome.
 OUTCOME_TIME_S = 10.0
+# The bytes of named files an invocation holds for its calls at once: a call's request carries
+# them base64-encoded, about five times their size in memory in all, and a function has 512 MB.
+# One call always runs, whatever its files (a task names 50 MB at most).
+HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
@@ -93,9 +106,12 @@ class TaskRunner:
         cancellations: BatchCancellations | None = None,
         running: RunningCalls | None = None,
         budgets: KeyBudgets | None = None,
+        held_file_limit: int = HELD_FILE_BYTES,
     ) -> None:
         self._settings = settings
         self._budgets = budgets
+        self._held_file_limit = held_file_limit
+        self._held_file_bytes = 0  # of the calls running in this invocation (its event loop)
         self._store = store
         self._lanes = lanes
         self._cancellations = cancellations
@@ -194,7 +210,12 @@ class TaskRunner:
         if task.retried_at is None and not task.billed_cost:
             return None
         request = task.request
-        most = self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        files: dict[str, FileFacts] = {}
+        for file_id in request.file_ids():
+            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
+            files |= {file_id: facts} if facts is not None else {}
+        model = request.model or self._settings.llm_model
+        most = self._settings.price_table.most_cost(request, model, files)
         try:
             await asyncio.to_thread(
                 self._budgets.reserve, task.key_id, task.budget, task.task_id, most, attempt=task.attempts
@@ -212,7 +233,41 @@ class TaskRunner:
     async def _call_and_record(
         self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
     ) -> None:
-        """The claimed task's LLM call, within its time, and its outcome stored."""
+        """The claimed task's LLM call, within its time, and its outcome stored; the files it
+        names held in memory meanwhile, within what the invocation may hold."""
+        held = await self._hold_files(task, lease_id)
+        if held is None:
+            return
+        try:
+            await self._paced_call(task, lease_id, now, remaining_s)
+        finally:
+            self._held_file_bytes -= held
+
+    async def _hold_files(self, task: Task, lease_id: str) -> int | None:
+        """The bytes of the files the task names, now counted as held by this invocation; None
+        when the task is dealt with instead: a file is gone (it fails), or the invocation holds
+        other calls' files and this one would pass its limit (it waits in its queue)."""
+        named = task.request.file_ids()
+        if not named:
+            return 0
+        found = [await asyncio.to_thread(self._results.file, task.tenant_id, file_id) for file_id in named]
+        sizes = [stored.size for stored in found if stored is not None]
+        if len(sizes) < len(named):
+            gone = named[[stored is None for stored in found].index(True)]
+            self._fail(task, lease_id, str(InputFileMissing(gone)), INPUT_FILE_MISSING)
+            return None
+        if self._held_file_bytes and self._held_file_bytes + sum(sizes) > self._held_file_limit:
+            delay = self._rng.uniform(CAPPED_RETRY_S, 2 * CAPPED_RETRY_S)
+            why = "The invocation holds other calls' files: this one waits for room."
+            self._schedule_retry(task, lease_id, delay, why, "files_held", attempted=False)
+            return None
+        self._held_file_bytes += sum(sizes)
+        return sum(sizes)
+
+    async def _paced_call(
+        self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
+    ) -> None:
+        """The call once its pace allows, with the task's files read in, and its outcome."""
         deadline = task.deadline
         dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
@@ -228,8 +283,15 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
+        try:
+            # The files the task names, read in for this call only: the task keeps their ids.
+            read = functools.partial(self._results.input_file, task.tenant_id)
+            request = await asyncio.to_thread(with_file_data, task.request, read)
+        except InputFileMissing as missing:
+            self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
+            return
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, lease_id, timeout, progress)
+        completion = await self._call(task, request, lease_id, timeout, progress)
         if completion is None:
             return
         completion = await self._charge(task, completion)
@@ -319,12 +381,18 @@ class TaskRunner:
         )
 
     async def _call(
-        self, task: Task, lease_id: str, timeout_s: float, progress: ProgressWriter | None
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        timeout_s: float,
+        progress: ProgressWriter | None,
     ) -> Completion | None:
-        """The LLM's completion; None when there is none to store (the error is dealt with)."""
+        """The LLM's completion of `request` (the task's, its files read in); None when there is
+        none to store (the error is dealt with)."""
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
-            return await self._complete(task, timeout_s, progress)
+            return await self._complete(task, request, timeout_s, progress)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except StaleWrite:
@@ -339,10 +407,12 @@ class TaskRunner:
 
     # A subsegment of its own in the trace; its reply (the result text) is never put in it.
     @tracer.capture_method(capture_response=False)
-    async def _complete(self, task: Task, timeout_s: float, progress: ProgressWriter | None) -> Completion:
+    async def _complete(
+        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None
+    ) -> Completion:
         tracer.put_annotation("task_id", task.task_id)
         return await self._llm.complete(
-            task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            request, timeout_s=timeout_s, on_progress=progress.record if progress else None
         )
 
     async def _claim(
