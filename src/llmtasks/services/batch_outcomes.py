@@ -22,6 +22,7 @@ from llmtasks.domain.batches import (
     RefusedLine,
     StoredFile,
 )
+from llmtasks.domain.fields import STORED
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
 from llmtasks.services.batch_inputs import refused_file_id
@@ -39,8 +40,10 @@ def batch_task_id(batch_id: str, index: int) -> str:
 
 def read_chunk(results: ResultBlobs, batch: Batch, chunk: int) -> list[BatchItem]:
     start, end = batch.chunk_offsets[chunk], batch.chunk_offsets[chunk + 1]
+    # Schemas and tool parameters are kept as JSON text (fields.FreeJson): read back as objects.
     return [
-        BatchItem.model_validate_json(line) for line in results.manifest_lines(batch.manifest_ref, start, end)
+        BatchItem.model_validate_json(line, context=STORED)
+        for line in results.manifest_lines(batch.manifest_ref, start, end)
     ]
 
 
