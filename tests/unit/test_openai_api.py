@@ -626,3 +626,13 @@ def test_a_chat_line_s_answer_is_a_chat_completion_the_sdk_parses() -> None:
         chat_completion(completed(LLMRequest(prompt="p"), result="", refusal="No."), None, int(NOW))
     )
     assert (refusal.choices[0].message.content, refusal.choices[0].message.refusal) == (None, "No.")
+
+
+def test_a_rule_across_fields_is_refused_naming_the_field_its_message_names() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate(
+            {"input": "x", "background": True, "tool_choice": "required"}
+        ).task_request()
+
+    assert refused.value.field == "tool_choice"
+    assert "need 'tools'" in refused.value.detail

@@ -5,6 +5,7 @@ serve is refused by name. Both the responses routes (openai.py) and the batches
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -125,9 +126,11 @@ class CreateResponse(_Closed):
             # A value OpenAI's schema allows that a task's does not (an empty model, a lone
             # surrogate): refused under OpenAI's name for the field.
             first = invalid.errors()[0]
-            where = [str(part) for part in first.get("loc", ())]
-            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]]) if where else "input"
             message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            # A rule across fields has no place: the first field its message names is the one.
+            named = re.search(r"'(\w+)'", message)
+            where = [str(part) for part in first.get("loc", ())] or [named[1] if named else "input"]
+            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]])
             raise InvalidInput(f"Invalid '{field}': {message}.", field=field) from None
 
     def _asked(self) -> dict[str, Any]:
