@@ -21,6 +21,17 @@ from tests.unit.test_batches import Rig
 pytestmark = pytest.mark.unit
 
 HOOK = "http://127.0.0.1:9/hook"  # an allowed host of the unit settings
+# A webhook URL's form, which the document says (a host's addresses, it cannot): an http(s) URL
+# with a host, the scheme in any case, no whitespace.
+WEBHOOK_URLS = [
+    HOOK,
+    "HTTP://127.0.0.1:9/hook?a=1#b",
+    "",
+    "127.0.0.1:9/hook",
+    "ftp://127.0.0.1/x",
+    "http://",
+    "http://127.0.0.1:9/a b",
+]
 
 TASK_BODIES: list[dict[str, Any]] = [
     {"prompt": "hi"},
@@ -60,6 +71,7 @@ TASK_BODIES: list[dict[str, Any]] = [
     {"prompt": "hi", "webhook_format": "openai"},
     {"prompt": "hi", "webhook_format": "openai", "webhook_url": HOOK},
     {"prompt": "hi", "webhook_url": None, "webhook_format": None},
+    *({"prompt": "hi", "webhook_url": url} for url in WEBHOOK_URLS),
 ]
 BATCH_BODIES: list[dict[str, Any]] = [
     {"items": [{"prompt": "a"}, {"messages": [{"role": "user", "content": "b"}]}]},
@@ -71,6 +83,7 @@ BATCH_BODIES: list[dict[str, Any]] = [
     {"items": [{"prompt": "a"}], "webhook_events": ["batch.completed"]},
     {"items": [{"prompt": "a"}], "webhook_events": ["batch.completed"], "webhook_url": HOOK},
     {"items": [{"prompt": "a"}], "priority": "high"},
+    *({"items": [{"prompt": "a"}], "webhook_url": url} for url in WEBHOOK_URLS),
 ]
 RESPONSE_BODIES: list[dict[str, Any]] = [
     {"input": "hi", "background": True},
@@ -91,6 +104,7 @@ RESPONSE_BODIES: list[dict[str, Any]] = [
     {"input": "hi", "background": "true"},
     {"input": "hi", "background": True, "store": "yes"},
     {"input": "hi", "background": True, "max_output_tokens": True},
+    *({"input": "hi", "background": True, "webhook_url": url} for url in WEBHOOK_URLS),
 ]
 
 

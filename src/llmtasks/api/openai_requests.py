@@ -31,7 +31,7 @@ from llmtasks.api.openai_inputs import (
 )
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
-from llmtasks.domain.fields import Fraction, MaxTokens, Temperature
+from llmtasks.domain.fields import Fraction, MaxTokens, Temperature, WebhookUrl
 from llmtasks.domain.llm_request import ReasoningEffort, ServiceTier
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
@@ -42,7 +42,7 @@ OpenAIMetadata = Annotated[
     WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 16}),
 ]
 # llmtasks' extension (the SDK's extra_body): where OpenAI's webhook events go.
-WebhookUrl = Annotated[str, Field(max_length=2048, description=WEBHOOK_URL_RULE)]
+OpenAIWebhookUrl = Annotated[WebhookUrl, Field(description=WEBHOOK_URL_RULE)]
 
 
 class _Closed(BaseModel):
@@ -99,7 +99,7 @@ class CreateResponse(_Closed):
     store: Annotated[
         StrictBool | None, WithJsonSchema({"anyOf": [{"type": "boolean", "const": True}, {"type": "null"}]})
     ] = None
-    webhook_url: WebhookUrl | None = None
+    webhook_url: OpenAIWebhookUrl | None = None
     # The reply: the response's events (text/event-stream), a segment of up to 25 s, instead of
     # the Response object; read on with GET /v1/responses/{id}?stream=true&starting_after=N.
     stream: StrictBool | None = None
@@ -183,7 +183,7 @@ class CreateBatch(_Closed):
     endpoint: Endpoint
     completion_window: Literal["24h"]
     metadata: OpenAIMetadata | None = None
-    webhook_url: WebhookUrl | None = None
+    webhook_url: OpenAIWebhookUrl | None = None
 
 
 class CreateUpload(_Closed):

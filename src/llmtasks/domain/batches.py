@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from llmtasks.domain.budgets import Budget
-from llmtasks.domain.fields import JsonObject, Strict, Text
+from llmtasks.domain.fields import JsonObject, Strict, Text, WebhookUrl
 from llmtasks.domain.json_schema import Ways, alternatives, exactly_one_of
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
@@ -106,10 +106,8 @@ class SubmitBatchRequest(Strict):
         " POST /batches/uploads (up to 256 MiB and 100,000 lines), read in the background; the"
         " batch is `validating` until then, and its refused lines are reported by line number.",
     )
-    webhook_url: Text | None = Field(
-        default=None,
-        max_length=2048,
-        description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE,
+    webhook_url: WebhookUrl | None = Field(
+        default=None, description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE
     )
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
     webhook_format: WebhookFormat | None = Field(

@@ -113,6 +113,11 @@ Penalty = Annotated[
         }
     ),
 ]
+# Its form, which the document can say: an http(s) URL (the scheme in any case, as the SSRF guard
+# reads it, services/webhook_urls.py) with a host, and no whitespace.
+WEBHOOK_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+# The bounds before the validator, so that the document carries them.
+WebhookUrl = Annotated[str, Field(max_length=2048, pattern=WEBHOOK_URL_PATTERN), AfterValidator(_utf8)]
 TimeoutSeconds = Annotated[
     float, Field(ge=1, le=7 * 24 * 3600), BeforeValidator(not_a_bool), AfterValidator(dynamodb_number)
 ]

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from llmtasks.domain.budgets import Budget
-from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds
+from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
 from llmtasks.domain.json_schema import Ways, alternatives
 from llmtasks.domain.llm_request import ONE_INPUT, LLMRequest, ToolCall
 
@@ -120,10 +120,8 @@ class SubmitTaskRequest(TaskOptions):
 
     model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT, WEBHOOK_URL))
 
-    webhook_url: Text | None = Field(
-        default=None,
-        max_length=2048,
-        description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE,
+    webhook_url: WebhookUrl | None = Field(
+        default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE
     )
     webhook_events: list[TaskEventType] | None = Field(
         default=None,
@@ -617,8 +615,8 @@ class TaskView(BaseModel):
 
 
 class TaskList(BaseModel):
-    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out `result`
-    (read the task for it)."""
+    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out the answer:
+    `result`, `output` and `parsed` (read the task for it)."""
 
     data: list[TaskView]
     next_cursor: str | None = Field(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date
 from decimal import Decimal
 
 from llmtasks.aws.budgets import KeyBudgets
@@ -22,12 +22,12 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.aws.usage import utc_day
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
-from llmtasks.domain.errors import InvalidInput, TaskNotFound
+from llmtasks.domain.errors import TaskNotFound
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
 from llmtasks.domain.output import TaskOutputPage
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
-from llmtasks.domain.usage import DEFAULT_REPORT_DAYS, MAX_REPORT_DAYS, GroupBy, UsageReport
+from llmtasks.domain.usage import GroupBy, UsageReport, days_read, default_first
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.task_output import OutputReader
@@ -217,14 +217,13 @@ class TaskService:
         self, tenant_id: str, *, first: date | None, last: date | None, group_by: GroupBy
     ) -> UsageReport:
         """The tenant's billed calls from `first` to `last` (UTC days, both included; by default
-        the last 30 days to today), summed by day, model or key from the daily counters."""
-        last = last or utc_day(self._clock())
-        first = first or last - timedelta(days=DEFAULT_REPORT_DAYS - 1)
-        if first > last:
-            raise InvalidInput("'from' must be on or before 'to'.", field="from")
-        if (last - first).days >= MAX_REPORT_DAYS:
-            raise InvalidInput(f"A report spans at most {MAX_REPORT_DAYS} days.", field="from")
-        days = self._store.usage.days(tenant_id, first, last)
+        the last 30 days to today), summed by day, model or key from the daily counters. Any
+        span is answered: only its days that can have counters are read (days_read)."""
+        today = utc_day(self._clock())
+        last = last or today
+        first = first or default_first(last)
+        read = days_read(first, last, today)
+        days = self._store.usage.days(tenant_id, *read) if read else {}
         return UsageReport.of(days, first=first, last=last, group_by=group_by)
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:

@@ -3,8 +3,9 @@ the document cannot state (about state, the network, and sizes in bytes) are kep
 generated requests, so that every other refusal is checked.
 
 - A webhook_url is refused unless its host resolves to a public address (or is one of the
-  stack's WEBHOOK_ALLOWED_HOSTS): a property of the network, not of the string. A generated one
-  that the document allows (any string up to 2048 characters) goes to the test's receiver.
+  stack's WEBHOOK_ALLOWED_HOSTS): a property of the network, not of the string. In a request
+  generated to fit the document, the URL (which then fits its form: an http(s) URL with a host,
+  up to 2048 characters) goes to the test's receiver; one generated not to fit is sent as it is.
 - A metadata object is refused over MAX_METADATA_BYTES (2 KiB) of JSON text: a size JSON Schema
   cannot measure (the document says it in words). A generated one over it is replaced by a small
   object, of a task body and of each batch item.
@@ -29,7 +30,6 @@ from typing import Any
 import schemathesis
 
 RECEIVER = os.environ["LLMTASKS_TEST_WEBHOOK"]  # the test's receiver on 127.0.0.1, an allowed host
-MAX_URL = 2048
 MAX_KEY = 255
 MAX_METADATA_BYTES = 2048
 MAX_CUSTOM_ID = 256
@@ -44,12 +44,19 @@ def _small_metadata(body: dict[str, Any]) -> None:
         body["metadata"] = {"replaced": "generated over 2 KiB"}
 
 
+def _fits_the_document(case: Any) -> bool:
+    """Whether the case was generated to fit the document (its positive mode): then any value
+    of it the document allows may be swapped for another it allows."""
+    meta = case.meta
+    return meta is None or meta.generation.mode.is_positive
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     body = case.body
     if isinstance(body, dict):
         url = body.get("webhook_url")
-        if isinstance(url, str) and len(url) <= MAX_URL:
+        if isinstance(url, str) and _fits_the_document(case):
             body["webhook_url"] = RECEIVER
         _small_metadata(body)
         seen: set[str] = set()
