@@ -636,3 +636,13 @@ def test_a_rule_across_fields_is_refused_naming_the_field_its_message_names() ->
 
     assert refused.value.field == "tool_choice"
     assert "need 'tools'" in refused.value.detail
+
+
+def test_a_line_s_text_counts_once_against_the_prompt_cap() -> None:
+    text = "y" * 150_000  # under a 200 KiB cap once, over it twice
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 100}
+    line = {"custom_id": "big", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    item = line_parser("/v1/chat/completions")(line)
+
+    assert item.text_bytes() == len(text)
