@@ -646,3 +646,24 @@ def test_a_line_s_text_counts_once_against_the_prompt_cap() -> None:
     item = line_parser("/v1/chat/completions")(line)
 
     assert item.text_bytes() == len(text)
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ({"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}, "exactly one of 'url'"),
+        ({"role": "system", "content": [{"type": "input_image", "image_url": PNG}]}, "only a user message"),
+        ({"role": "user", "content": [{"type": "input_file", "file_id": "not-a-file-id"}]}, "file_id"),
+    ],
+)
+def test_an_item_a_task_s_message_cannot_hold_is_refused_naming_the_item(
+    item: dict[str, object], said: str
+) -> None:
+    body = {"input": [{"role": "user", "content": "first"}, item], "background": True}
+
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate(body).task_request()
+
+    assert refused.value.field == "input.1"
+    assert said in refused.value.detail
+    assert refused.value.slug == "invalid-input"

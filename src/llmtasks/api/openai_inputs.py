@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError
 
 from llmtasks.domain.llm_request import (
     ChatMessage,
@@ -35,12 +35,16 @@ from llmtasks.domain.llm_request import (
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
-class Refused(ValueError):
-    """A shape OpenAI has that a task cannot serve: `field` names it as the request does."""
+class Invalid(ValueError):
+    """A value a task cannot hold: `field` names where, as the request does."""
 
     def __init__(self, detail: str, field: str) -> None:
         super().__init__(detail)
         self.field = field
+
+
+class Refused(Invalid):
+    """A shape OpenAI has that a task cannot serve."""
 
 
 class _Closed(BaseModel):
@@ -191,25 +195,42 @@ InputItem = Annotated[
 def chat_messages(
     items: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem],
 ) -> list[ChatMessage]:
-    """The input items as a chat: function calls join the assistant message before them (or make
-    one), their outputs are tool messages."""
+    """The input items as a chat (Invalid or Refused, naming the item, where a rule of a task's
+    message or part refuses one)."""
     messages: list[ChatMessage] = []
     for index, item in enumerate(items):
-        if isinstance(item, ReasoningItem):
-            continue
-        if isinstance(item, FunctionCallItem):
-            last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
-                messages[-1] = last.model_copy(
-                    update={"tool_calls": [*(last.tool_calls or []), item.tool_call()]}
-                )
-            else:
-                messages.append(ChatMessage(role="assistant", tool_calls=[item.tool_call()]))
-        elif isinstance(item, FunctionCallOutputItem):
-            messages.append(item.chat())
-        else:
-            messages.append(item.chat(f"input.{index}"))
+        try:
+            _add(messages, item, index)
+        except ValidationError as invalid:  # a rule of the task's message or part
+            first = invalid.errors()[0]
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            at = ".".join(str(part) for part in first.get("loc", ()))
+            said = f"{at}: {message}" if at else message
+            raise Invalid(f"Invalid 'input.{index}': {said}.", field=f"input.{index}") from None
     return messages
+
+
+def _add(
+    messages: list[ChatMessage],
+    item: InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+    index: int,
+) -> None:
+    """One item into the chat: function calls join the assistant message before them (or make
+    one), their outputs are tool messages, reasoning is not passed on."""
+    if isinstance(item, ReasoningItem):
+        return
+    if isinstance(item, FunctionCallItem):
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant":
+            messages[-1] = last.model_copy(
+                update={"tool_calls": [*(last.tool_calls or []), item.tool_call()]}
+            )
+        else:
+            messages.append(ChatMessage(role="assistant", tool_calls=[item.tool_call()]))
+    elif isinstance(item, FunctionCallOutputItem):
+        messages.append(item.chat())
+    else:
+        messages.append(item.chat(f"input.{index}"))
 
 
 # --- tools and formats -------------------------------------------------------------------------

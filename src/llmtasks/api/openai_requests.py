@@ -21,6 +21,7 @@ from pydantic import (
 
 from llmtasks.api.openai_inputs import (
     InputItem,
+    Invalid,
     Refused,
     TextConfig,
     Tool,
@@ -122,6 +123,8 @@ class CreateResponse(_Closed):
             )
         except Refused as refused:
             raise UnsupportedParameter(str(refused), field=refused.field) from None
+        except Invalid as invalid:
+            raise InvalidInput(str(invalid), field=invalid.field) from None
         except ValidationError as invalid:
             # A value OpenAI's schema allows that a task's does not (an empty model, a lone
             # surrogate): refused under OpenAI's name for the field.
