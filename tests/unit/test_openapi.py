@@ -216,7 +216,8 @@ def test_a_value_the_document_allows_no_task_can_hold_is_refused_naming_the_fiel
     body = '{"input": [{"role": "user", "content": "\\ud800"}], "background": true}'
     reply = rig.api.call("POST", "/v1/responses", raw=body)
     assert reply["statusCode"] == 400
-    assert reply["json"]["error"]["param"] == "input"  # not input.constrained-str
+    # Where it is, not which member of a union pydantic tried (constrained-str, type:message)
+    assert reply["json"]["error"]["param"] == "input.0.content"
 
 
 def multipart(fields: dict[str, tuple[str | None, bytes]]) -> tuple[str, bytes]:

@@ -5,15 +5,36 @@ serve is refused by name. Both the responses routes (openai.py) and the batches
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+)
 
+from llmtasks.api.openai_inputs import (
+    InputItem,
+    Invalid,
+    Refused,
+    TextConfig,
+    Tool,
+    ToolChoice,
+    chat_messages,
+    chat_tool_choice,
+    chat_tools,
+)
 from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
-from llmtasks.domain.fields import MaxTokens, Temperature, WebhookUrl
+from llmtasks.domain.fields import Fraction, MaxTokens, Temperature, WebhookUrl
 from llmtasks.domain.input_files import MAX_TASK_FILE_BYTES
-from llmtasks.domain.llm_request import ChatMessage
+from llmtasks.domain.llm_request import ReasoningEffort, ServiceTier
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
 # OpenAI's metadata: up to 16 string values.
@@ -24,7 +45,6 @@ OpenAIMetadata = Annotated[
 ]
 # llmtasks' extension (the SDK's extra_body): where OpenAI's webhook events go.
 OpenAIWebhookUrl = Annotated[WebhookUrl, Field(description=WEBHOOK_URL_RULE)]
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
 class _Closed(BaseModel):
@@ -32,22 +52,17 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputText(_Closed):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[Any] | None = None  # on an earlier response's output_text: ignored
+class UnsupportedParameter(InvalidInput):
+    """A field OpenAI has, with a value a task cannot serve (a hosted tool, a file by URL)."""
+
+    slug = "unsupported-parameter"
 
 
-class InputMessage(_Closed):
-    type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Annotated[str, Field(min_length=1)] | Annotated[list[InputText], Field(min_length=1)]
-    id: str | None = None  # an earlier response's output message, sent back as history
-    status: str | None = None
-
-    def chat(self) -> ChatMessage:
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return ChatMessage(role=_ROLES[self.role], content=text)
+class ReasoningConfig(_Closed):
+    effort: ReasoningEffort | None = None
+    # The reasoning's summary is given wherever the provider gives one: asking changes nothing.
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class CreateResponse(_Closed):
@@ -59,10 +74,28 @@ class CreateResponse(_Closed):
     model_config = ConfigDict(json_schema_extra={"required": ["input", "background"]})
 
     model: str | None = Field(default=None, max_length=200)
-    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputMessage], Field(min_length=1)]
+    # Text, or items: only the branch the value's JSON type picks says why it is refused.
+    input: Annotated[
+        Annotated[Annotated[str, Field(min_length=1)], Tag("as-text")]
+        | Annotated[Annotated[list[InputItem], Field(min_length=1)], Tag("as-items")],
+        Discriminator(lambda value: "as-text" if isinstance(value, str) else "as-items"),
+    ]
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
+    top_p: Fraction | None = None
+    reasoning: ReasoningConfig | None = None
+    text: TextConfig | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    service_tier: ServiceTier | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    include: list[str] | None = Field(default=None, description="No value is served: an empty list alone.")
+    truncation: Literal["auto", "disabled"] | None = Field(default=None, description="'disabled' alone.")
     metadata: OpenAIMetadata | None = None
     background: Annotated[StrictBool | None, WithJsonSchema({"type": "boolean", "const": True})] = None
     store: Annotated[
@@ -83,28 +116,63 @@ class CreateResponse(_Closed):
         if self.store is False:
             raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
         try:
-            asked: dict[str, Any] = (
-                {"prompt": self.input}
-                if isinstance(self.input, str)
-                else {"messages": [message.chat() for message in self.input]}
-            )
             return SubmitTaskRequest(
-                **asked,
-                model=self.model,
-                system=self.instructions,
-                max_tokens=self.max_output_tokens,
-                temperature=self.temperature,
+                **self._asked(),
                 metadata=self.metadata,
                 webhook_url=self.webhook_url,
                 webhook_format="openai" if self.webhook_url else None,
             )
+        except Refused as refused:
+            raise UnsupportedParameter(str(refused), field=refused.field) from None
+        except Invalid as invalid:
+            raise InvalidInput(str(invalid), field=invalid.field) from None
         except ValidationError as invalid:
             # A value OpenAI's schema allows that a task's does not (an empty model, a lone
             # surrogate): refused under OpenAI's name for the field.
             first = invalid.errors()[0]
-            where = [str(part) for part in first.get("loc", ())]
-            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]]) if where else "input"
-            raise InvalidInput(f"Invalid '{field}': {first.get('msg', 'invalid')}.", field=field) from None
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            # A rule across fields has no place: the first field its message names is the one.
+            named = re.search(r"'(\w+)'", message)
+            where = [str(part) for part in first.get("loc", ())] or [named[1] if named else "input"]
+            field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]])
+            raise InvalidInput(f"Invalid '{field}': {message}.", field=field) from None
+
+    def _asked(self) -> dict[str, Any]:
+        """The task's request fields, from OpenAI's (Refused, or ValidationError from the models
+        a task's request is made of)."""
+        for value in self.include or []:
+            raise Refused(f"'{value[:80]}' cannot be included: llmtasks serves no include value", "include")
+        if self.truncation == "auto":
+            raise Refused(
+                "truncation 'auto' is not served: the input is sent whole ('disabled')", "truncation"
+            )
+        tools = chat_tools(self.tools) if self.tools else None
+        choice = chat_tool_choice(self.tool_choice) if self.tool_choice is not None else None
+        if tools is None and choice in ("auto", "none"):
+            choice = None  # with no tools, what the model does anyway
+        asked: dict[str, Any] = (
+            {"prompt": self.input} if isinstance(self.input, str) else {"messages": chat_messages(self.input)}
+        )
+        given = {
+            "model": self.model,
+            "system": self.instructions,
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
+            "response_format": self.text.response_format() if self.text else None,
+            "tools": tools,
+            "tool_choice": choice,
+            # Without tools the model calls none, in parallel or not.
+            "parallel_tool_calls": self.parallel_tool_calls if tools else None,
+            "logprobs": True if self.top_logprobs is not None else None,
+            "top_logprobs": self.top_logprobs,
+            "service_tier": self.service_tier,
+            "prompt_cache_key": self.prompt_cache_key,
+            "user": self.user,
+            "safety_identifier": self.safety_identifier,
+        }
+        return {**asked, **{name: value for name, value in given.items() if value is not None}}
 
 
 # The endpoints a batch's lines may name.
@@ -158,6 +226,10 @@ _OPENAI_NAMES = {
     "messages": "input",
     "system": "instructions",
     "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "reasoning_effort": "reasoning.effort",
+    "response_format": "text.format",
+    "logprobs": "top_logprobs",
     "role": "input",
     "content": "input",
 }

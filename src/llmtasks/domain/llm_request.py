@@ -415,8 +415,8 @@ class LLMRequest(Strict):
         model (images and documents as data URLs, schemas, tools); an uploaded file counts its id."""
         texts = [self.prompt or "", self.system or ""]
         for message in self.messages or []:
-            texts.append(message.content if isinstance(message.content, str) else "")
             texts.extend(call.function.arguments for call in message.tool_calls or [])
+        # A message's text content is one text part (parts()), counted once here.
         for part in self.parts() if self.messages else []:
             if isinstance(part, TextPart):
                 texts.append(part.text)
