@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from llmtasks.domain.llm_request import (
     ChatMessage,
@@ -30,6 +40,7 @@ from llmtasks.domain.llm_request import (
     TextFormat,
     TextPart,
     ToolCall,
+    ToolName,
 )
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -240,7 +251,7 @@ class ResponsesFunctionTool(_Closed):
     """A function tool in the Responses API's flat shape."""
 
     type: Literal["function"]
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
@@ -260,7 +271,9 @@ class HostedTool(BaseModel):
 
 
 Tool = Annotated[
-    Annotated[ResponsesFunctionTool, Tag("type:function")] | Annotated[HostedTool, Tag("type:hosted")],
+    # The document lists function tools alone: a hosted one is refused by name (400), as unserved.
+    Annotated[ResponsesFunctionTool, Tag("type:function")]
+    | SkipJsonSchema[Annotated[HostedTool, Tag("type:hosted")]],
     Discriminator(lambda value: "type:function" if _item_type(value) == "function" else "type:hosted"),
 ]
 
@@ -291,10 +304,11 @@ def flat_tool(tool: FunctionTool) -> dict[str, Any]:
 
 class ToolChoiceFunction(_Closed):
     type: Literal["function"]
-    name: str
+    name: ToolName
 
 
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | dict[str, Any]
+# Another choice (a hosted tool's) is refused by name; the document lists the ones served.
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | SkipJsonSchema[dict[str, Any]]
 
 
 def chat_tool_choice(choice: ToolChoice) -> Literal["none", "auto", "required"] | NamedToolChoice:
@@ -321,7 +335,7 @@ class JsonSchemaText(_Closed):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     type: Literal["json_schema"]
-    name: str
+    name: ToolName
     json_schema: dict[str, Any] = Field(alias="schema")
     description: str | None = None
     strict: StrictBool | None = None
@@ -332,7 +346,10 @@ TextFormatConfig = Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Fie
 
 class TextConfig(_Closed):
     format: TextFormatConfig | None = None
-    verbosity: Literal["low", "medium", "high"] | None = Field(default=None, description="Refused.")
+    # OpenAI's field, refused by name (400); the document says null alone is served.
+    verbosity: Annotated[Literal["low", "medium", "high"] | None, WithJsonSchema({"type": "null"})] = Field(
+        default=None, description="Refused."
+    )
 
     def response_format(self) -> ResponseFormat | None:
         if self.verbosity is not None:

@@ -34,7 +34,8 @@ from llmtasks.domain.batches import MAX_INPUT_FILE_BYTES
 from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.fields import Fraction, MaxTokens, Temperature, WebhookUrl
 from llmtasks.domain.input_files import MAX_TASK_FILE_BYTES
-from llmtasks.domain.llm_request import ReasoningEffort, ServiceTier
+from llmtasks.domain.json_schema import each, needs
+from llmtasks.domain.llm_request import CacheKey, EndUser, ReasoningEffort, SafetyIdentifier, ServiceTier
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
 
 # OpenAI's metadata: up to 16 string values.
@@ -65,19 +66,38 @@ class ReasoningConfig(_Closed):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
+# Reasoning items sent back as history go to no provider: the input needs another item.
+_NOT_REASONING = {"not": {"properties": {"type": {"const": "reasoning"}}, "required": ["type"]}}
+
+
+def _required(schema: dict[str, Any]) -> None:
+    schema["required"] = ["input", "background"]
+
+
+# A tool choice other than none or auto needs a tool to choose (with no tools, those two are what
+# the model does anyway).
+_CHOICE_NEEDS_TOOLS = needs(
+    {"tool_choice": {"tools": {"type": "array", "minItems": 1}}},
+    free={"tool_choice": {"enum": ["none", "auto"]}},
+)
+
+
 class CreateResponse(_Closed):
     """`POST /v1/responses`: the fields of OpenAI's request that map onto a task.
 
     The document says background must be true and store must not be false (the validation below
     answers either with a sentence that says why), and holds the task's own bounds."""
 
-    model_config = ConfigDict(json_schema_extra={"required": ["input", "background"]})
+    model_config = ConfigDict(json_schema_extra=each(_required, _CHOICE_NEEDS_TOOLS))
 
     model: str | None = Field(default=None, max_length=200)
     # Text, or items: only the branch the value's JSON type picks says why it is refused.
     input: Annotated[
         Annotated[Annotated[str, Field(min_length=1)], Tag("as-text")]
-        | Annotated[Annotated[list[InputItem], Field(min_length=1)], Tag("as-items")],
+        | Annotated[
+            Annotated[list[InputItem], Field(min_length=1, json_schema_extra={"contains": _NOT_REASONING})],
+            Tag("as-items"),
+        ],
         Discriminator(lambda value: "as-text" if isinstance(value, str) else "as-items"),
     ]
     instructions: str | None = None
@@ -91,11 +111,17 @@ class CreateResponse(_Closed):
     parallel_tool_calls: StrictBool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     service_tier: ServiceTier | None = None
-    prompt_cache_key: str | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    include: list[str] | None = Field(default=None, description="No value is served: an empty list alone.")
-    truncation: Literal["auto", "disabled"] | None = Field(default=None, description="'disabled' alone.")
+    prompt_cache_key: CacheKey | None = None
+    user: EndUser | None = None
+    safety_identifier: SafetyIdentifier | None = None
+    # OpenAI's values, refused by name (400) rather than as unknown: the document says what is served.
+    include: Annotated[list[str] | None, WithJsonSchema({"type": "array", "maxItems": 0})] = Field(
+        default=None, description="No value is served: an empty list alone."
+    )
+    truncation: Annotated[
+        Literal["auto", "disabled"] | None,
+        WithJsonSchema({"anyOf": [{"type": "string", "const": "disabled"}, {"type": "null"}]}),
+    ] = Field(default=None, description="'disabled' alone.")
     metadata: OpenAIMetadata | None = None
     background: Annotated[StrictBool | None, WithJsonSchema({"type": "boolean", "const": True})] = None
     store: Annotated[

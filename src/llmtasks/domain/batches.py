@@ -22,7 +22,8 @@ from pydantic import (
 
 from llmtasks.domain.budgets import Budget
 from llmtasks.domain.fields import JsonObject, Strict, Text, WebhookUrl
-from llmtasks.domain.json_schema import Ways, alternatives, exactly_one_of
+from llmtasks.domain.json_schema import Ways, alternatives, each, exactly_one_of
+from llmtasks.domain.llm_request import FIELD_NEEDS
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
     WEBHOOK_URL,
@@ -85,7 +86,7 @@ class BatchStatus(StrEnum):
 class BatchItem(TaskOptions):
     """One item of `POST /batches`: a task body, without webhook fields (the batch has one)."""
 
-    model_config = ConfigDict(json_schema_extra=exactly_one_of("prompt", "messages"))
+    model_config = ConfigDict(json_schema_extra=each(exactly_one_of("prompt", "messages"), FIELD_NEEDS))
 
     custom_id: Text | None = Field(
         default=None,

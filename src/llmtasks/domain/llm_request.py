@@ -12,8 +12,6 @@ together.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from typing import Annotated, Any, Literal
@@ -32,51 +30,49 @@ from llmtasks.domain.fields import (
     Text,
     not_a_bool,
 )
-from llmtasks.domain.json_schema import Ways, alternatives
+from llmtasks.domain.json_schema import Ways, alternatives, each, exactly_one_of, needs, non_null
 
-# Exactly one of prompt and messages (the validator below enforces it; json_schema.py writes it
-# into the document).
+# The rules between fields (LLMRequest's validator enforces them; json_schema.py writes them into
+# the document): exactly one of prompt and messages; top_logprobs only with logprobs true; a tool
+# choice only beside tools.
 ONE_INPUT: Ways = [{"prompt": True, "messages": False}, {"prompt": False, "messages": True}]
+FIELD_NEEDS = needs(
+    {
+        "top_logprobs": {"logprobs": {"type": "boolean", "const": True}},
+        "tool_choice": {"tools": {"type": "array"}},
+        "parallel_tool_calls": {"tools": {"type": "array"}},
+    }
+)
 # The name of a tool, a schema or a message's author, as OpenAI allows them.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 # An id of a file uploaded to llmtasks (POST /v1/files), as api/openai_batch_files.py makes them.
 FILE_ID_PATTERN = r"^file-[A-Za-z0-9_-]{1,64}$"
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)(;[\w-]+=[\w.-]+)*;base64,(?P<data>.*)$", re.S)
+ToolName = Annotated[str, Field(pattern=NAME_PATTERN)]
+# Base64 as Python's strict decoder takes it: whole quanta, padded. The patterns below are the
+# document's (ECMA) and the validators' alike, so both say the same.
+BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+_MEDIA_TYPE = r"[A-Za-z0-9_.+-]+/[A-Za-z0-9_.+-]+(?:;[A-Za-z0-9_-]+=[A-Za-z0-9_.-]+)*"
+IMAGE_URL_PATTERN = (
+    rf"^(?:https?://[^\s/]|data:image/[A-Za-z0-9_.+-]+(?:;[A-Za-z0-9_-]+=[A-Za-z0-9_.-]+)*;base64,{BASE64}$)"
+)
+FILE_DATA_PATTERN = rf"^(?:data:{_MEDIA_TYPE};base64,)?{BASE64}$"
+BASE64_PATTERN = rf"^{BASE64}$"
+_DATA_URL = re.compile(rf"^data:(?P<mime>{_MEDIA_TYPE});base64,(?P<data>.*)$", re.S)
 
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(not_a_bool)]
+# Within a double's exact integers: a document's bound past them reads as a float to generators.
+Seed = Annotated[int, Field(ge=-(2**53), le=2**53), BeforeValidator(not_a_bool)]
+CacheKey = Annotated[str, Field(min_length=1, max_length=1024)]
+EndUser = Annotated[str, Field(max_length=256)]
+SafetyIdentifier = Annotated[str, Field(min_length=1, max_length=64)]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 Detail = Literal["auto", "low", "high"]
-
-
-def decoded_size(data: str) -> int:
-    """The bytes a base64 text decodes to, or ValueError when it is not base64."""
-    try:
-        return len(base64.b64decode(data, validate=True))
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError("is not valid base64") from exc
 
 
 def data_url_parts(url: str) -> tuple[str, str] | None:
     """A data URL's media type and base64 text; None for any other URL."""
     match = _DATA_URL.match(url)
     return (match["mime"], match["data"]) if match else None
-
-
-def _checked_url(url: str, *, media: str) -> str:
-    """An http(s) URL, or a base64 data URL of `media` (image, ...) whose data decodes."""
-    parts = data_url_parts(url)
-    if parts is not None:
-        mime, data = parts
-        if media and not mime.startswith(media + "/"):
-            raise ValueError(f"a data URL here must be of an {media}/* type, not {mime}")
-        decoded_size(data)
-        return url
-    if url.startswith("data:"):
-        raise ValueError("a data URL must be data:<type>;base64,<data>")
-    if not re.match(r"^https?://[^\s/]+", url):
-        raise ValueError("must be an http(s) URL or a base64 data URL")
-    return url
 
 
 # --- content parts -----------------------------------------------------------------------------
@@ -91,7 +87,9 @@ class ImageUrl(Strict):
     """An image by URL (http(s), or a base64 data URL), or by the id of a file uploaded to
     llmtasks (its extension, which `input_image.file_id` of /v1/responses maps to)."""
 
-    url: Annotated[str, Field(max_length=2048 * 1024)] | None = Field(
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("url", "file_id"))
+
+    url: Annotated[str, Field(max_length=2048 * 1024, pattern=IMAGE_URL_PATTERN)] | None = Field(
         default=None, description="An http(s) URL or a data:image/...;base64 URL."
     )
     file_id: Annotated[str, Field(pattern=FILE_ID_PATTERN)] | None = Field(
@@ -103,8 +101,6 @@ class ImageUrl(Strict):
     def _one_source(self) -> ImageUrl:
         if (self.url is None) == (self.file_id is None):
             raise ValueError("give exactly one of 'url' or 'file_id'")
-        if self.url is not None:
-            _checked_url(self.url, media="image")
         return self
 
 
@@ -116,17 +112,18 @@ class ImagePart(Strict):
 class FileRef(Strict):
     """A document (a PDF): its bytes as a data URL (or bare base64), or an uploaded file's id."""
 
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("file_id", "file_data"))
+
     file_id: Annotated[str, Field(pattern=FILE_ID_PATTERN)] | None = None
-    file_data: str | None = Field(default=None, description="data:application/pdf;base64,... or base64.")
+    file_data: Annotated[str, Field(pattern=FILE_DATA_PATTERN)] | None = Field(
+        default=None, description="data:application/pdf;base64,... or base64."
+    )
     filename: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> FileRef:
         if (self.file_id is None) == (self.file_data is None):
             raise ValueError("give exactly one of 'file_id' or 'file_data'")
-        if self.file_data is not None:
-            parts = data_url_parts(self.file_data)
-            decoded_size(parts[1] if parts else self.file_data)
         return self
 
 
@@ -136,13 +133,8 @@ class FilePart(Strict):
 
 
 class InputAudio(Strict):
-    data: str = Field(description="The audio, base64.")
+    data: str = Field(pattern=BASE64_PATTERN, description="The audio, base64.")
     format: Literal["wav", "mp3"]
-
-    @model_validator(mode="after")
-    def _decodes(self) -> InputAudio:
-        decoded_size(self.data)
-        return self
 
 
 class AudioPart(Strict):
@@ -174,8 +166,61 @@ class ToolCall(Strict):
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+def _roles_rules(schema: dict[str, Any]) -> None:
+    """The rules `ChatMessage._fits_its_role` enforces, in the document: a `oneOf` of partial
+    schemas by role beside the properties (the form schemathesis' generator reads nested)."""
+    properties = schema["properties"]
+    text, parts = [form for form in properties["content"]["anyOf"] if form != {"type": "null"}]
+    text_parts = {**parts, "items": parts["items"]["oneOf"][0]}  # ContentPart's first: TextPart
+    given = {name: non_null(properties[name]) for name in ("tool_calls", "tool_call_id", "refusal")}
+    null = {"type": "null"}
+    only_text = {"anyOf": [text, text_parts]}
+    schema["oneOf"] = [
+        {
+            "properties": {
+                "role": {"enum": ["system", "developer"]},
+                "content": only_text,
+                **dict.fromkeys(given, null),
+            },
+            "required": ["content"],
+        },
+        {
+            "properties": {
+                "role": {"const": "user"},
+                "content": {"anyOf": [text, parts]},
+                **dict.fromkeys(given, null),
+            },
+            "required": ["content"],
+        },
+        {
+            "properties": {
+                "role": {"const": "assistant"},
+                "content": {"anyOf": [text, text_parts, null]},
+                "tool_call_id": null,
+            },
+            "anyOf": [
+                {"properties": {"content": only_text}, "required": ["content"]},
+                {"properties": {"tool_calls": given["tool_calls"]}, "required": ["tool_calls"]},
+                {"properties": {"refusal": given["refusal"]}, "required": ["refusal"]},
+            ],
+        },
+        {
+            "properties": {
+                "role": {"const": "tool"},
+                "content": only_text,
+                "tool_call_id": given["tool_call_id"],
+                "tool_calls": null,
+                "refusal": null,
+            },
+            "required": ["content", "tool_call_id"],
+        },
+    ]
+
+
 class ChatMessage(Strict):
     """One message of the conversation, as Chat Completions takes it."""
+
+    model_config = ConfigDict(json_schema_extra=_roles_rules)
 
     role: Role
     content: Text | Annotated[list[ContentPart], Field(min_length=1)] | None = None
@@ -195,7 +240,8 @@ class ChatMessage(Strict):
             raise ValueError("a tool message, and only it, has 'tool_call_id'")
         if self.refusal is not None and role != "assistant":
             raise ValueError("only an assistant message has 'refusal'")
-        if content is None and not (role == "assistant" and (self.tool_calls or self.refusal)):
+        answered = self.tool_calls is not None or self.refusal is not None
+        if content is None and not (role == "assistant" and answered):
             raise ValueError(f"a {role} message needs 'content'")
         media = isinstance(content, list) and any(isinstance(part, _MEDIA_PARTS) for part in content)
         if media and role != "user":
@@ -305,7 +351,7 @@ class LLMRequest(Strict):
     """What the provider is asked: exactly one of `prompt` or `messages`, plus the parameters of
     one Chat Completions generation."""
 
-    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT))
+    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT), FIELD_NEEDS))
 
     prompt: Text | None = Field(default=None, description="A single user prompt.")
     messages: list[ChatMessage] | None = Field(
@@ -342,9 +388,9 @@ class LLMRequest(Strict):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     service_tier: ServiceTier | None = None
-    prompt_cache_key: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
-    safety_identifier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    prompt_cache_key: CacheKey | None = None
+    user: EndUser | None = None
+    safety_identifier: SafetyIdentifier | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> LLMRequest:

@@ -25,8 +25,8 @@ from pydantic import (
 
 from llmtasks.domain.budgets import Budget
 from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
-from llmtasks.domain.json_schema import Ways, alternatives
-from llmtasks.domain.llm_request import ONE_INPUT, LLMRequest, ToolCall
+from llmtasks.domain.json_schema import Ways, alternatives, each
+from llmtasks.domain.llm_request import FIELD_NEEDS, ONE_INPUT, LLMRequest, ToolCall
 
 
 class TaskStatus(StrEnum):
@@ -118,7 +118,7 @@ class TaskOptions(LLMRequest):
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
-    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT, WEBHOOK_URL))
+    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT, WEBHOOK_URL), FIELD_NEEDS))
 
     webhook_url: WebhookUrl | None = Field(
         default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE

@@ -40,8 +40,7 @@ def batch_task_id(batch_id: str, index: int) -> str:
 def read_chunk(results: ResultBlobs, batch: Batch, chunk: int) -> list[BatchItem]:
     start, end = batch.chunk_offsets[chunk], batch.chunk_offsets[chunk + 1]
     return [
-        BatchItem.model_validate_json(line)
-        for line in results.manifest_lines(batch.manifest_ref, start, end)
+        BatchItem.model_validate_json(line) for line in results.manifest_lines(batch.manifest_ref, start, end)
     ]
 
 
