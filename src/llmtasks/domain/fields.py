@@ -68,51 +68,43 @@ Retries = Annotated[int, Field(ge=0, le=10), BeforeValidator(not_a_bool)]
 JsonObject = Annotated[
     dict[str, Any], AfterValidator(_json_object), WithJsonSchema({"$ref": "#/components/schemas/Metadata"})
 ]
+
+
+def _storable_between(low: float, high: float) -> WithJsonSchema:
+    """The document's form of a bounded float an item can hold: 0, or a magnitude DynamoDB
+    keeps (1e-130 and up), on either side of 0 that the bounds allow."""
+    forms: list[dict[str, Any]] = [
+        {"type": "number", "minimum": 0, "maximum": 0},
+        {"type": "number", "exclusiveMinimum": 1e-130, "maximum": high},
+    ]
+    if low < 0:
+        forms.append({"type": "number", "minimum": low, "exclusiveMaximum": -1e-130})
+    return WithJsonSchema({"anyOf": forms})
+
+
 # The bounds come before the validator, so that the document carries them.
 Temperature = Annotated[
     float,
     Field(ge=0, le=2),
     BeforeValidator(not_a_bool),
     AfterValidator(dynamodb_number),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "maximum": 0},
-                {"type": "number", "exclusiveMinimum": 1e-130, "maximum": 2},
-            ]
-        }
-    ),
+    _storable_between(0, 2),
 ]
-# A share of probability mass (top_p): 0 to 1, and storable.
+# A share of probability mass (top_p).
 Fraction = Annotated[
     float,
     Field(ge=0, le=1),
     BeforeValidator(not_a_bool),
     AfterValidator(dynamodb_number),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "maximum": 0},
-                {"type": "number", "exclusiveMinimum": 1e-130, "maximum": 1},
-            ]
-        }
-    ),
+    _storable_between(0, 1),
 ]
-# A presence or frequency penalty: -2 to 2, and storable.
+# A presence or frequency penalty.
 Penalty = Annotated[
     float,
     Field(ge=-2, le=2),
     BeforeValidator(not_a_bool),
     AfterValidator(dynamodb_number),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "maximum": 0},
-                {"type": "number", "exclusiveMinimum": 1e-130, "maximum": 2},
-                {"type": "number", "minimum": -2, "exclusiveMaximum": -1e-130},
-            ]
-        }
-    ),
+    _storable_between(-2, 2),
 ]
 # Its form, which the document can say: an http(s) URL (the scheme in any case, as the SSRF guard
 # reads it, services/webhook_urls.py) with a host, and no whitespace.
