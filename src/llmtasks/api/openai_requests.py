@@ -115,9 +115,9 @@ class CreateResponse(_Closed):
     user: EndUser | None = None
     safety_identifier: SafetyIdentifier | None = None
     # OpenAI's values, refused by name (400) rather than as unknown: the document says what is served.
-    include: Annotated[list[str] | None, WithJsonSchema({"type": "array", "maxItems": 0})] = Field(
-        default=None, description="No value is served: an empty list alone."
-    )
+    include: Annotated[
+        list[str] | None, WithJsonSchema({"type": "array", "items": {"type": "string"}, "maxItems": 0})
+    ] = Field(default=None, description="No value is served: an empty list alone.")
     truncation: Annotated[
         Literal["auto", "disabled"] | None,
         WithJsonSchema({"anyOf": [{"type": "string", "const": "disabled"}, {"type": "null"}]}),
