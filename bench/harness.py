@@ -17,7 +17,8 @@ import boto3
 
 from drive import open_loop, outcomes
 from llmtasks.aws.dynamo import serialize
-from llmtasks.domain.models import LLMRequest, Task, TaskStatus
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks_local.emulator.launcher import LaunchedStack, descendants, launch
 from llmtasks_local.emulator.processes import cpu_seconds, status_kib
 from llmtasks_local.sam.template import Template

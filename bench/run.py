@@ -31,6 +31,7 @@ from workloads.cpu_account import cpu_account
 from workloads.goodput import goodput
 from workloads.limits import budgets, key_limits
 from workloads.overhead import boto3_floor, overhead
+from workloads.requests import request_costs
 from workloads.sandboxes import sandboxes
 from workloads.scheduling import scheduling
 from workloads.startup import cli_start, cold_start, daily_loop
@@ -64,6 +65,7 @@ SECTIONS = (
     "listing",
     "progress",
     "console",
+    "request",
 )
 
 
@@ -149,6 +151,8 @@ def main() -> None:
         goodput(report, sizes["paced"] // 2, limit_rps=10)
     if "cost" in chosen:
         costs(report, sizes["cost"])
+    if "request" in chosen:
+        request_costs(report, sizes["cost"])
     if "state" in chosen:
         durable_state(report, sizes["burst"], sizes["stored"])
     if "limits" in chosen:

@@ -35,7 +35,8 @@ from starlette.routing import Route
 from llmtasks.aws.queues import Queue, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.domain.batches import Batch, BatchStatus
-from llmtasks.domain.models import LLMRequest, Task, TaskStatus
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.settings import Settings
 from llmtasks_local import KEEP_ALIVE_S
@@ -60,6 +61,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def load_example(name: str) -> Any:
+    """A script of examples/, imported as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_event(name: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import httpx
 from drive import run_clients, submit
 from figures import Report, ms, percentile, verdict
 from harness import PLAIN_MOCK, stack_running
-from llmtasks.domain.models import LLMRequest
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks_local.emulator.launcher import LaunchedStack
 
 

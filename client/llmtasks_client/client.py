@@ -13,7 +13,9 @@ beside the other; what they share (errors, retries, waiting, following) is above
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
+import mimetypes
 import os
 import random
 import time
@@ -21,9 +23,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import date
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, Unpack
 
 import httpx
+from pydantic import BaseModel
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from llmtasks_client.models import (
@@ -32,6 +36,7 @@ from llmtasks_client.models import (
     BatchResult,
     BatchResults,
     BatchView,
+    FileObject,
     OutputChunk,
     TaskList,
     TaskOutputPage,
@@ -43,6 +48,9 @@ from llmtasks_client.models import (
     WebhookEvent,
     WebhookReplay,
 )
+from llmtasks_client.parts import local_files, with_file_ids, with_text_parts
+from llmtasks_client.structured import is_model_class, response_format_of
+from llmtasks_client.task_options import TaskOptions
 
 __all__ = [
     "AsyncClient",
@@ -60,6 +68,12 @@ LONG_POLL_S = 20  # the server holds a status read up to 25 s
 # Failed reads in a row (each after the request's own retries) that a stream reads on from.
 STREAM_RECONNECTS = 8
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# A file up to this size is one POST /v1/files; a larger one goes in parts of it (/v1/uploads):
+# a request through the gateway carries about 4.5 MB.
+FILE_PART_BYTES = 4 * 1024 * 1024
+# The tasks whose response_format was a model class that a client remembers, to parse their answers.
+_REMEMBERED_FORMATS = 10_000
+ResponseFormat = type[BaseModel] | Mapping[str, Any]
 
 
 # API Gateway's own refusals come as {"message": ...}, not as problems: what each means here.
@@ -159,6 +173,7 @@ class _Policy:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.max_retries = max_retries
         self._rng = random.Random()  # noqa: S311 - jitter, not crypto
+        self._formats: dict[str, type[BaseModel]] = {}  # task id -> the model its answer fits
 
     def delay(self, attempt: int, response: httpx.Response | None = None, cap: float = 10.0) -> float:
         """Full jitter over 0.5 * 2**attempt (capped), never sooner than the server's Retry-After."""
@@ -183,28 +198,75 @@ class _Policy:
         return response.json()
 
     @staticmethod
-    def submission(
+    def task_body(
         prompt: str | None,
-        messages: list[dict[str, str]] | None,
-        idempotency_key: str | None,
-        options: dict[str, Any],
+        messages: Sequence[Mapping[str, Any]] | None,
+        response_format: ResponseFormat | None,
+        options: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """The keyword arguments of a submit's POST: its own Idempotency-Key unless one is given,
-        so that every retry of it names the same task."""
-        body = {k: v for k, v in {"prompt": prompt, "messages": messages, **options}.items() if v is not None}
-        return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+        """A task's body: a model class as response_format made its json_schema format, the bare
+        strings of a content list made text parts, None left out (LocalFiles still in it)."""
+        given = {"prompt": prompt, "messages": messages, "response_format": response_format, **options}
+        return _Policy.item({k: v for k, v in given.items() if v is not None})
 
     @staticmethod
-    def batch_submission(
-        items: Sequence[Mapping[str, Any]] | str, idempotency_key: str | None, options: dict[str, Any]
-    ) -> dict[str, Any]:
-        """A batch submit's POST (its items, or the id of an uploaded file of them), under one
-        Idempotency-Key across its retries: a retried submit fans the batch out once."""
-        given = (
-            {"input_file_id": items} if isinstance(items, str) else {"items": [dict(item) for item in items]}
-        )
-        body = {**given, **{k: v for k, v in options.items() if v is not None}}
+    def item(body: Mapping[str, Any]) -> dict[str, Any]:
+        """A task body or batch item with a model class as response_format made its json_schema
+        format, and the bare strings of its messages' content lists made text parts."""
+        made = dict(body)
+        if made.get("response_format") is not None:
+            made["response_format"] = response_format_of(made["response_format"])
+        if isinstance(made.get("messages"), list):
+            made["messages"] = with_text_parts(made["messages"])
+        return made
+
+    @staticmethod
+    def batch_body(items: Sequence[Mapping[str, Any]] | str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A batch's body: its items (made as `item` makes them), or the id of an uploaded file
+        of them."""
+        if isinstance(items, str):
+            given: dict[str, Any] = {"input_file_id": items}
+        else:
+            given = {"items": [_Policy.item(item) for item in items]}
+        return {**given, **{k: v for k, v in options.items() if v is not None}}
+
+    @staticmethod
+    def posted(body: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+        """The keyword arguments of a submit's POST: its own Idempotency-Key unless one is given,
+        so that every retry of it names the same task (or fans a batch out once)."""
         return {"json": body, "headers": {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}}
+
+    def remember(self, task_id: str, response_format: ResponseFormat | None) -> None:
+        """Notes the model class a task's answer is parsed into (the newest tasks' only)."""
+        if is_model_class(response_format):
+            self._formats[task_id] = response_format
+            if len(self._formats) > _REMEMBERED_FORMATS:
+                del self._formats[next(iter(self._formats))]
+
+    def typed(self, reply: Any) -> TaskView:
+        """A task read, its `parsed` an instance of the model it was submitted with, if known."""
+        task = TaskView.model_validate(reply)
+        model = self._formats.get(task.task_id)
+        if model is not None and task.parsed is not None:
+            task.parsed = task.parse(model)
+        return task
+
+    @staticmethod
+    def file_form(data: bytes, filename: str, media_type: str, purpose: str) -> dict[str, Any]:
+        """POST /v1/files' multipart form, as OpenAI's files.create sends it."""
+        return {"files": {"file": (filename, data, media_type)}, "data": {"purpose": purpose}}
+
+    @staticmethod
+    def upload_start(size: int, filename: str, media_type: str, purpose: str) -> dict[str, Any]:
+        return {"json": {"bytes": size, "filename": filename, "mime_type": media_type, "purpose": purpose}}
+
+    @staticmethod
+    def part_form(chunk: bytes) -> dict[str, Any]:
+        return {"files": {"data": ("part", chunk, "application/octet-stream")}}
+
+    @staticmethod
+    def upload_end(part_ids: Sequence[str], md5: str) -> dict[str, Any]:
+        return {"json": {"part_ids": list(part_ids), "md5": md5}}
 
     @staticmethod
     def upload_request(
@@ -320,6 +382,25 @@ class _Following:
         return TaskFailedError(task)
 
 
+def _file_facts(
+    file: str | os.PathLike[str] | bytes, filename: str | None, media_type: str | None
+) -> tuple[str, str, int]:
+    """An upload's filename, media type and size."""
+    name = filename or ("file" if isinstance(file, bytes) else Path(file).name)
+    media = media_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return name, media, len(file) if isinstance(file, bytes) else os.stat(file).st_size
+
+
+def _parts_of(file: str | os.PathLike[str] | bytes) -> Iterator[bytes]:
+    """A file's bytes in the Uploads API's parts (FILE_PART_BYTES each)."""
+    if isinstance(file, bytes):
+        yield from (file[at : at + FILE_PART_BYTES] for at in range(0, len(file), FILE_PART_BYTES))
+        return
+    with open(file, "rb") as data:
+        while chunk := data.read(FILE_PART_BYTES):
+            yield chunk
+
+
 async def _chunks_of(path: str | os.PathLike[str], size: int = 1024 * 1024) -> AsyncIterator[bytes]:
     """A file's bytes, read a megabyte at a time off the event loop."""
     data = await asyncio.to_thread(open, path, "rb")
@@ -365,18 +446,65 @@ class Client:
         self,
         prompt: str | None = None,
         *,
-        messages: list[dict[str, str]] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        response_format: ResponseFormat | None = None,
         idempotency_key: str | None = None,
-        **options: Any,
+        **options: Unpack[TaskOptions],
     ) -> TaskView:
-        """A new task (`202`); retried under one Idempotency-Key, so never two."""
-        request = self._policy.submission(prompt, messages, idempotency_key, options)
-        accepted = self._request("POST", "/tasks", **request)
+        """A new task (`202`) of `prompt` or `messages` (content parts: text, `image_part`,
+        `file_part`; those too large to go inline are uploaded first) and the parameters of one
+        Chat Completions call. `response_format` may be a pydantic model class: the task is asked
+        for JSON that fits it, and `get`/`wait` give its `parsed` as an instance of it (pydantic's
+        ValidationError if a constraint the schema cannot say refuses it). Retried under one
+        Idempotency-Key, so never two; parts uploaded first are uploaded again by a second
+        submit, so reuse a key only with parts that go inline or by `file_id`."""
+        body = self._uploaded(self._policy.task_body(prompt, messages, response_format, options))
+        accepted = self._request("POST", "/tasks", **self._policy.posted(body, idempotency_key))
+        self._policy.remember(accepted["task_id"], response_format)
         return self.get(accepted["task_id"])
+
+    def _uploaded(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body with its LocalFiles uploaded (purpose user_data) and named by their ids."""
+        files = local_files(body)
+        if not files:
+            return body
+        ids = {
+            file: self.upload_file(file.source, filename=file.filename, media_type=file.media_type).id
+            for file in files
+        }
+        return with_file_ids(body, ids)
+
+    def upload_file(
+        self,
+        file: str | os.PathLike[str] | bytes,
+        *,
+        purpose: str = "user_data",
+        filename: str | None = None,
+        media_type: str | None = None,
+    ) -> FileObject:
+        """Uploads a file (a path, or its bytes), as OpenAI's `files.create` does: with purpose
+        user_data, a content part names it by its id (`file_id`). One over FILE_PART_BYTES goes
+        in parts (OpenAI's Uploads API)."""
+        name, media, size = _file_facts(file, filename, media_type)
+        if size <= FILE_PART_BYTES:
+            data = file if isinstance(file, bytes) else Path(file).read_bytes()
+            form = self._policy.file_form(data, name, media, purpose)
+            return FileObject.model_validate(self._request("POST", "/v1/files", **form))
+        upload = self._request("POST", "/v1/uploads", **self._policy.upload_start(size, name, media, purpose))
+        digest = hashlib.md5(usedforsecurity=False)
+        part_ids = []
+        for chunk in _parts_of(file):
+            digest.update(chunk)
+            part = self._request("POST", f"/v1/uploads/{upload['id']}/parts", **self._policy.part_form(chunk))
+            part_ids.append(str(part["id"]))
+        end = self._policy.upload_end(part_ids, digest.hexdigest())
+        return FileObject.model_validate(
+            self._request("POST", f"/v1/uploads/{upload['id']}/complete", **end)["file"]
+        )
 
     def get(self, task_id: str, *, wait: float = 0) -> TaskView:
         params = {"wait": int(wait)} if wait else None
-        return TaskView.model_validate(self._request("GET", f"/tasks/{task_id}", params=params))
+        return self._policy.typed(self._request("GET", f"/tasks/{task_id}", params=params))
 
     def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
@@ -434,9 +562,10 @@ class Client:
     ) -> BatchView:
         """A new batch (`202`) of task bodies, each with an optional `custom_id`, or of the
         lines of a file `upload_batch_file` sent (its file id); `options`: webhook_url,
-        webhook_events, metadata, priority. Retried under one Idempotency-Key."""
-        request = self._policy.batch_submission(items, idempotency_key, options)
-        accepted = self._request("POST", "/batches", **request)
+        webhook_events, metadata, priority. An item's response_format may be a model class and
+        its parts LocalFiles, as `submit` takes them. Retried under one Idempotency-Key."""
+        body = self._uploaded(self._policy.batch_body(items, options))
+        accepted = self._request("POST", "/batches", **self._policy.posted(body, idempotency_key))
         return self.get_batch(accepted["batch_id"])
 
     def upload_batch_file(self, file: str | os.PathLike[str] | bytes) -> str:
@@ -601,17 +730,57 @@ class AsyncClient:
         self,
         prompt: str | None = None,
         *,
-        messages: list[dict[str, str]] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        response_format: ResponseFormat | None = None,
         idempotency_key: str | None = None,
-        **options: Any,
+        **options: Unpack[TaskOptions],
     ) -> TaskView:
-        request = self._policy.submission(prompt, messages, idempotency_key, options)
-        accepted = await self._request("POST", "/tasks", **request)
+        body = await self._uploaded(self._policy.task_body(prompt, messages, response_format, options))
+        accepted = await self._request("POST", "/tasks", **self._policy.posted(body, idempotency_key))
+        self._policy.remember(accepted["task_id"], response_format)
         return await self.get(accepted["task_id"])
+
+    async def _uploaded(self, body: dict[str, Any]) -> dict[str, Any]:
+        files = local_files(body)
+        if not files:
+            return body
+        ids = {}
+        for file in files:
+            uploaded = await self.upload_file(file.source, filename=file.filename, media_type=file.media_type)
+            ids[file] = uploaded.id
+        return with_file_ids(body, ids)
+
+    async def upload_file(
+        self,
+        file: str | os.PathLike[str] | bytes,
+        *,
+        purpose: str = "user_data",
+        filename: str | None = None,
+        media_type: str | None = None,
+    ) -> FileObject:
+        name, media, size = _file_facts(file, filename, media_type)
+        if size <= FILE_PART_BYTES:
+            data = file if isinstance(file, bytes) else await asyncio.to_thread(Path(file).read_bytes)
+            form = self._policy.file_form(data, name, media, purpose)
+            return FileObject.model_validate(await self._request("POST", "/v1/files", **form))
+        start = self._policy.upload_start(size, name, media, purpose)
+        upload = await self._request("POST", "/v1/uploads", **start)
+        digest = hashlib.md5(usedforsecurity=False)
+        part_ids = []
+        chunks = _parts_of(file)
+        while chunk := await asyncio.to_thread(next, chunks, b""):
+            digest.update(chunk)
+            form = self._policy.part_form(chunk)
+            part_ids.append(
+                str((await self._request("POST", f"/v1/uploads/{upload['id']}/parts", **form))["id"])
+            )
+        end = self._policy.upload_end(part_ids, digest.hexdigest())
+        done = await self._request("POST", f"/v1/uploads/{upload['id']}/complete", **end)
+        return FileObject.model_validate(done["file"])
 
     async def get(self, task_id: str, *, wait: float = 0) -> TaskView:
         params = {"wait": int(wait)} if wait else None
-        return TaskView.model_validate(await self._request("GET", f"/tasks/{task_id}", params=params))
+        return self._policy.typed(await self._request("GET", f"/tasks/{task_id}", params=params))
 
     async def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(await self._request("POST", f"/tasks/{task_id}/cancel"))
@@ -668,8 +837,8 @@ class AsyncClient:
     async def submit_batch(
         self, items: Sequence[Mapping[str, Any]] | str, *, idempotency_key: str | None = None, **options: Any
     ) -> BatchView:
-        request = self._policy.batch_submission(items, idempotency_key, options)
-        accepted = await self._request("POST", "/batches", **request)
+        body = await self._uploaded(self._policy.batch_body(items, options))
+        accepted = await self._request("POST", "/batches", **self._policy.posted(body, idempotency_key))
         return await self.get_batch(accepted["batch_id"])
 
     async def upload_batch_file(self, file: str | os.PathLike[str] | bytes) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+Parsed = TypeVar("Parsed", bound=BaseModel)
 
 
 class _Reply(BaseModel):
@@ -58,6 +60,7 @@ class Usage(_Reply):
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the provider served from its cache
+    reasoning_tokens: int = 0  # tokens a reasoning model thought with (part of completion_tokens)
     cost_usd: float | None = None
     cost_unknown: bool = False  # a model the deploy's price table lacks (priced at 0)
 
@@ -99,12 +102,42 @@ class Progress(_Reply):
     updated_at: datetime
 
 
+class FunctionCall(_Reply):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Reply):
+    """A function call the model asked for, as the provider returned it."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class OutputMessage(_Reply):
+    """The model's whole message, in Chat Completions' shape."""
+
+    role: str = "assistant"
+    content: str | None = None  # its text (the task's `result`)
+    refusal: str | None = None  # why the model declined, when it did
+    tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None  # a summary of its reasoning, where the provider gives one
+
+
 class TaskView(_Reply):
-    """A task as `GET /tasks/{id}` answers it (and a task event's `data`)."""
+    """A task as `GET /tasks/{id}` answers it (and a task event's `data`).
+
+    `parsed` is the answer of a task asked for JSON (response_format json_object or json_schema):
+    an instance of the pydantic model given as `response_format` when this client submitted the
+    task, else the JSON as it came (`parse(Model)` makes it one)."""
 
     task_id: str
     status: TaskStatus
     result: str | None = None
+    output: OutputMessage | None = None
+    finish_reason: str | None = None  # stop, length, tool_calls, content_filter
+    parsed: Any = None
     partial_result: str | None = None
     progress: Progress | None = None
     error: str | None = None
@@ -120,6 +153,13 @@ class TaskView(_Reply):
     metadata: dict[str, Any] | None = None
     batch_id: str | None = None
     webhook: WebhookState | None = None
+
+    def parse(self, model: type[Parsed]) -> Parsed | None:
+        """The JSON answer as `model` (None while there is none); pydantic's ValidationError
+        when it does not fit."""
+        if self.parsed is None or isinstance(self.parsed, model):
+            return self.parsed
+        return model.model_validate(self.parsed)
 
 
 class TaskList(_Reply):
@@ -283,3 +323,14 @@ class BatchEventPage(_Reply):
     after: int
     final: bool
     status: BatchStatus
+
+
+class FileObject(_Reply):
+    """A file uploaded to llmtasks (`POST /v1/files`, OpenAI's file object): `id` is what a
+    content part names as its `file_id`."""
+
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str

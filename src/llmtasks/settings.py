@@ -144,6 +144,10 @@ class SettingsSection(BaseSettings):
 class ModelDefault(SettingsSection):
     # The model of a task that names none: the calls', and the metrics' dimension.
     llm_model: str = "gpt-4o-mini"
+    # openai: any OpenAI-compatible server (the mock included); bedrock: Converse, LLM_MODEL is
+    # the model id and the function's role must be allowed to invoke it. On bedrock a submit
+    # refuses what the model cannot take (domain.bedrock_models).
+    llm_provider: Literal["openai", "mock", "bedrock"] = "openai"
 
 
 class CallTimeout(SettingsSection):
@@ -191,8 +195,9 @@ class Prices(SettingsSection):
         return value
 
 
-class ItemLimits(SettingsSection):
-    """How large a task body may be: checked at submit, and for a batch's file as it is read."""
+class ItemLimits(ModelDefault):
+    """How large a task body may be, and on Bedrock what its model takes: checked at submit, and
+    for a batch's file as it is read."""
 
     max_prompt_bytes: int = Field(default=200 * KIB, ge=1)
     max_metadata_bytes: int = Field(default=2 * KIB, ge=0)
@@ -200,10 +205,14 @@ class ItemLimits(SettingsSection):
     @property
     def size_limits(self) -> SizeLimits:
         """The part of these the submit rules apply (domain.rules)."""
-        return SizeLimits(max_prompt_bytes=self.max_prompt_bytes, max_metadata_bytes=self.max_metadata_bytes)
+        return SizeLimits(
+            max_prompt_bytes=self.max_prompt_bytes,
+            max_metadata_bytes=self.max_metadata_bytes,
+            bedrock_model=self.llm_model if self.llm_provider == "bedrock" else None,
+        )
 
 
-class SubmitSettings(ModelDefault, WebhookTargets, Prices, ItemLimits):
+class SubmitSettings(ItemLimits, WebhookTargets, Prices):
     """The API's submits and reads (TaskService, BatchService): SubmitFunction, StatusFunction."""
 
     # How long an Idempotency-Key's record lasts (SubmitFunction).
@@ -215,16 +224,13 @@ class SubmitSettings(ModelDefault, WebhookTargets, Prices, ItemLimits):
     webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
 
 
-class FanoutSettings(ModelDefault, SubmitGrace, Prices, ItemLimits):
+class FanoutSettings(ItemLimits, SubmitGrace, Prices):
     """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
 
 
 class LlmSettings(ModelDefault, CallTimeout):
     """The LLM provider and its keys (llm/): WorkerFunction."""
 
-    # openai: any OpenAI-compatible server (the mock included); bedrock: Converse, LLM_MODEL is
-    # the model id and the function's role must be allowed to invoke it.
-    llm_provider: Literal["openai", "mock", "bedrock"] = "openai"
     llm_base_url: str = "https://api.openai.com/v1"
     llm_api_key: SecretStr | None = None
     # Several keys (a pool, see llm/keys.py): inline, or in a file (locally); in AWS the secret

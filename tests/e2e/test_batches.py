@@ -26,8 +26,9 @@ from llmtasks.services.batch_outcomes import batch_task_id
 from llmtasks_client import verify_webhook
 from llmtasks_local.mock_llm import MockConfig, reply_text
 from llmtasks_local.sam.provision import local_name
+from tests.documents import pdf_document
 from tests.e2e.conftest import RunningStack, start_stack, wait_terminal
-from tests.helpers import HANG_S, WebhookReceiver, eventually, local_client, replay_batch_events
+from tests.helpers import HANG_S, WebhookReceiver, eventually, load_example, local_client, replay_batch_events
 
 pytestmark = pytest.mark.e2e
 
@@ -554,3 +555,37 @@ def test_a_file_over_lambda_s_6_mb_is_uploaded_around_the_api_and_runs_with_its_
         results = client.get(f"/batches/{batch_id}/results", params={"limit": 5}).json()["data"]
         assert [row["custom_id"] for row in results] == [f"big-{i}" for i in range(5)]
         assert results[3]["result"] == reply_text(items[3]["prompt"])
+
+
+CATEGORIES = ("invoice", "contract", "report", "letter")
+
+
+def test_the_seed_s_documents_are_classified_into_a_schema_by_one_batch(
+    batch_stack: RunningStack, tmp_path: Path
+) -> None:
+    """The seed's case, through examples/classify_documents.py: 60 documents, 40 text and 20 PDF,
+    each labelled by a strict json_schema; every result parsed, counts exact, usage and cost per
+    item, and the PDFs reached the provider as files."""
+    batch_stack.configure_mock(**MockConfig().model_dump(exclude={"seed"}))
+    expected = {}
+    for i in range(60):
+        category = CATEGORIES[i % len(CATEGORIES)]
+        words = f"Document {i}. This {category} was filed by the records office."
+        if i % 3 == 2:
+            (tmp_path / f"doc-{i:02}.pdf").write_bytes(pdf_document(words))
+        else:
+            (tmp_path / f"doc-{i:02}.txt").write_text(words)
+        expected[f"doc-{i:02}.{'pdf' if i % 3 == 2 else 'txt'}"] = category
+    example = load_example("classify_documents")
+    with llmtasks_client.Client(batch_stack.api, batch_stack.api_key) as client:
+        batch, rows = example.classify(client, tmp_path, model="gpt-4o-mini")
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("completed", 60, 60, 0)
+    assert [row.name for row in rows] == sorted(expected)
+    assert {row.name: row.label.category for row in rows if row.label} == expected  # all 60 parsed
+    for row in rows:
+        assert row.error is None
+        assert row.tokens > 0
+        assert row.cost_usd > 0
+    stats = batch_stack.mock_stats()
+    assert stats["files"] == 20
+    assert stats["structured"] >= 60

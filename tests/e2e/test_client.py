@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -11,9 +13,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -233,3 +238,97 @@ def test_a_running_task_shows_its_text_as_it_streams_and_the_cli_prints_it_as_it
     assert still_waiting
     assert (first + rest).decode() == reply_text("cli stream", 300) + "\n"
     assert len(first) < len(first + rest) - 1
+
+
+class Classified(BaseModel):
+    kind: Literal["invoice", "contract", "letter"]
+    summary: str
+    pages: int | None = None
+
+
+# A one-pixel PNG, and a PDF whose text names its kind (the mock's enum follows a file's bytes).
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+CONTRACT_PDF = b"%PDF-1.4\n1 0 obj << >> endobj\nBT (This contract binds both parties) ET\n%%EOF\n"
+
+
+def test_a_model_as_response_format_comes_back_as_its_typed_object(fresh_mock: RunningStack) -> None:
+    # Given a pydantic model as the response_format of a task through the SDK
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        submitted = client.submit(
+            "Classify: this is an invoice for March", response_format=Classified, seed=7, top_p=0.5
+        )
+        task = client.wait(submitted.task_id, timeout=HANG_S)
+    # Then the answer is parsed into the model, and the task shows the whole message
+    assert isinstance(task.parsed, Classified)
+    assert task.parsed.kind == "invoice"  # the enum value the prompt names
+    assert task.parsed == Classified.model_validate_json(task.result or "")
+    assert task.finish_reason == "stop"
+    assert task.output is not None
+    assert task.output.content == task.result
+    assert task.usage is not None
+    assert task.usage.reasoning_tokens == 0
+    stats = fresh_mock.mock_stats()
+    assert stats["structured"] == 1
+    assert (stats["params"]["seed"], stats["params"]["top_p"]) == (1, 1)
+
+
+def test_image_and_file_parts_reach_the_model_through_the_sdk_and_the_cli(
+    fresh_mock: RunningStack, tmp_path: Path
+) -> None:
+    # Given an image and a PDF as parts of a user message beside its text (the async client)
+    async def run() -> llmtasks_client.TaskView:
+        content = [
+            "Classify the attached",
+            llmtasks_client.image_part(PIXEL, detail="low"),
+            llmtasks_client.file_part(CONTRACT_PDF, filename="deal.pdf"),
+        ]
+        async with llmtasks_client.AsyncClient(fresh_mock.api, fresh_mock.api_key) as client:
+            submitted = await client.submit(
+                messages=[{"role": "user", "content": content}],
+                response_format=Classified,
+                reasoning_effort="low",
+            )
+            return await client.wait(submitted.task_id, timeout=HANG_S)
+
+    task = asyncio.run(run())
+    # Then both reached the provider, and the document steered the answer
+    stats = fresh_mock.mock_stats()
+    assert (stats["images"], stats["files"], stats["file_bytes"]) == (1, 1, len(CONTRACT_PDF))
+    assert isinstance(task.parsed, Classified)
+    assert task.parsed.kind == "contract"
+    assert task.usage is not None
+    assert task.usage.reasoning_tokens > 0
+    # When the CLI submits the same with --schema, --image and --file
+    schema = tmp_path / "document_kind.json"
+    schema.write_text(json.dumps(llmtasks_client.strict_json_schema(Classified)))
+    (tmp_path / "pixel.png").write_bytes(PIXEL)
+    (tmp_path / "letter.txt").write_text("Dear Sir, this letter is about the invoice.")
+    done = fresh_mock.run_cli(
+        "submit", "Classify the attached", "--wait", "--schema", str(schema),
+        "--image", str(tmp_path / "pixel.png"), "--file", str(tmp_path / "letter.txt"),
+    )  # fmt: skip
+    # Then it prints the parsed object, which the file's words steered
+    assert done.returncode == 0, done.stderr
+    printed = Classified.model_validate_json(done.stdout)
+    assert printed.kind == "letter"
+    stats = fresh_mock.mock_stats()
+    assert (stats["images"], stats["files"], stats["structured"]) == (2, 2, 2)
+    # A schema file that is not JSON stops the CLI before anything is sent
+    (tmp_path / "broken.json").write_text("{")
+    refused = fresh_mock.run_cli("submit", "x", "--schema", str(tmp_path / "broken.json"))
+    assert refused.returncode == 2
+    assert "the schema is not JSON" in refused.stderr
+
+
+def test_upload_file_sends_a_small_and_a_large_file_through_the_files_api(fresh_mock: RunningStack) -> None:
+    # (purpose batch: the purpose the stack's Files API keeps on this branch; user_data is the same path)
+    small = b'{"prompt": "a"}\n'
+    large = small * (llmtasks_client.client.FILE_PART_BYTES // len(small) + 2)
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client, fresh_mock.client() as http:
+        for data in (small, large):
+            made = client.upload_file(data, purpose="batch", filename="items.jsonl")
+            assert (made.bytes, made.filename, made.purpose) == (len(data), "items.jsonl", "batch")
+            content = http.get(f"/v1/files/{made.id}/content", follow_redirects=True)
+            assert content.content == data

@@ -25,6 +25,7 @@ import pytest
 
 from llmtasks_local.sam.provision import provision
 from llmtasks_local.sam.template import Template
+from tests.documents import pdf_document
 from tests.e2e.conftest import ROOT, RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
 from tests.helpers import HANG_S, WebhookReceiver, eventually, serve
@@ -247,6 +248,26 @@ def drive(stack: RunningStack) -> None:
             what="the OpenAI batch completed",
         )
         stack.configure_mock(reply_chars=0)
+        # A document for tasks, uploaded in a part (its pages kept with it), and a task naming it:
+        # the worker reads it into the call
+        document = pdf_document("an invoice", pages=2)
+        begun = client.post(
+            "/v1/uploads",
+            json={
+                "bytes": len(document),
+                "filename": "a.pdf",
+                "mime_type": "application/pdf",
+                "purpose": "user_data",
+            },
+        ).json()
+        part = client.post(f"/v1/uploads/{begun['id']}/parts", files={"data": ("p", io.BytesIO(document))})
+        joined = client.post(f"/v1/uploads/{begun['id']}/complete", json={"part_ids": [part.json()["id"]]})
+        content = [
+            {"type": "text", "text": "Which kind?"},
+            {"type": "file", "file": {"file_id": joined.json()["file"]["id"]}},
+        ]
+        reading = client.post("/tasks", json={"messages": [{"role": "user", "content": content}]}).json()
+        wait_terminal(client, reading["task_id"])
         response = client.post("/v1/responses", json={"model": "m", "input": "hi", "background": True}).json()
         eventually(
             lambda: client.get(f"/v1/responses/{response['id']}").json()["status"],

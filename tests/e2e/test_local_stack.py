@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from llmtasks.domain.models import LLMRequest
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.ops.deployment import FUNCTIONS
 from llmtasks.settings import default_price_table
 from llmtasks_local.emulator.moto_server import CALLS_PATH

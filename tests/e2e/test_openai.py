@@ -7,13 +7,16 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Iterator
+from typing import Literal
 
 import openai
 import pytest
 from openai import OpenAI
 from openai.types import Batch
+from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedWebhookEvent
+from pydantic import BaseModel
 
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
@@ -485,3 +488,139 @@ def test_a_response_streams_to_the_sdk_and_resumes_from_any_event(
     # Read again later from an old event: the same events after it
     again = list(client.responses.retrieve(events[0].response.id, stream=True, starting_after=2))
     assert [(e.sequence_number, e.type) for e in again] == [(e.sequence_number, e.type) for e in events[3:]]
+
+
+# --- the whole request: structured outputs, tools, images ---------------------------------------
+
+
+class Label(BaseModel):
+    """What a document is: the SDK makes the strict JSON schema of it."""
+
+    kind: Literal["invoice", "contract", "letter"]
+    confidence: float
+
+
+LOOKUP = {
+    "type": "function",
+    "name": "lookup_customer",
+    "description": "Find a customer by name",
+    "parameters": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
+    "RU5ErkJggg=="
+)
+
+
+def test_responses_parse_with_a_pydantic_model_gives_text_the_model_validates(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    created = client.responses.parse(
+        model="gpt-test",
+        input="Which kind of document is this? It is an invoice for March.",
+        text_format=Label,
+        reasoning={"effort": "low"},
+        background=True,
+    )
+
+    done = ended(client, created)
+    assert done.status == "completed"
+    label = Label.model_validate_json(done.output_text)
+    assert label.kind == "invoice"  # the mock takes the enum value the text names first
+    assert done.text is not None
+    assert done.text.format is not None
+    assert done.text.format.type == "json_schema"
+    assert done.usage is not None
+    assert done.usage.output_tokens_details.reasoning_tokens > 0
+    assert fresh_mock.mock_stats()["structured"] == 1
+
+
+def test_a_response_with_tools_required_ends_with_function_call_items(client: OpenAI) -> None:
+    created = client.responses.create(
+        model="gpt-test",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Who is Ada?"}]}],
+        tools=[LOOKUP],  # type: ignore[list-item]
+        tool_choice="required",
+        background=True,
+    )
+
+    done = ended(client, created)
+    assert done.status == "completed"
+    calls = [item for item in done.output if item.type == "function_call"]
+    assert [call.name for call in calls] == ["lookup_customer"]
+    assert isinstance(json.loads(calls[0].arguments)["name"], str)
+    assert done.tool_choice == "required"
+    # The history sent back with the call's output is answered from it
+    again = client.responses.create(
+        model="gpt-test",
+        input=[
+            {"role": "user", "content": "Who is Ada?"},
+            {
+                "type": "function_call",
+                "call_id": calls[0].call_id,
+                "name": calls[0].name,
+                "arguments": calls[0].arguments,
+            },
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Ada Lovelace, id 7"},
+        ],
+        tools=[LOOKUP],  # type: ignore[list-item]
+        background=True,
+    )
+    answered = ended(client, again)
+    assert answered.status == "completed"
+    assert "Ada Lovelace, id 7" in answered.output_text
+
+
+def test_a_batch_of_chat_completions_with_a_schema_an_image_and_tools_parses_as_the_sdk_s(
+    client: OpenAI, fresh_mock: RunningStack
+) -> None:
+    schema = {"name": "Label", "schema": Label.model_json_schema(), "strict": False}
+    tool = {"type": "function", "function": {k: LOOKUP[k] for k in ("name", "description", "parameters")}}
+
+    def line(custom_id: str, text: str) -> dict[str, object]:
+        content = [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+        ]
+        body = {
+            "model": "gpt-test",
+            "messages": [{"role": "developer", "content": "Label it."}, {"role": "user", "content": content}],
+            "response_format": {"type": "json_schema", "json_schema": schema},
+            "tools": [tool],
+            "max_completion_tokens": 300,
+            "seed": 1,
+        }
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    uploaded = client.files.create(
+        file=("typed.jsonl", jsonl([line("a", "a contract"), line("b", "a letter")])), purpose="batch"
+    )
+    done = batch_ended(
+        client,
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    )
+
+    assert done.status == "completed"
+    assert done.output_file_id is not None
+    lines = [json.loads(text) for text in client.files.content(done.output_file_id).text.splitlines()]
+    answers = {line["custom_id"]: ChatCompletion.model_validate(line["response"]["body"]) for line in lines}
+    kinds = {
+        key: Label.model_validate_json(answer.choices[0].message.content or "").kind
+        for key, answer in answers.items()
+    }
+    assert kinds == {"a": "contract", "b": "letter"}
+    for answer in answers.values():
+        assert answer.choices[0].finish_reason == "stop"
+        assert answer.usage is not None
+        assert answer.usage.completion_tokens_details is not None
+        assert answer.usage.prompt_tokens_details is not None
+    stats = fresh_mock.mock_stats()
+    assert (stats["images"], stats["structured"]) == (2, 2)

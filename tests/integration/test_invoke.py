@@ -26,7 +26,7 @@ from unittest import mock
 import pytest
 
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.models import LLMRequest
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks_client import verify_webhook
 from llmtasks_local.cli.options import parse_overrides
 from llmtasks_local.emulator.endpoints import resolved

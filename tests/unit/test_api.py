@@ -613,6 +613,19 @@ def test_the_same_key_and_body_return_the_same_task_once(api: Api, aws: Aws) -> 
     assert len(aws.messages("TaskQueue")) == 1
 
 
+def test_a_task_with_a_json_schema_is_made_and_replayed_under_a_key(api: Api, aws: Aws) -> None:
+    # The stored result keeps the schema as JSON text, as a task's item does: read back as one
+    schema = {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}}, "required": ["kind"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "Kind", "schema": schema, "strict": True}}
+    key = {"idempotency-key": "order-44"}
+    first = api.call("POST", "/tasks", {"prompt": "kind?", "response_format": fmt}, headers=key)
+    again = api.call("POST", "/tasks", {"prompt": "kind?", "response_format": fmt}, headers=key)
+    assert first["statusCode"] == again["statusCode"] == 202
+    assert again["json"] == first["json"]
+    assert again["headers"]["Idempotent-Replayed"] == "true"
+    assert len(aws.messages("TaskQueue")) == 1
+
+
 def test_the_same_key_with_another_body_is_422_and_changes_nothing(api: Api, aws: Aws) -> None:
     key = {"idempotency-key": "order-43"}
     api.call("POST", "/tasks", {"prompt": "first"}, headers=key)

@@ -368,6 +368,14 @@ def test_a_batch_s_events_name_each_item_s_moves_once_in_order_with_the_counts_a
         "final": False,
         "status": "pending",
     }
+    # And past its last event, while it runs: an empty page that reads on from there, not a refusal
+    assert events_page(rig, batch_id, "after=9999999") == {
+        "batch_id": batch_id,
+        "events": [],
+        "after": 9999999,
+        "final": False,
+        "status": "pending",
+    }
     rig.fan_out()
     rig.run_items()
     records = rig.stream()
@@ -400,8 +408,13 @@ def test_a_batch_s_events_name_each_item_s_moves_once_in_order_with_the_counts_a
     assert rest["final"] is True
     end = events_page(rig, batch_id, f"after={len(events)}&wait=5")
     assert (end["events"], end["final"], end["after"]) == ([], True, len(events))
-    # Past the end, a negative or a word is refused; another tenant's batch is not found
-    for query in (f"after={len(events) + 1}", "after=-1", "after=x", "wait=26"):
+    # And so is reading on from past its end, at once (no wait held)
+    started = time.monotonic()
+    beyond = events_page(rig, batch_id, f"after={len(events) + 1}&wait=5")
+    assert (beyond["events"], beyond["final"], beyond["after"]) == ([], True, len(events) + 1)
+    assert time.monotonic() - started < 4
+    # A negative, a word or a wait too long is refused; another tenant's batch is not found
+    for query in ("after=-1", "after=x", "wait=26"):
         assert_problem(rig.api.call("GET", f"/batches/{batch_id}/events", query=query), 422)
     for path in (f"/batches/{batch_id}/events", f"/batches/{'f' * 32}/events", "/batches/nope/events"):
         assert_problem(rig.api.call("GET", path, tenant="someone-else"), 404)

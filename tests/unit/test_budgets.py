@@ -16,7 +16,10 @@ from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.budgets import Budget, Periods
 from llmtasks.domain.caller import Caller, authorizer_context, caller_of
-from llmtasks.domain.models import AttemptRecord, LLMRequest, SubmitTaskRequest, TaskStatus, Usage
+from llmtasks.domain.input_files import FileFacts
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.media_tokens import IMAGE_TOKENS, PAGE_TEXT_TOKENS
+from llmtasks.domain.models import AttemptRecord, SubmitTaskRequest, TaskStatus, Usage
 from llmtasks.domain.pricing import MESSAGE_OVERHEAD_TOKENS, ModelPrice, PriceTable
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.records import sqs_record
@@ -25,6 +28,7 @@ from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from tests.conftest import Aws, RunningMock
+from tests.documents import pdf_document
 from tests.helpers import blobs, task_lanes
 from tests.unit.test_api import Api, assert_problem
 from tests.unit.test_batches import CHUNK, Rig
@@ -291,3 +295,23 @@ def test_a_batch_reserves_its_items_as_they_fan_out_and_those_past_the_budget_fa
     assert len(aws.messages("BatchTaskQueue")) == 4  # the refused items are never queued
     items = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
     assert [item["error_code"] for item in items] == [None] * 4 + ["budget_exhausted"] * 6
+
+
+def test_a_task_naming_a_document_reserves_its_pages_and_bytes_at_submit(
+    aws: Aws, settings: Settings, budgets: KeyBudgets, clock: Clock
+) -> None:
+    tasks = service(aws, settings, budgets, clock)
+    document = pdf_document("an invoice", pages=3, size=40_000)
+    # Stored as POST /v1/files stores it: its pages counted
+    blobs(settings).put_file("acme", "file-doc", document, filename="a.pdf", purpose="user_data", pages="3")
+    body = SubmitTaskRequest.model_validate(
+        {"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-doc"}}]}]}
+    )
+    facts = {"file-doc": FileFacts(size=len(document), pdf=True, pages=3)}
+    reserved = PRICES.most_cost(body.llm_request(), "mock-model", facts)
+    # Its bytes, and three pages' images and text, beside the reply's bound
+    assert reserved * 1_000_000 >= len(document) + 3 * (IMAGE_TOKENS + PAGE_TEXT_TOKENS) + 100
+    with pytest.raises(BudgetExhausted):
+        tasks.submit("acme", body, caller=caller(day=str(reserved - Decimal("0.000001"))))
+    tasks.submit("acme", body, caller=caller(day=str(reserved)))
+    assert counters(aws, settings)["dn"] == reserved

@@ -252,6 +252,27 @@ def test_batch_submit_names_the_bad_line_and_sends_nothing(
     assert seen == []
 
 
+def test_submit_names_an_image_or_schema_it_cannot_use_and_sends_nothing(
+    api: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, seen = api
+    given = ["--api-url", url, "--api-key", "lt_good"]
+    missing = tmp_path / "missing.png"
+    said(
+        llmtasks("submit", "x", "--image", str(missing), *given),
+        USAGE,
+        str(missing),
+        "cannot attach the image",
+    )
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    said(llmtasks("submit", "x", "--image", str(text), *given), USAGE, "not an image of a known type")
+    schema = tmp_path / "label.json"
+    schema.write_text("[1, 2]")
+    said(llmtasks("submit", "x", "--schema", str(schema), *given), USAGE, str(schema), "not a JSON object")
+    assert seen == []
+
+
 def test_a_missing_or_wrong_key_or_api_url_is_named(api: tuple[str, list[str]]) -> None:
     url, _ = api
     said(

@@ -13,9 +13,11 @@ import pytest
 
 from llmtasks.aws.store import TaskStore
 from llmtasks.aws.usage import UsageCounters, utc_day
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, Task, TaskStatus, Usage
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, Usage
 from llmtasks.domain.pricing import ModelPrice, PriceTable
+from llmtasks.domain.usage import KEPT_DAYS, days_read, default_first
 from llmtasks.settings import Settings, default_price_table
 from llmtasks_local.mock_llm import reply_text
 from tests.conftest import Aws, RunningMock
@@ -245,12 +247,46 @@ def test_usage_is_summed_by_day_by_model_and_by_key_from_the_daily_counters(aws:
         "from=yesterday",
         "to=0",
         "to=20261201",
-        "from=2026-02-02&to=2026-02-01",
-        "from=2024-01-01&to=2026-01-01",
     ],
 )
 def test_a_bad_usage_query_is_a_422_problem(api: Api, query: str) -> None:
     assert_problem(api.call("GET", "/usage", query=query), 422)
+
+
+def test_any_span_the_document_allows_is_answered_from_the_days_kept(aws: Aws, api: Api) -> None:
+    # Given a call billed today
+    counters = TaskStore(api.service._settings.tasks_table_name, aws.dynamodb).usage
+    today = datetime.now(UTC).replace(hour=12)
+    small = Usage(prompt_tokens=100, completion_tokens=10, total_tokens=110)
+    charge(counters, tenant="default", key="k1", model="mock-model", at=today, usage=small)
+
+    def report(query: str) -> dict[str, Any]:
+        reply = api.call("GET", "/usage", query=query)
+        assert reply["statusCode"] == 200, reply
+        body: dict[str, Any] = reply["json"]
+        return body
+
+    # When the span is the longest there is, or reaches past today: today's call, from and to as asked
+    widest = report("from=0001-01-01&to=9999-12-31")
+    assert (widest["from"], widest["to"], widest["total"]["calls"]) == ("0001-01-01", "9999-12-31", 1)
+    # A span wholly before the days kept, one after today, one that ends before it starts: no call
+    for query in ("to=2000-01-01", "from=9000-01-01", f"from={today.date().isoformat()}&to=2000-01-01"):
+        body = report(query)
+        assert (body["data"], body["total"]["calls"]) == ([], 0), query
+    # The first day, its default 29 days before `to`, never before the first day a date has
+    assert report("to=0001-01-05")["from"] == "0001-01-01"
+
+
+def test_a_report_reads_only_the_days_that_can_have_counters() -> None:
+    today = date(2026, 12, 7)
+    oldest_kept = today - timedelta(days=KEPT_DAYS - 1)
+    assert days_read(date(2026, 12, 1), date(2026, 12, 3), today) == (date(2026, 12, 1), date(2026, 12, 3))
+    assert days_read(date.min, date.max, today) == (oldest_kept, today)
+    assert days_read(date(2000, 1, 1), oldest_kept - timedelta(days=1), today) is None
+    assert days_read(today + timedelta(days=1), date.max, today) is None
+    assert days_read(date(2026, 12, 3), date(2026, 12, 2), today) is None
+    assert default_first(date(2026, 12, 30)) == date(2026, 12, 1)
+    assert default_first(date(1, 1, 5)) == date.min
 
 
 def test_a_batch_sums_its_items_billed_calls(aws: Aws, api: Api) -> None:

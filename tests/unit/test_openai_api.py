@@ -3,15 +3,32 @@ become a task's (the SDK's own round trips are in tests/e2e/test_openai.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from openai.types.responses import Response
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter, ValidationError
 
 from llmtasks.api.openai import response_object
+from llmtasks.api.openai_batch_files import line_parser
+from llmtasks.api.openai_objects import chat_completion
 from llmtasks.api.openai_requests import CreateResponse
+from llmtasks.api.openai_responses import _Segment
 from llmtasks.domain.batches import BatchStatus, BatchView
 from llmtasks.domain.errors import RATE_LIMITED, InvalidInput
 from llmtasks.domain.events import openai_event
-from llmtasks.domain.models import ChatMessage, LLMRequest, TaskStatus, TaskView, Usage
+from llmtasks.domain.llm_request import (
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    FunctionTool,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    LLMRequest,
+    ToolCall,
+)
+from llmtasks.domain.models import Task, TaskStatus, TaskView, Usage
 from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit
@@ -57,7 +74,9 @@ def test_a_failed_task_says_why_in_openais_codes(error_code: str, openai_code: s
 
 
 def test_usage_and_the_request_fields_come_back_in_openais_names() -> None:
-    request = LLMRequest(prompt="p", model="m-1", system="be brief", max_tokens=64, temperature=0.3)
+    request = LLMRequest(
+        prompt="p", model="m-1", system="be brief", max_completion_tokens=64, temperature=0.3
+    )
     task = pending_task("c" * 32, now=NOW, request=request).model_copy(
         update={
             "status": TaskStatus.COMPLETED,
@@ -70,6 +89,8 @@ def test_usage_and_the_request_fields_come_back_in_openais_names() -> None:
 
     body = response_object(task)
 
+    assert body["text"] == {"format": {"type": "text"}}
+    assert (body["tools"], body["tool_choice"], body["reasoning"]) == ([], "auto", None)
     assert (body["model"], body["instructions"], body["max_output_tokens"], body["temperature"]) == (
         "m-1",
         "be brief",
@@ -113,7 +134,14 @@ def test_openais_request_becomes_a_task_request() -> None:
         ChatMessage(role="system", content="rules"),
         ChatMessage(role="user", content="ab"),
     ]
-    assert (asked.model, asked.system, asked.max_tokens, asked.temperature) == ("m", "sys", 10, 1.5)
+    # max_output_tokens counts reasoning, as max_completion_tokens does (max_tokens does not)
+    assert (asked.model, asked.system, asked.max_completion_tokens, asked.temperature) == (
+        "m",
+        "sys",
+        10,
+        1.5,
+    )
+    assert asked.max_tokens is None
     assert asked.metadata == {"k": "v"}
     assert (asked.webhook_url, asked.webhook_format) == ("https://example.com/hook", "openai")
     plain = CreateResponse.model_validate({"input": "hello", "background": True}).task_request()
@@ -177,3 +205,465 @@ def test_a_batchs_webhook_event_is_openais_for_its_terminal_state(
     event = openai_event("msg_4567", BatchView.of(batch))
 
     assert (event["type"], event["data"]) == (event_type, {"id": "batch_" + "e" * 32})
+
+
+# --- the whole Responses request, and the Response's output items ------------------------------
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+PDF = "data:application/pdf;base64,JVBERi0xLjQK"
+LABEL = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": ["invoice", "contract"]}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
+
+
+def test_responses_input_items_tools_and_formats_become_one_chat_completions_request() -> None:
+    asked = CreateResponse.model_validate(
+        {
+            "model": "gpt-5",
+            "background": True,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Classify these"},
+                        {"type": "input_image", "image_url": PNG, "detail": "low"},
+                        {"type": "input_image", "file_id": "file-abc", "detail": "auto"},
+                        {"type": "input_file", "file_data": PDF, "filename": "a.pdf"},
+                    ],
+                },
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Looking it up", "annotations": []}],
+                },
+                {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q":"a"}'},
+                {"type": "function_call", "call_id": "call_2", "name": "lookup", "arguments": '{"q":"b"}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": "found a"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "call_2",
+                    "output": [{"type": "input_text", "text": "found b"}],
+                },
+            ],
+            "reasoning": {"effort": "high", "summary": "auto"},
+            "text": {"format": {"type": "json_schema", "name": "Label", "schema": LABEL, "strict": True}},
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "lookup",
+                    "description": "Look up",
+                    "strict": True,
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+                },
+            ],
+            "tool_choice": {"type": "function", "name": "lookup"},
+            "parallel_tool_calls": False,
+            "max_output_tokens": 2000,
+            "top_p": 0.5,
+            "top_logprobs": 3,
+            "service_tier": "flex",
+            "prompt_cache_key": "k",
+            "user": "u",
+            "safety_identifier": "s",
+            "truncation": "disabled",
+            "include": [],
+            "store": True,
+        }
+    ).task_request()
+
+    user, assistant, tool_1, tool_2 = asked.messages or []
+    assert [part.model_dump(exclude_none=True) for part in user.parts()] == [
+        {"type": "text", "text": "Classify these"},
+        {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+        {"type": "image_url", "image_url": {"file_id": "file-abc", "detail": "auto"}},
+        {"type": "file", "file": {"file_data": PDF, "filename": "a.pdf"}},
+    ]
+    # The reasoning item has no place in a chat; the calls join the assistant's message
+    assert assistant.content == "Looking it up"
+    assert [(call.id, call.function.arguments) for call in assistant.tool_calls or []] == [
+        ("call_1", '{"q":"a"}'),
+        ("call_2", '{"q":"b"}'),
+    ]
+    assert [(m.role, m.tool_call_id, m.content) for m in (tool_1, tool_2)] == [
+        ("tool", "call_1", "found a"),
+        ("tool", "call_2", "found b"),
+    ]
+    assert asked.parameters() == {
+        "max_completion_tokens": 2000,
+        "top_p": 0.5,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "reasoning_effort": "high",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "Label", "schema": LABEL, "strict": True},
+        },
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "Look up",
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+                    "strict": True,
+                },
+            }
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+        "parallel_tool_calls": False,
+        "service_tier": "flex",
+        "prompt_cache_key": "k",
+        "user": "u",
+        "safety_identifier": "s",
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        (
+            {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "file_search"}},
+            "tool_choice",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "https://x/a.pdf"}]}]},
+            "input.0.content.0.file_url",
+        ),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ],
+)
+def test_what_openai_has_and_a_task_cannot_serve_is_refused_by_its_path(
+    fields: dict[str, object], param: str
+) -> None:
+    body = {"input": "x", "background": True, **fields}
+
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate(body).task_request()
+
+    assert refused.value.field == param
+    assert refused.value.slug == "unsupported-parameter"
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"previous_response_id": "resp_1"}, ("previous_response_id",)),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, ("input",)),
+        ({"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, ("input",)),
+    ],
+)
+def test_fields_and_items_a_task_has_no_place_for_fail_validation_naming_them(
+    fields: dict[str, object], where: tuple[str, ...]
+) -> None:
+    with pytest.raises(ValidationError) as invalid:
+        CreateResponse.model_validate({"input": "x", "background": True, **fields})
+
+    assert invalid.value.errors()[0]["loc"][: len(where)] == where
+
+
+def test_a_value_the_task_refuses_is_named_in_openais_words() -> None:
+    body = {"input": "x", "background": True, "reasoning": {"effort": "high"}}
+    tool = {"type": "function", "name": "f", "parameters": None, "strict": None}
+
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate({**body, "tools": [tool, tool]}).task_request()
+
+    assert "each tool needs a name of its own" in refused.value.detail
+    # Without tools, auto and none change nothing, and parallel calls mean nothing: not sent.
+    plain = CreateResponse.model_validate({**body, "tool_choice": "none", "parallel_tool_calls": True})
+    assert plain.task_request().parameters() == {"reasoning_effort": "high"}
+
+
+def completed(request: LLMRequest, **fields: object) -> Task:
+    return pending_task("f" * 32, now=NOW, request=request).model_copy(
+        update={"status": TaskStatus.COMPLETED, "completed_at": NOW + 1, **fields}
+    )
+
+
+TOOLS_REQUEST = LLMRequest(
+    prompt="p",
+    reasoning_effort="low",
+    response_format=JsonSchemaFormat(
+        type="json_schema", json_schema=JsonSchemaSpec(name="Label", json_schema=LABEL, strict=True)
+    ),
+    tools=[
+        FunctionTool(
+            type="function", function=FunctionDefinition(name="lookup", parameters={"type": "object"})
+        )
+    ],
+    tool_choice="required",
+)
+CALLS = [
+    ToolCall(id="call_1", function=FunctionCall(name="lookup", arguments='{"q":"a"}')),
+    ToolCall(id="call_2", function=FunctionCall(name="lookup", arguments='{"q":"b"}')),
+]
+
+
+def test_a_completed_task_s_output_is_reasoning_then_message_then_function_calls() -> None:
+    task = completed(
+        TOOLS_REQUEST,
+        result='{"label": "invoice"}',
+        reasoning="It says invoice.",
+        tool_calls=CALLS,
+        finish_reason="tool_calls",
+        usage=Usage(
+            prompt_tokens=10, completion_tokens=70, total_tokens=80, cached_tokens=4, reasoning_tokens=64
+        ),
+    )
+
+    parsed = Response.model_validate(response_object(task))
+
+    assert [item.type for item in parsed.output] == ["reasoning", "message", "function_call", "function_call"]
+    reasoning, _, first, second = parsed.output
+    assert reasoning.type == "reasoning"
+    assert [part.text for part in reasoning.summary] == ["It says invoice."]
+    assert [(c.call_id, c.name, c.arguments) for c in (first, second) if c.type == "function_call"] == [
+        ("call_1", "lookup", '{"q":"a"}'),
+        ("call_2", "lookup", '{"q":"b"}'),
+    ]
+    assert parsed.output_text == '{"label": "invoice"}'
+    assert parsed.usage is not None
+    assert parsed.usage.input_tokens_details.cached_tokens == 4
+    assert parsed.usage.output_tokens_details.reasoning_tokens == 64
+    # The request comes back as OpenAI's Response says it
+    assert parsed.text is not None
+    assert parsed.text.model_dump(exclude_none=True, by_alias=True)["format"] == {
+        "type": "json_schema",
+        "name": "Label",
+        "schema": LABEL,
+        "strict": True,
+    }
+    assert [(tool.type, getattr(tool, "name", None)) for tool in parsed.tools] == [("function", "lookup")]
+    assert parsed.tool_choice == "required"
+    assert parsed.reasoning is not None
+    assert parsed.reasoning.effort == "low"
+
+
+def test_tool_calls_alone_have_no_message_and_a_refusal_is_a_refusal_part() -> None:
+    calls_only = Response.model_validate(
+        response_object(completed(TOOLS_REQUEST, result="", tool_calls=CALLS))
+    )
+    refused = Response.model_validate(
+        response_object(completed(LLMRequest(prompt="p"), result="", refusal="I cannot help with that."))
+    )
+
+    assert [item.type for item in calls_only.output] == ["function_call", "function_call"]
+    [message] = refused.output
+    assert message.type == "message"
+    assert [(part.type, getattr(part, "refusal", None)) for part in message.content] == [
+        ("refusal", "I cannot help with that.")
+    ]
+    assert refused.output_text == ""
+
+
+def test_an_answer_cut_at_the_limit_is_incomplete_and_an_invalid_one_failed() -> None:
+    cut = Response.model_validate(
+        response_object(completed(LLMRequest(prompt="p"), result="Half an ans", finish_reason="length"))
+    )
+    invalid = Response.model_validate(
+        response_object(
+            pending_task("a" * 32, now=NOW).model_copy(
+                update={
+                    "status": TaskStatus.FAILED,
+                    "error_code": "invalid_output",
+                    "error": "The answer does not fit the schema.",
+                    "result": "{",
+                }
+            )
+        )
+    )
+
+    assert (cut.status, cut.incomplete_details and cut.incomplete_details.reason) == (
+        "incomplete",
+        "max_output_tokens",
+    )
+    assert cut.output_text == "Half an ans"
+    assert invalid.status == "failed"
+    assert invalid.error is not None
+    assert (invalid.error.code, invalid.error.message) == (
+        "server_error",
+        "The answer does not fit the schema.",
+    )
+    assert invalid.output == []
+
+
+def test_a_response_s_events_end_with_its_reasoning_and_function_calls_as_the_sdk_reads_them() -> None:
+    task = completed(TOOLS_REQUEST, result="", reasoning="thought", tool_calls=CALLS)
+    out = _Segment(task.task_id, starting_after=-1)
+
+    out.ended(task, chunks=0)
+
+    events = [
+        TypeAdapter(ResponseStreamEvent).validate_python(json.loads(block.split("\ndata: ")[1]))
+        for block in out.lines
+    ]
+    assert [e.sequence_number for e in events] == list(range(4, 4 + len(events)))
+    assert [e.type for e in events][3:] == [
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        *[
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+        ]
+        * 2,
+        "response.completed",
+    ]
+    arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert arguments == ['{"q":"a"}', '{"q":"b"}']
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [1, 2, 3]
+
+
+# --- batch lines -------------------------------------------------------------------------------
+
+
+def test_a_chat_line_takes_the_whole_chat_completions_body() -> None:
+    body = {
+        "model": "gpt-test",
+        "messages": [
+            {"role": "developer", "content": "Label documents."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "this"},
+                    {"type": "image_url", "image_url": {"url": PNG, "detail": "high"}},
+                ],
+            },
+        ],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "Label", "schema": LABEL, "strict": True},
+        },
+        "tools": [{"type": "function", "function": {"name": "lookup"}}],
+        "tool_choice": "auto",
+        "max_completion_tokens": 500,
+        "seed": 7,
+        "stop": ["END"],
+        "n": 1,
+        "stream": False,
+    }
+    line = {"custom_id": "c-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    item = line_parser("/v1/chat/completions")(line)
+
+    assert item.custom_id == "c-1"
+    assert item.json_schema == LABEL
+    assert [part.type for part in item.parts()] == ["text", "text", "image_url"]
+    assert {k: item.parameters()[k] for k in ("max_completion_tokens", "seed", "stop", "tool_choice")} == {
+        "max_completion_tokens": 500,
+        "seed": 7,
+        "stop": ["END"],
+        "tool_choice": "auto",
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "named"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "'n'"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "stream": True},
+            "'stream'",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "audio": {}}, "'audio'"),
+        ("/v1/chat/completions", {"prompt": "x"}, "'prompt'"),
+        ("/v1/responses", {"input": "x", "stream": True}, "'stream'"),
+        ("/v1/responses", {"input": "x", "tools": [{"type": "web_search"}]}, "web_search"),
+    ],
+)
+def test_a_line_a_task_cannot_serve_is_refused_naming_what(
+    url: str, body: dict[str, object], named: str
+) -> None:
+    line = {"custom_id": "c", "method": "POST", "url": url, "body": body}
+
+    with pytest.raises(ValueError, match=named):
+        line_parser(url)(line)
+
+
+def test_a_chat_line_s_answer_is_a_chat_completion_the_sdk_parses() -> None:
+    task = completed(
+        TOOLS_REQUEST,
+        result="",
+        tool_calls=CALLS,
+        finish_reason="tool_calls",
+        model="gpt-test-1",
+    )
+    usage = Usage(
+        prompt_tokens=10, completion_tokens=70, total_tokens=80, cached_tokens=4, reasoning_tokens=64
+    )
+
+    parsed = ChatCompletion.model_validate(chat_completion(task, usage, int(NOW)))
+
+    [choice] = parsed.choices
+    assert (choice.finish_reason, choice.message.content, parsed.model) == ("tool_calls", None, "gpt-test-1")
+    assert [(c.id, c.function.name) for c in choice.message.tool_calls or [] if c.type == "function"] == [
+        ("call_1", "lookup"),
+        ("call_2", "lookup"),
+    ]
+    assert parsed.usage is not None
+    assert parsed.usage.prompt_tokens_details is not None
+    assert parsed.usage.completion_tokens_details is not None
+    assert (
+        parsed.usage.prompt_tokens_details.cached_tokens,
+        parsed.usage.completion_tokens_details.reasoning_tokens,
+    ) == (4, 64)
+    refusal = ChatCompletion.model_validate(
+        chat_completion(completed(LLMRequest(prompt="p"), result="", refusal="No."), None, int(NOW))
+    )
+    assert (refusal.choices[0].message.content, refusal.choices[0].message.refusal) == (None, "No.")
+
+
+def test_a_rule_across_fields_is_refused_naming_the_field_its_message_names() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate(
+            {"input": "x", "background": True, "tool_choice": "required"}
+        ).task_request()
+
+    assert refused.value.field == "tool_choice"
+    assert "need 'tools'" in refused.value.detail
+
+
+def test_a_line_s_text_counts_once_against_the_prompt_cap() -> None:
+    text = "y" * 150_000  # under a 200 KiB cap once, over it twice
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 100}
+    line = {"custom_id": "big", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    item = line_parser("/v1/chat/completions")(line)
+
+    assert item.text_bytes() == len(text)
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ({"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}, "exactly one of 'url'"),
+        ({"role": "system", "content": [{"type": "input_image", "image_url": PNG}]}, "only a user message"),
+        ({"role": "user", "content": [{"type": "input_file", "file_id": "not-a-file-id"}]}, "file_id"),
+    ],
+)
+def test_an_item_a_task_s_message_cannot_hold_is_refused_naming_the_item(
+    item: dict[str, object], said: str
+) -> None:
+    body = {"input": [{"role": "user", "content": "first"}, item], "background": True}
+
+    with pytest.raises(InvalidInput) as refused:
+        CreateResponse.model_validate(body).task_request()
+
+    assert refused.value.field == "input.1"
+    assert said in refused.value.detail
+    assert refused.value.slug == "invalid-input"

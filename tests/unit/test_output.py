@@ -1,7 +1,7 @@
 """A task's output as numbered chunks (`GET /tasks/{id}/output?after=N&wait=S`): every delta once
 and in order across reconnects, resumable from any point after the task ended, a retried attempt's
 text started over, a cancel as the last word, one tenant's output unseen by another, bad offsets
-refused."""
+refused and one past the end an empty page."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmtasks.api.openai_responses import segment
-from llmtasks.domain.errors import InvalidInput, TaskNotFound
+from llmtasks.domain.errors import TaskNotFound
 from llmtasks.domain.models import TaskStatus
 from llmtasks.domain.output import OutputChunk, TaskOutputPage
 from llmtasks.worker import progress
@@ -71,14 +71,22 @@ def test_a_reader_gets_every_chunk_once_in_order_while_the_call_runs_then_the_en
     assert follow(worker, task_id, after=len(chunks)) == [
         TaskOutputPage(task_id=task_id, chunks=[], after=len(chunks), final=True, status=TaskStatus.COMPLETED)
     ]
-    # And an offset past the end is refused
-    with pytest.raises(InvalidInput, match=f"after={len(chunks) + 1} is past the output's last chunk"):
-        worker.service.output("default", task_id, after=len(chunks) + 1)
+    # And an offset past the end reads as an empty final page, at once, from where it was asked
+    beyond = len(chunks) + 1
+    started = time.monotonic()
+    assert worker.service.output("default", task_id, after=beyond, wait_s=5) == TaskOutputPage(
+        task_id=task_id, chunks=[], after=beyond, final=True, status=TaskStatus.COMPLETED
+    )
+    assert time.monotonic() - started < 4
 
 
 def test_a_task_that_streamed_nothing_has_its_whole_result_as_one_chunk(worker: Worker) -> None:
     task_id = worker.submit("short")
     assert worker.service.output("default", task_id, after=0).chunks == []  # pending: nothing yet
+    # Past its end while it is pending: an empty page, not final, that reads on from there
+    assert worker.service.output("default", task_id, after=7) == TaskOutputPage(
+        task_id=task_id, chunks=[], after=7, final=False
+    )
     # Progress is written (the writer is on) from the call's first 30 s: a short call ends well
     # before. (At 0.5 s, a call slowed by a loaded machine wrote its text once as it ran.)
     worker.run_queued(progress_interval_s=30)
@@ -217,7 +225,7 @@ def test_another_tenant_s_output_is_not_found(worker: Worker, mock_llm: RunningM
         ("after=abc", "after"),
         ("after=1.5", "after"),
         ("wait=26", "wait"),
-        ("after=1", "after"),
+        ("after=10000001", "after"),  # over the document's maximum
     ],
 )
 def test_bad_offsets_are_refused_with_a_422(api: Api, query: str, field: str) -> None:  # noqa: F811
@@ -227,14 +235,16 @@ def test_bad_offsets_are_refused_with_a_422(api: Api, query: str, field: str) ->
     assert field in reply["body"]
 
 
-def test_the_route_answers_the_page(api: Api) -> None:  # noqa: F811
+@pytest.mark.parametrize("after", [0, 10_000_000])
+def test_the_route_answers_the_page(api: Api, after: int) -> None:  # noqa: F811
+    # The first page, and one past the end (the document's largest `after`): both an empty page
     task_id = api.call("POST", "/tasks", {"prompt": "p"})["json"]["task_id"]
-    reply: dict[str, Any] = api.call("GET", f"/tasks/{task_id}/output", query="after=0&wait=0")
+    reply: dict[str, Any] = api.call("GET", f"/tasks/{task_id}/output", query=f"after={after}&wait=0")
     assert reply["statusCode"] == 200
     assert reply["json"] == {
         "task_id": task_id,
         "chunks": [],
-        "after": 0,
+        "after": after,
         "final": False,
         "status": None,
         "error": None,

@@ -10,11 +10,11 @@ import pytest
 from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.aws.webhook_records import MAX_WEBHOOK_LOG
 from llmtasks.domain.errors import StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import (
     AttemptRecord,
     Lease,
-    LLMRequest,
     Task,
     TaskStatus,
     Usage,

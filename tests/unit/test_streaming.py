@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from llmtasks.domain.errors import LLMError
-from llmtasks.domain.models import LLMRequest, TaskStatus, TaskView
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.models import TaskStatus, TaskView
 from llmtasks.llm.bedrock import BedrockConverse
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks_local.mock_llm import reply_text

@@ -17,8 +17,9 @@ from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import LLMError, RetryLater, TaskConflict, TaskNotFound
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion, Usage
-from llmtasks.domain.models import LLMRequest, SubmitTaskRequest, TaskStatus
+from llmtasks.domain.models import SubmitTaskRequest, TaskStatus
 from llmtasks.domain.rules import Lane
 from llmtasks.llm import LLMProvider
 from llmtasks.llm.openai import OpenAIChat

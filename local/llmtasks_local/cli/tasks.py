@@ -7,6 +7,7 @@ same showing and waiting helpers."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from datetime import datetime
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmtasks_client.models import ITEM_COUNTS, BatchStatus, BatchView, TaskStatus, TaskView, UsageRow
+from llmtasks_client.parts import LocalFile, file_part, image_part, text_part
 from llmtasks_local.cli.options import client_of, with_api
 from llmtasks_local.tool_errors import EXIT_FAILED, EXIT_TIMEOUT, ToolError
 
@@ -28,6 +30,8 @@ MAX_RESULTS_PAGE = 1000  # the API's largest results page
 def _show(task: TaskView, as_json: bool) -> None:
     if as_json:
         click.echo(task.model_dump_json())
+    elif task.status is TaskStatus.COMPLETED and task.parsed is not None:
+        click.echo(json.dumps(task.parsed, ensure_ascii=False))
     elif task.status is TaskStatus.COMPLETED and task.result is not None:
         click.echo(task.result)
     else:
@@ -84,6 +88,49 @@ def _end_line(shown: bool) -> None:
         click.echo()
 
 
+def _wait_whole(client: Client, task_id: str, timeout: float | None, as_json: bool) -> None:
+    """Waits for the task, then prints it as `status` does (a structured answer as its parsed
+    JSON, once); exits 0, 1 (failed or cancelled) or 3 (timed out)."""
+    from llmtasks_client import TaskFailedError, WaitTimeoutError
+
+    try:
+        task = client.wait(task_id, timeout=timeout)
+    except TaskFailedError as failed:
+        _show(failed.task, as_json)
+        raise SystemExit(EXIT_FAILED) from None
+    except WaitTimeoutError as timed_out:
+        _show(timed_out.task, as_json)
+        raise SystemExit(EXIT_TIMEOUT) from None
+    _show(task, as_json)
+
+
+def _schema_format(path: Path) -> dict[str, Any]:
+    """A JSON Schema file as response_format json_schema, strict, named after the file's stem."""
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as error:
+        raise ToolError(f"cannot read the schema: {error.strerror}", where=str(path)) from error
+    except ValueError as error:
+        raise ToolError(f"the schema is not JSON ({error})", where=str(path)) from error
+    if not isinstance(schema, dict):
+        raise ToolError("the schema is not a JSON object", where=str(path), fix="give a JSON Schema")
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", path.stem)[:64] or "schema"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def _media_parts(images: tuple[str, ...], files: tuple[Path, ...]) -> list[dict[str, Any] | LocalFile]:
+    """The --image and --file parts, in that order: inline, or uploaded by submit when large."""
+    parts: list[dict[str, Any] | LocalFile] = []
+    for image in images:
+        try:
+            parts.append(image_part(image))
+        except (OSError, ValueError) as error:
+            raise ToolError(f"cannot attach the image: {error}", where=image) from error
+    for file in files:
+        parts.append(file_part(file))
+    return parts
+
+
 @click.command()
 @click.argument("prompt")
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the result and print it.")
@@ -99,6 +146,26 @@ def _end_line(shown: bool) -> None:
     default=None,
     help="Retries of transient LLM errors (0-10; the API's default 3). 0: fail at the first.",
 )
+@click.option(
+    "--schema",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A JSON Schema file the answer must fit (response_format json_schema, strict, named after"
+    " the file); --wait prints the parsed JSON.",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    help="An image (a path, or an http(s) URL) beside the prompt in the user message; repeatable.",
+)
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A document (a PDF, a text file) beside the prompt in the user message; repeatable.",
+)
 @with_api
 def submit(
     prompt: str,
@@ -108,15 +175,33 @@ def submit(
     model: str | None,
     system: str | None,
     max_retries: int | None,
+    schema: Path | None,
+    images: tuple[str, ...],
+    files: tuple[Path, ...],
     api_url: str,
     api_key: str | None,
     as_json: bool,
 ) -> None:
-    """Submit PROMPT (or - to read it from stdin); print the task id, or with --wait the result."""
+    """Submit PROMPT (or - to read it from stdin); print the task id, or with --wait the result.
+    Small images and files go inline; larger ones are uploaded first (Files API)."""
     text = sys.stdin.read() if prompt == "-" else prompt
+    response_format = None if schema is None else _schema_format(schema)
+    parts = _media_parts(images, files)
+    given: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": [text_part(text), *parts]}]} if parts else {"prompt": text}
+    )
     with client_of(api_url, api_key) as client:
-        task = client.submit(text, webhook_url=webhook, model=model, system=system, max_retries=max_retries)
-        if wait_:
+        task = client.submit(
+            **given,
+            response_format=response_format,
+            webhook_url=webhook,
+            model=model,
+            system=system,
+            max_retries=max_retries,
+        )
+        if wait_ and response_format is not None:
+            _wait_whole(client, task.task_id, timeout, as_json)
+        elif wait_:
             _wait_and_show(client, task.task_id, timeout, as_json)
         elif as_json:
             click.echo(task.model_dump_json())

@@ -62,6 +62,11 @@ def iam_requests(service: str, operation: str, params: Mapping[str, Any]) -> Ite
         action = _ACTION_OF.get((service, operation), operation)
         bucket = params.get("Bucket", "*")
         key = params.get("Key")
+        source = params.get("CopySource")
+        if operation == "CopyObject" and isinstance(source, dict):
+            # IAM has no CopyObject action: a copy reads its source and writes its target.
+            yield "s3:GetObject", f"arn:aws:s3:::{source.get('Bucket', '*')}/{source.get('Key')}"
+            action = "PutObject"
         yield f"s3:{action}", f"arn:aws:s3:::{bucket}/{key}" if key is not None else f"arn:aws:s3:::{bucket}"
     else:
         yield f"{service}:{operation}", str(params.get("SecretId") or params.get("modelId") or "*")

@@ -80,8 +80,9 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
             **AUTH_RESPONSES,
             202: {"description": "Accepted", "content": {"application/json": {"model": TaskAccepted}}},
             400: openapi_problem("The body is not valid JSON"),
+            404: openapi_problem("A file the request names by file_id is unknown, expired or not yours"),
             409: openapi_problem("A request with this Idempotency-Key is still being processed"),
-            413: openapi_problem("The prompt is over the size limit"),
+            413: openapi_problem("The request's text and inline data are over the size limit"),
             422: openapi_problem(
                 "A field is missing, unknown or invalid, or the Idempotency-Key was used with another body"
             ),
@@ -117,7 +118,10 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
             **AUTH_RESPONSES,
             202: {"description": "Accepted", "content": {"application/json": {"model": BatchAccepted}}},
             400: openapi_problem("The body is not valid JSON"),
-            404: openapi_problem("No input file of this id (never uploaded, expired, or another tenant's)"),
+            404: openapi_problem(
+                "No input file of this id, or no file an item names by file_id (never uploaded,"
+                " expired, or another tenant's)"
+            ),
             409: openapi_problem("A request with this Idempotency-Key is still being processed"),
             413: openapi_problem("An item's prompt is over the size limit, or the input file over 256 MiB"),
             422: openapi_problem(

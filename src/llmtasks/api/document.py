@@ -116,10 +116,16 @@ UPLOAD_BODY: dict[str, Any] = {
                         "type": "string",
                         "format": "binary",
                         "minLength": 1,
-                        "description": "JSON Lines: one request a line, as OpenAI's Batch API reads"
-                        f" them; at most {MAX_FILE_BYTES} bytes.",
+                        "description": "purpose batch: JSON Lines, one request a line, as OpenAI's"
+                        " Batch API reads them; user_data or vision: an image or a document (PDF)"
+                        " that tasks name by file_id. At most"
+                        f" {MAX_FILE_BYTES} bytes here (larger ones through /v1/uploads).",
                     },
-                    "purpose": {"const": "batch"},
+                    "purpose": {
+                        "enum": ["batch", "user_data", "vision"],
+                        "description": "batch: a batch's input; user_data or vision: a task's"
+                        " image or document.",
+                    },
                 },
             }
         }

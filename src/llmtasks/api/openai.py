@@ -2,10 +2,10 @@
 so that code written with the official `openai` SDK runs unchanged against llmtasks.
 
 A response is a task seen through OpenAI's Response object: `resp_<task id>`. Its states map
-pending -> queued, processing -> in_progress, completed, failed and cancelled as they are. The
-request fields that map onto a task are served (model, input as text or messages, instructions,
-max_output_tokens, temperature, metadata); any other is refused with OpenAI's error shape
-naming it. Errors on /v1 routes are OpenAI's `{"error": {message, type, param, code}}`, so the
+pending -> queued, processing -> in_progress, completed, failed and cancelled as they are (an
+answer cut short is incomplete). The request fields of one generation map onto the task's
+(openai_requests.py, openai_inputs.py); any other is refused with OpenAI's error shape naming
+it. Errors on /v1 routes are OpenAI's `{"error": {message, type, param, code}}`, so the
 SDK raises its own exception types.
 """
 

@@ -15,12 +15,13 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from llmtasks.api.openai_requests import CreateResponse, Endpoint, InputMessage
+from llmtasks.api.openai_objects import chat_completion, response_object
+from llmtasks.api.openai_requests import CreateResponse, Endpoint
 from llmtasks.domain.batch_input import LineParser, first_error
 from llmtasks.domain.batches import Batch, BatchFiles, BatchItem, BatchResult
 from llmtasks.domain.errors import InvalidInput
-from llmtasks.domain.events import response_id
-from llmtasks.domain.models import TaskStatus
+from llmtasks.domain.llm_request import PARAMETERS
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.services.batch_outcomes import BatchOutcomes
 
 ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
@@ -43,8 +44,9 @@ def _line_item(line: Any, endpoint: str) -> BatchItem:
         raise ValueError("body must be a JSON object")
     try:
         if endpoint == "/v1/responses":
-            if "webhook_url" in body:  # a batch has one webhook, not one a line
-                raise ValueError("unsupported parameter 'webhook_url'")
+            for name in ("webhook_url", "stream"):  # a batch has one webhook, and writes answers whole
+                if name in body:
+                    raise ValueError(f"unsupported parameter '{name}'")
             asked = CreateResponse.model_validate({**body, "background": True}).task_request()
             return BatchItem(custom_id=custom_id, **asked.model_dump(exclude_none=True))
         return _chat_item(custom_id, body)
@@ -59,19 +61,23 @@ def line_parser(endpoint: str) -> LineParser:
     return functools.partial(_line_item, endpoint=endpoint)
 
 
+# A chat line's body: OpenAI's Chat Completions request for one generation (n and stream are
+# checked, then dropped).
+_CHAT_FIELDS = frozenset({"model", "messages", "n", "stream", *PARAMETERS})
+
+
 def _chat_item(custom_id: str, body: dict[str, Any]) -> BatchItem:
-    served = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature"}
-    unsupported = sorted(set(body) - served)
+    unsupported = sorted(set(body) - _CHAT_FIELDS)
     if unsupported:
         raise ValueError(f"unsupported parameter '{unsupported[0]}'")
-    messages = [InputMessage.model_validate(m).chat() for m in body.get("messages") or []]
-    return BatchItem(
-        custom_id=custom_id,
-        messages=messages or None,
-        model=body.get("model"),
-        max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
-        temperature=body.get("temperature"),
-    )
+    if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
+        raise ValueError("unsupported parameter 'n': a request is answered once (n=1)")
+    if body.get("stream") not in (None, False):
+        raise ValueError("unsupported parameter 'stream': a batch writes each answer whole")
+    if "messages" not in body:
+        raise ValueError("'messages' is missing")
+    asked = {name: value for name, value in body.items() if name not in ("n", "stream")}
+    return BatchItem.model_validate({**asked, "custom_id": custom_id})
 
 
 class OpenAIBatchFiles:
@@ -94,9 +100,9 @@ class OpenAIBatchFiles:
         try:
             for line in self._refused_lines(batch):
                 errors.write(line)
-            for row in self._outcomes.every(batch, page_size=RESULTS_PAGE):
-                if row.status is TaskStatus.COMPLETED:
-                    outputs.write(_json_line(_output_line(row, endpoint, ended_at)))
+            for row, task in self._outcomes.every(batch, page_size=RESULTS_PAGE):
+                if row.status is TaskStatus.COMPLETED and task is not None:
+                    outputs.write(_json_line(_output_line(row, task, endpoint, ended_at)))
                     continue
                 code = (
                     "batch_cancelled"
@@ -149,43 +155,12 @@ def _error_line(custom_id: Any, code: str, message: str) -> dict[str, Any]:
     }
 
 
-def _output_line(row: BatchResult, endpoint: str, ended_at: int) -> dict[str, Any]:
-    usage = row.usage
-    if endpoint == "/v1/responses":
-        body: dict[str, Any] = {
-            "id": response_id(row.task_id),
-            "object": "response",
-            "status": "completed",
-            "output": [
-                {
-                    "type": "message",
-                    "id": f"msg_{row.task_id}",
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": row.result or "", "annotations": []}],
-                }
-            ],
-            "usage": usage
-            and {
-                "input_tokens": usage.prompt_tokens,
-                "output_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            },
-        }
-    else:
-        body = {
-            "id": f"chatcmpl-{row.task_id}",
-            "object": "chat.completion",
-            "created": ended_at,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": row.result or ""},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": usage and usage.model_dump(),
-        }
+def _output_line(row: BatchResult, task: Task, endpoint: str, ended_at: int) -> dict[str, Any]:
+    """A completed request's line: its Response object, or its chat.completion (with the usage
+    every billed attempt used)."""
+    body = (
+        response_object(task) if endpoint == "/v1/responses" else chat_completion(task, row.usage, ended_at)
+    )
     return {
         "id": f"batch_req_{row.task_id}",
         "custom_id": row.custom_id,

@@ -29,6 +29,7 @@ from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.domain.errors import FileNotFound as NoSuchFile
 from llmtasks.domain.events import BATCH_ID_PREFIX
 from llmtasks.services.batches import BatchService
+from llmtasks.services.file_uploads import check_purpose
 
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a Lambda request body holds 6 MB
 _STATUSES = {
@@ -93,15 +94,15 @@ class OpenAIBatches:
     def upload(self, tenant_id: str, content_type: str, body: bytes) -> dict[str, Any]:
         fields = multipart_fields(content_type, body)
         purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
-        if purpose != "batch":
-            raise InvalidInput(
-                "llmtasks keeps files for batches only: purpose must be 'batch'", field="purpose"
-            )
+        check_purpose(purpose)
         filename, data = fields.get("file", (None, b""))
         if not data:
             raise InvalidInput("the 'file' field is missing or empty", field="file")
         if len(data) > MAX_FILE_BYTES:
-            raise InvalidInput(f"a file holds at most {MAX_FILE_BYTES} bytes here", field="file")
+            raise InvalidInput(
+                f"a file holds at most {MAX_FILE_BYTES} bytes here: send a larger one with POST /v1/uploads",
+                field="file",
+            )
         file_id = f"file-{uuid.uuid4().hex}"
         self._batches.put_file(tenant_id, file_id, data, filename=filename or "batch.jsonl", purpose=purpose)
         return file_object(self._file(tenant_id, file_id))
@@ -127,7 +128,7 @@ class OpenAIBatches:
 
     def create_upload(self, tenant_id: str, body: CreateUpload) -> dict[str, Any]:
         upload = self._batches.uploads.create(
-            tenant_id, size=body.bytes, filename=body.filename, purpose=body.purpose
+            tenant_id, size=body.bytes, filename=body.filename, purpose=body.purpose, mime_type=body.mime_type
         )
         return self._upload_object(upload)
 

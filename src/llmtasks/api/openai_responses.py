@@ -16,10 +16,19 @@ chunks (domain/output.py), chunk k being its k-th:
     3 + k   response.output_text.delta (chunk k's text)
     then, with K chunks in all, once the task ended:
     completed: K+4 response.output_text.done, K+5 response.content_part.done,
-               K+6 response.output_item.done, K+7 response.completed
+               (a refusal: its content_part.added, refusal.done, content_part.done,)
+               response.output_item.done of the message; then, where the answer has them, the
+               reasoning item (output_item.added, reasoning_summary_part.added,
+               reasoning_summary_text.delta and .done, reasoning_summary_part.done,
+               output_item.done) and each function_call item (output_item.added,
+               function_call_arguments.delta and .done, output_item.done); last
+               response.completed, or response.incomplete for an answer cut short
     failed:    K+4 response.failed
     cancelled: K+4 response.incomplete (the response's status is `cancelled`: OpenAI's stream
                has no event of its own for it)
+
+The events number the items in the order they announce them (the message first: it is announced
+before the model answers); the Response object orders them as OpenAI does (openai_objects.py).
 
 A retried task's deltas write its text again from its start (its chunks do; OpenAI has no
 retries to say so): the `.done` events and the response hold the result alone.
@@ -31,60 +40,21 @@ import json
 import time
 from typing import Any
 
-from llmtasks.domain.errors import RATE_LIMITED
-from llmtasks.domain.events import response_id
+from llmtasks.api.openai_objects import (
+    function_call_item,
+    incomplete_reason,
+    message_item,
+    reasoning_item,
+    refusal_part,
+    response_object,
+    text_part,
+)
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.services.tasks import TaskService
 
-_STATUSES = {
-    TaskStatus.PENDING: "queued",
-    TaskStatus.PROCESSING: "in_progress",
-    TaskStatus.COMPLETED: "completed",
-    TaskStatus.FAILED: "failed",
-    TaskStatus.CANCELLED: "cancelled",
-}
+__all__ = ["SEGMENT_S", "response_object", "segment"]
 SEGMENT_S = 25.0
 _HEADER = 3  # the last of the events before the first delta
-
-
-def response_object(task: Task) -> dict[str, Any]:
-    """A task as OpenAI's Response object (background mode)."""
-    request = task.request
-    completed = task.status is TaskStatus.COMPLETED
-    output = [_message(task.task_id, task.result or "")] if completed else []
-    error = None
-    if task.status is TaskStatus.FAILED:
-        code = "rate_limit_exceeded" if task.error_code == RATE_LIMITED else "server_error"
-        error = {"code": code, "message": task.error or "The task failed."}
-    usage = None
-    if task.usage is not None:
-        usage = {
-            "input_tokens": task.usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": task.usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": task.usage.total_tokens,
-        }
-    return {
-        "id": response_id(task.task_id),
-        "object": "response",
-        "created_at": int(task.created_at),
-        "completed_at": int(task.completed_at) if completed and task.completed_at else None,
-        "status": _STATUSES[task.status],
-        "background": True,
-        "error": error,
-        "incomplete_details": None,
-        "instructions": request.system,
-        "max_output_tokens": request.max_tokens,
-        "metadata": task.metadata if isinstance(task.metadata, dict) else {},
-        "model": task.model or request.model or "",
-        "output": output,
-        "parallel_tool_calls": False,
-        "temperature": request.temperature,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": usage,
-    }
 
 
 class _Segment:
@@ -105,37 +75,78 @@ class _Segment:
     def started(self, task: Task) -> None:
         in_progress = task.model_copy(update={"status": TaskStatus.PROCESSING})
         self.emit(1, "response.in_progress", response=response_object(in_progress))
-        self.emit(2, "response.output_item.added", output_index=0, item=_message(self.task_id, None))
-        self.part(3, "response.content_part.added", part=_text_part(""))
+        self.emit(2, "response.output_item.added", output_index=0, item=message_item(self.task_id, None))
+        self.part(3, "response.content_part.added", part=text_part(""))
 
     def ended(self, task: Task, chunks: int) -> None:
-        end = _HEADER + chunks
-        response = response_object(task)
-        if task.status is TaskStatus.COMPLETED:
-            text = task.result or ""
-            self.part(end + 1, "response.output_text.done", text=text, logprobs=[])
-            self.part(end + 2, "response.content_part.done", part=_text_part(text))
-            self.emit(end + 3, "response.output_item.done", output_index=0, item=_message(self.task_id, text))
-            self.emit(end + 4, "response.completed", response=response)
-        elif task.status is TaskStatus.FAILED:
-            self.emit(end + 1, "response.failed", response=response)
-        else:
-            self.emit(end + 1, "response.incomplete", response=response)
+        sequence = _HEADER + chunks
+        if task.status is not TaskStatus.COMPLETED:
+            kind = "response.failed" if task.status is TaskStatus.FAILED else "response.incomplete"
+            self.emit(sequence + 1, kind, response=response_object(task))
+            return
+        events = self._message_done(task) + self._reasoning(task) + self._function_calls(task)
+        final = "response.incomplete" if incomplete_reason(task) else "response.completed"
+        for kind, fields in [*events, (final, {"response": response_object(task)})]:
+            sequence += 1
+            self.emit(sequence, kind, **fields)
 
+    def _message_done(self, task: Task) -> list[tuple[str, dict[str, Any]]]:
+        """The streamed message's end: its text part (announced before the model answered, so
+        there even when it only refused or called tools), then a refusal part if it refused."""
+        text = task.result or ""
+        where = {"item_id": f"msg_{self.task_id}", "output_index": 0}
+        parts = [text_part(text)]
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}),
+            ("response.content_part.done", {**where, "content_index": 0, "part": text_part(text)}),
+        ]
+        if task.refusal is not None:
+            parts.append(refusal_part(task.refusal))
+            events += [
+                ("response.content_part.added", {**where, "content_index": 1, "part": refusal_part("")}),
+                ("response.refusal.done", {**where, "content_index": 1, "refusal": task.refusal}),
+                ("response.content_part.done", {**where, "content_index": 1, "part": parts[-1]}),
+            ]
+        status = "incomplete" if incomplete_reason(task) else "completed"
+        item = message_item(self.task_id, parts, status)
+        return [*events, ("response.output_item.done", {"output_index": 0, "item": item})]
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+    def _reasoning(self, task: Task) -> list[tuple[str, dict[str, Any]]]:
+        """The reasoning summary, once the answer gives it: an item of its own after the message."""
+        if not task.reasoning:
+            return []
+        where = {"item_id": f"rs_{self.task_id}", "output_index": 1, "summary_index": 0}
+        summary = {"type": "summary_text", "text": task.reasoning}
+        return [
+            ("response.output_item.added", {"output_index": 1, "item": reasoning_item(self.task_id, None)}),
+            ("response.reasoning_summary_part.added", {**where, "part": {**summary, "text": ""}}),
+            ("response.reasoning_summary_text.delta", {**where, "delta": task.reasoning}),
+            ("response.reasoning_summary_text.done", {**where, "text": task.reasoning}),
+            ("response.reasoning_summary_part.done", {**where, "part": summary}),
+            (
+                "response.output_item.done",
+                {"output_index": 1, "item": reasoning_item(self.task_id, task.reasoning)},
+            ),
+        ]
 
-
-def _message(task_id: str, text: str | None) -> dict[str, Any]:
-    """The response's one output item: in progress and empty (None), or completed with `text`."""
-    return {
-        "type": "message",
-        "id": f"msg_{task_id}",
-        "status": "in_progress" if text is None else "completed",
-        "role": "assistant",
-        "content": [] if text is None else [_text_part(text)],
-    }
+    def _function_calls(self, task: Task) -> list[tuple[str, dict[str, Any]]]:
+        """Each tool call as a function_call item, its arguments in one delta."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        first = 2 if task.reasoning else 1
+        for index, call in enumerate(task.tool_calls or []):
+            at = {"output_index": first + index}
+            where = {**at, "item_id": f"fc_{self.task_id}_{index}"}
+            arguments = call.function.arguments
+            events += [
+                (
+                    "response.output_item.added",
+                    {**at, "item": function_call_item(self.task_id, index, call, "")},
+                ),
+                ("response.function_call_arguments.delta", {**where, "delta": arguments}),
+                ("response.function_call_arguments.done", {**where, "arguments": arguments}),
+                ("response.output_item.done", {**at, "item": function_call_item(self.task_id, index, call)}),
+            ]
+        return events
 
 
 def segment(

@@ -40,9 +40,12 @@ from llmtasks.domain.models import (
     WebhookAttemptList,
 )
 from llmtasks.domain.output import TaskOutputPage
-from llmtasks.domain.usage import Day, GroupBy, UsageReport
+from llmtasks.domain.usage import KEPT_DAYS, Day, GroupBy, UsageReport
 
 MAX_WAIT_S = 25
+
+# What a listing leaves out of each task: the answer (read the task for it).
+LISTED_WITHOUT = {"result": None, "output": None, "parsed": None}
 
 
 # A chunk is a progress write (one each 2 s): a task has a few thousand in its longest call; a
@@ -108,7 +111,7 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         tasks, next_cursor = service_of(app).list_tasks(
             tenant_of(app), status=status, limit=limit, cursor=cursor
         )
-        views = [TaskView.of(task).model_copy(update={"result": None}) for task in tasks]
+        views = [TaskView.of(task).model_copy(update=LISTED_WITHOUT) for task in tasks]
         return json_reply(TaskList(data=views, next_cursor=next_cursor), 200)
 
     @app.get(
@@ -132,11 +135,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The chunks after `after` (none if the wait ran out); whether they end it",
+                "description": "The chunks after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": TaskOutputPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's task"),
-            422: openapi_problem("An invalid parameter, or `after` past the output's last chunk"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def task_output(
@@ -199,11 +203,12 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         responses={
             **AUTH_RESPONSES,
             200: {
-                "description": "The events after `after` (none if the wait ran out); whether they end it",
+                "description": "The events after `after` (none if the wait ran out, or `after` is past"
+                " the last); whether they end it",
                 "content": {"application/json": {"model": BatchEventPage}},
             },
             404: openapi_problem("Unknown, expired or another tenant's batch"),
-            422: openapi_problem("An invalid parameter, or `after` past the batch's last event"),
+            422: openapi_problem("An invalid parameter"),
         },
     )
     def batch_events(
@@ -308,15 +313,18 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
                 "description": "The totals of each group, and of all",
                 "content": {"application/json": {"model": UsageReport}},
             },
-            422: openapi_problem(
-                "An invalid parameter: a date that is not YYYY-MM-DD, `from` after `to`, a span over 366 days"
-            ),
+            422: openapi_problem("An invalid parameter: a date that is not YYYY-MM-DD, an unknown group_by"),
         },
     )
     def get_usage(
         from_: Annotated[
             Day | None,
-            Query(alias="from", description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent"),
+            Query(
+                alias="from",
+                description="The first UTC day (YYYY-MM-DD); 29 days before `to` if absent. Any span is"
+                f" answered: days over {KEPT_DAYS} ago have no counters kept, and a `from` after `to`"
+                " spans no day (an empty report)",
+            ),
         ] = None,
         to: Annotated[
             Day | None, Query(description="The last UTC day (YYYY-MM-DD), included; today if absent")

@@ -5,6 +5,7 @@ do the OpenAI surface's files (a batch's input, output and error files), under t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
@@ -15,6 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from llmtasks.aws.clients import new_client
 from llmtasks.domain.batches import FileUpload, StoredFile
 from llmtasks.domain.errors import BackendError
+from llmtasks.domain.input_files import INPUT_PURPOSES, FileFacts, InputFile, facts_of
 from llmtasks.domain.models import Task
 from llmtasks.observability import logger
 
@@ -138,13 +140,16 @@ class ResultBlobs:
             )
             return body["Body"].read()
 
-    def file_writer(self, tenant_id: str, file_id: str, *, filename: str, purpose: str) -> ObjectWriter:
-        """A writer of the tenant's file, in parts as it grows (see ObjectWriter)."""
+    def file_writer(
+        self, tenant_id: str, file_id: str, *, filename: str, purpose: str, **described: str
+    ) -> ObjectWriter:
+        """A writer of the tenant's file, in parts as it grows (see ObjectWriter); `described`
+        adds to its metadata (an input file's mime_type, its pages, set before close)."""
         return ObjectWriter(
             self._client,
             self.bucket,
             self._file_key(tenant_id, file_id),
-            metadata={"filename": filename, "purpose": purpose},
+            metadata={"filename": filename, "purpose": purpose, **described},
         )
 
     def manifest_writer(self, batch_id: str) -> ObjectWriter:
@@ -208,14 +213,16 @@ class ResultBlobs:
         for part_id in part_ids:
             yield from self._object_chunks(self._upload_key(tenant_id, upload_id, part_id))
 
-    def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
+    def put_file(
+        self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str, **described: str
+    ) -> None:
         with _s3("put"):
             self._client.put_object(
                 Bucket=self.bucket,
                 Key=self._file_key(tenant_id, file_id),
                 Body=data,
                 ContentType="application/jsonl",
-                Metadata={"filename": filename, "purpose": purpose},
+                Metadata={"filename": filename, "purpose": purpose, **described},
             )
 
     def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
@@ -227,13 +234,50 @@ class ResultBlobs:
                 if _missing(exc):
                     return None
                 raise
+        described = head["Metadata"]
+        pages = described.get("pages", "")
         return StoredFile(
             file_id=file_id,
-            filename=head["Metadata"].get("filename", file_id),
-            purpose=head["Metadata"].get("purpose", "batch"),
+            filename=described.get("filename", file_id),
+            purpose=described.get("purpose", "batch"),
             size=head["ContentLength"],
             created_at=head["LastModified"].timestamp(),
+            mime_type=described.get("mime_type"),
+            pages=int(pages) if pages.isdigit() else None,
         )
+
+    def input_file(self, tenant_id: str, file_id: str) -> InputFile | None:
+        """The tenant's image or document (purpose user_data or vision) with its bytes, for one
+        call; None when it has none such."""
+        stored = self.file(tenant_id, file_id)
+        if stored is None or stored.purpose not in INPUT_PURPOSES:
+            return None
+        return InputFile(
+            data=self.file_content(tenant_id, file_id), filename=stored.filename, mime_type=stored.mime_type
+        )
+
+    def file_facts(self, tenant_id: str, file_id: str) -> FileFacts | None:
+        """What bounds the cost of the tenant's file (its size, a PDF's pages); None when it has none."""
+        stored = self.file(tenant_id, file_id)
+        if stored is None:
+            return None
+        head = functools.partial(self.file_head, tenant_id, file_id, 1024)
+        return facts_of(stored.size, stored.pages, head)
+
+    def describe_file(self, tenant_id: str, file_id: str, **described: str) -> None:
+        """Adds to a stored file's metadata (what was learnt as it was written, such as a PDF's
+        pages): S3 keeps metadata as written, so the object is copied onto itself."""
+        key = self._file_key(tenant_id, file_id)
+        with _s3("copy"):
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+            self._client.copy_object(
+                Bucket=self.bucket,
+                Key=key,
+                CopySource={"Bucket": self.bucket, "Key": key},
+                MetadataDirective="REPLACE",
+                ContentType=head.get("ContentType", "application/octet-stream"),
+                Metadata={**head["Metadata"], **described},
+            )
 
     def file_content(self, tenant_id: str, file_id: str) -> bytes:
         with _s3("get"):

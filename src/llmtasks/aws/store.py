@@ -34,6 +34,7 @@ from llmtasks.aws.usage import UsageCounters
 from llmtasks.aws.webhook_records import WebhookEndpoints, outcome_update
 from llmtasks.domain.cursors import TaskPosition
 from llmtasks.domain.errors import BackendError, StaleWrite, TaskConflict, TaskNotFound
+from llmtasks.domain.fields import STORED
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import (
     DEAD_LETTERED,
@@ -305,11 +306,9 @@ class TaskStore:
             lease_id=lease_id,
             status=TaskStatus.COMPLETED,
             attempt=attempt,
-            values={
-                "result": None if result_ref else completion.text,
-                "result_ref": result_ref,
+            values=_answer_values(completion, result_ref)
+            | {
                 "usage": completion.usage.model_dump(),
-                "model": completion.model,
                 "llm_key_index": completion.key_index,
                 "completed_at": now,
             },
@@ -324,14 +323,18 @@ class TaskStore:
         error_code: str,
         now: float,
         attempt: AttemptRecord | None = None,
+        answer: Completion | None = None,
+        result_ref: str | None = None,
     ) -> None:
-        """processing (under this lease) -> failed."""
+        """processing (under this lease) -> failed; with the last `answer`, when it was billed
+        but did not fit what was asked, kept as the result."""
+        kept = _answer_values(answer, result_ref) if answer else {}
         self._finish(
             task_id,
             lease_id=lease_id,
             status=TaskStatus.FAILED,
             attempt=attempt,
-            values={"error": error, "error_code": error_code, "completed_at": now},
+            values=kept | {"error": error, "error_code": error_code, "completed_at": now},
         )
 
     def release(
@@ -552,10 +555,25 @@ class TaskStore:
         return WebhookEndpoints(self.table_name, self._client)
 
 
+def _answer_values(completion: Completion, result_ref: str | None) -> dict[str, Any]:
+    """The model's answer as the item keeps it: its text (or where it is), model and message."""
+    calls = [call.model_dump(mode="json") for call in completion.tool_calls or []]
+    return {
+        "result": None if result_ref else completion.text,
+        "result_ref": result_ref,
+        "model": completion.model,
+        "finish_reason": completion.finish_reason,
+        "refusal": completion.refusal,
+        "tool_calls": calls or None,
+        "reasoning": completion.reasoning,
+    }
+
+
 def _new_item(task: Task) -> dict[str, Any]:
     """A new task's item. Unset fields are left out, but the client's metadata is kept exactly,
     as text."""
-    fields = task.model_dump(mode="json", exclude_none=True) | {"metadata": json_text(task.metadata)}
+    fields = task.model_dump(mode="json", exclude_none=True, context=STORED)
+    fields |= {"metadata": json_text(task.metadata)}
     return serialize({"pk": f"task#{task.task_id}", **fields})
 
 

@@ -17,6 +17,7 @@ from llmtasks.aws.dynamo import (
     from_json_text,
     stream_change,
 )
+from llmtasks.domain.fields import STORED
 from llmtasks.domain.models import Task
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def task_from_item(item: Mapping[str, Any]) -> Task:
     fields = deserialize(item)
     if "metadata" in fields:
         fields["metadata"] = from_json_text(fields["metadata"])
-    return Task.model_validate(fields)
+    return Task.model_validate(fields, context=STORED)
 
 
 def newest_tasks(

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from llmtasks.aws.dynamo import BATCH_GET_KEYS, batch_get, deserialize, dynamodb_errors
-from llmtasks.domain.usage import NO_KEY, BatchSpend, DayTotals, UsageTotals, days_between
+from llmtasks.domain.usage import KEPT_DAYS, NO_KEY, BatchSpend, DayTotals, UsageTotals, days_between
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from llmtasks.domain.models import Task, Usage
 
 # A tenant's daily counters outlive its tasks: a year's reports, and this month's budget.
-RETENTION_S = 400 * 86_400
+RETENTION_S = KEPT_DAYS * 86_400
 _FIELDS = tuple(UsageTotals.model_fields)
 
 

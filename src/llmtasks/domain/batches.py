@@ -21,27 +21,28 @@ from pydantic import (
 )
 
 from llmtasks.domain.budgets import Budget
-from llmtasks.domain.json_schema import Ways, alternatives, exactly_one_of
+from llmtasks.domain.fields import JsonObject, Strict, Text, WebhookUrl
+from llmtasks.domain.json_schema import Ways, alternatives, each, exactly_one_of
+from llmtasks.domain.llm_request import FIELD_NEEDS
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
     WEBHOOK_URL,
     WEBHOOK_URL_RULE,
     BatchEventType,
     EventType,
-    JsonObject,
+    OutputMessage,
     Priority,
     Task,
     TaskOptions,
     TaskStatus,
-    Text,
     Usage,
     WebhookAttempt,
     WebhookFormat,
     WebhookStatus,
     WebhookView,
     _at,
-    _Strict,
     _utc,
+    parsed_output,
 )
 from llmtasks.domain.usage import BatchSpend
 
@@ -85,7 +86,7 @@ class BatchStatus(StrEnum):
 class BatchItem(TaskOptions):
     """One item of `POST /batches`: a task body, without webhook fields (the batch has one)."""
 
-    model_config = ConfigDict(json_schema_extra=exactly_one_of("prompt", "messages"))
+    model_config = ConfigDict(json_schema_extra=each(exactly_one_of("prompt", "messages"), FIELD_NEEDS))
 
     custom_id: Text | None = Field(
         default=None,
@@ -95,7 +96,7 @@ class BatchItem(TaskOptions):
     )
 
 
-class SubmitBatchRequest(_Strict):
+class SubmitBatchRequest(Strict):
     """`POST /batches`."""
 
     model_config = ConfigDict(json_schema_extra=alternatives(ITEMS_OR_FILE, WEBHOOK_URL))
@@ -108,10 +109,8 @@ class SubmitBatchRequest(_Strict):
         " POST /batches/uploads (up to 256 MiB and 100,000 lines), read in the background; the"
         " batch is `validating` until then, and its refused lines are reported by line number.",
     )
-    webhook_url: Text | None = Field(
-        default=None,
-        max_length=2048,
-        description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE,
+    webhook_url: WebhookUrl | None = Field(
+        default=None, description="URL that receives `batch.completed`, signed. " + WEBHOOK_URL_RULE
     )
     webhook_events: list[BatchEventType] | None = Field(default=None, min_length=1)
     webhook_format: WebhookFormat | None = Field(
@@ -164,7 +163,7 @@ ITEM_COUNTS = ("pending", "processing", "completed", "failed", "cancelled")
 RetriedStatus = Literal["failed", "cancelled"]
 
 
-class RetryBatchRequest(_Strict):
+class RetryBatchRequest(Strict):
     """`POST /batches/{id}/retry`: which ended items to run again."""
 
     statuses: list[RetriedStatus] = Field(
@@ -431,6 +430,13 @@ class BatchResult(BaseModel):
     task_id: str
     status: TaskStatus
     result: str | None = None
+    output: OutputMessage | None = Field(
+        default=None, description="The model's whole message: text, refusal, tool calls."
+    )
+    finish_reason: str | None = None
+    parsed: Any = Field(
+        default=None, description="With a JSON response_format: the answer, validated against its schema."
+    )
     error: str | None = None
     error_code: str | None = None
     attempts: int = 0
@@ -444,6 +450,9 @@ class BatchResult(BaseModel):
             task_id=task.task_id,
             status=task.status,
             result=task.result,
+            output=OutputMessage.of(task),
+            finish_reason=task.finish_reason,
+            parsed=parsed_output(task),
             error=task.error,
             error_code=task.error_code,
             attempts=task.attempts,
@@ -511,6 +520,10 @@ class StoredFile:
     purpose: str
     size: int
     created_at: float
+    # An input file's (purpose user_data or vision): its media type as uploaded, and a PDF's
+    # pages as counted when it was stored (None: not counted).
+    mime_type: str | None = None
+    pages: int | None = None
 
 
 # OpenAI's Uploads API: a file sent in parts, each within a request's 6 MB (base64-encoded in
@@ -531,6 +544,7 @@ class FileUpload(BaseModel):
     created_at: float
     expires_at: float
     status: UploadStatus = "pending"
+    mime_type: str | None = None
 
     def status_at(self, now: float) -> UploadStatus:
         return "expired" if self.status == "pending" and now >= self.expires_at else self.status

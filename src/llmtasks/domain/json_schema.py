@@ -14,7 +14,7 @@ from typing import Any
 Ways = list[dict[str, bool]]  # each way: field -> given (non-null, required) or not (null or absent)
 
 
-def _non_null(field: dict[str, Any]) -> dict[str, Any]:
+def non_null(field: dict[str, Any]) -> dict[str, Any]:
     """An optional field's schema when it is given: its one form that is not null."""
     given: dict[str, Any]
     [given] = [option for option in field.get("anyOf", [field]) if option != {"type": "null"}]
@@ -31,12 +31,50 @@ def exactly_one_of(*fields: str) -> Callable[[dict[str, Any]], None]:
         schema["oneOf"] = [
             {
                 "required": [name],
-                "properties": {name: _non_null(schema["properties"][name])},
+                "properties": {name: non_null(schema["properties"][name])},
             }
             for name in fields
         ]
 
     return add
+
+
+def needs(
+    rules: dict[str, dict[str, Any]], *, free: dict[str, dict[str, Any]] | None = None
+) -> Callable[[dict[str, Any]], None]:
+    """Fields that, given (non-null, and not of `free`'s schema for it), need others to fit a
+    schema: `dependentSchemas`, in each of the object's `anyOf` branches (`alternatives`) or
+    beside its properties. One keyword a rule, where a branch a way would multiply the branches
+    (and the generator's work) by each rule."""
+
+    def add(schema: dict[str, Any]) -> None:
+        def unneeded(field: str) -> dict[str, Any]:
+            exempt = (free or {}).get(field)
+            return {"type": "null"} if exempt is None else {"anyOf": [{"type": "null"}, exempt]}
+
+        dependent = {
+            field: {
+                "anyOf": [
+                    {"properties": {field: unneeded(field)}},
+                    {"properties": needed, "required": list(needed)},
+                ]
+            }
+            for field, needed in rules.items()
+        }
+        for place in schema.get("anyOf", [schema]):
+            place["dependentSchemas"] = dependent
+
+    return add
+
+
+def each(*extras: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extras applied in turn."""
+
+    def apply(schema: dict[str, Any]) -> None:
+        for extra in extras:
+            extra(schema)
+
+    return apply
 
 
 def alternatives(*choices: Ways) -> Callable[[dict[str, Any]], None]:
@@ -55,7 +93,7 @@ def alternatives(*choices: Ways) -> Callable[[dict[str, Any]], None]:
                 if not given:
                     branch["properties"][name] = {"type": "null"}
                     continue
-                branch["properties"][name] = _non_null(branch["properties"][name])
+                branch["properties"][name] = non_null(branch["properties"][name])
                 branch["required"] = [*branch.get("required", []), name]
             branches.append(branch)
         schema["anyOf"] = branches

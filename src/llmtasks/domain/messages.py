@@ -15,6 +15,7 @@ from pydantic import (
     Field,
 )
 
+from llmtasks.domain.llm_request import ToolCall
 from llmtasks.domain.models import BATCH_COMPLETED, EventType, TaskEventType, Usage, _utc
 
 _WEBHOOK_ID_NAMESPACE = uuid.UUID("5d3c8a52-9d35-4b0a-9d43-3b6c6a1f3b11")
@@ -136,7 +137,14 @@ class WebhookMessage(BaseModel):
 
 
 class Completion(BaseModel):
+    """The provider's answer: its text (empty when it only called tools or refused), the rest of
+    its message, and what it used."""
+
     text: str
     model: str
     usage: Usage
     key_index: int | None = None  # which key of the pool served it (never the key itself)
+    finish_reason: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None

@@ -10,25 +10,23 @@ are checked against each other and make the OpenAPI document, so they change tog
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    WithJsonSchema,
     model_validator,
 )
 
 from llmtasks.domain.budgets import Budget
-from llmtasks.domain.json_schema import Ways, alternatives
+from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
+from llmtasks.domain.json_schema import Ways, alternatives, each
+from llmtasks.domain.llm_request import FIELD_NEEDS, ONE_INPUT, LLMRequest, ToolCall
 
 
 class TaskStatus(StrEnum):
@@ -46,6 +44,8 @@ class TaskStatus(StrEnum):
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 # error_code of a task whose message went to TaskDLQ.
 DEAD_LETTERED = "dead_lettered"
+# error_code of a task whose every answer failed its response_format: the last one's text is kept.
+INVALID_OUTPUT = "invalid_output"
 
 
 class WebhookStatus(StrEnum):
@@ -86,76 +86,8 @@ def _utc(epoch: float | None) -> datetime | None:
     return None if epoch is None else _at(epoch)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _utf8(text: str) -> str:
-    try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from exc
-    return text
-
-
-def _dynamodb_number(value: float) -> float:
-    """A float of the request that goes into the item as a number: DynamoDB's are finite, and
-    0 or between 1e-130 and 1e126 in magnitude (2.2e-311 is a float, not a DynamoDB number)."""
-    if not math.isfinite(value) or (value != 0 and not 1e-130 < abs(value) < 1e125):
-        raise ValueError("numbers must be finite and between 1e-130 and 1e125")
-    return value
-
-
-def _json_object(value: dict[str, Any]) -> dict[str, Any]:
-    """A client's JSON object, kept as JSON text (any key, nesting and number JSON has): only
-    what is not JSON is refused, non-finite numbers (NaN, 1e400) and lone surrogates."""
-    try:
-        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
-    except (ValueError, UnicodeEncodeError) as exc:
-        raise ValueError("must be JSON: finite numbers, and text without lone surrogates") from exc
-    return value
-
-
-def _not_a_bool(value: Any) -> Any:
-    """JSON's true is not the number 1, as pydantic's lax mode would take it (the document's
-    integers and numbers refuse it)."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_utf8)]
-# Whole numbers: 3 and 3.0 (JSON Schema's integers both), not true.
-MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_not_a_bool)]
-Retries = Annotated[int, Field(ge=0, le=10), BeforeValidator(_not_a_bool)]
-# Any JSON object (its size is checked against MAX_METADATA_BYTES). In the document, one named
-# schema (api/document.py adds it): client generators make one type of it, not one a body.
-JsonObject = Annotated[
-    dict[str, Any], AfterValidator(_json_object), WithJsonSchema({"$ref": "#/components/schemas/Metadata"})
-]
-# The bounds come before the validator, so that the document carries them.
-Temperature = Annotated[
-    float,
-    Field(ge=0, le=2),
-    BeforeValidator(_not_a_bool),
-    AfterValidator(_dynamodb_number),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "maximum": 0},
-                {"type": "number", "exclusiveMinimum": 1e-130, "maximum": 2},
-            ]
-        }
-    ),
-]
-TimeoutSeconds = Annotated[
-    float, Field(ge=1, le=7 * 24 * 3600), BeforeValidator(_not_a_bool), AfterValidator(_dynamodb_number)
-]
-
-
 # The rules between fields (the validators below enforce them; json_schema.py writes them into the
-# document): exactly one of prompt and messages, ...
-ONE_INPUT: Ways = [{"prompt": True, "messages": False}, {"prompt": False, "messages": True}]
+# document): exactly one of prompt and messages (llm_request.ONE_INPUT), ...
 # What a webhook URL must be, beyond its length: a property of the network, said in words.
 WEBHOOK_URL_RULE = (
     "https, and its host must resolve to public addresses only (a host of the deployment's"
@@ -166,42 +98,6 @@ WEBHOOK_URL: Ways = [
     {"webhook_url": False, "webhook_events": False, "webhook_format": False},
     {"webhook_url": True},
 ]
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: Text
-
-
-class LLMRequest(_Strict):
-    """What the provider is asked: exactly one of `prompt` or `messages`, plus optional parameters."""
-
-    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT))
-
-    prompt: Text | None = Field(default=None, description="A single user prompt.")
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="A chat history.")
-    model: Text | None = Field(default=None, max_length=200, description="The provider's model id.")
-    system: Text | None = Field(default=None, description="A system prompt placed before the conversation.")
-    max_tokens: MaxTokens | None = None
-    temperature: Temperature | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one_input(self) -> LLMRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' or 'messages'")
-        return self
-
-    def chat_messages(self) -> list[dict[str, str]]:
-        chat = [{"role": "system", "content": self.system}] if self.system else []
-        if self.prompt is not None:
-            chat.append({"role": "user", "content": self.prompt})
-        chat.extend(m.model_dump() for m in self.messages or [])
-        return chat
-
-    def text_bytes(self) -> int:
-        """The size that the prompt cap applies to: every piece of text sent to the model."""
-        texts = [self.prompt or "", self.system or "", *(m.content for m in self.messages or [])]
-        return sum(len(text.encode()) for text in texts)
 
 
 class TaskOptions(LLMRequest):
@@ -222,12 +118,10 @@ class TaskOptions(LLMRequest):
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
-    model_config = ConfigDict(json_schema_extra=alternatives(ONE_INPUT, WEBHOOK_URL))
+    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT, WEBHOOK_URL), FIELD_NEEDS))
 
-    webhook_url: Text | None = Field(
-        default=None,
-        max_length=2048,
-        description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE,
+    webhook_url: WebhookUrl | None = Field(
+        default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE
     )
     webhook_events: list[TaskEventType] | None = Field(
         default=None,
@@ -249,6 +143,10 @@ class SubmitTaskRequest(TaskOptions):
         return self
 
 
+# Where OpenAI's usage keeps the counts that are part of its totals.
+_DETAILS = (("cached_tokens", "prompt_tokens_details"), ("reasoning_tokens", "completion_tokens_details"))
+
+
 class Usage(BaseModel):
     """Tokens a call (or a task's calls, summed) used, and what they cost."""
 
@@ -257,6 +155,11 @@ class Usage(BaseModel):
     total_tokens: int = 0
     cached_tokens: int = Field(
         default=0, description="Prompt tokens the provider served from its cache (part of prompt_tokens)."
+    )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Tokens a reasoning model thought with before it answered (part of completion_tokens,"
+        " priced as output).",
     )
     cost_usd: float | None = Field(
         default=None,
@@ -269,13 +172,17 @@ class Usage(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _cached_from_details(cls, data: Any) -> Any:
-        """OpenAI reports cached prompt tokens in prompt_tokens_details."""
-        if isinstance(data, dict) and "cached_tokens" not in data:
-            details = data.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                return {**data, "cached_tokens": details["cached_tokens"]}
-        return data
+    def _from_details(cls, data: Any) -> Any:
+        """OpenAI reports cached prompt tokens in prompt_tokens_details, and reasoning tokens in
+        completion_tokens_details."""
+        if not isinstance(data, dict):
+            return data
+        found = {}
+        for total, details in _DETAILS:
+            given = data.get(details)
+            if total not in data and isinstance(given, dict) and isinstance(given.get(total), int):
+                found[total] = given[total]
+        return {**data, **found} if found else data
 
     def __add__(self, other: Usage) -> Usage:
         costs = [u.cost_usd for u in (self, other) if u.cost_usd is not None]
@@ -284,6 +191,7 @@ class Usage(BaseModel):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
             # Summed as decimals: 0.1 + 0.2 is 0.3 here, as in DynamoDB's counters
             cost_usd=float(sum(Decimal(repr(c)) for c in costs)) if costs else None,
             cost_unknown=self.cost_unknown or other.cost_unknown,
@@ -353,7 +261,7 @@ class WebhookReplay(BaseModel):
     status: Literal["queued"] = "queued"
 
 
-class EnableWebhookEndpoint(_Strict):
+class EnableWebhookEndpoint(Strict):
     """`POST /webhooks/endpoints/enable`: a webhook URL of the caller's to attempt again."""
 
     url: Text = Field(
@@ -444,6 +352,12 @@ class Task(BaseModel):
     attempt_started_at: float | None = None
     attempt_log: list[AttemptRecord] = Field(default_factory=list)
     result: str | None = None
+    # The rest of the model's message beside its text: why it stopped, a refusal, the tool calls
+    # it asked for, a reasoning summary where the provider gives one.
+    finish_reason: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None
     # Where a result too large for the item lives (ResultsBucket key); `result` is then None.
     result_ref: str | None = None
     # While a call streams: its text so far (at most max_inline_result_bytes), its chunks, when.
@@ -595,12 +509,62 @@ class Progress(BaseModel):
     updated_at: datetime
 
 
+class OutputMessage(BaseModel):
+    """The model's message, in Chat Completions' shape."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = Field(default=None, description="Its text (the task's `result`).")
+    refusal: str | None = Field(default=None, description="Why the model declined, when it did.")
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="The function calls it asked for, as the provider returned them."
+    )
+    reasoning: str | None = Field(
+        default=None, description="A summary of its reasoning, where the provider gives one."
+    )
+
+    @classmethod
+    def of(cls, task: Task) -> OutputMessage | None:
+        if task.status is not TaskStatus.COMPLETED and task.error_code != INVALID_OUTPUT:
+            return None
+        return cls(
+            content=task.result if task.result or not (task.refusal or task.tool_calls) else None,
+            refusal=task.refusal,
+            tool_calls=task.tool_calls,
+            reasoning=task.reasoning,
+        )
+
+
+def parsed_output(task: Task) -> Any:
+    """A completed task's JSON answer (response_format json_object or json_schema; the worker
+    validated it against the schema), as an object; None otherwise."""
+    if task.status is not TaskStatus.COMPLETED or not task.request.wants_json or not task.result:
+        return None
+    try:
+        return json.loads(task.result)
+    except ValueError:
+        return None
+
+
 class TaskView(BaseModel):
     """The public status object: `GET /tasks/{id}` and the webhook's `data`."""
 
     task_id: str
     status: TaskStatus
-    result: str | None = Field(default=None, description="The model's text, once completed.")
+    result: str | None = Field(
+        default=None,
+        description="The model's text, once completed (kept on an invalid_output failure too).",
+    )
+    output: OutputMessage | None = Field(
+        default=None, description="The model's whole message: text, refusal, tool calls."
+    )
+    finish_reason: str | None = Field(
+        default=None, description="Why the model stopped: stop, length, tool_calls, content_filter."
+    )
+    parsed: Any = Field(
+        default=None,
+        description="With response_format json_schema or json_object: the answer as JSON, validated"
+        " against the schema.",
+    )
     partial_result: str | None = Field(
         default=None, description="While processing: the text the model has streamed so far."
     )
@@ -625,6 +589,9 @@ class TaskView(BaseModel):
             task_id=task.task_id,
             status=task.status,
             result=task.result,
+            output=OutputMessage.of(task),
+            finish_reason=task.finish_reason,
+            parsed=parsed_output(task),
             partial_result=task.partial_result if task.status is TaskStatus.PROCESSING else None,
             progress=(
                 Progress(tokens=task.progress_tokens, updated_at=_at(task.progress_at))
@@ -648,8 +615,8 @@ class TaskView(BaseModel):
 
 
 class TaskList(BaseModel):
-    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out `result`
-    (read the task for it)."""
+    """`GET /tasks`: a page of the tenant's tasks, newest first. Entries leave out the answer:
+    `result`, `output` and `parsed` (read the task for it)."""
 
     data: list[TaskView]
     next_cursor: str | None = Field(

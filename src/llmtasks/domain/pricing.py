@@ -9,13 +9,17 @@ are exact decimals, and so are the sums DynamoDB keeps of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
 from decimal import Decimal
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmtasks.domain.models import LLMRequest, Usage
+from llmtasks.domain.input_files import FileFacts
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.media_tokens import inline_media_bytes, media_tokens
+from llmtasks.domain.models import Usage
 
 PER = Decimal(1_000_000)
 # Tokens a chat format adds around each message and before the reply (OpenAI's is 3-4 a message
@@ -62,16 +66,26 @@ class PriceTable(BaseModel):
         ) / PER
         return usage.model_copy(update={"cost_usd": float(cost.quantize(COST_PLACES)), "cost_unknown": False})
 
-    def most_cost(self, request: LLMRequest, model: str) -> Decimal:
+    def most_cost(
+        self, request: LLMRequest, model: str, files: Mapping[str, FileFacts] | None = None
+    ) -> Decimal:
         """The most one call of `request` can cost, with no tokenizer: no BPE token is shorter
-        than one byte, so the prompt has at most as many tokens as bytes (plus the chat format's
-        own), at the dearer of the input prices; the reply at most `max_tokens`, else the
-        model's output limit, at the output price. 0 for a model the table lacks (priced at 0)."""
+        than one byte, so the prompt's text has at most as many tokens as bytes (plus the chat
+        format's own), images and documents their documented bounds (media_tokens), at the
+        dearer of the input prices; the reply at most its `output_limit` (max_completion_tokens
+        or max_tokens, reasoning included), else the model's output limit, at the output price.
+        `files` sizes the files named by id (one not in it is bound as the largest a task may
+        name). 0 for a model the table lacks (priced at 0)."""
         prices = self.models.get(model)
         if prices is None:
             return Decimal(0)
         messages = len(request.chat_messages())
-        prompt_tokens = request.text_bytes() + MESSAGE_OVERHEAD_TOKENS * (messages + 1)
+        prompt_tokens = (
+            request.text_bytes()
+            - inline_media_bytes(request)
+            + media_tokens(request, model, files or {})
+            + MESSAGE_OVERHEAD_TOKENS * (messages + 1)
+        )
         input_price = max(prices.input, prices.cached_input or prices.input)
-        output_tokens = request.max_tokens or prices.max_output_tokens
+        output_tokens = request.output_limit or prices.max_output_tokens
         return ((prompt_tokens * input_price + output_tokens * prices.output) / PER).quantize(COST_PLACES)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from llmtasks.domain.bedrock_models import Refusal, check_request
 from llmtasks.domain.errors import (
     InvalidInput,
     PayloadTooLarge,
@@ -34,22 +35,34 @@ def is_task_id(text: str) -> bool:
 
 @dataclass(frozen=True)
 class SizeLimits:
-    """How large a task's text and metadata may be (MAX_PROMPT_BYTES, MAX_METADATA_BYTES)."""
+    """How large a task's text and metadata may be (MAX_PROMPT_BYTES, MAX_METADATA_BYTES); on a
+    Bedrock stack, its model (LLM_MODEL), whose capabilities a task must fit."""
 
     max_prompt_bytes: int
     max_metadata_bytes: int
+    bedrock_model: str | None = None
 
 
 def check_limits(body: TaskOptions, limits: SizeLimits, *, where: str = "") -> None:
-    """The size limits of one task body; `where` names its place in a bigger body (items[3])."""
+    """The size limits of one task body, and on Bedrock what its model takes; `where` names its
+    place in a bigger body (items[3])."""
     size = body.text_bytes()
     if size > limits.max_prompt_bytes:
         of = f" of {where}" if where else ""
         raise PayloadTooLarge(
-            f"The prompt{of} is {size} bytes; the limit is {limits.max_prompt_bytes} bytes."
+            f"The prompt{of} is {size} bytes (its text and inline data: images and documents as data"
+            f" URLs count); the limit is {limits.max_prompt_bytes} bytes. Upload larger images and"
+            " documents with POST /v1/files or /v1/uploads (purpose user_data) and name them by file_id."
         )
     if body.metadata is not None:
         check_metadata(body.metadata, limits, field=f"{where}.metadata" if where else "metadata")
+    if limits.bedrock_model is not None:
+        model = body.model or limits.bedrock_model
+        try:
+            check_request(body, model)
+        except Refusal as refused:
+            field = f"{where}.{refused.field}" if where else refused.field
+            raise InvalidInput(f"{field}: {refused.why} (Bedrock model {model}).", field=field) from None
 
 
 def check_metadata(metadata: dict[str, Any], limits: SizeLimits, *, field: str = "metadata") -> None:

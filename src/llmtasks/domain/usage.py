@@ -28,9 +28,24 @@ def _iso_day(value: Any) -> Any:
 
 
 Day = Annotated[date, BeforeValidator(_iso_day)]
-# A report's longest span: a year of daily counters, four BatchGetItem calls.
-MAX_REPORT_DAYS = 366
+# How long a tenant's daily counters are kept (a year's reports, and this month's budget): a
+# report reads these days of its span at most, four BatchGetItem calls, whatever span it asks.
+KEPT_DAYS = 400
 DEFAULT_REPORT_DAYS = 30
+
+
+def days_read(first: date, last: date, today: date) -> tuple[date, date] | None:
+    """Of a report's span, the days that can have counters (none after today, none kept longer
+    than KEPT_DAYS), or None: a span of days before or after those, or one that ends before it
+    starts, has no calls to report."""
+    read_first = max(first, today - timedelta(days=KEPT_DAYS - 1))
+    read_last = min(last, today)
+    return (read_first, read_last) if read_first <= read_last else None
+
+
+def default_first(last: date) -> date:
+    """A report's first day when it names none: DEFAULT_REPORT_DAYS ending with `last`."""
+    return last - timedelta(days=min(DEFAULT_REPORT_DAYS - 1, (last - date.min).days))
 
 
 class UsageTotals(BaseModel):

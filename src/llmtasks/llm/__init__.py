@@ -6,8 +6,8 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from llmtasks.domain.llm_request import LLMRequest
     from llmtasks.domain.messages import Completion
-    from llmtasks.domain.models import LLMRequest
     from llmtasks.settings import LlmSettings
 
 # Called as the reply streams in: the text so far, and how many chunks (about tokens) it took.

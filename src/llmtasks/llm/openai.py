@@ -11,8 +11,9 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from llmtasks.domain.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import LLMRequest, Usage
+from llmtasks.domain.models import Usage
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
@@ -23,12 +24,34 @@ FINISH_BODY_S = 1.0
 FINISH_BODY_MARGIN_S = 0.1
 
 
+class _FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class _ToolCall(BaseModel):
+    """A tool call of a reply, read leniently (servers add fields of their own)."""
+
+    id: str
+    function: _FunctionCall
+
+    def call(self) -> ToolCall:
+        return ToolCall(
+            id=self.id, function=FunctionCall(name=self.function.name, arguments=self.function.arguments)
+        )
+
+
 class _Message(BaseModel):
     content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    # What OpenAI-compatible servers of reasoning models (vLLM, DeepSeek) name their thinking.
+    reasoning_content: str | None = None
 
 
 class _Choice(BaseModel):
     message: _Message
+    finish_reason: str | None = None
 
 
 class _ChatReply(BaseModel):
@@ -89,11 +112,8 @@ class OpenAIChat:
         body: dict[str, Any] = {
             "model": request.model or self._default_model,
             "messages": request.chat_messages(),
+            **request.parameters(),
         }
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
         give_up = time.monotonic() + timeout_s
         tried: set[int] = set()
         while True:
@@ -167,22 +187,90 @@ def _http_error(response: httpx.Response) -> LLMError:
 def _completion(content: bytes, model: str) -> Completion:
     try:
         reply = _ChatReply.model_validate_json(content)
-        text = reply.choices[0].message.content if reply.choices else None
     except ValidationError as exc:
         raise LLMError(
             "The LLM's reply is not a chat completion.", code="llm_invalid_reply", transient=False
         ) from exc
-    if text is None:
+    if not reply.choices:
+        raise LLMError("The LLM's reply has no message.", code="llm_invalid_reply", transient=False)
+    choice = reply.choices[0]
+    message = choice.message
+    if message.content is None and message.refusal is None and not message.tool_calls:
         raise LLMError("The LLM's reply has no text.", code="llm_invalid_reply", transient=False)
-    return Completion(text=text, model=reply.model or model, usage=reply.usage or Usage())
+    return Completion(
+        text=message.content or "",
+        model=reply.model or model,
+        usage=reply.usage or Usage(),
+        finish_reason=choice.finish_reason,
+        refusal=message.refusal,
+        tool_calls=[call.call() for call in message.tool_calls or []] or None,
+        reasoning=message.reasoning_content,
+    )
+
+
+class _FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(BaseModel):
+    index: int = 0
+    id: str | None = None
+    function: _FunctionDelta = _FunctionDelta()
 
 
 class _Delta(BaseModel):
     content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class _StreamChoice(BaseModel):
     delta: _Delta = _Delta()
+    finish_reason: str | None = None
+
+
+class _StreamedMessage:
+    """A message put together from its deltas, as OpenAI streams them: text and refusal in
+    pieces, each tool call's id and name in its first delta and its arguments in pieces."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.refusal: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+
+    def add(self, choice: _StreamChoice) -> None:
+        delta = choice.delta
+        if delta.content:
+            self.parts.append(delta.content)
+        if delta.refusal:
+            self.refusal.append(delta.refusal)
+        if delta.reasoning_content:
+            self.reasoning.append(delta.reasoning_content)
+        for call in delta.tool_calls or []:
+            whole = self.calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+            whole["id"] = call.id or whole["id"]
+            whole["name"] += call.function.name or ""
+            whole["arguments"] += call.function.arguments or ""
+        self.finish_reason = choice.finish_reason or self.finish_reason
+
+    def completion(self, model: str, usage: Usage | None) -> Completion:
+        calls = [
+            ToolCall(id=call["id"], function=FunctionCall(name=call["name"], arguments=call["arguments"]))
+            for _, call in sorted(self.calls.items())
+        ]
+        return Completion(
+            text="".join(self.parts),
+            model=model,
+            usage=usage or Usage(),
+            finish_reason=self.finish_reason,
+            refusal="".join(self.refusal) or None,
+            tool_calls=calls or None,
+            reasoning="".join(self.reasoning) or None,
+        )
 
 
 class _StreamChunk(BaseModel):
@@ -197,7 +285,7 @@ async def _read_stream(
     """Server-sent events (`data: {chunk}` lines, then `data: [DONE]`), as OpenAI streams them;
     a stream that breaks off or ends before [DONE] is a transient error, like a dropped call.
     `deadline` is the call's end on the loop's clock."""
-    parts: list[str] = []
+    message = _StreamedMessage()
     usage: Usage | None = None
     lines = response.aiter_lines()
     try:
@@ -205,16 +293,17 @@ async def _read_stream(
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":
                 await _finish_body(lines, deadline)
-                return Completion(text="".join(parts), model=model, usage=usage or Usage())
+                return message.completion(model, usage)
             if not data:
                 continue
             chunk = _chunk(data)
             model = chunk.model or model
             usage = chunk.usage or usage
-            texts = [choice.delta.content for choice in chunk.choices if choice.delta.content]
-            if texts:
-                parts.extend(texts)
-                await on_progress("".join(parts), len(parts))
+            before = len(message.parts)
+            for choice in chunk.choices[:1]:
+                message.add(choice)
+            if len(message.parts) > before:
+                await on_progress("".join(message.parts), len(message.parts))
     except httpx.TransportError as exc:  # the connection dropped mid-reply
         raise LLMError(
             f"The LLM's stream broke off ({type(exc).__name__}).", code="llm_stream_broken", transient=True

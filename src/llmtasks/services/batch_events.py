@@ -14,7 +14,6 @@ from typing import Protocol
 
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.domain.batches import MAX_PAGE_EVENTS, Batch, BatchEventPage
-from llmtasks.domain.errors import InvalidInput
 
 # How often a waiting reply reads the batch. Its events come as BatchFunction counts the table's
 # stream, which Lambda hands over in batches: a read a second keeps a view within a second of
@@ -38,14 +37,9 @@ class BatchEventReader:
     def read(self, tenant_id: str, batch_id: str, *, after: int, wait_s: float) -> BatchEventPage:
         give_up = time.monotonic() + wait_s
         while True:
+            # An `after` past the last event is an empty page (final once the batch has ended),
+            # as a cursor past the end reads anywhere.
             batch = self._owned(tenant_id, batch_id, consistent=False)
-            if after > batch.events:
-                # The client read `after` from a page; a read a moment behind may not have it yet.
-                batch = self._owned(tenant_id, batch_id)
-                if after > batch.events:
-                    raise InvalidInput(
-                        f"after={after} is past the batch's last event ({batch.events}).", field="after"
-                    )
             left = give_up - time.monotonic()
             if batch.events > after or batch.status.is_terminal or left <= 0:
                 return self._page(batch, after)

@@ -35,6 +35,7 @@ from llmtasks.observability import Metric, emit, logger
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
 from llmtasks.services.counted_once import count_once
+from llmtasks.services.input_files import InputFiles
 from llmtasks.settings import FanoutSettings
 
 # Tasks written before their messages are sent: one TransactWriteItems (TaskStore.create_many),
@@ -189,9 +190,9 @@ class BatchFanout:
             raise BackendError(
                 "This batch's key has a budget, and budgets are counted in LimitsTable: none is set."
             )
-        most = self._settings.price_table.most_cost(
-            task.request, task.request.model or self._settings.llm_model
-        )
+        files = InputFiles(self._results).known(batch.tenant_id, task.request)
+        model = task.request.model or self._settings.llm_model
+        most = self._settings.price_table.most_cost(task.request, model, files)
         try:
             self._budgets.reserve(batch.key_id, batch.budget, task.task_id, most)
         except BudgetExhausted as exhausted:

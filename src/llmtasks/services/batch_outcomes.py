@@ -22,7 +22,7 @@ from llmtasks.domain.batches import (
     RefusedLine,
     StoredFile,
 )
-from llmtasks.domain.models import TaskStatus
+from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
 from llmtasks.services.batch_inputs import refused_file_id
 
@@ -63,6 +63,10 @@ class BatchOutcomes:
     def page(self, batch: Batch, start: int, limit: int) -> list[BatchResult]:
         """Up to `limit` items from index `start` on, in submission order, their text under
         MAX_RESULTS_PAGE_BYTES (at least one item)."""
+        return [row for row, _ in self._page(batch, start, limit)]
+
+    def _page(self, batch: Batch, start: int, limit: int) -> list[tuple[BatchResult, Task | None]]:
+        """A page's rows, each with its task as read (None while not fanned out)."""
         indexes = range(start, min(batch.total, start + limit))
         ids = [batch_task_id(batch.batch_id, i) for i in indexes]
         tasks = self._store.get_many(ids)
@@ -71,7 +75,7 @@ class BatchOutcomes:
             batch, [i for i, task_id in zip(indexes, ids, strict=True) if task_id not in tasks]
         )
         now = self._clock()
-        rows: list[BatchResult] = []
+        rows: list[tuple[BatchResult, Task | None]] = []
         size = 0
         for index, task_id in zip(indexes, ids, strict=True):
             task = tasks.get(task_id)
@@ -80,18 +84,20 @@ class BatchOutcomes:
                     index=index, custom_id=custom_ids.get(index), task_id=task_id, status=TaskStatus.PENDING
                 )
             else:
-                row = BatchResult.of(self._results.hydrate(task.as_read(now)))
+                task = self._results.hydrate(task.as_read(now))
+                row = BatchResult.of(task)
             size += len(row.result or "") + len(row.error or "")
             if rows and size > MAX_RESULTS_PAGE_BYTES:
                 break
-            rows.append(row)
+            rows.append((row, task))
         return rows
 
-    def every(self, batch: Batch, *, page_size: int) -> Iterator[BatchResult]:
-        """Every item, in submission order, read a page at a time (never all in memory)."""
+    def every(self, batch: Batch, *, page_size: int) -> Iterator[tuple[BatchResult, Task | None]]:
+        """Every item with its task (None while not fanned out), in submission order, read a
+        page at a time (never all in memory)."""
         start = 0
         while start < batch.total:
-            rows = self.page(batch, start, page_size)
+            rows = self._page(batch, start, page_size)
             yield from rows
             start += len(rows)
 

@@ -44,6 +44,7 @@ from llmtasks.domain.errors import (
     PayloadTooLarge,
     TaskConflict,
 )
+from llmtasks.domain.input_files import INPUT_PURPOSES, pdf_pages, sniff_mime
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import TaskStatus, WebhookStatus, _at
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
@@ -53,6 +54,7 @@ from llmtasks.services.batch_events import BatchEventReader
 from llmtasks.services.batch_inputs import refused_file_id
 from llmtasks.services.batch_outcomes import BATCH_NAMESPACE, BatchOutcomes
 from llmtasks.services.file_uploads import FileUploads
+from llmtasks.services.input_files import InputFiles
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
 from llmtasks.settings import SubmitSettings
@@ -115,7 +117,15 @@ class BatchService:
     # in the results bucket beside the results.
 
     def put_file(self, tenant_id: str, file_id: str, data: bytes, *, filename: str, purpose: str) -> None:
-        self._results.put_file(tenant_id, file_id, data, filename=filename, purpose=purpose)
+        """Stores a file; an image's or document's media type (sniffed) and a PDF's pages kept
+        with it, for the tasks that name it."""
+        described: dict[str, str] = {}
+        if purpose in INPUT_PURPOSES:
+            mime = sniff_mime(data[:1024])
+            pages = pdf_pages(data) if mime == "application/pdf" else None
+            described = {"mime_type": mime} if mime else {}
+            described |= {"pages": str(pages)} if pages else {}
+        self._results.put_file(tenant_id, file_id, data, filename=filename, purpose=purpose, **described)
 
     def file(self, tenant_id: str, file_id: str) -> StoredFile | None:
         """The tenant's file, or None (another tenant's files are none of its own)."""
@@ -192,8 +202,10 @@ class BatchService:
     def _check(self, tenant_id: str, body: SubmitBatchRequest) -> None:
         if body.input_file_id is not None:
             self._check_file(tenant_id, body.input_file_id)
+        files = InputFiles(self._results)
         for index, item in enumerate(body.items or []):
             check_limits(item, self._settings.size_limits, where=f"items[{index}]")
+            files.check(tenant_id, item.llm_request(), where=f"items[{index}]")
         if body.metadata is not None:
             check_metadata(body.metadata, self._settings.size_limits)
         if body.webhook_url is not None:

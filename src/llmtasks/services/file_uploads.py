@@ -1,5 +1,6 @@
-"""OpenAI's Uploads API on the results bucket: a file of any size (up to a batch's input limit)
-sent in parts, each within a request's 6 MB, then made one file that `batches.create` reads.
+"""OpenAI's Uploads API on the results bucket: a file of any size (up to a batch's input limit;
+50 MB for an image or document a task names, purpose user_data or vision) sent in parts, each
+within a request's 6 MB, then made one file that `batches.create` or a task reads.
 
 Each part is an object of its own beside the upload's record (uploads/<tenant>/<upload>/...), so
 parts may come in any order and at once; `complete` checks that they add up to the bytes the
@@ -12,6 +13,7 @@ bucket's uploads/ rule a day later."""
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 
@@ -23,12 +25,28 @@ from llmtasks.domain.batches import (
     new_file_id,
 )
 from llmtasks.domain.errors import ApiError, InvalidInput
+from llmtasks.domain.input_files import INPUT_PURPOSES, MAX_TASK_FILE_BYTES, PageCounter
 from llmtasks.domain.rules import Clock
 from llmtasks.observability import logger
 
 
 class UploadNotFound(ApiError):
     status, title, slug = 404, "Upload not found", "not-found"
+
+
+# A media type as S3 metadata keeps it (ASCII); any other is not kept (the bytes say what they are).
+_MIME = re.compile(r"^[\w.+-]{1,100}/[\w.+-]{1,100}$", re.ASCII)
+PURPOSES = ("batch", *sorted(INPUT_PURPOSES))
+
+
+def check_purpose(purpose: str) -> None:
+    """A purpose llmtasks keeps files for: a batch's input, or a task's images and documents."""
+    if purpose not in PURPOSES:
+        raise InvalidInput(
+            "purpose must be 'batch' (a batch's input) or 'user_data' or 'vision' (images and"
+            " documents a task names by file_id)",
+            field="purpose",
+        )
 
 
 def _upload_id() -> str:
@@ -40,10 +58,14 @@ class FileUploads:
         self._results = results
         self._clock = clock
 
-    def create(self, tenant_id: str, *, size: int, filename: str, purpose: str) -> FileUpload:
-        if purpose != "batch":
+    def create(
+        self, tenant_id: str, *, size: int, filename: str, purpose: str, mime_type: str | None = None
+    ) -> FileUpload:
+        check_purpose(purpose)
+        if purpose in INPUT_PURPOSES and not 0 < size <= MAX_TASK_FILE_BYTES:
             raise InvalidInput(
-                "llmtasks keeps files for batches only: purpose must be 'batch'", field="purpose"
+                f"bytes must be from 1 to {MAX_TASK_FILE_BYTES} (an image or document a task names)",
+                field="bytes",
             )
         if not 0 < size <= MAX_INPUT_FILE_BYTES:
             raise InvalidInput(
@@ -60,6 +82,7 @@ class FileUploads:
             purpose=purpose,
             created_at=now,
             expires_at=now + UPLOAD_TTL_S,
+            mime_type=mime_type if mime_type and _MIME.match(mime_type) else None,
         )
         self._results.put_upload(upload)
         return upload
@@ -105,13 +128,17 @@ class FileUploads:
                 f"The parts hold {sum(known)} bytes; the upload was created for {upload.bytes}.",
                 field="part_ids",
             )
+        described = {"mime_type": upload.mime_type} if upload.mime_type else {}
         made = self._results.file_writer(
-            tenant_id, upload.file_id, filename=upload.filename, purpose=upload.purpose
+            tenant_id, upload.file_id, filename=upload.filename, purpose=upload.purpose, **described
         )
         digest = hashlib.md5(usedforsecurity=False)
+        pages = PageCounter()
         try:
             for chunk in self._results.part_chunks(tenant_id, upload_id, part_ids):
                 digest.update(chunk)
+                if upload.purpose in INPUT_PURPOSES:
+                    pages.feed(chunk)
                 made.write(chunk)
             if md5 is not None and digest.hexdigest() != md5.lower():
                 raise InvalidInput("The md5 given is not the parts' bytes' MD5.", field="md5")
@@ -119,6 +146,9 @@ class FileUploads:
         except BaseException:
             made.abort()
             raise
+        if pages.pages is not None:
+            # A PDF's pages bound what a task naming it may cost (media_tokens.py).
+            self._results.describe_file(tenant_id, upload.file_id, pages=str(pages.pages))
         completed = upload.model_copy(update={"status": "completed"})
         self._results.put_upload(completed)
         logger.info("upload completed", upload_id=upload_id, file_id=upload.file_id, parts=len(part_ids))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.task_output import TaskOutput
-from llmtasks.domain.errors import InvalidInput, TaskNotFound
+from llmtasks.domain.errors import TaskNotFound
 from llmtasks.domain.models import Task
 from llmtasks.domain.output import (
     MAX_PAGE_BYTES,
@@ -53,8 +53,9 @@ class OutputReader:
     def read(
         self, tenant_id: str, task_id: str, *, after: int, wait_s: float, past_end_ok: bool = False
     ) -> TaskOutputPage:
-        """With `past_end_ok`, an `after` past the last chunk reads as the last chunk (the OpenAI
-        surface's events are numbered beyond the chunks); else it is refused."""
+        """An `after` past the last chunk is an empty page (final once the task has ended), as a
+        cursor past the end reads anywhere; with `past_end_ok` it reads as the last chunk instead
+        (the OpenAI surface's events are numbered beyond the chunks)."""
         if not is_task_id(task_id):
             raise TaskNotFound(task_id[:64])
         give_up = time.monotonic() + wait_s
@@ -70,8 +71,6 @@ class OutputReader:
             last = head.last_sequence if head else 0
             if after > last and past_end_ok:
                 after = last
-            elif after > last:
-                self._refuse_beyond(task_id, after, last)
             if last > after:
                 return self._page(task_id, head, after, None)
             left = give_up - time.monotonic()
@@ -138,8 +137,6 @@ class OutputReader:
         end = ending.sequence if ending else (head.last_sequence if head else 0)
         if after > end and past_end_ok:
             after = end
-        elif after > end:
-            raise _beyond(after, end)
         return self._page(task_id, head, after, task, ending)
 
     def _page(
@@ -173,18 +170,6 @@ class OutputReader:
             error=ended.error,
             error_code=ended.error_code,
         )
-
-    def _refuse_beyond(self, task_id: str, after: int, last: int) -> None:
-        """`after` past the last chunk read: refused if a consistent read of the head agrees
-        (the first read may be a moment behind the page the client read it from)."""
-        head = self._output.head(task_id, consistent=True)
-        last = max(last, head.last_sequence if head else 0)
-        if after > last and not (head is not None and head.ended):
-            raise _beyond(after, last)
-
-
-def _beyond(after: int, end: int) -> InvalidInput:
-    return InvalidInput(f"after={after} is past the output's last chunk ({end}).", field="after")
 
 
 def _fitting(chunks: list[OutputChunk]) -> list[OutputChunk]:

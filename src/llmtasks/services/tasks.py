@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date
 from decimal import Decimal
 
 from llmtasks.aws.budgets import KeyBudgets
@@ -22,13 +22,15 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.aws.usage import utc_day
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
-from llmtasks.domain.errors import InvalidInput, TaskNotFound
+from llmtasks.domain.errors import TaskNotFound
+from llmtasks.domain.input_files import FileFacts
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
 from llmtasks.domain.output import TaskOutputPage
 from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id, new_task_id
-from llmtasks.domain.usage import DEFAULT_REPORT_DAYS, MAX_REPORT_DAYS, GroupBy, UsageReport
+from llmtasks.domain.usage import GroupBy, UsageReport, days_read, default_first
 from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.services.input_files import InputFiles
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.task_output import OutputReader
 from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
@@ -89,6 +91,7 @@ class TaskService:
         caller's key with a max_in_flight holds the task (none: no limit)."""
         # Before the key is recorded: a refused body leaves no trace.
         check_limits(body, self._settings.size_limits)
+        files = InputFiles(self._results).check(tenant_id, body.llm_request())
         if body.webhook_url is not None:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
@@ -102,13 +105,14 @@ class TaskService:
             key=idempotency_key,
             body=body,
             caller=caller,
-            held=Held("t", task_id, most_cost=self._most_cost(body)),
+            held=Held("t", task_id, most_cost=self._most_cost(body, files)),
         )
         return Submission(task, replayed=replayed)
 
-    def _most_cost(self, body: SubmitTaskRequest) -> Decimal:
+    def _most_cost(self, body: SubmitTaskRequest, files: dict[str, FileFacts]) -> Decimal:
         request = body.llm_request()
-        return self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        model = request.model or self._settings.llm_model
+        return self._settings.price_table.most_cost(request, model, files)
 
     def _create(
         self,
@@ -217,14 +221,13 @@ class TaskService:
         self, tenant_id: str, *, first: date | None, last: date | None, group_by: GroupBy
     ) -> UsageReport:
         """The tenant's billed calls from `first` to `last` (UTC days, both included; by default
-        the last 30 days to today), summed by day, model or key from the daily counters."""
-        last = last or utc_day(self._clock())
-        first = first or last - timedelta(days=DEFAULT_REPORT_DAYS - 1)
-        if first > last:
-            raise InvalidInput("'from' must be on or before 'to'.", field="from")
-        if (last - first).days >= MAX_REPORT_DAYS:
-            raise InvalidInput(f"A report spans at most {MAX_REPORT_DAYS} days.", field="from")
-        days = self._store.usage.days(tenant_id, first, last)
+        the last 30 days to today), summed by day, model or key from the daily counters. Any
+        span is answered: only its days that can have counters are read (days_read)."""
+        today = utc_day(self._clock())
+        last = last or today
+        first = first or default_first(last)
+        read = days_read(first, last, today)
+        days = self._store.usage.days(tenant_id, *read) if read else {}
         return UsageReport.of(days, first=first, last=last, group_by=group_by)
 
     def webhook_secret(self, tenant_id: str) -> WebhookSecret:

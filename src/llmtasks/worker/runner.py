@@ -11,6 +11,7 @@ retry or dead letter): its steps share the lease and the clock, and read in the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import time
@@ -28,6 +29,7 @@ from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import ClaimRefused, TaskStore
+from llmtasks.domain.answers import answer_problem
 from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
     RATE_LIMITED,
@@ -38,8 +40,16 @@ from llmtasks.domain.errors import (
     TaskConflict,
     TaskNotFound,
 )
+from llmtasks.domain.input_files import (
+    INPUT_FILE_MISSING,
+    MAX_TASK_FILE_BYTES,
+    FileFacts,
+    InputFileMissing,
+    with_file_data,
+)
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import AttemptRecord, Lease, Task, TaskStatus, Usage
+from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
@@ -53,6 +63,10 @@ ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
 HELD_LEASE_RECHECK_S = 3.0
 # A call ends this long before the function's timeout, to leave time to write its outcome.
 OUTCOME_TIME_S = 10.0
+# The bytes of named files an invocation holds for its calls at once: a call's request carries
+# them base64-encoded, about five times their size in memory in all, and a function has 512 MB.
+# One call always runs, whatever its files (a task names 50 MB at most).
+HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
@@ -92,9 +106,12 @@ class TaskRunner:
         cancellations: BatchCancellations | None = None,
         running: RunningCalls | None = None,
         budgets: KeyBudgets | None = None,
+        held_file_limit: int = HELD_FILE_BYTES,
     ) -> None:
         self._settings = settings
         self._budgets = budgets
+        self._held_file_limit = held_file_limit
+        self._held_file_bytes = 0  # of the calls running in this invocation (its event loop)
         self._store = store
         self._lanes = lanes
         self._cancellations = cancellations
@@ -193,7 +210,12 @@ class TaskRunner:
         if task.retried_at is None and not task.billed_cost:
             return None
         request = task.request
-        most = self._settings.price_table.most_cost(request, request.model or self._settings.llm_model)
+        files: dict[str, FileFacts] = {}
+        for file_id in request.file_ids():
+            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
+            files |= {file_id: facts} if facts is not None else {}
+        model = request.model or self._settings.llm_model
+        most = self._settings.price_table.most_cost(request, model, files)
         try:
             await asyncio.to_thread(
                 self._budgets.reserve, task.key_id, task.budget, task.task_id, most, attempt=task.attempts
@@ -211,7 +233,41 @@ class TaskRunner:
     async def _call_and_record(
         self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
     ) -> None:
-        """The claimed task's LLM call, within its time, and its outcome stored."""
+        """The claimed task's LLM call, within its time, and its outcome stored; the files it
+        names held in memory meanwhile, within what the invocation may hold."""
+        held = await self._hold_files(task, lease_id)
+        if held is None:
+            return
+        try:
+            await self._paced_call(task, lease_id, now, remaining_s)
+        finally:
+            self._held_file_bytes -= held
+
+    async def _hold_files(self, task: Task, lease_id: str) -> int | None:
+        """The bytes of the files the task names, now counted as held by this invocation; None
+        when the task is dealt with instead: a file is gone (it fails), or the invocation holds
+        other calls' files and this one would pass its limit (it waits in its queue)."""
+        named = task.request.file_ids()
+        if not named:
+            return 0
+        found = [await asyncio.to_thread(self._results.file, task.tenant_id, file_id) for file_id in named]
+        sizes = [stored.size for stored in found if stored is not None]
+        if len(sizes) < len(named):
+            gone = named[[stored is None for stored in found].index(True)]
+            self._fail(task, lease_id, str(InputFileMissing(gone)), INPUT_FILE_MISSING)
+            return None
+        if self._held_file_bytes and self._held_file_bytes + sum(sizes) > self._held_file_limit:
+            delay = self._rng.uniform(CAPPED_RETRY_S, 2 * CAPPED_RETRY_S)
+            why = "The invocation holds other calls' files: this one waits for room."
+            self._schedule_retry(task, lease_id, delay, why, "files_held", attempted=False)
+            return None
+        self._held_file_bytes += sum(sizes)
+        return sum(sizes)
+
+    async def _paced_call(
+        self, task: Task, lease_id: str, now: float, remaining_s: Callable[[], float]
+    ) -> None:
+        """The call once its pace allows, with the task's files read in, and its outcome."""
         deadline = task.deadline
         dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
@@ -227,16 +283,31 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
+        try:
+            # The files the task names, read in for this call only: the task keeps their ids.
+            read = functools.partial(self._results.input_file, task.tenant_id)
+            request = await asyncio.to_thread(with_file_data, task.request, read)
+        except InputFileMissing as missing:
+            self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
+            return
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, lease_id, timeout, progress)
+        completion = await self._call(task, request, lease_id, timeout, progress)
         if completion is None:
             return
         completion = await self._charge(task, completion)
-        result_ref = None
-        if len(completion.text.encode()) > self._settings.max_inline_result_bytes:
-            # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
-            # rule removes it with the rest.
-            result_ref = self._results.put(task.task_id, completion.text)
+        problem = answer_problem(
+            task.request,
+            completion.text,
+            refused=completion.refusal is not None,
+            called_tools=bool(completion.tool_calls),
+        )
+        if problem is not None:
+            # Billed, but not what was asked: retried like a transient error, the text kept if
+            # it is the last.
+            error = LLMError(problem, code=INVALID_OUTPUT, transient=True)
+            self._after_llm_error(task, lease_id, error, answer=completion)
+            return
+        result_ref = self._result_ref(task, completion.text)
         try:
             await asyncio.to_thread(
                 self._store.complete,
@@ -270,6 +341,14 @@ class TaskRunner:
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
         emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
 
+    def _result_ref(self, task: Task, text: str) -> str | None:
+        """Where a text too large for the item is kept (ResultsBucket), else None."""
+        if len(text.encode()) <= self._settings.max_inline_result_bytes:
+            return None
+        # If the task was cancelled meanwhile the object is orphaned; the bucket's lifecycle
+        # rule removes it with the rest.
+        return self._results.put(task.task_id, text)
+
     async def _charge(self, task: Task, completion: Completion) -> Completion:
         """The completion priced, and counted in its tenant's and batch's spend before anything
         else is written: the provider billed it whatever becomes of the task."""
@@ -302,12 +381,18 @@ class TaskRunner:
         )
 
     async def _call(
-        self, task: Task, lease_id: str, timeout_s: float, progress: ProgressWriter | None
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        timeout_s: float,
+        progress: ProgressWriter | None,
     ) -> Completion | None:
-        """The LLM's completion; None when there is none to store (the error is dealt with)."""
+        """The LLM's completion of `request` (the task's, its files read in); None when there is
+        none to store (the error is dealt with)."""
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
-            return await self._complete(task, timeout_s, progress)
+            return await self._complete(task, request, timeout_s, progress)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except StaleWrite:
@@ -322,10 +407,12 @@ class TaskRunner:
 
     # A subsegment of its own in the trace; its reply (the result text) is never put in it.
     @tracer.capture_method(capture_response=False)
-    async def _complete(self, task: Task, timeout_s: float, progress: ProgressWriter | None) -> Completion:
+    async def _complete(
+        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None
+    ) -> Completion:
         tracer.put_annotation("task_id", task.task_id)
         return await self._llm.complete(
-            task.request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            request, timeout_s=timeout_s, on_progress=progress.record if progress else None
         )
 
     async def _claim(
@@ -403,14 +490,19 @@ class TaskRunner:
         logger.info("lease held elsewhere", task_id=task_id, retry_in_s=round(wait))
         raise RetryLater(wait, "lease held by another delivery") from refused
 
-    def _after_llm_error(self, task: Task, lease_id: str, error: LLMError) -> None:
+    def _after_llm_error(
+        self, task: Task, lease_id: str, error: LLMError, *, answer: Completion | None = None
+    ) -> None:
+        """A failed call, or `answer`, billed but not what was asked (error says why): retried
+        while retries and time remain; failed otherwise, the answer's text kept."""
         now = self._clock()
         logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
         if task.attempts - task.attempts_before_retry > task.max_retries:
-            self._fail(task, lease_id, f"{error} (gave up after {task.attempts} attempts)", error.code)
+            message = f"{error} (gave up after {task.attempts} attempts)"
+            self._fail(task, lease_id, message, error.code, answer=answer)
             return
         delay = self.backoff_s(task.attempts)
         if self._pacer is not None and error.code == RATE_LIMITED and error.retry_after is not None:
@@ -431,14 +523,22 @@ class TaskRunner:
             delay = max(delay, error.retry_after)
         deadline = task.deadline
         if deadline is not None and now + delay >= deadline:
-            self._fail(
-                task, lease_id, f"{error} (no time left for a retry before the deadline)", "deadline_exceeded"
-            )
+            message = f"{error} (no time left for a retry before the deadline)"
+            self._fail(task, lease_id, message, "deadline_exceeded", answer=answer)
             return
-        self._schedule_retry(task, lease_id, delay, str(error), error.code)
+        usage = answer.usage if answer else None
+        self._schedule_retry(task, lease_id, delay, str(error), error.code, usage=usage)
 
     def _schedule_retry(
-        self, task: Task, lease_id: str, delay: float, error: str, error_code: str, *, attempted: bool = True
+        self,
+        task: Task,
+        lease_id: str,
+        delay: float,
+        error: str,
+        error_code: str,
+        *,
+        attempted: bool = True,
+        usage: Usage | None = None,
     ) -> None:
         """The task back to pending with a delayed message of its own; `attempted` False when no
         call left (the pace was full), so the wait costs the task none of its retries."""
@@ -457,7 +557,7 @@ class TaskRunner:
                 error_code=error_code,
                 next_attempt_at=self._clock() + delay,
                 attempted=attempted,
-                attempt=self._attempt(task, "retry", error_code),
+                attempt=self._attempt(task, "retry", error_code, usage=usage),
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))
@@ -500,7 +600,11 @@ class TaskRunner:
         logger.info("cancelled with its batch", **task_keys(task))
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
 
-    def _fail(self, task: Task, lease_id: str, error: str, error_code: str) -> None:
+    def _fail(
+        self, task: Task, lease_id: str, error: str, error_code: str, *, answer: Completion | None = None
+    ) -> None:
+        """The task failed; with the `answer` the provider billed for its last attempt, if any,
+        whose text and message are kept (an answer that did not fit its response_format)."""
         try:
             self._store.fail(
                 task.task_id,
@@ -508,7 +612,9 @@ class TaskRunner:
                 error=error,
                 error_code=error_code,
                 now=self._clock(),
-                attempt=self._attempt(task, "failed", error_code),
+                attempt=self._attempt(task, "failed", error_code, usage=answer.usage if answer else None),
+                answer=answer,
+                result_ref=self._result_ref(task, answer.text) if answer else None,
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))

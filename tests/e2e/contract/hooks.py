@@ -3,13 +3,21 @@ the document cannot state (about state, the network, and sizes in bytes) are kep
 generated requests, so that every other refusal is checked.
 
 - A webhook_url is refused unless its host resolves to a public address (or is one of the
-  stack's WEBHOOK_ALLOWED_HOSTS): a property of the network, not of the string. A generated one
-  that the document allows (any string up to 2048 characters) goes to the test's receiver.
+  stack's WEBHOOK_ALLOWED_HOSTS): a property of the network, not of the string. In a request
+  generated to fit the document, the URL (which then fits its form: an http(s) URL with a host,
+  up to 2048 characters) goes to the test's receiver; one generated not to fit is sent as it is.
 - A metadata object is refused over MAX_METADATA_BYTES (2 KiB) of JSON text: a size JSON Schema
   cannot measure (the document says it in words). A generated one over it is replaced by a small
   object, of a task body and of each batch item.
 - A batch's custom_ids are unique within it: JSON Schema's uniqueItems compares whole items. A
   generated batch whose items repeat one has the repeats made unique.
+- A request's tools have names of their own, and a tool_choice that names a function names one
+  of them: uniqueItems compares whole tools, and no schema ties one field's value to another's.
+  Repeated names are made unique, and a named choice names the first tool (in a request
+  generated to fit the document: one generated not to is sent as it is).
+- A response_format's schema must be a JSON Schema: the document says an object (the
+  meta-schema is the rule, which it cannot hold); a generated one that is not becomes
+  `{"type": "object"}`.
 - An Idempotency-Key is bound to the first body sent with it: sent again with another body, it
   is refused (422, as the IETF draft has it). A generated key that the document allows (1 to 255
   characters) is made unique to its request.
@@ -27,9 +35,10 @@ import uuid
 from typing import Any
 
 import schemathesis
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 RECEIVER = os.environ["LLMTASKS_TEST_WEBHOOK"]  # the test's receiver on 127.0.0.1, an allowed host
-MAX_URL = 2048
 MAX_KEY = 255
 MAX_METADATA_BYTES = 2048
 MAX_CUSTOM_ID = 256
@@ -44,18 +53,55 @@ def _small_metadata(body: dict[str, Any]) -> None:
         body["metadata"] = {"replaced": "generated over 2 KiB"}
 
 
+def _request_rules(body: dict[str, Any]) -> None:
+    """The rules between a request's values: tool names, the named choice, the schema."""
+    tools = [tool for tool in body.get("tools") or [] if isinstance(tool, dict)]
+    names: list[str] = []
+    for index, tool in enumerate(tools):
+        # Chat Completions nests a tool's name in `function`; the Responses API has it flat.
+        named = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        if isinstance(named.get("name"), str):
+            if named["name"] in names:
+                named["name"] = f"{named['name'][:56]}_{index}"
+            names.append(named["name"])
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and names:
+        named = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+        if "name" in named:
+            named["name"] = names[0]
+    response_format = body.get("response_format")
+    spec = response_format.get("json_schema") if isinstance(response_format, dict) else None
+    if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+        try:
+            Draft202012Validator.check_schema(spec["schema"])
+        except SchemaError:
+            spec["schema"] = {"type": "object"}
+
+
+def _fits_the_document(case: Any) -> bool:
+    """Whether the case was generated to fit the document (its positive mode): then any value
+    of it the document allows may be swapped for another it allows."""
+    meta = case.meta
+    return meta is None or meta.generation.mode.is_positive
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     body = case.body
     if isinstance(body, dict):
         url = body.get("webhook_url")
-        if isinstance(url, str) and len(url) <= MAX_URL:
+        if isinstance(url, str) and _fits_the_document(case):
             body["webhook_url"] = RECEIVER
         _small_metadata(body)
+        fits = _fits_the_document(case)
+        if fits:
+            _request_rules(body)
         seen: set[str] = set()
         for index, item in enumerate(body.get("items") or []):
             if isinstance(item, dict):
                 _small_metadata(item)
+                if fits:
+                    _request_rules(item)
                 custom_id = item.get("custom_id")
                 if isinstance(custom_id, str) and custom_id in seen and len(custom_id) < MAX_CUSTOM_ID - 8:
                     item["custom_id"] = f"{custom_id}~{index}"

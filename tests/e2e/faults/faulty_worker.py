@@ -19,8 +19,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion, TaskMessage
-from llmtasks.domain.models import LLMRequest
 from llmtasks.llm import OnProgress, provider_from_settings
 from llmtasks.settings import LlmSettings, RunnerSettings, TaskLanesQueues, resources, section
 from llmtasks.wiring import adapters

@@ -1,8 +1,10 @@
-"""The mock LLM: an OpenAI-compatible chat-completions server with knobs.
+"""The mock LLM: an OpenAI Chat Completions server in miniature, with knobs.
 
-`llmtasks mock-llm` runs it; the local stack starts it unless LLM_BASE_URL is set. Knobs are set
+`llmtasks mock-llm` runs it; the local stack starts it unless LLM_BASE_URL is set. It reads a
+request as OpenAI does (request.py: content parts, tools, response_format, reasoning; a 400 in
+OpenAI's words for what OpenAI refuses) and answers in OpenAI's shapes (reply.py). Knobs are set
 at start (flags or MOCK_LLM_* variables) and per run over HTTP (`PUT /_mock/config`); the
-counters at `GET /_mock/stats` let tests assert concurrency and spend at the provider itself.
+counters at `GET /_mock/stats` let tests assert concurrency, spend and what reached the provider.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import math
 import random
 import threading
 import time
-import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -26,6 +27,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local import KEEP_ALIVE_S
+from llmtasks_local.mock_llm.reply import chunks, completion
+from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, read_call
+
+# The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
+CACHE_ENTRIES = 10_000
 
 
 class MockConfig(BaseSettings):
@@ -72,6 +78,20 @@ class MockConfig(BaseSettings):
         " barrier: a test of overlap ends on that event, not on a latency long enough for a loaded"
         " machine); a call held hang_s is answered anyway. 0: no hold.",
     )
+    rate_invalid_json: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of structured-output calls (response_format json_schema or json_object)"
+        " answered with JSON that breaks the schema (a required property missing) or is cut short.",
+    )
+    cache_min_tokens: int = Field(
+        default=1024,
+        ge=0,
+        description="A prompt prefix (whole messages, same prompt_cache_key) seen before and of at"
+        " least this many tokens is reported as usage.prompt_tokens_details.cached_tokens (OpenAI"
+        " caches prefixes of 1,024 tokens and more).",
+    )
     seed: int | None = None
 
     @model_validator(mode="after")
@@ -103,18 +123,20 @@ class MockStats(BaseModel):
     calls_with_key: int = 0  # calls that sent `Authorization: Bearer ...`
     latency_total_s: float = 0.0  # the call times drawn, summed (what the calls asked of the slots)
     arrivals: list[float] = Field(default_factory=list)  # each call's time.monotonic() on arrival
+    # What reached the provider, summed over the calls it accepted (not the ones it answered 400):
+    invalid_requests: int = 0  # requests answered 400 as OpenAI would (a malformed part, ...)
+    params: dict[str, int] = Field(default_factory=dict)  # calls that sent each top-level parameter
+    images: int = 0  # image_url parts
+    files: int = 0  # file parts
+    file_bytes: int = 0  # their decoded data
+    audio_parts: int = 0  # input_audio parts
+    structured: int = 0  # calls with response_format json_schema or json_object
+    invalid_json: int = 0  # of them, answered with JSON broken on purpose
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))
-
-
-def reply_text(prompt: str, reply_chars: int = 0, pad_word_chars: int = 0) -> str:
-    text = f"Mock answer to a prompt of {len(prompt)} characters: {prompt[:200]}"
-    if pad_word_chars and len(text) < reply_chars:
-        word = " " + "." * max(0, pad_word_chars - 1)
-        text += word * ((reply_chars - len(text)) // len(word) + 1)
-        return text[:reply_chars]
-    return text.ljust(reply_chars, ".")
 
 
 class _RateLimit:
@@ -142,6 +164,7 @@ class MockLLM:
         self._lock = threading.Lock()
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
         self._rate_limit = _RateLimit()
+        self._prefixes: OrderedDict[str, None] = OrderedDict()  # prompt prefixes seen (cached_tokens)
 
     def _decide(self, prompt: str) -> tuple[Outcome, float | None, float, OutcomeSlot]:
         """This call's fate and its time, drawn and counted under the lock."""
@@ -188,29 +211,65 @@ class MockLLM:
         with self._lock:
             self.stats.in_flight -= 1
 
+    def _take(self, call: ChatCall) -> None:
+        """Counts what reached the provider; draws whether a structured answer breaks its schema;
+        finds the longest prompt prefix seen before (cached tokens)."""
+        config = self.config
+        with self._lock:
+            stats = self.stats
+            for name in call.body:
+                stats.params[name] = stats.params.get(name, 0) + 1
+            stats.images += call.images
+            stats.files += call.files
+            stats.file_bytes += call.file_bytes
+            stats.audio_parts += call.audio_parts
+            stats.reasoning_tokens += call.reasoning_tokens
+            if call.structured is not None:
+                stats.structured += 1
+                call.invalid_json = call.marked("[mock:invalid-json]") or (
+                    config.rate_invalid_json > 0 and self._random.random() < config.rate_invalid_json
+                )
+                stats.invalid_json += call.invalid_json
+            for key, tokens in zip(reversed(call.prefix_keys), reversed(call.prefix_tokens), strict=True):
+                if key in self._prefixes:
+                    if tokens >= config.cache_min_tokens:
+                        call.cached_tokens = tokens
+                    break
+            stats.cached_tokens += call.cached_tokens
+            for key in call.prefix_keys:
+                self._prefixes[key] = None
+                self._prefixes.move_to_end(key)
+            while len(self._prefixes) > CACHE_ENTRIES:
+                self._prefixes.popitem(last=False)
+
     async def chat_completions(self, request: Request) -> Response:
         try:
-            body: dict[str, Any] = await request.json()
-            messages = body["messages"]
-            prompt = str(messages[-1]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            return JSONResponse({"error": {"message": "expected a chat completion request"}}, 400)
-        if body.get("stream") and self.config.refuse_stream:
-            return JSONResponse({"error": {"message": "stream is not supported (mock)"}}, 400)
-        outcome, wait, latency, slot = self._decide(prompt)
+            call = read_call(await request.json())
+        except ValueError:
+            call = None
+            refused: dict[str, Any] = OpenAIError("We could not parse the JSON body of your request.").body
+        except OpenAIError as error:
+            call, refused = None, error.body
+        if call is None:
+            with self._lock:
+                self.stats.invalid_requests += 1
+            return JSONResponse(refused, 400)
+        stream = bool(call.body.get("stream"))
+        if stream and self.config.refuse_stream:
+            return _error(400, "stream is not supported (mock)")
+        self._take(call)
+        outcome, wait, latency, slot = self._decide(call.prompt)
         if request.headers.get("authorization", "").startswith("Bearer "):
             with self._lock:
                 self.stats.calls_with_key += 1
-        if outcome == "ok" and body.get("stream"):
-            return StreamingResponse(
-                self._stream(body, messages, prompt, latency), media_type="text/event-stream"
-            )
+        if outcome == "ok" and stream:
+            return StreamingResponse(self._stream(call, latency), media_type="text/event-stream")
         if outcome == "hang":
             # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
             # the whole call ends it.
-            return StreamingResponse(self._trickle(body, messages, prompt), media_type="application/json")
+            return StreamingResponse(self._trickle(call), media_type="application/json")
         try:
-            return await self._answer(request, outcome, wait, latency, body, messages, prompt, slot)
+            return await self._answer(request, outcome, wait, latency, call, slot)
         finally:
             self._leave()
 
@@ -220,9 +279,7 @@ class MockLLM:
         outcome: Outcome,
         wait: float | None,
         latency: float,
-        body: dict[str, Any],
-        messages: list[Any],
-        prompt: str,
+        call: ChatCall,
         slot: OutcomeSlot,
     ) -> Response:
         if outcome == "rps":
@@ -237,62 +294,43 @@ class MockLLM:
             return _error(int(outcome), said, retry_after=wait)
         with self._lock:
             self.stats.completed += 1
-        return JSONResponse(self._completion(body, messages, prompt))
+        return JSONResponse(self._completion(call))
 
-    async def _stream(
-        self, body: dict[str, Any], messages: list[Any], prompt: str, latency: float
-    ) -> AsyncIterator[bytes]:
-        """The answer as server-sent events, a word a chunk, the call's latency spread over them;
-        with `rate_break`, cut off halfway (the connection closes without [DONE])."""
+    async def _stream(self, call: ChatCall, latency: float) -> AsyncIterator[bytes]:
+        """The answer as server-sent events (a word a chunk, tool calls as OpenAI streams them),
+        the call's latency spread over them; with `rate_break`, cut off halfway (the connection
+        closes without [DONE])."""
         try:
             await self._held(None)
-            whole = self._completion(body, messages, prompt)
-            words = whole["choices"][0]["message"]["content"].split(" ")
+            options = call.body.get("stream_options") or {}
+            events = chunks(self._completion(call), include_usage=bool(options.get("include_usage")))
             broken = self._random.random() < self.config.rate_break
-            pause = latency / max(1, len(words))
-            for index, word in enumerate(words):
-                if broken and index >= len(words) // 2:
+            pause = latency / max(1, len(events))
+            for index, event in enumerate(events):
+                if broken and index >= len(events) // 2:
                     raise ConnectionAbortedError("the mock cuts this stream off")
-                delta = word if index == 0 else " " + word
-                chunk = {"model": whole["model"], "choices": [{"index": 0, "delta": {"content": delta}}]}
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield f"data: {json.dumps(event)}\n\n".encode()
                 await asyncio.sleep(pause)
-            last = {"model": whole["model"], "choices": [], "usage": whole["usage"]}
-            yield f"data: {json.dumps(last)}\n\n".encode()
             yield b"data: [DONE]\n\n"
             with self._lock:
                 self.stats.completed += 1
         finally:
             self._leave()
 
-    async def _trickle(self, body: dict[str, Any], messages: list[Any], prompt: str) -> AsyncIterator[bytes]:
+    async def _trickle(self, call: ChatCall) -> AsyncIterator[bytes]:
         try:
             give_up = time.monotonic() + self.config.hang_s
             while time.monotonic() < give_up:
                 yield b" "
                 await asyncio.sleep(min(1.0, max(0.0, give_up - time.monotonic())))
-            yield json.dumps(self._completion(body, messages, prompt)).encode()
+            yield json.dumps(self._completion(call)).encode()
         finally:
             self._leave()
 
-    def _completion(self, body: dict[str, Any], messages: list[Any], prompt: str) -> dict[str, Any]:
-        text = reply_text(prompt, self.config.reply_chars, self.config.pad_word_chars)
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
-        completion_tokens = len(text.split())
-        return {
-            "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or "mock",
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
+    def _completion(self, call: ChatCall) -> dict[str, Any]:
+        return completion(
+            call, reply_chars=self.config.reply_chars, pad_word_chars=self.config.pad_word_chars
+        )
 
     async def get_stats(self, _: Request) -> JSONResponse:
         return JSONResponse(self.stats.model_dump())
@@ -318,6 +356,7 @@ class MockLLM:
         with self._lock:
             self.stats = MockStats(in_flight=self.stats.in_flight)
             self._rate_limit = _RateLimit()
+            self._prefixes.clear()
 
     async def reset(self, _: Request) -> JSONResponse:
         self.reset_stats()
@@ -368,7 +407,9 @@ def _error(status: int, message: str, *, retry_after: float | None = None) -> JS
     if retry_after is not None:
         value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
         headers = {"Retry-After": value}
-    return JSONResponse({"error": {"message": message}}, status, headers=headers)
+    kind = {429: "rate_limit_exceeded", 500: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status, headers=headers)
 
 
 def serve(

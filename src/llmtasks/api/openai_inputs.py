@@ -1,0 +1,383 @@
+"""The Responses API's shapes beside its top-level fields, as OpenAI's SDK sends them: input
+items (messages with content parts, function calls and their outputs), function tools, tool
+choice and text formats. Each maps onto the Chat Completions shape a task carries
+(domain/llm_request.py); a shape OpenAI has that a task cannot serve (a hosted tool, a file by
+URL, a stored item's reference) is refused by name (`Refused`, with the field's path)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+)
+from pydantic.json_schema import SkipJsonSchema
+
+from llmtasks.domain.llm_request import (
+    ChatMessage,
+    ContentPart,
+    Detail,
+    FilePart,
+    FileRef,
+    FunctionCall,
+    FunctionDefinition,
+    FunctionTool,
+    ImagePart,
+    ImageUrl,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    TextFormat,
+    TextPart,
+    ToolCall,
+    ToolName,
+)
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+class Invalid(ValueError):
+    """A value a task cannot hold: `field` names where, as the request does."""
+
+    def __init__(self, detail: str, field: str) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
+class Refused(Invalid):
+    """A shape OpenAI has that a task cannot serve."""
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- content parts -----------------------------------------------------------------------------
+
+
+class InputText(_Closed):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # on an earlier response's output_text: ignored
+    logprobs: list[Any] | None = None
+
+
+class InputImage(_Closed):
+    type: Literal["input_image"]
+    image_url: str | None = Field(default=None, description="An http(s) URL or a data:image/...;base64 URL.")
+    file_id: str | None = Field(default=None, description="An uploaded file (POST /v1/files).")
+    detail: Detail | None = None
+
+
+class InputFile(_Closed):
+    type: Literal["input_file"]
+    file_data: str | None = None
+    file_id: str | None = None
+    filename: str | None = None
+    file_url: str | None = Field(default=None, description="Refused: send file_data or file_id.")
+    detail: Detail | None = None
+
+
+class OutputRefusal(_Closed):
+    """An earlier response's refusal, sent back as history."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+MessagePart = Annotated[InputText | InputImage | InputFile | OutputRefusal, Field(discriminator="type")]
+
+
+def _part(part: InputText | InputImage | InputFile, where: str) -> ContentPart:
+    if isinstance(part, InputText):
+        return TextPart(type="text", text=part.text)
+    if isinstance(part, InputImage):
+        image = ImageUrl(url=part.image_url, file_id=part.file_id, detail=part.detail)
+        return ImagePart(type="image_url", image_url=image)
+    if part.file_url is not None:
+        raise Refused(
+            "a file by URL is not served: send its bytes as file_data, or upload it"
+            " (POST /v1/files) and send its file_id",
+            field=f"{where}.file_url",
+        )
+    if part.detail is not None:
+        raise Refused("'detail' of an input_file is not served", field=f"{where}.detail")
+    return FilePart(
+        type="file", file=FileRef(file_id=part.file_id, file_data=part.file_data, filename=part.filename)
+    )
+
+
+# --- input items -------------------------------------------------------------------------------
+
+
+class InputMessage(_Closed):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Annotated[str, Field(min_length=1)] | Annotated[list[MessagePart], Field(min_length=1)]
+    id: str | None = None  # an earlier response's output message, sent back as history
+    status: str | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    def chat(self, where: str) -> ChatMessage:
+        """The message as Chat Completions takes it: text alone as one string, else its parts."""
+        role = _ROLES[self.role]
+        if isinstance(self.content, str):
+            return ChatMessage(role=role, content=self.content)
+        refusals = [part.refusal for part in self.content if isinstance(part, OutputRefusal)]
+        if refusals and role != "assistant":
+            raise Refused("only an assistant message has a refusal", field=f"{where}.content")
+        parts = [
+            _part(part, f"{where}.content.{index}")
+            for index, part in enumerate(self.content)
+            if not isinstance(part, OutputRefusal)
+        ]
+        texts = [part.text for part in parts if isinstance(part, TextPart)]
+        content: str | list[ContentPart] | None = (
+            "".join(texts) if len(texts) == len(parts) and texts else parts or None
+        )
+        return ChatMessage(role=role, content=content, refusal="".join(refusals) or None)
+
+
+class FunctionCallItem(_Closed):
+    """A call the model asked for earlier: the assistant's `tool_calls` in the history."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+    def tool_call(self) -> ToolCall:
+        return ToolCall(id=self.call_id, function=FunctionCall(name=self.name, arguments=self.arguments))
+
+
+class FunctionCallOutputItem(_Closed):
+    """A call's result: a `tool` message."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def chat(self) -> ChatMessage:
+        text = self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
+        return ChatMessage(role="tool", tool_call_id=self.call_id, content=text)
+
+
+class ReasoningItem(_Closed):
+    """An earlier response's reasoning, sent back with its output: Chat Completions has no place
+    for it, so it is not passed on (as OpenAI drops it for a model that does not reason)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = Field(default_factory=list)
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+def _item_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return str(kind or "message")
+
+
+# The tags are no identifiers, so that the path of a refused field leaves them out (openai.py).
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("type:message")]
+    | Annotated[FunctionCallItem, Tag("type:function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("type:function_call_output")]
+    | Annotated[ReasoningItem, Tag("type:reasoning")],
+    Discriminator(lambda value: "type:" + _item_type(value)),
+]
+
+
+def chat_messages(
+    items: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem],
+) -> list[ChatMessage]:
+    """The input items as a chat (Invalid or Refused, naming the item, where a rule of a task's
+    message or part refuses one)."""
+    messages: list[ChatMessage] = []
+    for index, item in enumerate(items):
+        try:
+            _add(messages, item, index)
+        except ValidationError as invalid:  # a rule of the task's message or part
+            first = invalid.errors()[0]
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            at = ".".join(str(part) for part in first.get("loc", ()))
+            said = f"{at}: {message}" if at else message
+            raise Invalid(f"Invalid 'input.{index}': {said}.", field=f"input.{index}") from None
+    return messages
+
+
+def _add(
+    messages: list[ChatMessage],
+    item: InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+    index: int,
+) -> None:
+    """One item into the chat: function calls join the assistant message before them (or make
+    one), their outputs are tool messages, reasoning is not passed on."""
+    if isinstance(item, ReasoningItem):
+        return
+    if isinstance(item, FunctionCallItem):
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant":
+            messages[-1] = last.model_copy(
+                update={"tool_calls": [*(last.tool_calls or []), item.tool_call()]}
+            )
+        else:
+            messages.append(ChatMessage(role="assistant", tool_calls=[item.tool_call()]))
+    elif isinstance(item, FunctionCallOutputItem):
+        messages.append(item.chat())
+    else:
+        messages.append(item.chat(f"input.{index}"))
+
+
+# --- tools and formats -------------------------------------------------------------------------
+
+
+class ResponsesFunctionTool(_Closed):
+    """A function tool in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    def chat(self) -> FunctionTool:
+        definition = FunctionDefinition(
+            name=self.name, description=self.description, parameters=self.parameters, strict=self.strict
+        )
+        return FunctionTool(type="function", function=definition)
+
+
+class HostedTool(BaseModel):
+    """One of OpenAI's own tools (web_search, file_search, mcp, ...): refused by its type."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+Tool = Annotated[
+    # The document lists function tools alone: a hosted one is refused by name (400), as unserved.
+    Annotated[ResponsesFunctionTool, Tag("type:function")]
+    | SkipJsonSchema[Annotated[HostedTool, Tag("type:hosted")]],
+    Discriminator(lambda value: "type:function" if _item_type(value) == "function" else "type:hosted"),
+]
+
+
+def chat_tools(tools: list[ResponsesFunctionTool | HostedTool]) -> list[FunctionTool]:
+    served = []
+    for tool in tools:
+        if isinstance(tool, HostedTool):
+            raise Refused(
+                f"the hosted tool '{tool.type[:40]}' is not served: llmtasks serves function tools",
+                field="tools",
+            )
+        served.append(tool.chat())
+    return served
+
+
+def flat_tool(tool: FunctionTool) -> dict[str, Any]:
+    """A task's tool as the Response object gives it back."""
+    function = tool.function
+    return {
+        "type": "function",
+        "name": function.name,
+        "description": function.description,
+        "parameters": function.parameters,
+        "strict": function.strict,
+    }
+
+
+class ToolChoiceFunction(_Closed):
+    type: Literal["function"]
+    name: ToolName
+
+
+# Another choice (a hosted tool's) is refused by name; the document lists the ones served.
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | SkipJsonSchema[dict[str, Any]]
+
+
+def chat_tool_choice(choice: ToolChoice) -> Literal["none", "auto", "required"] | NamedToolChoice:
+    if isinstance(choice, ToolChoiceFunction):
+        return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+    if isinstance(choice, dict):
+        kind = str(choice.get("type", ""))[:40]
+        raise Refused(
+            f"a tool choice of type '{kind}' is not served: llmtasks serves function tools", "tool_choice"
+        )
+    return choice
+
+
+def flat_tool_choice(choice: Any) -> Any:
+    """A task's tool choice as the Response object gives it back."""
+    if isinstance(choice, NamedToolChoice):
+        return {"type": "function", "name": choice.function.name}
+    return choice or "auto"
+
+
+class JsonSchemaText(_Closed):
+    """`text.format` of type json_schema: the Chat Completions spec, flattened."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    name: ToolName
+    json_schema: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: StrictBool | None = None
+
+
+TextFormatConfig = Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Field(discriminator="type")]
+
+
+class TextConfig(_Closed):
+    format: TextFormatConfig | None = None
+    # OpenAI's field, refused by name (400); the document says null alone is served.
+    verbosity: Annotated[Literal["low", "medium", "high"] | None, WithJsonSchema({"type": "null"})] = Field(
+        default=None, description="Refused."
+    )
+
+    def response_format(self) -> ResponseFormat | None:
+        if self.verbosity is not None:
+            raise Refused(
+                "'verbosity' is not served (Chat Completions' providers take none)", "text.verbosity"
+            )
+        if isinstance(self.format, JsonSchemaText):
+            spec = JsonSchemaSpec(
+                name=self.format.name,
+                description=self.format.description,
+                json_schema=self.format.json_schema,
+                strict=self.format.strict,
+            )
+            return JsonSchemaFormat(type="json_schema", json_schema=spec)
+        return self.format
+
+
+def text_config(response_format: ResponseFormat | None) -> dict[str, Any]:
+    """A task's response format as the Response object's `text`."""
+    if isinstance(response_format, JsonSchemaFormat):
+        spec = response_format.json_schema
+        return {
+            "format": {
+                "type": "json_schema",
+                "name": spec.name,
+                "schema": spec.json_schema,
+                "description": spec.description,
+                "strict": spec.strict,
+            }
+        }
+    return {"format": {"type": response_format.type if response_format else "text"}}
