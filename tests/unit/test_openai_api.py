@@ -653,7 +653,6 @@ def test_a_line_s_text_counts_once_against_the_prompt_cap() -> None:
     [
         ({"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}, "exactly one of 'url'"),
         ({"role": "system", "content": [{"type": "input_image", "image_url": PNG}]}, "only a user message"),
-        ({"role": "user", "content": [{"type": "input_file", "file_id": "not-a-file-id"}]}, "file_id"),
     ],
 )
 def test_an_item_a_task_s_message_cannot_hold_is_refused_naming_the_item(
@@ -667,3 +666,24 @@ def test_an_item_a_task_s_message_cannot_hold_is_refused_naming_the_item(
     assert refused.value.field == "input.1"
     assert said in refused.value.detail
     assert refused.value.slug == "invalid-input"
+
+
+@pytest.mark.parametrize(
+    ("part", "field"),
+    [
+        ({"type": "input_file", "file_id": "not-a-file-id"}, "file_id"),
+        ({"type": "input_file", "file_data": "not base64!"}, "file_data"),
+        ({"type": "input_image", "image_url": "ftp://example.com/a.png"}, "image_url"),
+    ],
+)
+def test_a_part_the_document_refuses_is_refused_by_the_request_model(
+    part: dict[str, object], field: str
+) -> None:
+    """What the document states of an input part (its patterns, the fields served as null alone)
+    the request's model refuses, so the API's 400 names the field."""
+    body = {"input": [{"role": "user", "content": [part]}], "background": True}
+
+    with pytest.raises(ValidationError) as refused:
+        CreateResponse.model_validate(body)
+
+    assert any(field in error["loc"] for error in refused.value.errors())

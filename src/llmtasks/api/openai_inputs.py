@@ -20,7 +20,12 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from llmtasks.domain.fields import Text
+from llmtasks.domain.json_schema import exactly_one_of
 from llmtasks.domain.llm_request import (
+    FILE_DATA_PATTERN,
+    FILE_ID_PATTERN,
+    IMAGE_URL_PATTERN,
     ChatMessage,
     ContentPart,
     Detail,
@@ -67,25 +72,40 @@ class _Closed(BaseModel):
 
 class InputText(_Closed):
     type: Literal["input_text", "output_text"]
-    text: str
+    text: Text
     annotations: list[Any] | None = None  # on an earlier response's output_text: ignored
     logprobs: list[Any] | None = None
 
 
+FileId = Annotated[str, Field(pattern=FILE_ID_PATTERN)]
+# OpenAI's fields a task cannot serve, refused by name (400); the document says null alone is served.
+RefusedField = WithJsonSchema({"type": "null"})
+
+
 class InputImage(_Closed):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("image_url", "file_id"))
+
     type: Literal["input_image"]
-    image_url: str | None = Field(default=None, description="An http(s) URL or a data:image/...;base64 URL.")
-    file_id: str | None = Field(default=None, description="An uploaded file (POST /v1/files).")
+    image_url: Annotated[str, Field(max_length=2048 * 1024, pattern=IMAGE_URL_PATTERN)] | None = Field(
+        default=None, description="An http(s) URL or a data:image/...;base64 URL."
+    )
+    file_id: FileId | None = Field(default=None, description="An uploaded file (POST /v1/files).")
     detail: Detail | None = None
 
 
 class InputFile(_Closed):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("file_data", "file_id"))
+
     type: Literal["input_file"]
-    file_data: str | None = None
-    file_id: str | None = None
-    filename: str | None = None
-    file_url: str | None = Field(default=None, description="Refused: send file_data or file_id.")
-    detail: Detail | None = None
+    file_data: Annotated[str, Field(pattern=FILE_DATA_PATTERN)] | None = Field(
+        default=None, description="data:application/pdf;base64,... or base64."
+    )
+    file_id: FileId | None = None
+    filename: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    file_url: Annotated[str | None, RefusedField] = Field(
+        default=None, description="Refused: send file_data or file_id."
+    )
+    detail: Annotated[Detail | None, RefusedField] = Field(default=None, description="Refused.")
 
 
 class OutputRefusal(_Closed):
@@ -120,7 +140,29 @@ def _part(part: InputText | InputImage | InputFile, where: str) -> ContentPart:
 # --- input items -------------------------------------------------------------------------------
 
 
+def _parts_by_role(schema: dict[str, Any]) -> None:
+    """The rules `InputMessage.chat` enforces (through ChatMessage's), in the document: a `oneOf`
+    of partial schemas by role, each with the part types that role may carry."""
+    text, parts = schema["properties"]["content"]["anyOf"]
+    by_type = parts["items"]["discriminator"]["mapping"]
+
+    def carrying(*types: str) -> dict[str, Any]:
+        refs = dict.fromkeys(by_type[kind] for kind in types)  # output_text shares input_text's
+        return {"anyOf": [text, {**parts, "items": {"oneOf": [{"$ref": ref} for ref in refs]}}]}
+
+    texts = ("input_text", "output_text")
+    schema["oneOf"] = [
+        {"properties": {"role": {"enum": ["system", "developer"]}, "content": carrying(*texts)}},
+        {"properties": {"role": {"const": "user"}, "content": carrying(*texts, "input_image", "input_file")}},
+        {"properties": {"role": {"const": "assistant"}, "content": carrying(*texts, "refusal")}},
+    ]
+
+
 class InputMessage(_Closed):
+    """A message of the conversation: media parts in a user's alone, refusals in an assistant's."""
+
+    model_config = ConfigDict(json_schema_extra=_parts_by_role)
+
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: Annotated[str, Field(min_length=1)] | Annotated[list[MessagePart], Field(min_length=1)]
@@ -145,16 +187,16 @@ class InputMessage(_Closed):
         content: str | list[ContentPart] | None = (
             "".join(texts) if len(texts) == len(parts) and texts else parts or None
         )
-        return ChatMessage(role=role, content=content, refusal="".join(refusals) or None)
+        return ChatMessage(role=role, content=content, refusal="".join(refusals) if refusals else None)
 
 
 class FunctionCallItem(_Closed):
     """A call the model asked for earlier: the assistant's `tool_calls` in the history."""
 
     type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
+    call_id: Text
+    name: Text
+    arguments: Text
     id: str | None = None
     status: str | None = None
 
@@ -166,8 +208,8 @@ class FunctionCallOutputItem(_Closed):
     """A call's result: a `tool` message."""
 
     type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[InputText]
+    call_id: Text
+    output: Text | list[InputText]
     id: str | None = None
     status: str | None = None
 
@@ -347,7 +389,7 @@ TextFormatConfig = Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Fie
 class TextConfig(_Closed):
     format: TextFormatConfig | None = None
     # OpenAI's field, refused by name (400); the document says null alone is served.
-    verbosity: Annotated[Literal["low", "medium", "high"] | None, WithJsonSchema({"type": "null"})] = Field(
+    verbosity: Annotated[Literal["low", "medium", "high"] | None, RefusedField] = Field(
         default=None, description="Refused."
     )
 
