@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
+from annotated_types import Ge, GroupedMetadata, Le
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -70,42 +73,32 @@ JsonObject = Annotated[
 ]
 
 
-def _storable_between(low: float, high: float) -> WithJsonSchema:
-    """The document's form of a bounded float an item can hold: 0, or a magnitude DynamoDB
-    keeps (1e-130 and up), on either side of 0 that the bounds allow."""
-    forms: list[dict[str, Any]] = [
-        {"type": "number", "minimum": 0, "maximum": 0},
-        {"type": "number", "exclusiveMinimum": 1e-130, "maximum": high},
-    ]
-    if low < 0:
-        forms.append({"type": "number", "minimum": low, "exclusiveMaximum": -1e-130})
-    return WithJsonSchema({"anyOf": forms})
+@dataclass(frozen=True)
+class _StorableFloat(GroupedMetadata):
+    """A float within [low, high] an item can hold. The bounds come before the validator, so that
+    the document carries them; its form there: 0, or a magnitude DynamoDB keeps (1e-130 and up),
+    on either side of 0 that the bounds allow."""
+
+    low: float
+    high: float
+
+    def __iter__(self) -> Iterator[object]:
+        forms: list[dict[str, Any]] = [
+            {"type": "number", "minimum": 0, "maximum": 0},
+            {"type": "number", "exclusiveMinimum": 1e-130, "maximum": self.high},
+        ]
+        if self.low < 0:
+            forms.append({"type": "number", "minimum": self.low, "exclusiveMaximum": -1e-130})
+        yield Ge(self.low)
+        yield Le(self.high)
+        yield BeforeValidator(not_a_bool)
+        yield AfterValidator(dynamodb_number)
+        yield WithJsonSchema({"anyOf": forms})
 
 
-# The bounds come before the validator, so that the document carries them.
-Temperature = Annotated[
-    float,
-    Field(ge=0, le=2),
-    BeforeValidator(not_a_bool),
-    AfterValidator(dynamodb_number),
-    _storable_between(0, 2),
-]
-# A share of probability mass (top_p).
-Fraction = Annotated[
-    float,
-    Field(ge=0, le=1),
-    BeforeValidator(not_a_bool),
-    AfterValidator(dynamodb_number),
-    _storable_between(0, 1),
-]
-# A presence or frequency penalty.
-Penalty = Annotated[
-    float,
-    Field(ge=-2, le=2),
-    BeforeValidator(not_a_bool),
-    AfterValidator(dynamodb_number),
-    _storable_between(-2, 2),
-]
+Temperature = Annotated[float, _StorableFloat(0, 2)]
+Fraction = Annotated[float, _StorableFloat(0, 1)]  # a share of probability mass (top_p)
+Penalty = Annotated[float, _StorableFloat(-2, 2)]  # a presence or frequency penalty
 # Its form, which the document can say: an http(s) URL (the scheme in any case, as the SSRF guard
 # reads it, services/webhook_urls.py) with a host, and no whitespace.
 WEBHOOK_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
