@@ -166,17 +166,23 @@ def test_what_a_task_cannot_serve_is_refused_naming_openais_field(
 
 
 @pytest.mark.parametrize(
-    ("status", "event_type"),
+    ("status", "finish_reason", "event_type"),
     [
-        (TaskStatus.COMPLETED, "response.completed"),
-        (TaskStatus.FAILED, "response.failed"),
-        (TaskStatus.CANCELLED, "response.cancelled"),
+        (TaskStatus.COMPLETED, "stop", "response.completed"),
+        (TaskStatus.COMPLETED, "tool_calls", "response.completed"),
+        (TaskStatus.COMPLETED, "length", "response.incomplete"),
+        (TaskStatus.COMPLETED, "content_filter", "response.incomplete"),
+        (TaskStatus.FAILED, "length", "response.failed"),
+        (TaskStatus.CANCELLED, None, "response.cancelled"),
     ],
 )
 def test_a_responses_webhook_event_is_openais_for_its_terminal_state(
-    status: TaskStatus, event_type: str
+    status: TaskStatus, finish_reason: str | None, event_type: str
 ) -> None:
-    view = TaskView.of(pending_task("d" * 32, now=NOW).model_copy(update={"status": status}))
+    task = pending_task("d" * 32, now=NOW).model_copy(
+        update={"status": status, "finish_reason": finish_reason}
+    )
+    view = TaskView.of(task)
 
     event = openai_event("msg_0123", view)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from llmtasks.api.openai_inputs import flat_tool, flat_tool_choice, text_config
 from llmtasks.domain.errors import RATE_LIMITED
-from llmtasks.domain.events import response_id
+from llmtasks.domain.events import INCOMPLETE_REASONS, response_id
 from llmtasks.domain.llm_request import ToolCall
 from llmtasks.domain.models import Task, TaskStatus, Usage
 
@@ -24,8 +24,6 @@ _STATUSES = {
     TaskStatus.FAILED: "failed",
     TaskStatus.CANCELLED: "cancelled",
 }
-# Why a completed answer is incomplete, in OpenAI's words.
-_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 # A task's error codes that OpenAI has a code of its own for (others are server_error).
 _ERROR_CODES = {RATE_LIMITED: "rate_limit_exceeded", "llm_http_400": "invalid_prompt"}
 
@@ -33,7 +31,7 @@ _ERROR_CODES = {RATE_LIMITED: "rate_limit_exceeded", "llm_http_400": "invalid_pr
 def incomplete_reason(task: Task) -> str | None:
     if task.status is not TaskStatus.COMPLETED:
         return None
-    return _INCOMPLETE.get(task.finish_reason or "")
+    return INCOMPLETE_REASONS.get(task.finish_reason or "")
 
 
 def response_status(task: Task) -> str:

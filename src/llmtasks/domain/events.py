@@ -12,11 +12,13 @@ from typing import Any
 from pydantic import BaseModel, field_serializer
 
 from llmtasks.domain.batches import BatchStatus, BatchView
-from llmtasks.domain.models import EventType, TaskView
+from llmtasks.domain.models import EventType, TaskStatus, TaskView
 
 # OpenAI's objects are llmtasks' own under a prefix: a response is a task, a batch a batch.
 RESPONSE_ID_PREFIX = "resp_"
 BATCH_ID_PREFIX = "batch_"
+# The finish reasons that make a completed task an incomplete response, as OpenAI names the reason.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 def response_id(task_id: str) -> str:
@@ -40,11 +42,14 @@ class WebhookEvent(BaseModel):
 
 
 def openai_event(webhook_id: str, subject: TaskView | BatchView) -> dict[str, Any]:
-    """OpenAI's webhook event for a response or a batch that ended (response.completed, .failed,
-    .cancelled; batch.completed, .cancelled, .failed: its file refused whole), signed like
-    llmtasks' own (Standard Webhooks), as OpenAI signs its."""
+    """OpenAI's webhook event for a response or a batch that ended (response.completed,
+    .incomplete for an answer cut short, .failed, .cancelled; batch.completed, .cancelled, .failed:
+    its file refused whole), signed like llmtasks' own (Standard Webhooks), as OpenAI signs its."""
     if isinstance(subject, TaskView):
-        kind, object_id = "response." + subject.status.value, response_id(subject.task_id)
+        ended = subject.status.value
+        if subject.status is TaskStatus.COMPLETED and subject.finish_reason in INCOMPLETE_REASONS:
+            ended = "incomplete"
+        kind, object_id = "response." + ended, response_id(subject.task_id)
     else:
         ended = {BatchStatus.CANCELLED: "cancelled", BatchStatus.FAILED: "failed"}.get(
             subject.status, "completed"
