@@ -25,7 +25,9 @@ PACKAGE = "llmtasks_api_client"
 
 def generated_client(api: str, where: Path) -> Any:
     """The package openapi-python-client makes of the stack's document in `where`, imported."""
-    (where / "openapi.json").write_text(httpx.get(api + "/openapi.json").text)
+    # Under HANG_S: a cold StatusFunction builds the document on a loaded machine in over httpx's 5 s.
+    document = httpx.get(api + "/openapi.json", timeout=HANG_S).raise_for_status()
+    (where / "openapi.json").write_text(document.text)
     # No post-hooks: the generator would run ruff over its output, which changes nothing it runs.
     (where / "config.yaml").write_text(f"post_hooks: []\npackage_name_override: {PACKAGE}\n")
     done = subprocess.run(

@@ -5,6 +5,7 @@ and StatusFunction run it: the body decoded, the caller admitted, the routes giv
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,7 @@ def build_app(*, commands: bool = False, queries: bool = False, docs: bool = Fal
     )
     if docs:
 
+        @functools.cache  # the routes are all added: one document a sandbox
         def document_text() -> str:
             from llmtasks.api import document  # the document's alone
 
