@@ -638,7 +638,9 @@ def test_a_message_without_its_task_waits_out_the_grace_to_the_second_then_is_dr
 class CrashingLLM:
     """A worker that dies after its claim and before any token is spent (an unexpected bug)."""
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None, tokens: int = 0
+    ) -> Completion:
         raise RuntimeError("injected crash")
 
 
@@ -959,7 +961,9 @@ class TimedLLM:
         self.timeouts: list[float] = []
         self.called_at: list[float] = []  # time.monotonic() at each call
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None, tokens: int = 0
+    ) -> Completion:
         self.timeouts.append(timeout_s)
         self.called_at.append(time.monotonic())
         self.now[0] += self.call_s

@@ -96,6 +96,15 @@ class LLMError(Exception):
         self.retry_after = retry_after
 
 
+class KeysFull(Exception):
+    """No provider key has room in its minute for the call (its tokens or one more request):
+    the task waits on its queue for `wait_s`, when the first of them has, rather than take a 429."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"No LLM key has room for the call for {wait_s:.1f} s.")
+        self.wait_s = wait_s
+
+
 class RetryLater(Exception):
     """This queue message must come back after `delay_s`: the record is reported as a batch-item
     failure with its visibility pushed out, so the function never sleeps through a backoff."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
@@ -47,7 +48,9 @@ def task_runner() -> TaskRunner:
         settings,
         task_store(),
         task_lanes(),
-        provider_from_settings(section(LlmSettings)),
+        provider_from_settings(
+            section(LlmSettings), key_rates=KeyRates(resources(TasksTable).tasks_table_name, dynamodb())
+        ),
         results=result_blobs(),
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),

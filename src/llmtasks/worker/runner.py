@@ -34,6 +34,7 @@ from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
     RATE_LIMITED,
     BackendError,
+    KeysFull,
     LLMError,
     RetryLater,
     StaleWrite,
@@ -70,6 +71,7 @@ HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
+KEYS_FULL = "keys_full"  # the error_code of a task waiting for room in its LLM keys' minute
 
 
 @dataclass(frozen=True)
@@ -210,10 +212,7 @@ class TaskRunner:
         if task.retried_at is None and not task.billed_cost:
             return None
         request = task.request
-        files: dict[str, FileFacts] = {}
-        for file_id in request.file_ids():
-            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
-            files |= {file_id: facts} if facts is not None else {}
+        files = await self._file_facts(task)
         model = request.model or self._settings.llm_model
         most = self._settings.price_table.most_cost(request, model, files)
         try:
@@ -283,6 +282,7 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
+        tokens = await self._most_tokens(task)
         try:
             # The files the task names, read in for this call only: the task keeps their ids.
             read = functools.partial(self._results.input_file, task.tenant_id)
@@ -291,7 +291,7 @@ class TaskRunner:
             self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
             return
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, request, lease_id, timeout, progress)
+        completion = await self._call(task, request, lease_id, timeout, progress, tokens)
         if completion is None:
             return
         completion = await self._charge(task, completion)
@@ -387,14 +387,20 @@ class TaskRunner:
         lease_id: str,
         timeout_s: float,
         progress: ProgressWriter | None,
+        tokens: int,
     ) -> Completion | None:
         """The LLM's completion of `request` (the task's, its files read in); None when there is
         none to store (the error is dealt with)."""
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
-            return await self._complete(task, request, timeout_s, progress)
+            return await self._complete(task, request, timeout_s, progress, tokens)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
+        except KeysFull as full:
+            # No key has room in its minute: the task waits on its queue until the first has
+            # (spread over a second more, so that the waiting tasks do not all come back at once).
+            delay = full.wait_s + self._rng.uniform(0, 1)
+            self._schedule_retry(task, lease_id, delay, str(full), KEYS_FULL, attempted=False)
         except StaleWrite:
             # A progress write found the task cancelled (its output's head ended, or the task
             # read so): the call was stopped there, and no more tokens are spent on it.
@@ -408,12 +414,26 @@ class TaskRunner:
     # A subsegment of its own in the trace; its reply (the result text) is never put in it.
     @tracer.capture_method(capture_response=False)
     async def _complete(
-        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None
+        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None, tokens: int
     ) -> Completion:
         tracer.put_annotation("task_id", task.task_id)
         return await self._llm.complete(
-            request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            request, timeout_s=timeout_s, on_progress=progress.record if progress else None, tokens=tokens
         )
+
+    async def _most_tokens(self, task: Task) -> int:
+        """The most tokens the call can use, as its budget counts them: what the provider's
+        tokens-a-minute limits are reserved with before it."""
+        model = task.request.model or self._settings.llm_model
+        return self._settings.price_table.most_tokens(task.request, model, await self._file_facts(task))
+
+    async def _file_facts(self, task: Task) -> dict[str, FileFacts]:
+        """The sizes (and pages) of the files the task names, that the estimates bound it by."""
+        files: dict[str, FileFacts] = {}
+        for file_id in task.request.file_ids():
+            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
+            files |= {file_id: facts} if facts is not None else {}
+        return files
 
     async def _claim(
         self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float
