@@ -12,14 +12,15 @@ import httpx
 import pytest
 
 from llmtasks.aws.key_limits import KeyRates
-from llmtasks.domain.models import TaskStatus
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.models import SubmitTaskRequest, TaskStatus
 from llmtasks.domain.rate_limits import KeyLimits, RateHeaders
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.keys import KeyPool, LlmEndpoint, endpoints_from_settings, parse_keys
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.settings import Settings
 from llmtasks_local.mock_llm import MockConfig, MockLLM
-from tests.conftest import Aws
+from tests.conftest import Aws, RunningMock
 from tests.helpers import eventually, serve
 from tests.unit.test_worker import Worker
 
@@ -235,3 +236,35 @@ def test_limits_are_learned_from_the_providers_headers_and_a_429_tells_every_wor
     wait = other_sandbox.reserve(key_id, KeyLimits(tpm=20_000), 4_000, time.time())
     # About 19,000 of the minute's 20,000 are used: 4,000 more fit once 3,000 are back (9 s)
     assert 8 < wait < 10
+
+
+def test_a_tenants_tokens_a_minute_share_holds_its_own_calls_back_not_the_others(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a tenant whose key has a share of 10,000 tokens a minute, and calls of about 3,950
+    # (their prompt and max_completion_tokens): two fit its minute
+    mock_llm.configure(latency_s=1.0)  # the calls overlap: none gives its tokens back before the last starts
+    caller = Caller(tenant_id="shared", key_id="k1", tpm=10_000)
+    body = {"max_completion_tokens": 3_900}
+    ids = [
+        worker.service.submit(
+            "shared", SubmitTaskRequest(prompt=f"share {i}", **body), caller=caller
+        ).task.task_id
+        for i in range(5)
+    ]
+    other = worker.service.submit("other", SubmitTaskRequest(prompt="other tenant", **body)).task.task_id
+    # When one invocation runs them all
+    assert worker.run(worker.queued()) == {"batchItemFailures": []}
+    tasks = [worker.task(task_id) for task_id in ids]
+    # Then two of the tenant's calls ran, its others wait on the queue for its minute, costing
+    # no attempt; the other tenant's call ran
+    assert [t.status for t in tasks].count(TaskStatus.COMPLETED) == 2
+    waiting = [t for t in tasks if t.status is TaskStatus.PENDING]
+    assert {t.last_error_code for t in waiting} == {"tenant_tpm"}
+    assert len(waiting) == 3
+    # Two calls hold 7,900 of its 10,000: a third fits once 1,850 are back, 11 s of its minute
+    assert all(t.next_attempt_at > time.time() + 5 for t in waiting)
+    assert worker.task(other).status is TaskStatus.COMPLETED
+    # The share counts what the calls used: their unused reservations came back
+    rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb, prefix="tenantrate#")
+    assert rates.reserve("shared", KeyLimits(tpm=10_000), 9_000, time.time()) == 0.0

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
@@ -82,6 +83,7 @@ class Worker:
             pacer=pacer,
             results=blobs(settings),
             running=RunningCalls(settings.limits_table_name, self.aws.dynamodb),
+            tenant_rates=KeyRates(settings.tasks_table_name, self.aws.dynamodb, prefix="tenantrate#"),
         )
 
     def queued(self, lane: Lane = Lane.NORMAL) -> list[dict[str, Any]]:

@@ -37,10 +37,11 @@ def call_slots() -> int:
 @lru_cache(maxsize=1)
 def task_runner() -> TaskRunner:
     settings = section(RunnerSettings)
+    table = resources(TasksTable).tasks_table_name
     pacer = None
     if settings.llm_requests_per_second > 0:
         pacer = CallPacer(
-            resources(TasksTable).tasks_table_name,
+            table,
             dynamodb(),
             calls_per_second=settings.llm_requests_per_second,
         )
@@ -48,14 +49,13 @@ def task_runner() -> TaskRunner:
         settings,
         task_store(),
         task_lanes(),
-        provider_from_settings(
-            section(LlmSettings), key_rates=KeyRates(resources(TasksTable).tasks_table_name, dynamodb())
-        ),
+        provider_from_settings(section(LlmSettings), key_rates=KeyRates(table, dynamodb())),
         results=result_blobs(),
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),
         running=running_calls(),
         budgets=key_budgets(),
+        tenant_rates=KeyRates(table, dynamodb(), prefix="tenantrate#"),
     )
 
 

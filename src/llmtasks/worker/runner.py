@@ -24,6 +24,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchCancellations
 from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
@@ -51,6 +52,7 @@ from llmtasks.domain.input_files import (
 from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
+from llmtasks.domain.rate_limits import KeyLimits
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
@@ -72,6 +74,7 @@ HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
 KEYS_FULL = "keys_full"  # the error_code of a task waiting for room in its LLM keys' minute
+TENANT_TPM = "tenant_tpm"  # ... and of one waiting for its tenant's share of tokens a minute
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,10 @@ class TaskRunner:
         running: RunningCalls | None = None,
         budgets: KeyBudgets | None = None,
         held_file_limit: int = HELD_FILE_BYTES,
+        tenant_rates: KeyRates | None = None,
     ) -> None:
         self._settings = settings
+        self._tenant_rates = tenant_rates  # the tenants' tokens a minute (a key's --tpm)
         self._budgets = budgets
         self._held_file_limit = held_file_limit
         self._held_file_bytes = 0  # of the calls running in this invocation (its event loop)
@@ -268,7 +273,6 @@ class TaskRunner:
     ) -> None:
         """The call once its pace allows, with the task's files read in, and its outcome."""
         deadline = task.deadline
-        dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
         if deadline is not None:
@@ -283,18 +287,35 @@ class TaskRunner:
                 )
                 return
         tokens = await self._most_tokens(task)
+        if not await self._take_tenant_share(task, lease_id, tokens):
+            return
+        used = 0
+        try:
+            used = await self._read_and_call(task, lease_id, call_s=timeout, tokens=tokens)
+        finally:
+            await self._settle_tenant_share(task, tokens, used)
+
+    async def _read_and_call(self, task: Task, lease_id: str, *, call_s: float, tokens: int) -> int:
+        """The call with the task's files read in, and its outcome; the tokens it used."""
         try:
             # The files the task names, read in for this call only: the task keeps their ids.
             read = functools.partial(self._results.input_file, task.tenant_id)
             request = await asyncio.to_thread(with_file_data, task.request, read)
         except InputFileMissing as missing:
             self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
-            return
+            return 0
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, request, lease_id, timeout, progress, tokens)
+        completion = await self._call(task, request, lease_id, call_s, progress, tokens)
         if completion is None:
-            return
-        completion = await self._charge(task, completion)
+            return 0
+        await self._record(task, lease_id, await self._charge(task, completion), progress)
+        return completion.usage.total_tokens
+
+    async def _record(
+        self, task: Task, lease_id: str, completion: Completion, progress: ProgressWriter | None
+    ) -> None:
+        """The answer stored as the task's result, or retried when it is not what was asked."""
+        dimensions = dimensions_of(task, self._settings.llm_model)
         problem = answer_problem(
             task.request,
             completion.text,
@@ -420,6 +441,31 @@ class TaskRunner:
         return await self._llm.complete(
             request, timeout_s=timeout_s, on_progress=progress.record if progress else None, tokens=tokens
         )
+
+    async def _take_tenant_share(self, task: Task, lease_id: str, tokens: int) -> bool:
+        """The call's tokens reserved in its tenant's minute (its key's --tpm), so that one
+        tenant's large calls leave the provider keys' minute to the others; False when the
+        minute has no room and the task waits on its queue instead."""
+        if self._tenant_rates is None or task.tpm is None:
+            return True
+        limits = KeyLimits(tpm=task.tpm)
+        reserve = self._tenant_rates.reserve
+        wait = await asyncio.to_thread(reserve, task.tenant_id, limits, tokens, self._clock())
+        if wait <= 0:
+            return True
+        why = f"The tenant's {task.tpm} tokens a minute are taken: the call waits for its share."
+        self._schedule_retry(task, lease_id, wait + self._rng.uniform(0, 1), why, TENANT_TPM, attempted=False)
+        return False
+
+    async def _settle_tenant_share(self, task: Task, reserved: int, used: int) -> None:
+        """The tenant's minute counts what the call used (nothing, when it made no answer)."""
+        if self._tenant_rates is None or task.tpm is None:
+            return
+        try:
+            limits = KeyLimits(tpm=task.tpm)
+            await asyncio.to_thread(self._tenant_rates.settle, task.tenant_id, limits, reserved, used)
+        except BackendError:
+            logger.warning("tenant's minute not settled", **task_keys(task))  # it refills anyway
 
     async def _most_tokens(self, task: Task) -> int:
         """The most tokens the call can use, as its budget counts them: what the provider's
