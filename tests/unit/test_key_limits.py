@@ -127,3 +127,23 @@ def test_limits_the_provider_says_win_and_reach_every_sandbox(aws: Aws, rates: K
     other = KeyRates(aws.resources.table_names["TasksTable"], aws.dynamodb)
     other.reserve("k", configured, 100, 0.0)
     assert other.seen["k"].said == TPM
+
+
+def test_the_soonest_wait_counts_the_running_calls_reservations_as_given_back(rates: KeyRates) -> None:
+    now = 1000.0
+    assert rates.reserve("k", TPM, 2_000, now) == 0.0  # a call running: 20 s of the minute held
+    assert rates.reserve("k", TPM, 2_000, now) == 0.0
+    use = rates.seen["k"]
+    assert use.tokens_held == pytest.approx(40.0)
+    # A call of 3,000 fits in 10 s for sure, at once if the running calls use none of theirs
+    assert use.wait_s(TPM, 3_000, now) == pytest.approx(10.0)
+    assert use.soonest_s(TPM, 3_000, now) == 0.0
+    # One answer used 500 of its 2,000: the minute keeps 500, and 20 s stay held
+    rates.settle("k", TPM, reserved=2_000, used=500)
+    use = rates.seen["k"]
+    assert use.tokens_held == pytest.approx(20.0)
+    assert use.wait_s(TPM, 3_000, now) == pytest.approx(0.0)
+    assert use.wait_s(TPM, 4_000, now) == pytest.approx(5.0)
+    # A leaked reservation (its sandbox died) never makes the soonest later than the sure wait
+    leaked = KeyUse(tokens_at=now + 60, tokens_held=-10.0)
+    assert leaked.soonest_s(TPM, 1_000, now) == leaked.wait_s(TPM, 1_000, now)

@@ -41,9 +41,9 @@ class KeyRates:
         nothing is reserved and the seconds until it has are returned."""
         for _ in range(TRIES):
             use = self.seen.get(key_id, KeyUse())
-            held = (use.held_until or 0.0) - now
-            if held > 0:
-                return held  # held by a 429 (a hold only ever grows): no write can succeed
+            hold = (use.held_until or 0.0) - now
+            if hold > 0:
+                return hold  # held by a 429 (a hold only ever grows): no write can succeed
             moves = {
                 "tok": limits.tokens_s(tokens) if limits.tpm else None,
                 "req": limits.request_s() or None,
@@ -54,14 +54,17 @@ class KeyRates:
                 move = moves[short]
                 if move is None:
                     continue
+                # What the running calls hold, for the wait should their answers give it back
+                held = ", tokens_held = if_not_exists(tokens_held, :zero) + :tok" if short == "tok" else ""
+                values |= {":zero": 0} if held else {}
                 if at is not None and at >= now:  # busy: on from its own time, within the minute
-                    sets.append(f"{name} = {name} + :{short}")
+                    sets.append(f"{name} = {name} + :{short}{held}")
                     conditions.append(f"{name} >= :now AND {name} <= :{short}_most")
                     values |= {f":{short}": move, f":{short}_most": now + 60.0 - move}
                 else:  # idle: on from now
-                    sets.append(f"{name} = :{short}_new")
+                    sets.append(f"{name} = :{short}_new{held}")
                     conditions.append(f"(attribute_not_exists({name}) OR {name} < :now)")
-                    values[f":{short}_new"] = now + move
+                    values |= {f":{short}_new": now + move} | ({":tok": move} if held else {})
             if not sets:
                 return 0.0
             if self._update(key_id, "SET " + ", ".join(sets), " AND ".join(conditions), values):
@@ -73,10 +76,15 @@ class KeyRates:
 
     def settle(self, key_id: str, limits: KeyLimits, reserved: int, used: int) -> None:
         """The call used `used` tokens of the `reserved`: the difference given back (or taken)."""
-        if limits.tpm is None or reserved == used:
+        if limits.tpm is None:
             return
-        move = limits.tokens_s(used) - limits.tokens_s(reserved)
-        self._update(key_id, "SET tokens_at = tokens_at + :d", "attribute_exists(tokens_at)", {":d": move})
+        held = limits.tokens_s(reserved)
+        self._update(
+            key_id,
+            "SET tokens_at = tokens_at + :d, tokens_held = if_not_exists(tokens_held, :zero) - :held",
+            "attribute_exists(tokens_at)",
+            {":d": limits.tokens_s(used) - held, ":held": held, ":zero": 0},
+        )
 
     def learn(self, key_id: str, heard: RateHeaders, now: float, *, unsettled_tokens: int = 0) -> KeyLimits:
         """What the provider's headers say of the key: its limits (they win over the config), and
@@ -142,6 +150,7 @@ def _use(item: dict[str, Any]) -> KeyUse:
     values = deserialize(item)
     return KeyUse(
         tokens_at=values.get("tokens_at"),
+        tokens_held=values.get("tokens_held"),
         requests_at=values.get("requests_at"),
         held_until=values.get("held_until"),
         said=KeyLimits(tpm=values.get("tpm"), rpm=values.get("rpm")),

@@ -98,11 +98,13 @@ class LLMError(Exception):
 
 class KeysFull(Exception):
     """No provider key has room in its minute for the call (its tokens or one more request):
-    the task waits on its queue for `wait_s`, when the first of them has, rather than take a 429."""
+    the task waits on its queue rather than take a 429. The first key has room in `wait_s` at
+    the latest, and in `soonest_s` if the calls running on it use none of what they reserved."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, soonest_s: float | None = None) -> None:
         super().__init__(f"No LLM key has room for the call for {wait_s:.1f} s.")
         self.wait_s = wait_s
+        self.soonest_s = wait_s if soonest_s is None else min(soonest_s, wait_s)
 
 
 class RetryLater(Exception):

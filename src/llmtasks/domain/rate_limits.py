@@ -58,6 +58,9 @@ class KeyUse(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tokens_at: float | None = None
+    # The part of tokens_at that calls still running reserved (at their most): what their
+    # answers may give back.
+    tokens_held: float | None = None
     requests_at: float | None = None
     held_until: float | None = None
     said: KeyLimits = KeyLimits()
@@ -70,6 +73,15 @@ class KeyUse(BaseModel):
         if limits.rpm is not None and self.requests_at is not None:
             waits.append(self.requests_at + limits.request_s() - WINDOW_S - now)
         return max(waits)
+
+    def soonest_s(self, limits: KeyLimits, tokens: int, now: float) -> float:
+        """The wait if the calls running now used none of their reservations: a lower bound of
+        the wait, which wait_s bounds from above (the running calls' answers tell which)."""
+        held = max(0.0, self.tokens_held or 0.0)  # a crashed call's reservation is never given back
+        if self.tokens_at is None or not held:
+            return self.wait_s(limits, tokens, now)
+        settled = self.model_copy(update={"tokens_at": max(now, self.tokens_at - held)})
+        return min(settled.wait_s(limits, tokens, now), self.wait_s(limits, tokens, now))
 
     def free_share(self, limits: KeyLimits, now: float) -> float:
         """The share of the key's minute that is free now (of the tighter of its two limits):

@@ -151,7 +151,7 @@ class KeyPool:
             share = use.free_share(self.limits(i), now) if use is not None else 1.0
             return -share, (i - self._next) % size
 
-        waits = []
+        waits, soonest = [], []
         for index in sorted(ready, key=freest):
             limits = self.limits(index)
             wait = 0.0
@@ -162,7 +162,8 @@ class KeyPool:
                 self._next = index + 1
                 return index
             waits.append(wait)
-        raise KeysFull(min(waits))
+            soonest.append(rates.seen[self.endpoints[index].key_id].soonest_s(limits, tokens, now))
+        raise KeysFull(min(waits), min(soonest))
 
     async def answered(
         self, index: int, reserved: int, used: int, headers: Mapping[str, str], *, counted: bool = True

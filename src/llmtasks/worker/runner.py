@@ -418,9 +418,8 @@ class TaskRunner:
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
         except KeysFull as full:
-            # No key has room in its minute: the task waits on its queue until the first has
-            # (spread over a second more, so that the waiting tasks do not all come back at once).
-            delay = full.wait_s + self._rng.uniform(0, 1)
+            # No key has room in its minute: the task waits on its queue until the first may.
+            delay = self._room_delay(full.soonest_s, full.wait_s)
             self._schedule_retry(task, lease_id, delay, str(full), KEYS_FULL, attempted=False)
         except StaleWrite:
             # A progress write found the task cancelled (its output's head ended, or the task
@@ -450,12 +449,23 @@ class TaskRunner:
             return True
         limits = KeyLimits(tpm=task.tpm)
         reserve = self._tenant_rates.reserve
-        wait = await asyncio.to_thread(reserve, task.tenant_id, limits, tokens, self._clock())
+        now = self._clock()
+        wait = await asyncio.to_thread(reserve, task.tenant_id, limits, tokens, now)
         if wait <= 0:
             return True
+        soonest = self._tenant_rates.seen[task.tenant_id].soonest_s(limits, tokens, now)
         why = f"The tenant's {task.tpm} tokens a minute are taken: the call waits for its share."
-        self._schedule_retry(task, lease_id, wait + self._rng.uniform(0, 1), why, TENANT_TPM, attempted=False)
+        delay = self._room_delay(soonest, wait)
+        self._schedule_retry(task, lease_id, delay, why, TENANT_TPM, attempted=False)
         return False
+
+    def _room_delay(self, soonest_s: float, wait_s: float) -> float:
+        """How long a call with no room in a minute waits on its queue: a time drawn between
+        when the minute may have room (the running calls give back what they did not use) and
+        when it has room for sure, plus up to a second. So the waiting tasks come back spread
+        over that time, a few at a time as the minute refills, not all at once to be sent back
+        again; and none waits past the time its room is sure."""
+        return self._rng.uniform(max(0.0, soonest_s), max(0.0, wait_s)) + self._rng.uniform(0, 1)
 
     async def _settle_tenant_share(self, task: Task, reserved: int, used: int) -> None:
         """The tenant's minute counts what the call used (nothing, when it made no answer)."""
