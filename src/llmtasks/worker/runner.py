@@ -75,6 +75,9 @@ HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 CAPPED_RETRY_S = 5.0
 KEYS_FULL = "keys_full"  # the error_code of a task waiting for room in its LLM keys' minute
 TENANT_TPM = "tenant_tpm"  # ... and of one waiting for its tenant's share of tokens a minute
+# The waiting tasks come back over this long at most after their minute may have room: longer
+# leaves a key idle while they sleep, shorter sends more of them back to the queue again.
+ROOM_SPREAD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -460,12 +463,14 @@ class TaskRunner:
         return False
 
     def _room_delay(self, soonest_s: float, wait_s: float) -> float:
-        """How long a call with no room in a minute waits on its queue: a time drawn between
-        when the minute may have room (the running calls give back what they did not use) and
-        when it has room for sure, plus up to a second. So the waiting tasks come back spread
-        over that time, a few at a time as the minute refills, not all at once to be sent back
-        again; and none waits past the time its room is sure."""
-        return self._rng.uniform(max(0.0, soonest_s), max(0.0, wait_s)) + self._rng.uniform(0, 1)
+        """How long a call with no room in a minute waits on its queue: a time drawn from when
+        the minute may have room (the running calls give back what they did not use) to when
+        it has room for sure, or ROOM_SPREAD_S after the first if that is sooner, plus up to a
+        second. So the waiting tasks come back spread out, a few at a time as the minute
+        refills, not all at once to be sent back again; and none waits past its sure room."""
+        soonest = max(0.0, soonest_s)
+        latest = min(max(soonest, wait_s), soonest + ROOM_SPREAD_S)
+        return self._rng.uniform(soonest, latest) + self._rng.uniform(0, 1)
 
     async def _settle_tenant_share(self, task: Task, reserved: int, used: int) -> None:
         """The tenant's minute counts what the call used (nothing, when it made no answer)."""
