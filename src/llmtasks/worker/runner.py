@@ -628,6 +628,10 @@ class TaskRunner:
         # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
         # than the message can be held back (else it would arrive before next_attempt_at).
         delay = min(math.ceil(delay), MAX_DELAY_S)
+        # Due from the send, not from the release: the message is delivered `delay` after it
+        # was sent, and a release written over a second later (a loaded table) made the task
+        # not yet due when its message came, which then dropped it as an early copy.
+        sent_at = self._clock()
         # On the task's own lane, under that lane's concurrency, grouped by its tenant.
         self._lanes.send(task, delay_s=delay)
         try:
@@ -636,7 +640,7 @@ class TaskRunner:
                 lease_id=lease_id,
                 error=error,
                 error_code=error_code,
-                next_attempt_at=self._clock() + delay,
+                next_attempt_at=sent_at + delay,
                 attempted=attempted,
                 attempt=self._attempt(task, "retry", error_code, usage=usage),
             )
