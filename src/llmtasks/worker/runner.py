@@ -77,7 +77,7 @@ KEYS_FULL = "keys_full"  # the error_code of a task waiting for room in its LLM 
 TENANT_TPM = "tenant_tpm"  # ... and of one waiting for its tenant's share of tokens a minute
 # The waiting tasks come back over this long at most after their minute may have room: longer
 # leaves a key idle while they sleep, shorter sends more of them back to the queue again.
-ROOM_SPREAD_S = 10.0
+ROOM_SPREAD_S = 5.0
 
 
 @dataclass(frozen=True)
