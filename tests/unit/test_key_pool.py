@@ -208,7 +208,15 @@ def test_calls_go_to_keys_with_room_and_the_rest_wait_on_the_queue_without_a_429
     assert {t.last_error_code for t in waiting} == {"keys_full"}
     # (within the minute: when the first key has room for sure, at the latest)
     assert all(t.next_attempt_at < time.time() + 61 for t in waiting)
-    assert worker.queued() == []  # their messages are delayed
+    # Then each comes back with its message once its key may have room, and runs when it has
+    give_up = time.monotonic() + 60
+    while any(worker.task(i).status is not TaskStatus.COMPLETED for i in ids) and time.monotonic() < give_up:
+        if messages := worker.queued():
+            assert worker.run(messages, llm=llm) == {"batchItemFailures": []}
+        time.sleep(0.2)
+    assert {worker.task(task_id).status for task_id in ids} == {TaskStatus.COMPLETED}
+    assert mock.stats.key_limited == 0
+    assert mock.stats.calls == 20  # each task's call reached the provider once
 
 
 def test_limits_are_learned_from_the_providers_headers_and_a_429_tells_every_worker(
