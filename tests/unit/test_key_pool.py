@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from llmtasks.aws.key_limits import KeyRates
+from llmtasks.aws.queues import TaskLanes
 from llmtasks.domain.caller import Caller
-from llmtasks.domain.models import SubmitTaskRequest, TaskStatus
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus
 from llmtasks.domain.rate_limits import KeyLimits, RateHeaders
+from llmtasks.domain.rules import Lane
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.keys import KeyPool, LlmEndpoint, endpoints_from_settings, parse_keys
 from llmtasks.llm.openai import OpenAIChat
@@ -278,3 +280,42 @@ def test_a_tenants_tokens_a_minute_share_holds_its_own_calls_back_not_the_others
     # The share counts what the calls used: their unused reservations came back
     rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb, prefix="tenantrate#")
     assert rates.reserve("shared", KeyLimits(tpm=10_000), 9_000, time.time()) == 0.0
+
+
+def test_a_waiting_task_is_due_when_its_message_comes_however_late_its_release_is_written(
+    worker: Worker, limited_mock: tuple[MockLLM, str]
+) -> None:
+    _, url = limited_mock
+    # Given a key of 60,000 tokens a minute whose whole minute another worker just reserved
+    limits = KeyLimits(tpm=60_000)
+    rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb)
+    endpoint = LlmEndpoint(url, "sk-fast", limits)
+    assert rates.reserve(endpoint.key_id, limits, 60_000, time.time()) == 0.0
+    rates.settle(endpoint.key_id, limits, reserved=60_000, used=60_000)  # and used it
+    llm = OpenAIChat(pool=KeyPool([endpoint], rates=rates), default_model="mock-model")
+    # and a table so loaded that a release is written 3 s (on the worker's clock) after its send
+    now = [time.time()]
+    due: list[float] = []  # when each message sent comes, on the worker's clock
+
+    class SlowRelease(TaskLanes):
+        def send(self, task: Task, *, delay_s: float = 0) -> str:
+            sent = super().send(task, delay_s=delay_s)
+            due.append(now[0] + delay_s)
+            now[0] += 3
+            return sent
+
+    worker.lanes = SlowRelease({lane: worker.lanes[lane] for lane in Lane})
+    worker.clock = lambda: now[0]
+    task_id = worker.submit("waits three seconds", max_completion_tokens=3_000)
+    worker.run(worker.queued(), llm=llm)
+    assert worker.task(task_id).last_error_code == "keys_full"
+    # When its message comes back, the seconds it was delayed after it was sent
+    now[0] = due[-1]
+    messages: list[dict[str, object]] = []
+    give_up = time.monotonic() + 15
+    while not messages and time.monotonic() < give_up:
+        messages = worker.queued()
+        time.sleep(0.2)
+    worker.run(messages, llm=llm)
+    # Then the task is due and runs: its message is not dropped as an early copy
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
