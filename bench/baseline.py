@@ -60,7 +60,9 @@ class Baseline:
 
 
 @contextmanager
-def running_baseline(llm_base_url: str, *, threads: int = 100) -> Iterator[Baseline]:
+def running_baseline(
+    llm_base_url: str, *, threads: int = 100, keys: tuple[str, ...] = ()
+) -> Iterator[Baseline]:
     """The seed's design on free ports, its logs in a temp dir; everything stopped afterwards."""
     redis_server = shutil.which("redis-server")
     if redis_server is None:
@@ -71,6 +73,7 @@ def running_baseline(llm_base_url: str, *, threads: int = 100) -> Iterator[Basel
         **os.environ,
         "BASELINE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "LLM_BASE_URL": llm_base_url,
+        "BASELINE_LLM_KEYS": ",".join(keys),
         "PYTHONPATH": str(HERE),
     }
     processes: dict[str, subprocess.Popen[bytes]] = {}

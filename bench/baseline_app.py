@@ -7,12 +7,17 @@ httpx with retries (429 and 5xx, honouring Retry-After) and writes the result in
 code: `GET /tasks/<id>?wait=N` holds the reply until the task ends or N seconds pass, as llmtasks
 does (without it the bench's clients would poll in a tight loop).
 
+A submit's `max_completion_tokens`, if given, goes to the LLM with its prompt; BASELINE_LLM_KEYS
+(keys separated by commas) are used in turn, one a call, as a pool of keys without pacing: the
+seed's design retries each 429 after its Retry-After (else a backoff) and nothing more.
+
 Configured by the environment: BASELINE_REDIS_URL, LLM_BASE_URL, BASELINE_TTL_S. Started by
 bench/baseline.py: gunicorn serves `web`, `celery -A baseline_app worker -P threads` runs `app`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -29,6 +34,7 @@ REDIS_URL = os.environ.get("BASELINE_REDIS_URL", "redis://127.0.0.1:6379/0")
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8800/v1")
 TTL_S = int(os.environ.get("BASELINE_TTL_S", "86400"))
 RETRIES = 3
+_KEYS = itertools.cycle([k for k in os.environ.get("BASELINE_LLM_KEYS", "").split(",") if k] or [""])
 TERMINAL = ("completed", "failed")
 
 app = Celery("baseline", broker=REDIS_URL)
@@ -46,7 +52,10 @@ def submit() -> Any:
         return jsonify({"error": "a JSON body with a prompt"}), 422
     task_id = uuid.uuid4().hex
     key = f"task:{task_id}"
-    store.hset(key, mapping={"status": "pending", "prompt": body["prompt"], "created_at": time.time()})
+    fields = {"status": "pending", "prompt": body["prompt"], "created_at": time.time()}
+    if isinstance(body.get("max_completion_tokens"), int):
+        fields["max_completion_tokens"] = body["max_completion_tokens"]
+    store.hset(key, mapping=fields)
     store.expire(key, TTL_S)
     call_llm.delay(task_id)
     return jsonify({"task_id": task_id, "status": "pending"}), 202
@@ -74,11 +83,16 @@ def call_llm(task_id: str) -> None:
     if prompt is None:
         return  # expired
     store.hset(key, "status", "processing")
-    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
+    body: dict[str, Any] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
+    cap = store.hget(key, "max_completion_tokens")
+    if cap is not None:
+        body["max_completion_tokens"] = int(cap)
     error = "no attempt"
     for attempt in range(RETRIES + 1):
+        api_key = next(_KEYS)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
-            reply = _llm.post(f"{LLM_BASE_URL}/chat/completions", json=body)
+            reply = _llm.post(f"{LLM_BASE_URL}/chat/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
             time.sleep(2**attempt)

@@ -1,7 +1,7 @@
 """The llmtasks benchmark: overhead against the boto3 floor, scale, goodput under a provider rate
 limit, AWS calls and cost per task, durable state, key limits, the seed's Celery design side by
-side, call slots kept busy on long calls, scheduling between tenants, cold-start import
-time, and a big batch watched in the console.
+side, tokens a minute over a pool of keys, call slots kept busy on long calls, scheduling between
+tenants, cold-start import time, and a big batch watched in the console.
 
 Run from the project root: `make bench` (or `.venv/bin/python bench/run.py`). It starts its own
 local stacks (`llmtasks up` on free ports, 127.0.0.1 only), prints each figure with its ratio and
@@ -38,6 +38,7 @@ from workloads.startup import cli_start, cold_start, daily_loop
 from workloads.state import durable_state
 from workloads.storage import listing_pages, progress_writes, queue_receives
 from workloads.streaming import streaming
+from workloads.token_limits import token_limits
 from workloads.versus_celery import versus_celery
 from workloads.webhooks import webhooks
 
@@ -54,6 +55,7 @@ SECTIONS = (
     "limits",
     "budgets",
     "celery",
+    "tokens",
     "cpu",
     "slots",
     "scheduling",
@@ -93,6 +95,7 @@ def main() -> None:
             "limits": 20,
             "budgets": 400,
             "sandboxes": 100,
+            "tokens": 45,
         }
         if args.quick
         else {
@@ -107,6 +110,7 @@ def main() -> None:
             "limits": 60,
             "budgets": 1000,
             "sandboxes": 300,
+            "tokens": 150,
         }
     )
     report = Report()
@@ -161,6 +165,8 @@ def main() -> None:
         budgets(report, sizes["limits"], sizes["budgets"])
     if "celery" in chosen:
         versus_celery(report, sizes["burst"])
+    if "tokens" in chosen:
+        token_limits(report, sizes["tokens"])
     if "cpu" in chosen:
         cpu_account(report, sizes["burst"])
     if "slots" in chosen:

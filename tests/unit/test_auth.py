@@ -105,7 +105,7 @@ def test_the_authorizer_allows_a_valid_key_with_its_tenant_and_limits_and_denies
     handler: Any, api_keys: ApiKeys
 ) -> None:
     authorize, context = handler("AuthorizerFunction")
-    key, record = api_keys.create("acme", rps=3, max_in_flight=7)
+    key, record = api_keys.create("acme", rps=3, max_in_flight=7, tpm=20_000)
     plain, plain_record = api_keys.create("beta")
     revoked, revoked_record = api_keys.create("gone")
     api_keys.revoke(revoked_record.key_id)
@@ -119,7 +119,13 @@ def test_the_authorizer_allows_a_valid_key_with_its_tenant_and_limits_and_denies
     allowed = authorize(event, context, keys=api_keys)
     assert allowed == {
         "isAuthorized": True,
-        "context": {"tenant_id": "acme", "key_id": record.key_id, "rps": 3, "max_in_flight": 7},
+        "context": {
+            "tenant_id": "acme",
+            "key_id": record.key_id,
+            "rps": 3,
+            "max_in_flight": 7,
+            "tpm": 20_000,
+        },
     }
     event["headers"]["authorization"] = f"bearer {plain}"
     assert authorize(event, context, keys=api_keys)["context"] == {
@@ -128,7 +134,7 @@ def test_the_authorizer_allows_a_valid_key_with_its_tenant_and_limits_and_denies
     }
     # What a function reads back from that context
     event = {"requestContext": {"authorizer": {"lambda": allowed["context"]}}}
-    assert caller_of(event) == Caller("acme", record.key_id, rps=3, max_in_flight=7)
+    assert caller_of(event) == Caller("acme", record.key_id, rps=3, max_in_flight=7, tpm=20_000)
     assert caller_of({"requestContext": {}}) is None
 
 

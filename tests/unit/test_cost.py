@@ -102,7 +102,9 @@ class FixedLLM:
         self.usage = usage
         self.during = during
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None, tokens: int = 0
+    ) -> Completion:
         if self.during is not None:
             self.during()
         return Completion(text="answer", model="mock-model", usage=self.usage)

@@ -4,18 +4,25 @@ task records (the key's index, never the key)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from llmtasks.domain.models import TaskStatus
+from llmtasks.aws.key_limits import KeyRates
+from llmtasks.aws.queues import TaskLanes
+from llmtasks.domain.caller import Caller
+from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus
+from llmtasks.domain.rate_limits import KeyLimits, RateHeaders
+from llmtasks.domain.rules import Lane
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.keys import KeyPool, LlmEndpoint, endpoints_from_settings, parse_keys
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.settings import Settings
 from llmtasks_local.mock_llm import MockConfig, MockLLM
-from tests.conftest import Aws
+from tests.conftest import Aws, RunningMock
 from tests.helpers import eventually, serve
 from tests.unit.test_worker import Worker
 
@@ -130,3 +137,185 @@ def test_in_aws_the_pool_comes_from_the_secret(aws: Aws, settings: Settings) -> 
         LlmEndpoint(URL, "sk-a"),
         LlmEndpoint("https://eu.llm.example/v1", "sk-b"),
     ]
+
+
+def test_the_mock_counts_each_keys_minute_and_says_so_in_openais_headers() -> None:
+    mock = MockLLM(MockConfig(key_limits={"sk-small": {"tpm": 1_000, "rpm": 2}}))
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 100}
+    with serve(mock.app()) as url:
+        first = httpx.post(
+            f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-small"}
+        )
+        assert first.status_code == 200
+        heard = RateHeaders.read(first.headers)
+        assert (heard.limit_tokens, heard.limit_requests, heard.remaining_requests) == (1_000, 2, 1)
+        # Counted at the answer's usage once answered, not at max_tokens
+        used = first.json()["usage"]["total_tokens"]
+        assert heard.remaining_tokens == 1_000 - used
+        assert heard.reset_tokens_s is not None
+        assert 0 < heard.reset_tokens_s < 60
+        assert first.headers["x-ratelimit-reset-requests"].endswith("s")
+        httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-small"})
+        refused = httpx.post(
+            f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-small"}
+        )
+        assert refused.status_code == 429
+        assert RateHeaders.read(refused.headers).remaining_requests == 0
+        # Another key has its own minute (and no limits here: no headers)
+        other = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-b"})
+        assert other.status_code == 200
+        assert "x-ratelimit-limit-tokens" not in other.headers
+    assert mock.stats.key_limited == 1
+
+
+@pytest.fixture
+def limited_mock() -> Iterator[tuple[MockLLM, str]]:
+    # Three keys of different limits, counted as OpenAI counts them
+    limits = {"sk-a": {"tpm": 20_000}, "sk-b": {"tpm": 10_000}, "sk-c": {"tpm": 5_000}}
+    mock = MockLLM(MockConfig(key_limits=limits))
+    with serve(mock.app()) as url:
+        yield mock, url + "/v1"
+
+
+def limited_pool(worker: Worker, url: str, *, configured: bool = True) -> KeyPool:
+    limits = {"sk-a": 20_000, "sk-b": 10_000, "sk-c": 5_000}
+    endpoints = [
+        LlmEndpoint(url, key, KeyLimits(tpm=tpm if configured else None)) for key, tpm in limits.items()
+    ]
+    rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb)
+    return KeyPool(endpoints, rates=rates)
+
+
+def test_calls_go_to_keys_with_room_and_the_rest_wait_on_the_queue_without_a_429(
+    worker: Worker, limited_mock: tuple[MockLLM, str]
+) -> None:
+    # Given three keys of 20,000, 10,000 and 5,000 tokens a minute, and 20 tasks that may each
+    # use under 4,000 (their prompt and max_completion_tokens): 8 fit the minute (5 + 2 + 1)
+    mock, url = limited_mock
+    llm = OpenAIChat(pool=limited_pool(worker, url), default_model="mock-model")
+    ids = [worker.submit(f"sized {i}", max_completion_tokens=3_900) for i in range(20)]
+    # When one invocation runs them all
+    reply = worker.run(worker.queued(), llm=llm)
+    assert reply == {"batchItemFailures": []}
+    tasks = [worker.task(task_id) for task_id in ids]
+    done = [t for t in tasks if t.status is TaskStatus.COMPLETED]
+    waiting = [t for t in tasks if t.status is TaskStatus.PENDING]
+    # Then the calls that fit each key's minute ran, the freest key first, and not one took a 429
+    assert mock.stats.key_limited == 0
+    assert 8 <= len(done) < 20  # 8 at their reservation, more as the answers gave back tokens
+    assert {t.llm_key_index for t in done} == {0, 1, 2}
+    assert sum(t.llm_key_index == 0 for t in done) > sum(t.llm_key_index == 2 for t in done)
+    # And the others wait on the queue until the first key has room, costing no attempt
+    assert len(waiting) == 20 - len(done)
+    assert {t.last_error_code for t in waiting} == {"keys_full"}
+    # (within the minute: when the first key has room for sure, at the latest)
+    assert all(t.next_attempt_at < time.time() + 61 for t in waiting)
+    # Then each comes back with its message once its key may have room, and runs when it has
+    give_up = time.monotonic() + 60
+    while any(worker.task(i).status is not TaskStatus.COMPLETED for i in ids) and time.monotonic() < give_up:
+        if messages := worker.queued():
+            assert worker.run(messages, llm=llm) == {"batchItemFailures": []}
+        time.sleep(0.2)
+    assert {worker.task(task_id).status for task_id in ids} == {TaskStatus.COMPLETED}
+    assert mock.stats.key_limited == 0
+    assert mock.stats.calls == 20  # each task's call reached the provider once
+
+
+def test_limits_are_learned_from_the_providers_headers_and_a_429_tells_every_worker(
+    worker: Worker, limited_mock: tuple[MockLLM, str]
+) -> None:
+    mock, url = limited_mock
+    # Given a pool that knows no limits: its first answers teach them
+    pool = limited_pool(worker, url, configured=False)
+    llm = OpenAIChat(pool=pool, default_model="mock-model")
+    worker.submit("teach", max_completion_tokens=100)
+    worker.run(worker.queued(), llm=llm)
+    assert pool.limits(0) == KeyLimits(tpm=20_000)  # the round's first key answered
+    # When another client of that key spends its minute (llmtasks is not the key's only user)
+    body = {"model": "m", "messages": [{"role": "user", "content": "word " * 19_000}], "max_tokens": 10}
+    assert httpx.post(
+        f"{url}/chat/completions", json=body, headers={"Authorization": "Bearer sk-a"}
+    ).is_success
+    # Then the next call on it takes a 429, whose headers set the key's use for every worker
+    other_sandbox = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb)
+    single = OpenAIChat(pool=KeyPool([pool.endpoints[0]], rates=pool._rates), default_model="m")
+    task_id = worker.submit("refused", max_completion_tokens=4_000)
+    worker.run(worker.queued(), llm=single)
+    assert worker.task(task_id).last_error_code == "llm_rate_limited"
+    assert mock.stats.key_limited == 1
+    key_id = pool.endpoints[0].key_id
+    wait = other_sandbox.reserve(key_id, KeyLimits(tpm=20_000), 4_000, time.time())
+    # About 19,000 of the minute's 20,000 are used: 4,000 more fit once 3,000 are back (9 s)
+    assert 8 < wait < 10
+
+
+def test_a_tenants_tokens_a_minute_share_holds_its_own_calls_back_not_the_others(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a tenant whose key has a share of 10,000 tokens a minute, and calls of about 3,950
+    # (their prompt and max_completion_tokens): two fit its minute
+    mock_llm.configure(latency_s=1.0)  # the calls overlap: none gives its tokens back before the last starts
+    caller = Caller(tenant_id="shared", key_id="k1", tpm=10_000)
+    body = {"max_completion_tokens": 3_900}
+    ids = [
+        worker.service.submit(
+            "shared", SubmitTaskRequest(prompt=f"share {i}", **body), caller=caller
+        ).task.task_id
+        for i in range(5)
+    ]
+    other = worker.service.submit("other", SubmitTaskRequest(prompt="other tenant", **body)).task.task_id
+    # When one invocation runs them all
+    assert worker.run(worker.queued()) == {"batchItemFailures": []}
+    tasks = [worker.task(task_id) for task_id in ids]
+    # Then two of the tenant's calls ran, its others wait on the queue for its minute, costing
+    # no attempt; the other tenant's call ran
+    assert [t.status for t in tasks].count(TaskStatus.COMPLETED) == 2
+    waiting = [t for t in tasks if t.status is TaskStatus.PENDING]
+    assert {t.last_error_code for t in waiting} == {"tenant_tpm"}
+    assert len(waiting) == 3
+    # Two calls hold 7,900 of its 10,000: a third fits once 1,850 are back, 11 s of its minute
+    # at the latest (sooner if the running calls give back what they did not use)
+    assert all(t.next_attempt_at <= time.time() + 13 for t in waiting)
+    assert worker.task(other).status is TaskStatus.COMPLETED
+    # The share counts what the calls used: their unused reservations came back
+    rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb, prefix="tenantrate#")
+    assert rates.reserve("shared", KeyLimits(tpm=10_000), 9_000, time.time()) == 0.0
+
+
+def test_a_waiting_task_is_due_when_its_message_comes_however_late_its_release_is_written(
+    worker: Worker, limited_mock: tuple[MockLLM, str]
+) -> None:
+    _, url = limited_mock
+    # Given a key of 60,000 tokens a minute whose whole minute another worker just reserved
+    limits = KeyLimits(tpm=60_000)
+    rates = KeyRates(worker.settings.tasks_table_name, worker.aws.dynamodb)
+    endpoint = LlmEndpoint(url, "sk-fast", limits)
+    assert rates.reserve(endpoint.key_id, limits, 60_000, time.time()) == 0.0
+    rates.settle(endpoint.key_id, limits, reserved=60_000, used=60_000)  # and used it
+    llm = OpenAIChat(pool=KeyPool([endpoint], rates=rates), default_model="mock-model")
+    # and a table so loaded that a release is written 3 s (on the worker's clock) after its send
+    now = [time.time()]
+    due: list[float] = []  # when each message sent comes, on the worker's clock
+
+    class SlowRelease(TaskLanes):
+        def send(self, task: Task, *, delay_s: float = 0) -> str:
+            sent = super().send(task, delay_s=delay_s)
+            due.append(now[0] + delay_s)
+            now[0] += 3
+            return sent
+
+    worker.lanes = SlowRelease({lane: worker.lanes[lane] for lane in Lane})
+    worker.clock = lambda: now[0]
+    task_id = worker.submit("waits three seconds", max_completion_tokens=3_000)
+    worker.run(worker.queued(), llm=llm)
+    assert worker.task(task_id).last_error_code == "keys_full"
+    # When its message comes back, the seconds it was delayed after it was sent
+    now[0] = due[-1]
+    messages: list[dict[str, object]] = []
+    give_up = time.monotonic() + 15
+    while not messages and time.monotonic() < give_up:
+        messages = worker.queued()
+        time.sleep(0.2)
+    worker.run(messages, llm=llm)
+    # Then the task is due and runs: its message is not dropped as an early copy
+    assert worker.task(task_id).status is TaskStatus.COMPLETED

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.store import TaskStore
@@ -82,6 +83,7 @@ class Worker:
             pacer=pacer,
             results=blobs(settings),
             running=RunningCalls(settings.limits_table_name, self.aws.dynamodb),
+            tenant_rates=KeyRates(settings.tasks_table_name, self.aws.dynamodb, prefix="tenantrate#"),
         )
 
     def queued(self, lane: Lane = Lane.NORMAL) -> list[dict[str, Any]]:
@@ -638,7 +640,9 @@ def test_a_message_without_its_task_waits_out_the_grace_to_the_second_then_is_dr
 class CrashingLLM:
     """A worker that dies after its claim and before any token is spent (an unexpected bug)."""
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None, tokens: int = 0
+    ) -> Completion:
         raise RuntimeError("injected crash")
 
 
@@ -959,7 +963,9 @@ class TimedLLM:
         self.timeouts: list[float] = []
         self.called_at: list[float] = []  # time.monotonic() at each call
 
-    async def complete(self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None) -> Completion:
+    async def complete(
+        self, request: LLMRequest, *, timeout_s: float, on_progress: Any = None, tokens: int = 0
+    ) -> Completion:
         self.timeouts.append(timeout_s)
         self.called_at.append(time.monotonic())
         self.now[0] += self.call_s

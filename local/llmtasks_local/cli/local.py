@@ -299,6 +299,8 @@ def invoke(
 @click.option("--rate-hang", type=float, default=None, help="Share of calls that hang (MOCK_LLM_RATE_HANG).")
 @click.option("--hang", type=float, default=None, help="Seconds a hanging call lasts (MOCK_LLM_HANG_S).")
 @click.option("--max-rps", type=float, default=None, help="Calls per second before 429s (MOCK_LLM_MAX_RPS).")
+@click.option("--tpm", type=int, default=None, help="Tokens a minute each key may use (MOCK_LLM_TPM).")
+@click.option("--rpm", type=int, default=None, help="Requests a minute each key may make (MOCK_LLM_RPM).")
 @click.option(
     "--fd", type=int, default=None, hidden=True, help="A listening socket handed over by `llmtasks up`."
 )
@@ -312,6 +314,8 @@ def mock_llm(
     rate_hang: float | None,
     hang: float | None,
     max_rps: float | None,
+    tpm: int | None,
+    rpm: int | None,
     fd: int | None,
 ) -> None:
     """Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config)."""
@@ -328,6 +332,8 @@ def mock_llm(
         "rate_hang": rate_hang,
         "hang_s": hang,
         "max_rps": max_rps,
+        "tpm": tpm,
+        "rpm": rpm,
     }
     config = MockConfig.model_validate({k: v for k, v in given.items() if v is not None})
     click.echo(f"mock LLM on http://{host}:{port}/v1 ({config.model_dump()})")

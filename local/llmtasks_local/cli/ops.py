@@ -202,6 +202,12 @@ def keys() -> None:
     default=None,
     help="Its tasks whose LLM calls may run at once; the rest wait queued [default: TenantMaxRunning].",
 )
+@click.option(
+    "--tpm",
+    type=click.IntRange(min=1),
+    default=None,
+    help="LLM tokens a minute its tenant's calls may use, of the provider keys' [default: no share].",
+)
 @_budget_option("day")
 @_budget_option("month")
 @targeted
@@ -211,6 +217,7 @@ def keys_create(
     rps: int | None,
     max_in_flight: int | None,
     max_running: int | None,
+    tpm: int | None,
     budget_usd_day: float | None,
     budget_usd_month: float | None,
     stack_name: str | None,
@@ -223,6 +230,7 @@ def keys_create(
         rps=rps,
         max_in_flight=max_in_flight,
         max_running=max_running,
+        tpm=tpm,
         budget_usd_day=None if budget_usd_day is None else Decimal(repr(budget_usd_day)),
         budget_usd_month=None if budget_usd_month is None else Decimal(repr(budget_usd_month)),
     )
@@ -265,6 +273,7 @@ def keys_list(stack_name: str | None, endpoint_url: str | None) -> None:
                 ("rps", record.rps),
                 ("max in flight", record.max_in_flight),
                 ("max running", record.max_running),
+                ("tpm", record.tpm),
                 ("budget USD/day", record.budget and record.budget.day_usd),
                 ("budget USD/month", record.budget and record.budget.month_usd),
             )

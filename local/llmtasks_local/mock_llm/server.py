@@ -17,126 +17,24 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local import KEEP_ALIVE_S
+from llmtasks_local.mock_llm.config import MockConfig, MockStats, Outcome, OutcomeSlot
+from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
 from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, read_call
 
+__all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
+
+Headers = dict[str, str]
 # The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
 CACHE_ENTRIES = 10_000
-
-
-class MockConfig(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MOCK_LLM_", extra="forbid")
-
-    latency_s: float = Field(
-        default=0.0, ge=0, description="Each call's time (the median with latency_sigma)."
-    )
-    latency_sigma: float = Field(
-        default=0.0,
-        ge=0,
-        description="Draw each call's time from a log-normal of this sigma around latency_s.",
-    )
-    latency_min_s: float = Field(default=0.0, ge=0, description="The drawn times' lower bound.")
-    latency_max_s: float | None = Field(default=None, ge=0, description="The drawn times' upper bound.")
-    rate_429: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 429.")
-    retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with each 429.")
-    rate_500: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 500.")
-    rate_hang: float = Field(
-        default=0.0, ge=0, le=1, description="Share of calls that hang: 200 sent, then a byte a second."
-    )
-    hang_s: float = Field(default=3600.0, ge=0, description="How long a hanging call trickles.")
-    max_rps: float | None = Field(
-        default=None, gt=0, description="Calls per second accepted; the rest get 429 with Retry-After."
-    )
-    reply_chars: int = Field(default=0, ge=0, description="Pad each answer to this many characters.")
-    pad_word_chars: int = Field(
-        default=0,
-        ge=0,
-        description="The padding in words of this many characters, a space before each (a stream"
-        " sends a word a chunk); 0: one word.",
-    )
-    refuse_stream: bool = Field(default=False, description="Answer 400 to streamed requests.")
-    rate_break: float = Field(
-        default=0.0, ge=0, le=1, description="Share of streamed answers cut off halfway (no [DONE])."
-    )
-    echo_key: bool = Field(
-        default=False, description="Error messages quote the caller's Authorization (a careless provider)."
-    )
-    hold_until_in_flight: int = Field(
-        default=0,
-        ge=0,
-        description="Each call's time starts once this many calls have been in flight at once (a"
-        " barrier: a test of overlap ends on that event, not on a latency long enough for a loaded"
-        " machine); a call held hang_s is answered anyway. 0: no hold.",
-    )
-    rate_invalid_json: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="Share of structured-output calls (response_format json_schema or json_object)"
-        " answered with JSON that breaks the schema (a required property missing) or is cut short.",
-    )
-    cache_min_tokens: int = Field(
-        default=1024,
-        ge=0,
-        description="A prompt prefix (whole messages, same prompt_cache_key) seen before and of at"
-        " least this many tokens is reported as usage.prompt_tokens_details.cached_tokens (OpenAI"
-        " caches prefixes of 1,024 tokens and more).",
-    )
-    seed: int | None = None
-
-    @model_validator(mode="after")
-    def _shares_fit(self) -> MockConfig:
-        if self.rate_429 + self.rate_500 + self.rate_hang > 1:
-            raise ValueError("rate_429 + rate_500 + rate_hang must be at most 1")
-        return self
-
-
-# "gone": the caller hung up before its answer (its own timeout fired first), so it never saw
-# what was drawn for it.
-Outcome = Literal["ok", "429", "500", "hang", "rps", "gone"]
-# Where one call's outcome is written: its prompt's list and its place there.
-OutcomeSlot = tuple[list[Outcome], int]
-
-
-class MockStats(BaseModel):
-    calls: int = 0
-    completed: int = 0
-    errors_429: int = 0
-    errors_500: int = 0
-    hangs: int = 0
-    rps_limited: int = 0
-    in_flight: int = 0
-    max_in_flight: int = 0
-    # What each call with a given prompt got, in order: give each task a unique prompt to see
-    # its spend and whether its first call succeeded.
-    outcomes_by_prompt: dict[str, list[Outcome]] = Field(default_factory=dict)
-    calls_with_key: int = 0  # calls that sent `Authorization: Bearer ...`
-    latency_total_s: float = 0.0  # the call times drawn, summed (what the calls asked of the slots)
-    arrivals: list[float] = Field(default_factory=list)  # each call's time.monotonic() on arrival
-    # What reached the provider, summed over the calls it accepted (not the ones it answered 400):
-    invalid_requests: int = 0  # requests answered 400 as OpenAI would (a malformed part, ...)
-    params: dict[str, int] = Field(default_factory=dict)  # calls that sent each top-level parameter
-    images: int = 0  # image_url parts
-    files: int = 0  # file parts
-    file_bytes: int = 0  # their decoded data
-    audio_parts: int = 0  # input_audio parts
-    structured: int = 0  # calls with response_format json_schema or json_object
-    invalid_json: int = 0  # of them, answered with JSON broken on purpose
-    reasoning_tokens: int = 0
-    cached_tokens: int = 0
-
-    def calls_for(self, prompt: str) -> int:
-        return len(self.outcomes_by_prompt.get(prompt, ()))
 
 
 class _RateLimit:
@@ -164,10 +62,13 @@ class MockLLM:
         self._lock = threading.Lock()
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
         self._rate_limit = _RateLimit()
+        self._counts = _key_counts(self.config)
         self._prefixes: OrderedDict[str, None] = OrderedDict()  # prompt prefixes seen (cached_tokens)
 
-    def _decide(self, prompt: str) -> tuple[Outcome, float | None, float, OutcomeSlot]:
-        """This call's fate and its time, drawn and counted under the lock."""
+    def _decide(self, call: ChatCall, key: str) -> tuple[Outcome, float | None, float, OutcomeSlot, Headers]:
+        """This call's fate and its time, drawn and counted under the lock; the rate-limit
+        headers of its answer."""
+        prompt = call.prompt
         config = self.config
         with self._lock:
             self.stats.calls += 1
@@ -178,11 +79,17 @@ class MockLLM:
                 latency = min(max(latency, config.latency_min_s), config.latency_max_s or math.inf)
 
             wait = self._rate_limit.retry_after(config.max_rps, time.monotonic())
+            admitted, headers = True, Headers()
+            if wait is None:
+                admitted, headers = self._counts.admit(key, _admitted_tokens(call), time.time())
             draw = self._random.random()
             outcome: Outcome
             if wait is not None:
                 outcome = "rps"
                 self.stats.rps_limited += 1
+            elif not admitted:
+                outcome = "limited"
+                self.stats.key_limited += 1
             elif draw < config.rate_429:
                 outcome, wait = "429", config.retry_after_s
                 self.stats.errors_429 += 1
@@ -200,7 +107,15 @@ class MockLLM:
                 self.stats.latency_total_s += latency
             self.stats.in_flight += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
-        return outcome, wait, latency, (record, len(record) - 1)
+        return outcome, wait, latency, (record, len(record) - 1), headers
+
+    def _settle(self, call: ChatCall, key: str, used: int) -> Headers:
+        """The admitted call counted at the tokens it used; the key's headers after it."""
+        with self._lock:
+            if used:
+                label = key[-4:]
+                self.stats.tokens_by_key[label] = self.stats.tokens_by_key.get(label, 0) + used
+        return self._counts.settle(key, _admitted_tokens(call), used, time.time())
 
     def _hung_up(self, slot: OutcomeSlot) -> None:
         with self._lock:
@@ -258,32 +173,38 @@ class MockLLM:
         if stream and self.config.refuse_stream:
             return _error(400, "stream is not supported (mock)")
         self._take(call)
-        outcome, wait, latency, slot = self._decide(call.prompt)
-        if request.headers.get("authorization", "").startswith("Bearer "):
+        authorization = request.headers.get("authorization", "")
+        key = authorization.removeprefix("Bearer ").strip()
+        outcome, wait, latency, slot, headers = self._decide(call, key)
+        if authorization.startswith("Bearer "):
             with self._lock:
                 self.stats.calls_with_key += 1
         if outcome == "ok" and stream:
-            return StreamingResponse(self._stream(call, latency), media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(call, latency, key), media_type="text/event-stream", headers=headers
+            )
         if outcome == "hang":
             # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
             # the whole call ends it.
             return StreamingResponse(self._trickle(call), media_type="application/json")
         try:
-            return await self._answer(request, outcome, wait, latency, call, slot)
+            return await self._answer(request, (outcome, wait, latency, slot, headers), call, key)
         finally:
             self._leave()
 
     async def _answer(
         self,
         request: Request,
-        outcome: Outcome,
-        wait: float | None,
-        latency: float,
+        decided: tuple[Outcome, float | None, float, OutcomeSlot, Headers],
         call: ChatCall,
-        slot: OutcomeSlot,
+        key: str,
     ) -> Response:
+        outcome, wait, latency, slot, headers = decided
         if outcome == "rps":
             return _error(429, "requests per second limit (mock)", retry_after=wait)
+        if outcome == "limited":
+            said = "Rate limit reached for requests or tokens per min (mock)."
+            return _error(429, said, headers=headers)
         if not await self._held(request) or (latency and not await _stay_connected(request, latency)):
             self._hung_up(slot)
             return Response(status_code=499)  # nobody is listening any more
@@ -291,19 +212,22 @@ class MockLLM:
             said = f"{'rate limited' if outcome == '429' else 'internal error'} (mock)"
             if self.config.echo_key:
                 said += f"; you sent {request.headers.get('authorization', 'no key')}"
-            return _error(int(outcome), said, retry_after=wait)
+            return _error(int(outcome), said, retry_after=wait, headers=self._settle(call, key, 0))
         with self._lock:
             self.stats.completed += 1
-        return JSONResponse(self._completion(call))
+        body = self._completion(call)
+        return JSONResponse(body, headers=self._settle(call, key, body["usage"]["total_tokens"]))
 
-    async def _stream(self, call: ChatCall, latency: float) -> AsyncIterator[bytes]:
+    async def _stream(self, call: ChatCall, latency: float, key: str) -> AsyncIterator[bytes]:
         """The answer as server-sent events (a word a chunk, tool calls as OpenAI streams them),
         the call's latency spread over them; with `rate_break`, cut off halfway (the connection
         closes without [DONE])."""
         try:
             await self._held(None)
             options = call.body.get("stream_options") or {}
-            events = chunks(self._completion(call), include_usage=bool(options.get("include_usage")))
+            body = self._completion(call)
+            self._settle(call, key, body["usage"]["total_tokens"])
+            events = chunks(body, include_usage=bool(options.get("include_usage")))
             broken = self._random.random() < self.config.rate_break
             pause = latency / max(1, len(events))
             for index, event in enumerate(events):
@@ -337,6 +261,12 @@ class MockLLM:
 
     def configure(self, config: MockConfig, *, reseed: bool) -> None:
         """New knobs; `reseed` restarts the draws from the config's seed (a repeatable run)."""
+        if (config.tpm, config.rpm, config.key_limits) != (
+            self.config.tpm,
+            self.config.rpm,
+            self.config.key_limits,
+        ):
+            self._counts = _key_counts(config)  # new limits: every key's minute starts whole
         self.config = config
         if reseed:
             self._random.seed(config.seed)
@@ -356,6 +286,7 @@ class MockLLM:
         with self._lock:
             self.stats = MockStats(in_flight=self.stats.in_flight)
             self._rate_limit = _RateLimit()
+            self._counts = _key_counts(self.config)
             self._prefixes.clear()
 
     async def reset(self, _: Request) -> JSONResponse:
@@ -401,12 +332,23 @@ async def _stay_connected(request: Request, seconds: float) -> bool:
     return True
 
 
-def _error(status: int, message: str, *, retry_after: float | None = None) -> JSONResponse:
+def _admitted_tokens(call: ChatCall) -> int:
+    """A call's tokens as OpenAI counts them at admission: its prompt and max_completion_tokens."""
+    return call.prompt_tokens + (call.cap or 0)
+
+
+def _key_counts(config: MockConfig) -> KeyCounts:
+    return KeyCounts(KeyLimit(tpm=config.tpm, rpm=config.rpm), dict(config.key_limits))
+
+
+def _error(
+    status: int, message: str, *, retry_after: float | None = None, headers: Headers | None = None
+) -> JSONResponse:
     # Fractions are off-standard but keep compressed test schedules short; llmtasks reads them.
-    headers = None
+    headers = dict(headers or {})
     if retry_after is not None:
         value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
-        headers = {"Retry-After": value}
+        headers["Retry-After"] = value
     kind = {429: "rate_limit_exceeded", 500: "server_error"}.get(status, "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     return JSONResponse(body, status, headers=headers)

@@ -46,6 +46,8 @@ class ApiKey(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
     # LLM calls of its tasks running at once, whatever is queued (TenantMaxRunning caps them all).
     max_running: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT)
+    # LLM tokens a minute its tenant's calls may use, of the provider keys' own (a share).
+    tpm: int | None = Field(default=None, ge=1)
     # What its tasks may cost (USD) a UTC day and a UTC month: submits past it are refused.
     budget: Budget | None = None
 
@@ -57,6 +59,7 @@ class ApiKey(BaseModel):
             rps=self.rps,
             max_in_flight=self.max_in_flight,
             max_running=self.max_running,
+            tpm=self.tpm,
             budget=self.budget,
         )
 
@@ -93,6 +96,7 @@ class ApiKeys:
         rps: float | None = None,
         max_in_flight: int | None = None,
         max_running: int | None = None,
+        tpm: int | None = None,
         budget: Budget | None = None,
         now: float | None = None,
     ) -> tuple[str, ApiKey]:
@@ -105,6 +109,7 @@ class ApiKeys:
             rps=rps,
             max_in_flight=max_in_flight,
             max_running=max_running,
+            tpm=tpm,
             budget=budget if budget is not None and budget.bounded else None,
         )
         key = f"{PREFIX}{record.key_id}_{secrets.token_urlsafe(32)}"

@@ -241,6 +241,7 @@ class Batch(BaseModel):
     trace_header: str | None = None
     # Its API key's max_running at submit, passed on to the items.
     max_running: int | None = None
+    tpm: int | None = None  # its API key's tokens a minute, passed on to the items
     key_id: str | None = None  # the API key that submitted it, passed on to the items
     budget: Budget | None = None  # that key's budget: its items reserve under it as they fan out
     # The last event's sequence number (GET /batches/{id}/events): 0 before the first.

@@ -20,6 +20,7 @@ class Caller:
     rps: int | None = None
     max_in_flight: int | None = None
     max_running: int | None = None
+    tpm: int | None = None  # LLM tokens a minute the tenant's calls may use
     budget: Budget | None = None  # what the key may spend a day and a month, when it is bounded
 
 
@@ -30,12 +31,13 @@ def authorizer_context(
     rps: float | None = None,
     max_in_flight: int | None = None,
     max_running: int | None = None,
+    tpm: int | None = None,
     budget: Budget | None = None,
 ) -> dict[str, Any]:
     """The authorizer's context for a valid key (strings and numbers only, as API Gateway wants;
     a limit the key does not have is left out)."""
     context: dict[str, Any] = {"tenant_id": tenant_id, "key_id": key_id}
-    limits = {"rps": rps, "max_in_flight": max_in_flight, "max_running": max_running}
+    limits = {"rps": rps, "max_in_flight": max_in_flight, "max_running": max_running, "tpm": tpm}
     context.update({name: value for name, value in limits.items() if value is not None})
     if budget is not None:
         # Text, so that the amount arrives exactly as it was set (a float would round it)
@@ -60,6 +62,7 @@ def caller_of(event: Mapping[str, Any]) -> Caller | None:
         rps=number("rps"),
         max_in_flight=number("max_in_flight"),
         max_running=number("max_running"),
+        tpm=number("tpm"),
         budget=_budget(context),
     )
 

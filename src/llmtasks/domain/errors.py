@@ -96,6 +96,17 @@ class LLMError(Exception):
         self.retry_after = retry_after
 
 
+class KeysFull(Exception):
+    """No provider key has room in its minute for the call (its tokens or one more request):
+    the task waits on its queue rather than take a 429. The first key has room in `wait_s` at
+    the latest, and in `soonest_s` if the calls running on it use none of what they reserved."""
+
+    def __init__(self, wait_s: float, soonest_s: float | None = None) -> None:
+        super().__init__(f"No LLM key has room for the call for {wait_s:.1f} s.")
+        self.wait_s = wait_s
+        self.soonest_s = wait_s if soonest_s is None else min(soonest_s, wait_s)
+
+
 class RetryLater(Exception):
     """This queue message must come back after `delay_s`: the record is reported as a batch-item
     failure with its visibility pushed out, so the function never sleeps through a backoff."""

@@ -325,6 +325,8 @@ class Task(BaseModel):
     trace_header: str | None = None
     # Its API key's max_running at submit: the worker keeps the tenant's running calls under it.
     max_running: int | None = None
+    # Its API key's tokens a minute at submit: the tenant's calls share them (worker/runner.py).
+    tpm: int | None = None
     # The API key that submitted it (its id, never the key): what /usage groups its cost by.
     key_id: str | None = None
     # That key's budget at submit: a retry after a billed attempt reserves under it again.
@@ -389,6 +391,7 @@ class Task(BaseModel):
         expires_at: int,
         trace_header: str | None = None,
         max_running: int | None = None,
+        tpm: int | None = None,
         key_id: str | None = None,
         budget: Budget | None = None,
         batch_id: str | None = None,
@@ -424,6 +427,7 @@ class Task(BaseModel):
             completed_at=cancelled_at,
             trace_header=trace_header,
             max_running=max_running,
+            tpm=tpm,
             key_id=key_id,
             budget=budget,
         )

@@ -27,6 +27,9 @@ PER = Decimal(1_000_000)
 MESSAGE_OVERHEAD_TOKENS = 8
 # Costs are kept to the nano-dollar: a token of the cheapest model is 2.5e-8 USD.
 COST_PLACES = Decimal("1e-12")
+# The reply a rate limit counts for a call of a model the table lacks, when the call sets no
+# max_completion_tokens: a guess, settled to the real usage once the answer is in.
+UNPRICED_OUTPUT_TOKENS = 4_096
 
 Price = Annotated[Decimal, Field(ge=0, le=100_000, allow_inf_nan=False)]
 
@@ -79,13 +82,28 @@ class PriceTable(BaseModel):
         prices = self.models.get(model)
         if prices is None:
             return Decimal(0)
-        messages = len(request.chat_messages())
-        prompt_tokens = (
-            request.text_bytes()
-            - inline_media_bytes(request)
-            + media_tokens(request, model, files or {})
-            + MESSAGE_OVERHEAD_TOKENS * (messages + 1)
-        )
+        prompt_tokens = most_prompt_tokens(request, model, files or {})
         input_price = max(prices.input, prices.cached_input or prices.input)
         output_tokens = request.output_limit or prices.max_output_tokens
         return ((prompt_tokens * input_price + output_tokens * prices.output) / PER).quantize(COST_PLACES)
+
+    def most_tokens(
+        self, request: LLMRequest, model: str, files: Mapping[str, FileFacts] | None = None
+    ) -> int:
+        """The most tokens one call of `request` can use, as most_cost counts them (a provider's
+        tokens-a-minute limit counts the prompt and the reply alike): the reply at most its
+        `output_limit`, else the model's output limit, else UNPRICED_OUTPUT_TOKENS."""
+        prices = self.models.get(model)
+        default_output = prices.max_output_tokens if prices is not None else UNPRICED_OUTPUT_TOKENS
+        return most_prompt_tokens(request, model, files or {}) + (request.output_limit or default_output)
+
+
+def most_prompt_tokens(request: LLMRequest, model: str, files: Mapping[str, FileFacts]) -> int:
+    """The most tokens the prompt can be: no BPE token is shorter than a byte, images and
+    documents at their documented bounds (media_tokens), plus the chat format's own."""
+    return (
+        request.text_bytes()
+        - inline_media_bytes(request)
+        + media_tokens(request, model, files)
+        + MESSAGE_OVERHEAD_TOKENS * (len(request.chat_messages()) + 1)
+    )

@@ -6,6 +6,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from llmtasks.aws.key_limits import KeyRates
     from llmtasks.domain.llm_request import LLMRequest
     from llmtasks.domain.messages import Completion
     from llmtasks.settings import LlmSettings
@@ -16,11 +17,18 @@ OnProgress = Callable[[str, int], Coroutine[Any, Any, None]]
 
 class LLMProvider(Protocol):
     async def complete(
-        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+        self,
+        request: LLMRequest,
+        *,
+        timeout_s: float,
+        on_progress: OnProgress | None = None,
+        tokens: int = 0,
     ) -> Completion:
         """One completion; raises `LLMError` (transient or permanent) when there is none. With
         `on_progress` the reply is streamed and reported as it grows; what `on_progress` raises
-        ends the call and comes out of it."""
+        ends the call and comes out of it. `tokens` is the most the call can use (the budget's
+        estimate), which a provider whose keys have limits reserves first; it raises KeysFull
+        when no key has room."""
         ...
 
 
@@ -39,7 +47,9 @@ def http_error_code(status: int) -> str:
     return RATE_LIMITED if status == 429 else f"llm_http_{status}"
 
 
-def provider_from_settings(settings: LlmSettings) -> LLMProvider:
+def provider_from_settings(settings: LlmSettings, *, key_rates: KeyRates | None = None) -> LLMProvider:
+    """The configured provider; with `key_rates`, an OpenAI-compatible one paces its keys by
+    their tokens and requests a minute, shared by every worker (llm/keys.py)."""
     if settings.llm_provider == "bedrock":
         from llmtasks.llm.bedrock import BedrockConverse, bedrock_client
 
@@ -50,4 +60,5 @@ def provider_from_settings(settings: LlmSettings) -> LLMProvider:
     from llmtasks.llm.openai import OpenAIChat
 
     # "mock" is the project's own OpenAI-compatible server: the same wire protocol.
-    return OpenAIChat(pool=KeyPool(endpoints_from_settings(settings)), default_model=settings.llm_model)
+    pool = KeyPool(endpoints_from_settings(settings), rates=key_rates)
+    return OpenAIChat(pool=pool, default_model=settings.llm_model)

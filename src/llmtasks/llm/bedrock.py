@@ -254,7 +254,12 @@ class BedrockConverse:
         self._client = client
 
     async def complete(
-        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+        self,
+        request: LLMRequest,
+        *,
+        timeout_s: float,
+        on_progress: OnProgress | None = None,
+        tokens: int = 0,  # Bedrock's quotas are per model and account: nothing to reserve per key
     ) -> Completion:
         arguments = converse_request(request, self._default_model)
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from llmtasks.domain.errors import RATE_LIMITED, LLMError
 from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import Usage
+from llmtasks.domain.rate_limits import RateHeaders
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.llm import OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
@@ -107,7 +108,12 @@ class OpenAIChat:
         return client
 
     async def complete(
-        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+        self,
+        request: LLMRequest,
+        *,
+        timeout_s: float,
+        on_progress: OnProgress | None = None,
+        tokens: int = 0,
     ) -> Completion:
         body: dict[str, Any] = {
             "model": request.model or self._default_model,
@@ -117,31 +123,42 @@ class OpenAIChat:
         give_up = time.monotonic() + timeout_s
         tried: set[int] = set()
         while True:
-            index = self._pool.pick(besides=frozenset(tried))
+            # Raises KeysFull when the keys' limits leave no room: the call waits on the queue.
+            index = await self._pool.take(tokens, besides=frozenset(tried))
             assert index is not None  # the loop ends before every key has been tried
             endpoint = self._pool.endpoints[index]
+            reserved = tokens if self._pool.limits(index).tpm is not None else 0
             streamed = on_progress if endpoint.base_url not in self._unstreamed else None
+            heard: dict[str, str] = {}
             try:
-                completion = await self._call(endpoint, body, give_up - time.monotonic(), streamed)
+                completion = await self._call(endpoint, body, give_up - time.monotonic(), streamed, heard)
             except LLMError as error:
                 if streamed is not None and error.code == "llm_http_400":
                     # A server that refuses `stream`/`stream_options` (some OpenAI-compatible
                     # ones do): this call and the next ones to it go without streaming.
                     self._unstreamed.add(endpoint.base_url)
+                    await self._pool.answered(index, reserved, 0, heard)
                     continue
                 if error.code != RATE_LIMITED:
-                    raise
-                self._pool.rest(index, error.retry_after)
+                    raise  # the reservation stands: the provider may have counted the call
+                await self._pool.refused(index, reserved, heard, error.retry_after)
                 tried.add(index)
                 others = [i for i in range(len(self._pool.endpoints)) if i not in tried]
                 if not any(self._pool.is_ready(i) for i in others) or time.monotonic() >= give_up:
                     raise
                 continue
+            await self._pool.answered(index, reserved, completion.usage.total_tokens, heard)
             return completion.model_copy(update={"key_index": index})
 
     async def _call(
-        self, endpoint: LlmEndpoint, body: dict[str, Any], timeout_s: float, on_progress: OnProgress | None
+        self,
+        endpoint: LlmEndpoint,
+        body: dict[str, Any],
+        timeout_s: float,
+        on_progress: OnProgress | None,
+        heard: dict[str, str],
     ) -> Completion:
+        """One call on one key; `heard` gets the answer's headers (its rate-limit counts)."""
         url = endpoint.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         if on_progress is not None:
@@ -154,6 +171,7 @@ class OpenAIChat:
                 asyncio.timeout_at(deadline),
                 self._client().stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response,
             ):
+                heard.update(response.headers)
                 if response.status_code >= 400:
                     await response.aread()
                     raise _http_error(response)
@@ -176,11 +194,15 @@ class OpenAIChat:
 
 def _http_error(response: httpx.Response) -> LLMError:
     status = response.status_code
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if status == 429 and retry_after is None:
+        # OpenAI's rate-limit 429s say when the exhausted count is whole again in their headers.
+        retry_after = RateHeaders.read(response.headers).reset_s()
     return LLMError(
         f"The LLM answered {status}: {_error_message(response)}",
         code=http_error_code(status),
         transient=is_transient_status(status),
-        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        retry_after=retry_after,
     )
 
 

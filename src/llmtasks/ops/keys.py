@@ -27,13 +27,20 @@ class Keys:
         rps: int | None = None,
         max_in_flight: int | None = None,
         max_running: int | None = None,
+        tpm: int | None = None,
         budget_usd_day: Decimal | None = None,
         budget_usd_month: Decimal | None = None,
     ) -> tuple[str, ApiKey]:
         """A new key of `tenant` and its record; the key itself is not kept (its hash is)."""
         budget = Budget(day_usd=budget_usd_day, month_usd=budget_usd_month)
         return self._keys.create(
-            tenant, name=name, rps=rps, max_in_flight=max_in_flight, max_running=max_running, budget=budget
+            tenant,
+            name=name,
+            rps=rps,
+            max_in_flight=max_in_flight,
+            max_running=max_running,
+            tpm=tpm,
+            budget=budget,
         )
 
     def all(self) -> list[ApiKey]:

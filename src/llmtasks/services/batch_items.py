@@ -59,6 +59,7 @@ def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float 
         expires_at=batch.expires_at,
         trace_header=batch.trace_header,
         max_running=batch.max_running,
+        tpm=batch.tpm,
         key_id=batch.key_id,
         batch_id=batch.batch_id,
         batch_index=index,

@@ -131,6 +131,7 @@ class TaskService:
             expires_at=int(now + self._settings.task_ttl_seconds),
             trace_header=trace_header,
             max_running=caller.max_running if caller is not None else None,
+            tpm=caller.tpm if caller is not None else None,
             key_id=caller.key_id if caller is not None else None,
             budget=caller.budget if caller is not None else None,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmtasks.aws.batch_store import BatchCancellations
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
@@ -36,10 +37,11 @@ def call_slots() -> int:
 @lru_cache(maxsize=1)
 def task_runner() -> TaskRunner:
     settings = section(RunnerSettings)
+    table = resources(TasksTable).tasks_table_name
     pacer = None
     if settings.llm_requests_per_second > 0:
         pacer = CallPacer(
-            resources(TasksTable).tasks_table_name,
+            table,
             dynamodb(),
             calls_per_second=settings.llm_requests_per_second,
         )
@@ -47,12 +49,13 @@ def task_runner() -> TaskRunner:
         settings,
         task_store(),
         task_lanes(),
-        provider_from_settings(section(LlmSettings)),
+        provider_from_settings(section(LlmSettings), key_rates=KeyRates(table, dynamodb())),
         results=result_blobs(),
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),
         running=running_calls(),
         budgets=key_budgets(),
+        tenant_rates=KeyRates(table, dynamodb(), prefix="tenantrate#"),
     )
 
 

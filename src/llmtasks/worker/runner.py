@@ -24,6 +24,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from llmtasks.aws.batch_store import BatchCancellations
 from llmtasks.aws.budgets import BudgetExhausted, KeyBudgets
+from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.aws.queues import MAX_DELAY_S, TaskLanes
@@ -34,6 +35,7 @@ from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
     RATE_LIMITED,
     BackendError,
+    KeysFull,
     LLMError,
     RetryLater,
     StaleWrite,
@@ -50,6 +52,7 @@ from llmtasks.domain.input_files import (
 from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
+from llmtasks.domain.rate_limits import KeyLimits
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
@@ -70,6 +73,11 @@ HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
+KEYS_FULL = "keys_full"  # the error_code of a task waiting for room in its LLM keys' minute
+TENANT_TPM = "tenant_tpm"  # ... and of one waiting for its tenant's share of tokens a minute
+# The waiting tasks come back over this long at most after their minute may have room: longer
+# leaves a key idle while they sleep, shorter sends more of them back to the queue again.
+ROOM_SPREAD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,10 @@ class TaskRunner:
         running: RunningCalls | None = None,
         budgets: KeyBudgets | None = None,
         held_file_limit: int = HELD_FILE_BYTES,
+        tenant_rates: KeyRates | None = None,
     ) -> None:
         self._settings = settings
+        self._tenant_rates = tenant_rates  # the tenants' tokens a minute (a key's --tpm)
         self._budgets = budgets
         self._held_file_limit = held_file_limit
         self._held_file_bytes = 0  # of the calls running in this invocation (its event loop)
@@ -210,10 +220,7 @@ class TaskRunner:
         if task.retried_at is None and not task.billed_cost:
             return None
         request = task.request
-        files: dict[str, FileFacts] = {}
-        for file_id in request.file_ids():
-            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
-            files |= {file_id: facts} if facts is not None else {}
+        files = await self._file_facts(task)
         model = request.model or self._settings.llm_model
         most = self._settings.price_table.most_cost(request, model, files)
         try:
@@ -269,7 +276,6 @@ class TaskRunner:
     ) -> None:
         """The call once its pace allows, with the task's files read in, and its outcome."""
         deadline = task.deadline
-        dimensions = dimensions_of(task, self._settings.llm_model)
         # Leave time to write the outcome before the function's own timeout.
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
         if deadline is not None:
@@ -283,18 +289,36 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
+        tokens = await self._most_tokens(task)
+        if not await self._take_tenant_share(task, lease_id, tokens):
+            return
+        used = 0
+        try:
+            used = await self._read_and_call(task, lease_id, call_s=timeout, tokens=tokens)
+        finally:
+            await self._settle_tenant_share(task, tokens, used)
+
+    async def _read_and_call(self, task: Task, lease_id: str, *, call_s: float, tokens: int) -> int:
+        """The call with the task's files read in, and its outcome; the tokens it used."""
         try:
             # The files the task names, read in for this call only: the task keeps their ids.
             read = functools.partial(self._results.input_file, task.tenant_id)
             request = await asyncio.to_thread(with_file_data, task.request, read)
         except InputFileMissing as missing:
             self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
-            return
+            return 0
         progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, request, lease_id, timeout, progress)
+        completion = await self._call(task, request, lease_id, call_s, progress, tokens)
         if completion is None:
-            return
-        completion = await self._charge(task, completion)
+            return 0
+        await self._record(task, lease_id, await self._charge(task, completion), progress)
+        return completion.usage.total_tokens
+
+    async def _record(
+        self, task: Task, lease_id: str, completion: Completion, progress: ProgressWriter | None
+    ) -> None:
+        """The answer stored as the task's result, or retried when it is not what was asked."""
+        dimensions = dimensions_of(task, self._settings.llm_model)
         problem = answer_problem(
             task.request,
             completion.text,
@@ -387,14 +411,19 @@ class TaskRunner:
         lease_id: str,
         timeout_s: float,
         progress: ProgressWriter | None,
+        tokens: int,
     ) -> Completion | None:
         """The LLM's completion of `request` (the task's, its files read in); None when there is
         none to store (the error is dealt with)."""
         started = self._clock()  # the clock the other latencies are read on (and tests set)
         try:
-            return await self._complete(task, request, timeout_s, progress)
+            return await self._complete(task, request, timeout_s, progress, tokens)
         except LLMError as error:
             self._after_llm_error(task, lease_id, error)
+        except KeysFull as full:
+            # No key has room in its minute: the task waits on its queue until the first may.
+            delay = self._room_delay(full.soonest_s, full.wait_s)
+            self._schedule_retry(task, lease_id, delay, str(full), KEYS_FULL, attempted=False)
         except StaleWrite:
             # A progress write found the task cancelled (its output's head ended, or the task
             # read so): the call was stopped there, and no more tokens are spent on it.
@@ -408,12 +437,64 @@ class TaskRunner:
     # A subsegment of its own in the trace; its reply (the result text) is never put in it.
     @tracer.capture_method(capture_response=False)
     async def _complete(
-        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None
+        self, task: Task, request: LLMRequest, timeout_s: float, progress: ProgressWriter | None, tokens: int
     ) -> Completion:
         tracer.put_annotation("task_id", task.task_id)
         return await self._llm.complete(
-            request, timeout_s=timeout_s, on_progress=progress.record if progress else None
+            request, timeout_s=timeout_s, on_progress=progress.record if progress else None, tokens=tokens
         )
+
+    async def _take_tenant_share(self, task: Task, lease_id: str, tokens: int) -> bool:
+        """The call's tokens reserved in its tenant's minute (its key's --tpm), so that one
+        tenant's large calls leave the provider keys' minute to the others; False when the
+        minute has no room and the task waits on its queue instead."""
+        if self._tenant_rates is None or task.tpm is None:
+            return True
+        limits = KeyLimits(tpm=task.tpm)
+        reserve = self._tenant_rates.reserve
+        now = self._clock()
+        wait = await asyncio.to_thread(reserve, task.tenant_id, limits, tokens, now)
+        if wait <= 0:
+            return True
+        soonest = self._tenant_rates.seen[task.tenant_id].soonest_s(limits, tokens, now)
+        why = f"The tenant's {task.tpm} tokens a minute are taken: the call waits for its share."
+        delay = self._room_delay(soonest, wait)
+        self._schedule_retry(task, lease_id, delay, why, TENANT_TPM, attempted=False)
+        return False
+
+    def _room_delay(self, soonest_s: float, wait_s: float) -> float:
+        """How long a call with no room in a minute waits on its queue: a time drawn from when
+        the minute may have room (the running calls give back what they did not use) to when
+        it has room for sure, or ROOM_SPREAD_S after the first if that is sooner, plus up to a
+        second. So the waiting tasks come back spread out, a few at a time as the minute
+        refills, not all at once to be sent back again; and none waits past its sure room."""
+        soonest = max(0.0, soonest_s)
+        latest = min(max(soonest, wait_s), soonest + ROOM_SPREAD_S)
+        return self._rng.uniform(soonest, latest) + self._rng.uniform(0, 1)
+
+    async def _settle_tenant_share(self, task: Task, reserved: int, used: int) -> None:
+        """The tenant's minute counts what the call used (nothing, when it made no answer)."""
+        if self._tenant_rates is None or task.tpm is None:
+            return
+        try:
+            limits = KeyLimits(tpm=task.tpm)
+            await asyncio.to_thread(self._tenant_rates.settle, task.tenant_id, limits, reserved, used)
+        except BackendError:
+            logger.warning("tenant's minute not settled", **task_keys(task))  # it refills anyway
+
+    async def _most_tokens(self, task: Task) -> int:
+        """The most tokens the call can use, as its budget counts them: what the provider's
+        tokens-a-minute limits are reserved with before it."""
+        model = task.request.model or self._settings.llm_model
+        return self._settings.price_table.most_tokens(task.request, model, await self._file_facts(task))
+
+    async def _file_facts(self, task: Task) -> dict[str, FileFacts]:
+        """The sizes (and pages) of the files the task names, that the estimates bound it by."""
+        files: dict[str, FileFacts] = {}
+        for file_id in task.request.file_ids():
+            facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
+            files |= {file_id: facts} if facts is not None else {}
+        return files
 
     async def _claim(
         self, task_id: str, delivery: Delivery, *, lease_id: str, lease_until: float, now: float
@@ -547,6 +628,10 @@ class TaskRunner:
         # SQS delays are whole seconds up to 15 minutes: never earlier than asked, never later
         # than the message can be held back (else it would arrive before next_attempt_at).
         delay = min(math.ceil(delay), MAX_DELAY_S)
+        # Due from the send, not from the release: the message is delivered `delay` after it
+        # was sent, and a release written over a second later (a loaded table) made the task
+        # not yet due when its message came, which then dropped it as an early copy.
+        sent_at = self._clock()
         # On the task's own lane, under that lane's concurrency, grouped by its tenant.
         self._lanes.send(task, delay_s=delay)
         try:
@@ -555,7 +640,7 @@ class TaskRunner:
                 lease_id=lease_id,
                 error=error,
                 error_code=error_code,
-                next_attempt_at=self._clock() + delay,
+                next_attempt_at=sent_at + delay,
                 attempted=attempted,
                 attempt=self._attempt(task, "retry", error_code, usage=usage),
             )

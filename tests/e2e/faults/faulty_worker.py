@@ -89,14 +89,19 @@ class FaultyLLM:
         self._crash = crash_on_first_call
 
     async def complete(
-        self, request: LLMRequest, *, timeout_s: float, on_progress: OnProgress | None = None
+        self,
+        request: LLMRequest,
+        *,
+        timeout_s: float,
+        on_progress: OnProgress | None = None,
+        tokens: int = 0,
     ) -> Completion:
         if self._crash:
             raise InjectedCrash("injected: the worker died after its claim")
         if self._poison and self._poison in request.prompt:
             raise RuntimeError("injected: a poison task")
         completion: Completion = await self._real.complete(
-            request, timeout_s=timeout_s, on_progress=on_progress
+            request, timeout_s=timeout_s, on_progress=on_progress, tokens=tokens
         )
         return completion
 
