@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from standardwebhooks import Webhook
-
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.limits import Take
 from llmtasks.aws.results import ResultBlobs
@@ -42,6 +40,7 @@ from llmtasks.domain.models import (
 )
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.services.signing import signed_headers
 from llmtasks.services.webhook_places import PLACE_MARGIN_S, EndpointPlaces
 from llmtasks.services.webhook_urls import (
     Resolver,
@@ -96,12 +95,7 @@ class WebhookSender:
     @staticmethod
     def sign(secrets: list[str], *, message_id: str, timestamp: datetime, body: str) -> dict[str, str]:
         """Standard Webhooks headers; several secrets give several space-separated signatures."""
-        signatures = [Webhook(secret).sign(message_id, timestamp, body) for secret in secrets]
-        return {
-            "webhook-id": message_id,
-            "webhook-timestamp": str(int(timestamp.timestamp())),
-            "webhook-signature": " ".join(signatures),
-        }
+        return signed_headers(secrets, message_id=message_id, timestamp=timestamp, body=body)
 
     async def send(self, url: str, *, message_id: str, body: str, secrets: list[str]) -> DeliveryResult:
         try:

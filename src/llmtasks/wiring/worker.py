@@ -8,6 +8,8 @@ from llmtasks.aws.batch_store import BatchCancellations
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
+from llmtasks.services.tool_calls import EndpointTools
+from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.settings import (
     Limits,
     LlmSettings,
@@ -53,6 +55,9 @@ def task_runner() -> TaskRunner:
         cancellations=BatchCancellations(batch_store()),
         running=running_calls(),
         budgets=key_budgets(),
+        tools=EndpointTools(
+            allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)
+        ),
     )
 
 
