@@ -166,13 +166,16 @@ class TaskService:
         return task
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
-        """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
+        """The tenant's task; with `wait_s`, once it is terminal (or a run waits for the client's
+        tool outputs) or when `wait_s` has passed."""
         give_up = time.monotonic() + wait_s
         for reads in itertools.count():
             task = self.owned(tenant_id, task_id)
             left = give_up - time.monotonic()
             if task.status.is_terminal:
                 return self._results.hydrate(task)
+            if task.status is TaskStatus.REQUIRES_ACTION:
+                return task  # the client's turn: a wait ends here too
             if left <= 0:
                 return self._with_progress(task)
             # Reads 0.05, 0.1, 0.2, 0.4 s apart, then one per half second: a short task is seen
