@@ -266,3 +266,18 @@ def test_the_next_move_follows_from_the_steps_done() -> None:
     sent = conversation(LLMRequest(prompt="go"), steps[:3])
     assert [m.role for m in sent.messages or []] == ["user", "assistant", "tool", "tool"]
     assert json.loads(sent.messages[1].model_dump_json())["tool_calls"][0]["id"] == "a"  # type: ignore[index]
+
+
+def test_a_step_past_the_item_s_room_keeps_its_text_in_the_bucket_and_is_written_once(
+    worker: RunWorker,
+) -> None:
+    journal = worker.store.journal(blobs(worker.settings))
+    big = "x" * 150_000
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    step = RunStep(step=1, type="tool_call", started_at=1, ended_at=2, tool_call=call, output=big)
+    assert journal.record("t1", step, expires_at=2**31) == step
+    again = step.model_copy(update={"output": "another delivery's"})
+    assert journal.record("t1", again, expires_at=2**31).output == big  # the first one stands
+    [read] = journal.steps("t1")
+    assert read.output == big
+    assert read.text_ref is not None

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 # Steps read together (BatchGetItem's limit); the journal reads windows until one is empty.
 WINDOW = 100
-# A step's text past this many bytes goes to ResultsBucket (an item holds 400 KB in all).
+# A step's text past this many bytes goes to ResultsBucket (an item holds 400 KB in all); a
+# client's output never does (domain.runs.MAX_CLIENT_OUTPUT_BYTES): only the worker writes there.
 MAX_INLINE_STEP_BYTES = 100_000
 
 

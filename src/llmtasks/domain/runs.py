@@ -20,6 +20,8 @@ DEFAULT_MAX_STEPS = 20
 MAX_STEPS_EXCEEDED = "max_steps_exceeded"
 # Model steps a run may take: each is a billed call, and its steps' items are read together.
 MaxSteps = Annotated[int, Field(ge=1, le=100), BeforeValidator(not_a_bool)]
+# A client's tool output, kept whole in its step's item (the API writes no step text to S3).
+MAX_CLIENT_OUTPUT_BYTES = 100_000
 TOOL_URL_RULE = (
     "https, and its host must resolve to public addresses only (a host of the deployment's"
     " WEBHOOK_ALLOWED_HOSTS may be anything, over http too); refused with 422 otherwise."
@@ -53,7 +55,11 @@ class RequiredAction(BaseModel):
 
 class ToolOutput(Strict):
     tool_call_id: Text = Field(min_length=1, max_length=256, description="The call it answers.")
-    output: Text = Field(max_length=1_000_000, description="The call's output, as the model reads it.")
+    output: Text = Field(
+        max_length=MAX_CLIENT_OUTPUT_BYTES,
+        description=f"The call's output, as the model reads it: up to {MAX_CLIENT_OUTPUT_BYTES:,} bytes"
+        " of UTF-8 (422 past them).",
+    )
 
 
 class SubmitToolOutputs(Strict):

@@ -11,7 +11,7 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import InvalidInput, TaskConflict
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
-from llmtasks.domain.runs import SubmitToolOutputs
+from llmtasks.domain.runs import MAX_CLIENT_OUTPUT_BYTES, SubmitToolOutputs
 from llmtasks.domain.steps import RunStep, StepList, StepView
 from llmtasks.observability import logger, task_keys
 
@@ -42,6 +42,10 @@ class RunService:
             raise InvalidInput(
                 f"tool_outputs must answer exactly the calls required_action lists: {', '.join(asked)}.",
                 field="tool_outputs",
+            )
+        if any(len(output.encode()) > MAX_CLIENT_OUTPUT_BYTES for output in given.values()):
+            raise InvalidInput(
+                f"a tool output is over {MAX_CLIENT_OUTPUT_BYTES:,} bytes of UTF-8.", field="tool_outputs"
             )
         asking = self._journal.get(task.task_id, model_step)
         calls = asking.completion.tool_calls or [] if asking and asking.completion else []
