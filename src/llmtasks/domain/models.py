@@ -62,11 +62,15 @@ class WebhookStatus(StrEnum):
     ENDPOINT_DISABLED = "endpoint_disabled"
 
 
-TaskEventType = Literal["task.completed", "task.failed", "task.cancelled"]
+TaskEventType = Literal["task.completed", "task.failed", "task.cancelled", "task.requires_action"]
 BatchEventType = Literal["batch.completed"]
-EventType = Literal["task.completed", "task.failed", "task.cancelled", "batch.completed"]
+EventType = Literal[
+    "task.completed", "task.failed", "task.cancelled", "task.requires_action", "batch.completed"
+]
+# A run waits for its client's tool outputs: sent each time it stops so (not a terminal event).
+TASK_REQUIRES_ACTION: TaskEventType = "task.requires_action"
 BATCH_COMPLETED: BatchEventType = "batch.completed"
-EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
+EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {  # the terminal events
     TaskStatus.COMPLETED: "task.completed",
     TaskStatus.FAILED: "task.failed",
     TaskStatus.CANCELLED: "task.cancelled",
