@@ -74,3 +74,23 @@ def test_a_run_of_several_steps_with_an_endpoint_and_a_client_function(
         with pytest.raises(llmtasks_client.ProblemError) as refused:
             client.submit_tool_outputs(task.task_id, {asked.id: "again"})
         assert refused.value.status == 409
+
+
+def test_the_cli_shows_a_waiting_run_s_calls_and_answers_them(fresh_mock: RunningStack) -> None:
+    confirm = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        task = client.submit("Ask first [mock:agent-steps=1]", tools=[confirm], max_steps=3)
+        waiting = client.wait(task.task_id, timeout=HANG_S)
+        assert waiting.required_action is not None
+        [asked] = waiting.required_action.tool_calls
+        status = fresh_mock.run_cli("status", task.task_id)
+        assert status.returncode == 0, status.stderr
+        shown = status.stdout
+        assert "requires_action" in shown
+        assert f"{asked.id}  confirm(" in shown
+        answered = fresh_mock.run_cli("tool-outputs", task.task_id, f"{asked.id}=yes")
+        assert answered.returncode == 0, answered.stderr
+        done = client.wait(task.task_id, timeout=HANG_S)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        assert done.result is not None
+        assert f"{asked.id}: yes" in done.result
