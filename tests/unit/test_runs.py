@@ -3,6 +3,7 @@ the mock LLM over HTTP; its journal, its waits for the client's outputs, its ste
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -11,8 +12,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from llmtasks.domain.errors import InvalidInput, TaskConflict
-from llmtasks.domain.llm_request import LLMRequest
-from llmtasks.domain.messages import Completion
+from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
+from llmtasks.domain.messages import Completion, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, TaskStatus, Usage
 from llmtasks.domain.runs import MAX_STEPS_EXCEEDED, SubmitToolOutputs
 from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move
@@ -21,7 +22,7 @@ from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import no_lookups
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
-from tests.conftest import Aws, RunningMock
+from tests.conftest import Aws, RunningMock, lambda_context
 from tests.helpers import ToolEndpoint, blobs, eventually, serve
 from tests.unit.test_worker import CrashingLLM, Worker, redelivered
 
@@ -281,3 +282,51 @@ def test_a_step_past_the_item_s_room_keeps_its_text_in_the_bucket_and_is_written
     [read] = journal.steps("t1")
     assert read.output == big
     assert read.text_ref is not None
+
+
+def test_a_run_short_of_time_hands_on_to_another_invocation_and_goes_on_there(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], aws: Aws, mock_llm: RunningMock
+) -> None:
+    # Given an invocation with 20 s left: a model call, but no room for what follows
+    tool, url = endpoint
+    task_id = worker.submit_run("two turns [mock:agent-steps=2]", [lookup(url)])
+    worker.context = lambda_context(aws.function("WorkerFunction"), timeout_s=20)
+    worker.deliver()
+    handed = worker.task(task_id)
+    assert handed.status is TaskStatus.PENDING
+    assert handed.last_error_code == "continued"
+    assert handed.attempts == 0  # a hand-off costs the run none of its retries
+    assert mock_llm.stats.calls == 1
+    assert not tool.calls
+
+    # When its continuation message comes to an invocation with time, the run goes on to its end
+    worker.context = lambda_context(aws.function("WorkerFunction"))
+    worker.deliver()
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    assert mock_llm.stats.calls == 3  # three model steps, the first not made again
+    assert len(tool.calls) == 2
+
+
+def test_an_endpoint_is_tried_again_after_a_5xx_but_not_after_a_refusal(
+    endpoint: tuple[ToolEndpoint, str],
+) -> None:
+    tool, url = endpoint
+    tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, sleep=no_sleep)
+    call = ToolCall(id="call_1", function=FunctionCall(name="lookup", arguments='{"q": 1}'))
+    tool.answers = [503]
+    assert asyncio.run(tools.call(url, call, secrets=[new_webhook_secret()])) == "tool result 2"
+    assert [c.body for c in tool.calls] == [b'{"q": 1}'] * 2
+    assert tool.calls[0].headers["webhook-id"] == tool.calls[1].headers["webhook-id"] == "call_1"
+    tool.answers = [404]
+    refused = asyncio.run(tools.call(url, call, secrets=[new_webhook_secret()]))
+    assert refused == "error: the tool 'lookup' failed: the endpoint answered 404"
+    assert len(tool.calls) == 3
+    # A url the guard refuses is never called
+    inside = asyncio.run(tools.call("https://10.0.0.1/tool", call, secrets=[new_webhook_secret()]))
+    assert inside.startswith("error: the tool's url is refused")
+    assert len(tool.calls) == 3
+
+
+async def no_sleep(_: float) -> None:
+    return None
