@@ -208,6 +208,24 @@ class WebhookReceiver:
         )
 
 
+@dataclass
+class ToolEndpoint:
+    """A run's function endpoint: records each call (headers, arguments) and answers with a
+    text naming the call's number, after a script of failing status codes."""
+
+    answers: list[int] = field(default_factory=list)  # consumed in order; then 200
+    calls: list[Delivery] = field(default_factory=list)
+
+    async def _call(self, request: Request) -> Response:
+        self.calls.append(Delivery(dict(request.headers), await request.body()))
+        status = self.answers.pop(0) if self.answers else 200
+        text = f"tool result {len(self.calls)}" if status == 200 else "failing"
+        return Response(text, status_code=status, media_type="text/plain")
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/tool", self._call, methods=["POST"])])
+
+
 @contextmanager
 def moto_endpoint() -> Iterator[str]:
     """A moto server in its own process, as the local stack embeds it; yields its URL."""

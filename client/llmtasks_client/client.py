@@ -38,6 +38,7 @@ from llmtasks_client.models import (
     BatchView,
     FileObject,
     OutputChunk,
+    StepList,
     TaskList,
     TaskOutputPage,
     TaskStatus,
@@ -294,6 +295,11 @@ class _Policy:
         }
 
 
+def tool_outputs_body(outputs: Mapping[str, str]) -> dict[str, Any]:
+    """`POST /tasks/{id}/tool_outputs`'s body: each call's id and its output."""
+    return {"tool_outputs": [{"tool_call_id": call, "output": output} for call, output in outputs.items()]}
+
+
 class _Waiting:
     """The decisions of one `wait`, so that each client only does the reads and the sleeps."""
 
@@ -315,7 +321,7 @@ class _Waiting:
     def pause_s(self, task: TaskView) -> float | None:
         """None once `task` is completed; raises when it failed or time is up; else how long to
         pause before the next read (nothing when the server held the read, as a long-poll does)."""
-        if task.status is TaskStatus.COMPLETED:
+        if task.status in (TaskStatus.COMPLETED, TaskStatus.REQUIRES_ACTION):
             return None
         if task.status.is_terminal:
             raise TaskFailedError(task)
@@ -509,13 +515,25 @@ class Client:
     def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
 
+    def submit_tool_outputs(self, task_id: str, outputs: Mapping[str, str]) -> TaskView:
+        """Answers the calls a run in requires_action waits for (`outputs`: each call's id to
+        its output); the run goes on."""
+        body = tool_outputs_body(outputs)
+        return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/tool_outputs", json=body))
+
+    def steps(self, task_id: str, *, limit: int = 50, cursor: str | None = None) -> StepList:
+        """A page of a run's steps, in order."""
+        params = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return StepList.model_validate(self._request("GET", f"/tasks/{task_id}/steps", params=params))
+
     def list(self, *, status: str | None = None, limit: int = 20, cursor: str | None = None) -> TaskList:
         params = self._policy.listing(status, limit, cursor)
         return TaskList.model_validate(self._request("GET", "/tasks", params=params))
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> TaskView:
-        """The completed task; raises TaskFailedError if it failed or was cancelled,
-        WaitTimeoutError after `timeout` seconds."""
+        """The completed task, or a run that requires action (its `required_action` lists the
+        calls to answer with `submit_tool_outputs`); raises TaskFailedError if it failed or was
+        cancelled, WaitTimeoutError after `timeout` seconds."""
         waiting = _Waiting(self._policy, timeout)
         while True:
             task = self.get(task_id, wait=waiting.poll_s())
@@ -784,6 +802,16 @@ class AsyncClient:
 
     async def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(await self._request("POST", f"/tasks/{task_id}/cancel"))
+
+    async def submit_tool_outputs(self, task_id: str, outputs: Mapping[str, str]) -> TaskView:
+        body = tool_outputs_body(outputs)
+        return TaskView.model_validate(
+            await self._request("POST", f"/tasks/{task_id}/tool_outputs", json=body)
+        )
+
+    async def steps(self, task_id: str, *, limit: int = 50, cursor: str | None = None) -> StepList:
+        params = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return StepList.model_validate(await self._request("GET", f"/tasks/{task_id}/steps", params=params))
 
     async def list(
         self, *, status: str | None = None, limit: int = 20, cursor: str | None = None

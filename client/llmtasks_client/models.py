@@ -24,13 +24,14 @@ class _Reply(BaseModel):
 class TaskStatus(StrEnum):
     PENDING = "pending"
     PROCESSING = "processing"
+    REQUIRES_ACTION = "requires_action"  # a run waits for the client's tool outputs
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (TaskStatus.PENDING, TaskStatus.PROCESSING)
+        return self not in (TaskStatus.PENDING, TaskStatus.PROCESSING, TaskStatus.REQUIRES_ACTION)
 
 
 class BatchStatus(StrEnum):
@@ -125,6 +126,38 @@ class OutputMessage(_Reply):
     reasoning: str | None = None  # a summary of its reasoning, where the provider gives one
 
 
+class RequiredAction(_Reply):
+    """What a run in requires_action waits for: an output of each of these calls
+    (`Client.submit_tool_outputs`)."""
+
+    type: str = "submit_tool_outputs"
+    tool_calls: list[ToolCall]
+
+
+class Step(_Reply):
+    """One step of a run: a model call (its `output` message and `usage`) or a tool call (its
+    `tool_call`, who answered it and its `tool_output`)."""
+
+    step: int
+    type: str  # model_call | tool_call
+    started_at: datetime
+    ended_at: datetime
+    output: OutputMessage | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    tool_call: ToolCall | None = None
+    tool_source: str | None = None  # endpoint | client | unknown
+    tool_output: str | None = None
+
+
+class StepList(_Reply):
+    """A page of `GET /tasks/{id}/steps`, in order; `next_cursor` is None on the last page."""
+
+    steps: list[Step]
+    next_cursor: str | None = None
+
+
 class TaskView(_Reply):
     """A task as `GET /tasks/{id}` answers it (and a task event's `data`).
 
@@ -153,6 +186,7 @@ class TaskView(_Reply):
     metadata: dict[str, Any] | None = None
     batch_id: str | None = None
     webhook: WebhookState | None = None
+    required_action: RequiredAction | None = None  # while requires_action
 
     def parse(self, model: type[Parsed]) -> Parsed | None:
         """The JSON answer as `model` (None while there is none); pydantic's ValidationError

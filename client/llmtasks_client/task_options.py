@@ -23,6 +23,8 @@ class TaskOptions(TypedDict, total=False):
     top_logprobs: int | None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None
     tools: list[dict[str, Any]] | None  # function tools; the model's calls come back in `output`
+    # With max_steps, or a tool with a `url`, the task is a run (docs: agent runs).
+    max_steps: int | None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None
     parallel_tool_calls: bool | None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None

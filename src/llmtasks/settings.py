@@ -247,7 +247,7 @@ class LlmSettings(ModelDefault, CallTimeout):
         return None if value == "" else value
 
 
-class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, Prices):
+class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, WebhookTargets, Prices):
     """A task's run (TaskRunner, call slots, the pace): WorkerFunction."""
 
     # Longer results go to ResultsBucket: with a 200 KiB prompt the item stays under 400 KB.

@@ -51,6 +51,7 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
         " it handled; whether this workload's few tasks meet a refilling invocation is timing"
     ),
     ("BatchFunction", "sqs:ChangeMessageVisibility", "*"): "a fan-out chunk whose batch is not stored yet",
+    ("WorkerFunction", "s3:GetObject", "*"): "a run's step text over 100 KB, read back by a later delivery",
     ("BatchFunction", "dynamodb:GetItem", "llmtasks-local-LimitsTable"): (
         "a batch file's items that do not fit its key's max_in_flight once read"
     ),
@@ -268,6 +269,21 @@ def drive(stack: RunningStack) -> None:
         ]
         reading = client.post("/tasks", json={"messages": [{"role": "user", "content": content}]}).json()
         wait_terminal(client, reading["task_id"])
+        # An agent run: it waits for its client's output, then goes on (its steps read together)
+        ask = {"type": "function", "name": "ask", "parameters": {"type": "object"}}
+        run_body = {"prompt": "a run [mock:agent-steps=1]", "tools": [ask], "max_steps": 2}
+        run = client.post("/tasks", json=run_body).json()
+        waiting = eventually(
+            lambda: client.get(f"/tasks/{run['task_id']}", params={"wait": 5}).json(),
+            lambda task: task["status"] == "requires_action",
+            timeout_s=HANG_S,
+            what="the run waits for its client",
+        )
+        [asked] = waiting["required_action"]["tool_calls"]
+        answer = {"tool_outputs": [{"tool_call_id": asked["id"], "output": "yes"}]}
+        client.post(f"/tasks/{run['task_id']}/tool_outputs", json=answer)
+        wait_terminal(client, run["task_id"])
+        client.get(f"/tasks/{run['task_id']}/steps")
         response = client.post("/v1/responses", json={"model": "m", "input": "hi", "background": True}).json()
         eventually(
             lambda: client.get(f"/v1/responses/{response['id']}").json()["status"],

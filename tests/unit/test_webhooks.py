@@ -21,8 +21,10 @@ from llmtasks.aws.queues import Queue
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import Batch, BatchStatus
 from llmtasks.domain.errors import BackendError, InvalidInput, RetryLater, TaskConflict
+from llmtasks.domain.llm_request import FunctionCall, ToolCall
 from llmtasks.domain.messages import Completion, WebhookMessage, new_webhook_secret, webhook_id
 from llmtasks.domain.models import BATCH_COMPLETED, Lease, SubmitTaskRequest, TaskStatus, Usage, WebhookStatus
+from llmtasks.domain.runs import RequiredAction
 from llmtasks.observability import trace_id
 from llmtasks.records import sqs_record
 from llmtasks.services import webhook_places
@@ -1451,3 +1453,38 @@ def test_a_success_ends_a_url_s_failing_streak(
     assert (failing.failing_since is not None, failing.last_error) == (True, "receiver answered 500")
     hooks.deliver(aws.messages("WebhookQueue"), **disable)  # the retry: 200
     assert hooks.store.endpoints.health("default", hooks.url).failing_since is None
+
+
+def test_a_run_s_wait_for_its_client_is_an_event_of_its_own_each_time(
+    hooks: Hooks, aws: Aws, receiver: tuple[WebhookReceiver, str]
+) -> None:
+    # Given a run with a webhook that stops for its client's function
+    hook, url = receiver
+    tool = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    body = SubmitTaskRequest.model_validate(
+        {"prompt": "go", "tools": [tool], "max_steps": 3, "webhook_url": url}
+    )
+    task = hooks.service.submit("default", body).task
+    lease = Lease("L", until=time.time() + 60, message_id="m1", receive_count=1, dead_letter_at=NEVER)
+    hooks.store.claim(task.task_id, lease, now=time.time())
+    call = ToolCall(id="call_1", function=FunctionCall(name="confirm", arguments="{}"))
+    action = RequiredAction(tool_calls=[call])
+    hooks.store.await_action(task.task_id, lease_id="L", action=action, model_step=0, usage=Usage())
+
+    # When the relay and the delivery run, the receiver gets task.requires_action with the calls
+    assert hooks.relay() == {"batchItemFailures": []}
+    [message] = aws.messages("WebhookQueue")
+    assert hooks.deliver([message]) == {"batchItemFailures": []}
+    [delivery] = hook.deliveries
+    event = Webhook(hooks.secret()).verify(delivery.body, delivery.headers)
+    assert event["type"] == "task.requires_action"
+    assert event["data"]["required_action"]["tool_calls"][0]["id"] == "call_1"
+    # The attempt is logged; the webhook's status waits for the terminal event's
+    waiting = hooks.store.get(task.task_id, now=time.time())
+    assert (waiting.webhook_status, waiting.webhook_attempts) == (WebhookStatus.PENDING, 1)
+    # Another wait, at a later step, is another event (another webhook-id)
+    later = WebhookMessage.of_task(task.task_id, "task.requires_action", endpoint="e", occurrence="step-4")
+    assert later.webhook_id not in (
+        delivery.headers["webhook-id"],
+        webhook_id(task.task_id, "task.requires_action"),
+    )

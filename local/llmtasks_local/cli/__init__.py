@@ -72,6 +72,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Print a task's reply as it is written, then its outcome (exit 1 if it failed, 3 on timeout).",
     ),
     "cancel": ("tasks", "cancel", "Cancel a pending or processing task."),
+    "tool-outputs": (
+        "tasks",
+        "tool_outputs",
+        "Answer the calls a run in requires_action waits for: CALL_ID=OUTPUT each; the run goes on.",
+    ),
     "list": ("tasks", "list_tasks", "Your tasks, newest first."),
     "usage": (
         "tasks",

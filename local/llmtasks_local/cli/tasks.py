@@ -1,5 +1,5 @@
-"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `list`, `usage`,
-`batch`, `webhooks`.
+"""The HTTP API, as its users call it: `submit`, `status`, `wait`, `cancel`, `tool-outputs`,
+`list`, `usage`, `batch`, `webhooks`.
 
 Long because every command a user calls on the HTTP API is here, each a few lines over the
 same showing and waiting helpers."""
@@ -37,6 +37,9 @@ def _show(task: TaskView, as_json: bool) -> None:
     else:
         reason = f"  {task.error_code}: {task.error}" if task.error_code else ""
         click.echo(f"{task.task_id}  {task.status.value}  attempts={task.attempts}{reason}")
+        # A run waiting for its client: the calls to answer (llmtasks tool-outputs).
+        for call in task.required_action.tool_calls if task.required_action else []:
+            click.echo(f"  {call.id}  {call.function.name}({call.function.arguments})")
 
 
 def _wait_and_show(
@@ -243,6 +246,21 @@ def cancel(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> No
     """Cancel a pending or processing task."""
     with client_of(api_url, api_key) as client:
         _show(client.cancel(task_id), as_json)
+
+
+@click.command("tool-outputs")
+@click.argument("task_id")
+@click.argument("outputs", nargs=-1, required=True)
+@with_api
+def tool_outputs(
+    task_id: str, outputs: tuple[str, ...], api_url: str, api_key: str | None, as_json: bool
+) -> None:
+    """Answer the calls a run in requires_action waits for: CALL_ID=OUTPUT each; the run goes on."""
+    pairs = [given.partition("=") for given in outputs]
+    if any(not sep or not call for call, sep, _ in pairs):
+        raise click.BadParameter("each output is CALL_ID=OUTPUT", param_hint="OUTPUTS")
+    with client_of(api_url, api_key) as client:
+        _show(client.submit_tool_outputs(task_id, {call: text for call, _, text in pairs}), as_json)
 
 
 @click.command("list")
@@ -564,4 +582,4 @@ def webhook_enable(url: str, api_url: str, api_key: str | None, as_json: bool) -
     click.echo(json.dumps({"url": url, "status": "enabled"}) if as_json else f"{url} enabled")
 
 
-COMMANDS = [submit, status, wait_for, cancel, list_tasks, usage, batch, webhooks]
+COMMANDS = [submit, status, wait_for, cancel, tool_outputs, list_tasks, usage, batch, webhooks]

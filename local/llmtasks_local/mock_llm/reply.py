@@ -6,7 +6,9 @@ What the answer is, first rule that applies:
 2. Tool calls, when `tool_choice` is "required", names a function, or is "auto" (or absent,
    with tools) and a message holds `[mock:call-tools]` (not after a `tool` message): every tool
    once with `parallel_tool_calls` not false (the named one alone when named), else the first;
-   their arguments generated to fit their `parameters` schema.
+   their arguments generated to fit their `parameters` schema. `[mock:agent-steps=N]` plays an
+   agent instead: one call a turn, of the tools in turn (the first, the second, ...), for N turns
+   (counted from the assistant messages with calls in the history), then rules 3-5 answer.
 3. `response_format` json_schema: JSON generated to fit the schema; json_object: a JSON object.
    `[mock:invalid-json]` in a message (or the `rate_invalid_json` draw) breaks it: JSON missing a
    required property (json_schema), or JSON cut short (json_object).
@@ -29,6 +31,8 @@ from llmtasks_local.mock_llm.request import ChatCall
 
 FINGERPRINT = "fp_mock"
 REFUSAL = "I'm sorry, I can't help with that request. (mock refusal)"
+# `[mock:agent-steps=N]`: play an agent of N tool-calling turns (rule 2).
+AGENT_STEPS = re.compile(r"\[mock:agent-steps=(?P<steps>\d{1,3})\]")
 ARGUMENT_CHUNK_CHARS = 8  # a tool call's arguments stream in pieces of this many characters
 
 
@@ -184,7 +188,11 @@ def _tool_calls(call: ChatCall) -> list[dict[str, Any]]:
     if not tools or choice == "none":
         return []
     after_tools = body["messages"][-1].get("role") == "tool"
-    if isinstance(choice, dict):
+    agent = AGENT_STEPS.search(call.text)
+    if agent and not isinstance(choice, dict):
+        turns = sum(1 for m in body["messages"] if m.get("role") == "assistant" and m.get("tool_calls"))
+        chosen = [tools[turns % len(tools)]] if turns < int(agent["steps"]) else []
+    elif isinstance(choice, dict):
         chosen = [t for t in tools if t["name"] == (choice.get("function") or {}).get("name")]
     elif choice == "required" or (choice == "auto" and call.marked("[mock:call-tools]") and not after_tools):
         chosen = tools if body.get("parallel_tool_calls", True) is not False else tools[:1]

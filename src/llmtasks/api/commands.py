@@ -44,6 +44,7 @@ from llmtasks.domain.models import (
     WebhookEndpoint,
     WebhookReplay,
 )
+from llmtasks.domain.runs import SubmitToolOutputs
 from llmtasks.observability import trace_header
 
 
@@ -108,6 +109,22 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
     )
     def cancel_task(task_id: str) -> Response[TaskView]:
         return status_reply(service_of(app).cancel(tenant_of(app), task_id))
+
+    @app.post(
+        "/tasks/<task_id>/tool_outputs",
+        summary="Answer the client function calls a run waits for (requires_action); the run goes on",
+        security=SECURITY,
+        responses={
+            **STATUS_RESPONSES,
+            400: openapi_problem("The body is not valid JSON"),
+            409: openapi_problem("The task is not waiting for tool outputs (not in requires_action)"),
+            422: openapi_problem("An invalid body, or outputs that do not answer exactly the calls asked"),
+        },
+    )
+    def submit_tool_outputs(task_id: str, body: SubmitToolOutputs) -> Response[TaskView]:
+        service = service_of(app)
+        task = service.owned(tenant_of(app), task_id)
+        return status_reply(service.runs.submit_tool_outputs(task, body))
 
     @app.post(
         "/batches",

@@ -20,6 +20,7 @@ from llmtasks.domain.models import Task, TaskStatus, Usage
 _STATUSES = {
     TaskStatus.PENDING: "queued",
     TaskStatus.PROCESSING: "in_progress",
+    TaskStatus.REQUIRES_ACTION: "in_progress",  # an agent run of /tasks, waiting for its client
     TaskStatus.COMPLETED: "completed",
     TaskStatus.FAILED: "failed",
     TaskStatus.CANCELLED: "cancelled",

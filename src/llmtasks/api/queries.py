@@ -40,6 +40,7 @@ from llmtasks.domain.models import (
     WebhookAttemptList,
 )
 from llmtasks.domain.output import TaskOutputPage
+from llmtasks.domain.steps import STEPS_CURSOR_PATTERN, StepList
 from llmtasks.domain.usage import KEPT_DAYS, Day, GroupBy, UsageReport
 
 MAX_WAIT_S = 25
@@ -82,6 +83,12 @@ AttemptsLimit = Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description="Attem
 AttemptsCursor = Annotated[
     str | None,
     Query(pattern=WEBHOOK_ATTEMPTS_CURSOR_PATTERN, description="next_cursor of the previous page (opaque)"),
+]
+
+
+StepsLimit = Annotated[int, Query(ge=1, le=100, description="Steps per page")]
+StepsCursor = Annotated[
+    str | None, Query(pattern=STEPS_CURSOR_PATTERN, description="next_cursor of the previous page (opaque)")
 ]
 
 
@@ -282,6 +289,26 @@ def add_queries(app: APIGatewayHttpResolver) -> None:
         task_id: str, limit: AttemptsLimit = 20, cursor: AttemptsCursor = None
     ) -> Response[WebhookAttemptList]:
         return _attempts_page(service_of(app).owned(tenant_of(app), task_id), limit, cursor)
+
+    @app.get(
+        "/tasks/<task_id>/steps",
+        summary="A run's steps, in order: each model call with its message and usage, each tool call"
+        " with its arguments and output",
+        security=SECURITY,
+        responses={
+            **AUTH_RESPONSES,
+            200: {
+                "description": "A page of the run's steps",
+                "content": {"application/json": {"model": StepList}},
+            },
+            404: openapi_problem("Unknown, expired or another tenant's task"),
+            422: openapi_problem("An invalid parameter (a limit out of range, a cursor off its pattern)"),
+        },
+    )
+    def task_steps(task_id: str, limit: StepsLimit = 50, cursor: StepsCursor = None) -> Response[StepList]:
+        service = service_of(app)
+        task = service.owned(tenant_of(app), task_id)
+        return json_reply(service.runs.steps(task, limit=limit, cursor=cursor), 200)
 
     @app.get(
         "/batches/<batch_id>/webhook/attempts",

@@ -27,6 +27,8 @@ from llmtasks.aws.dynamo import (
     json_text,
     serialize,
 )
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.run_steps import RunJournal
 from llmtasks.aws.task_items import TENANT_INDEX, failed_task, task_from_item, task_key
 from llmtasks.aws.task_output import TaskOutput
 from llmtasks.aws.tenant_secrets import TenantSecrets
@@ -42,9 +44,11 @@ from llmtasks.domain.models import (
     Lease,
     Task,
     TaskStatus,
+    Usage,
     WebhookAttempt,
     WebhookStatus,
 )
+from llmtasks.domain.runs import RequiredAction
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -325,10 +329,12 @@ class TaskStore:
         attempt: AttemptRecord | None = None,
         answer: Completion | None = None,
         result_ref: str | None = None,
+        usage: Usage | None = None,
     ) -> None:
         """processing (under this lease) -> failed; with the last `answer`, when it was billed
-        but did not fit what was asked, kept as the result."""
+        but did not fit what was asked, kept as the result; with a run's `usage`, its steps'."""
         kept = _answer_values(answer, result_ref) if answer else {}
+        kept |= {"usage": usage.model_dump()} if usage is not None else {}
         self._finish(
             task_id,
             lease_id=lease_id,
@@ -403,6 +409,67 @@ class TaskStore:
         except _ConditionFailed as failed:
             raise StaleWrite(task_id) from failed
 
+    def await_action(
+        self,
+        task_id: str,
+        *,
+        lease_id: str,
+        action: RequiredAction,
+        model_step: int,
+        usage: Usage,
+        attempt: AttemptRecord | None = None,
+    ) -> None:
+        """processing (under this lease) -> requires_action: the run waits, holding no lease,
+        for its client's outputs of `action`'s calls, which model step `model_step` asked for."""
+        self._finish(
+            task_id,
+            lease_id=lease_id,
+            status=TaskStatus.REQUIRES_ACTION,
+            attempt=attempt,
+            values={
+                "required_action": action.model_dump(mode="json"),
+                "action_step": model_step,
+                "usage": usage.model_dump(),
+            },
+        )
+
+    def resume(self, task_id: str, *, tenant_id: str, model_step: int, now: float) -> Task:
+        """requires_action (waiting on model step `model_step`'s calls) -> pending, its retries
+        counted afresh from here; TaskConflict when the task waits for nothing (or other calls)."""
+        try:
+            return self._transition(
+                task_id,
+                update=(
+                    f"SET #status = :pending, {_REVISE}, attempts_before_retry = attempts"
+                    " REMOVE required_action, action_step, next_attempt_at"
+                ),
+                condition=(
+                    "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
+                    " AND #status = :waiting AND action_step = :step"
+                ),
+                names=_STATUS,
+                values={
+                    ":zero": 0,
+                    ":one": 1,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":waiting": TaskStatus.REQUIRES_ACTION.value,
+                    ":tenant": tenant_id,
+                    ":step": model_step,
+                    ":now": now,
+                },
+            )
+        except _ConditionFailed as failed:
+            current = failed.old
+            if current is None or current.tenant_id != tenant_id or current.is_expired(now):
+                raise TaskNotFound(task_id) from failed
+            raise TaskConflict(
+                f"Task '{task_id}' is {current.as_read(now).status.value}, not waiting for tool outputs."
+            ) from failed
+
+    def journal(self, results: ResultBlobs) -> RunJournal:
+        """The same table's items of each run's steps."""
+        return RunJournal(self.table_name, self._client, results)
+
     def record_discarded(self, task_id: str, attempt: AttemptRecord) -> None:
         """A billed attempt whose answer the task no longer took (cancelled, or taken over while
         the call ran), added to its timeline so that its usage counts in the task's cost."""
@@ -450,7 +517,8 @@ class TaskStore:
                 update=f"SET #status = :cancelled, {_REVISE}, completed_at = :now REMOVE {_LEASE_FIELDS}",
                 condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
-                    " AND (#status = :pending OR (#status = :processing AND NOT dead_letter_at < :now))"
+                    " AND (#status IN (:pending, :waiting)"
+                    " OR (#status = :processing AND NOT dead_letter_at < :now))"
                 ),
                 names=_STATUS,
                 values={
@@ -458,6 +526,7 @@ class TaskStore:
                     ":one": 1,
                     ":cancelled": TaskStatus.CANCELLED.value,
                     ":pending": TaskStatus.PENDING.value,
+                    ":waiting": TaskStatus.REQUIRES_ACTION.value,
                     ":processing": TaskStatus.PROCESSING.value,
                     ":tenant": tenant_id,
                     ":now": now,

@@ -36,13 +36,12 @@ from llmtasks.domain.json_schema import Ways, alternatives, each, exactly_one_of
 # the document): exactly one of prompt and messages; top_logprobs only with logprobs true; a tool
 # choice only beside tools.
 ONE_INPUT: Ways = [{"prompt": True, "messages": False}, {"prompt": False, "messages": True}]
-FIELD_NEEDS = needs(
-    {
-        "top_logprobs": {"logprobs": {"type": "boolean", "const": True}},
-        "tool_choice": {"tools": {"type": "array"}},
-        "parallel_tool_calls": {"tools": {"type": "array"}},
-    }
-)
+FIELD_RULES: dict[str, dict[str, Any]] = {
+    "top_logprobs": {"logprobs": {"type": "boolean", "const": True}},
+    "tool_choice": {"tools": {"type": "array"}},
+    "parallel_tool_calls": {"tools": {"type": "array"}},
+}
+FIELD_NEEDS = needs(FIELD_RULES)
 # The name of a tool, a schema or a message's author, as OpenAI allows them.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 # An id of a file uploaded to llmtasks (POST /v1/files), as api/openai_batch_files.py makes them.
@@ -306,8 +305,20 @@ class FunctionDefinition(Strict):
 
 
 class FunctionTool(Strict):
+    """A function the model may call: nested under `function` as Chat Completions takes it, or
+    flat (`name`, `parameters` ... beside `type`) as the Responses API does."""
+
     type: Literal["function"]
     function: FunctionDefinition
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        """Responses' flat shape, {"type", "name", "parameters", ...}, nested as Chat Completions'."""
+        if not isinstance(data, dict) or "function" in data or "name" not in data:
+            return data
+        inner = {k: v for k, v in data.items() if k in FunctionDefinition.model_fields}
+        return {**{k: v for k, v in data.items() if k not in inner}, "function": inner}
 
 
 class NamedFunction(Strict):

@@ -110,9 +110,17 @@ class WebhookMessage(BaseModel):
 
     @classmethod
     def of_task(
-        cls, task_id: str, event_type: TaskEventType, *, endpoint: str, replay: bool = False
+        cls,
+        task_id: str,
+        event_type: TaskEventType,
+        *,
+        endpoint: str,
+        replay: bool = False,
+        occurrence: str | None = None,
     ) -> WebhookMessage:
-        the_id = webhook_id(task_id, event_type)
+        """`occurrence` tells apart events of one type a task sends more than once (a run's
+        requires_action, once per wait)."""
+        the_id = webhook_id(f"{task_id}/{occurrence}" if occurrence else task_id, event_type)
         return cls(
             webhook_id=the_id, task_id=task_id, event_type=event_type, endpoint=endpoint, replay=replay
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,13 +25,16 @@ from pydantic import (
 
 from llmtasks.domain.budgets import Budget
 from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
-from llmtasks.domain.json_schema import Ways, alternatives, each
-from llmtasks.domain.llm_request import FIELD_NEEDS, ONE_INPUT, LLMRequest, ToolCall
+from llmtasks.domain.json_schema import Ways, alternatives, each, needs
+from llmtasks.domain.llm_request import FIELD_RULES, ONE_INPUT, LLMRequest, ToolCall
+from llmtasks.domain.runs import DEFAULT_MAX_STEPS, EndpointTool, MaxSteps, RequiredAction
 
 
 class TaskStatus(StrEnum):
     PENDING = "pending"
     PROCESSING = "processing"
+    # A run waits for its client's tool outputs (POST /tasks/{id}/tool_outputs); no worker holds it.
+    REQUIRES_ACTION = "requires_action"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -59,11 +62,15 @@ class WebhookStatus(StrEnum):
     ENDPOINT_DISABLED = "endpoint_disabled"
 
 
-TaskEventType = Literal["task.completed", "task.failed", "task.cancelled"]
+TaskEventType = Literal["task.completed", "task.failed", "task.cancelled", "task.requires_action"]
 BatchEventType = Literal["batch.completed"]
-EventType = Literal["task.completed", "task.failed", "task.cancelled", "batch.completed"]
+EventType = Literal[
+    "task.completed", "task.failed", "task.cancelled", "task.requires_action", "batch.completed"
+]
+# A run waits for its client's tool outputs: sent each time it stops so (not a terminal event).
+TASK_REQUIRES_ACTION: TaskEventType = "task.requires_action"
 BATCH_COMPLETED: BatchEventType = "batch.completed"
-EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {
+EVENT_OF_STATUS: dict[TaskStatus, TaskEventType] = {  # the terminal events
     TaskStatus.COMPLETED: "task.completed",
     TaskStatus.FAILED: "task.failed",
     TaskStatus.CANCELLED: "task.cancelled",
@@ -93,6 +100,8 @@ WEBHOOK_URL_RULE = (
     "https, and its host must resolve to public addresses only (a host of the deployment's"
     " WEBHOOK_ALLOWED_HOSTS may be anything, over http too); refused with 422 otherwise."
 )
+# ... max_steps only beside tools ...
+TASK_NEEDS = needs({**FIELD_RULES, "max_steps": {"tools": {"type": "array"}}})
 # ... and the webhook's fields only beside its URL.
 WEBHOOK_URL: Ways = [
     {"webhook_url": False, "webhook_events": False, "webhook_format": False},
@@ -118,8 +127,19 @@ class TaskOptions(LLMRequest):
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
-    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT, WEBHOOK_URL), FIELD_NEEDS))
+    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT, WEBHOOK_URL), TASK_NEEDS))
 
+    tools: Annotated[list[EndpointTool], Field(min_length=1, max_length=128)] | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="Function tools the model may call. Without a url or max_steps, its calls come"
+        " back in `output`; with either, the task is a run (docs: agent runs).",
+    )
+    max_steps: MaxSteps | None = Field(
+        default=None,
+        description="Makes the task a run of up to this many model calls (default"
+        f" {DEFAULT_MAX_STEPS} when a tool has a url): the worker calls the url tools, waits in"
+        " requires_action for the others' outputs, and fails max_steps_exceeded past it.",
+    )
     webhook_url: WebhookUrl | None = Field(
         default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE
     )
@@ -140,7 +160,27 @@ class SubmitTaskRequest(TaskOptions):
             raise ValueError("'webhook_events' needs a 'webhook_url'")
         if self.webhook_format is not None and self.webhook_url is None:
             raise ValueError("'webhook_format' needs a 'webhook_url'")
+        if self.max_steps is not None and self.tools is None:
+            raise ValueError("'max_steps' needs 'tools'")
         return self
+
+    def llm_request(self) -> LLMRequest:
+        """The request the provider is asked, without the tools' URLs (the worker's alone)."""
+        given = self.model_dump(include=set(LLMRequest.model_fields), exclude_none=True, by_alias=True)
+        for tool in given.get("tools") or []:
+            tool.pop("url", None)
+        return LLMRequest.model_validate(given)
+
+    @property
+    def tool_urls(self) -> dict[str, str] | None:
+        """The tools the worker calls, their URLs by name; None when there are none."""
+        urls = {tool.function.name: tool.url for tool in self.tools or [] if tool.url}
+        return urls or None
+
+    @property
+    def run_steps(self) -> int | None:
+        """The run's max_steps, None when the task is a single call."""
+        return self.max_steps or (DEFAULT_MAX_STEPS if self.tool_urls else None)
 
 
 # Where OpenAI's usage keeps the counts that are part of its totals.
@@ -379,6 +419,12 @@ class Task(BaseModel):
     webhook_attempts: int = 0
     # Every HTTP attempt at its webhook, oldest first (the newest MAX_WEBHOOK_LOG kept).
     webhook_log: list[WebhookAttempt] = Field(default_factory=list)
+    # A run (steps.py): its step cap, the tools the worker calls (URLs by name) and, while it
+    # waits in requires_action, the calls it waits for and the model step that asked for them.
+    max_steps: int | None = None
+    tool_urls: dict[str, str] | None = None
+    required_action: RequiredAction | None = None
+    action_step: int | None = None
 
     @classmethod
     def submitted(
@@ -404,6 +450,7 @@ class Task(BaseModel):
         with a webhook where its events go. A new option is a field of TaskOptions, one of Task
         and a line here. An item of a batch cancelled before it existed is created cancelled."""
         webhook = options if isinstance(options, SubmitTaskRequest) and options.webhook_url else None
+        body = options if isinstance(options, SubmitTaskRequest) else None
         return cls(
             task_id=task_id,
             tenant_id=tenant_id,
@@ -430,7 +477,13 @@ class Task(BaseModel):
             tpm=tpm,
             key_id=key_id,
             budget=budget,
+            max_steps=body.run_steps if body else None,
+            tool_urls=body.tool_urls if body else None,
         )
+
+    @property
+    def is_run(self) -> bool:
+        return self.max_steps is not None
 
     @property
     def billed_cost(self) -> Decimal:
@@ -586,6 +639,9 @@ class TaskView(BaseModel):
     metadata: dict[str, Any] | None = None
     batch_id: str | None = None
     webhook: WebhookView | None = None
+    required_action: RequiredAction | None = Field(
+        default=None, description="While requires_action: the calls whose outputs the run waits for."
+    )
 
     @classmethod
     def of(cls, task: Task) -> TaskView:
@@ -615,6 +671,7 @@ class TaskView(BaseModel):
             metadata=task.metadata,
             batch_id=task.batch_id,
             webhook=WebhookView.of(task.webhook_state, task.webhook_attempts),
+            required_action=task.required_action if task.status is TaskStatus.REQUIRES_ACTION else None,
         )
 
 

@@ -22,7 +22,7 @@ from llmtasks.aws.store import TaskStore
 from llmtasks.aws.usage import utc_day
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.cursors import TaskPosition
-from llmtasks.domain.errors import TaskNotFound
+from llmtasks.domain.errors import InvalidInput, TaskNotFound
 from llmtasks.domain.input_files import FileFacts
 from llmtasks.domain.messages import WebhookSecret, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus, stored_as
@@ -31,9 +31,15 @@ from llmtasks.domain.rules import Clock, check_limits, dimensions_of, is_task_id
 from llmtasks.domain.usage import GroupBy, UsageReport, days_read, default_first
 from llmtasks.observability import Metric, emit, logger, task_keys
 from llmtasks.services.input_files import InputFiles
+from llmtasks.services.runs import RunService
 from llmtasks.services.submits import Held, SubmitSequence
 from llmtasks.services.task_output import OutputReader
-from llmtasks.services.webhook_urls import Resolver, check_webhook_url, resolver_from_settings
+from llmtasks.services.webhook_urls import (
+    Resolver,
+    UnsafeWebhookUrl,
+    check_webhook_url,
+    resolver_from_settings,
+)
 from llmtasks.settings import SubmitSettings
 
 WAIT_POLL_S = 0.5
@@ -96,6 +102,7 @@ class TaskService:
             check_webhook_url(
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
+        self._check_tool_urls(body)
         task_id = new_task_id()  # unused by a replay, which returns the task the key made
         task, replayed = self._submits.run(
             lambda: self._create(task_id, tenant_id, body, trace_header, caller),
@@ -108,6 +115,22 @@ class TaskService:
             held=Held("t", task_id, most_cost=self._most_cost(body, files)),
         )
         return Submission(task, replayed=replayed)
+
+    def _check_tool_urls(self, body: SubmitTaskRequest) -> None:
+        """The run's endpoints pass the webhooks' SSRF guard (the worker checks again at each call)."""
+        for name, url in (body.tool_urls or {}).items():
+            try:
+                check_webhook_url(
+                    url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
+                )
+            except UnsafeWebhookUrl as exc:
+                detail = exc.detail.replace("webhook_url", f"The url of tool '{name}'", 1)
+                raise InvalidInput(detail, field="tools") from exc
+
+    @property
+    def runs(self) -> RunService:
+        """What the API does with runs: their tool outputs and steps."""
+        return RunService(self._store, self._lanes, self._results, clock=self._clock)
 
     def _most_cost(self, body: SubmitTaskRequest, files: dict[str, FileFacts]) -> Decimal:
         request = body.llm_request()
@@ -144,13 +167,16 @@ class TaskService:
         return task
 
     def get(self, tenant_id: str, task_id: str, *, wait_s: float = 0) -> Task:
-        """The tenant's task; with `wait_s`, once it is terminal or when `wait_s` has passed."""
+        """The tenant's task; with `wait_s`, once it is terminal (or a run waits for the client's
+        tool outputs) or when `wait_s` has passed."""
         give_up = time.monotonic() + wait_s
         for reads in itertools.count():
             task = self.owned(tenant_id, task_id)
             left = give_up - time.monotonic()
             if task.status.is_terminal:
                 return self._results.hydrate(task)
+            if task.status is TaskStatus.REQUIRES_ACTION:
+                return task  # the client's turn: a wait ends here too
             if left <= 0:
                 return self._with_progress(task)
             # Reads 0.05, 0.1, 0.2, 0.4 s apart, then one per half second: a short task is seen

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from standardwebhooks import Webhook
-
 from llmtasks.aws.batch_store import BatchStore
 from llmtasks.aws.limits import Take
 from llmtasks.aws.results import ResultBlobs
@@ -32,7 +30,9 @@ from llmtasks.domain.messages import WebhookMessage, new_webhook_secret
 from llmtasks.domain.models import (
     BATCH_COMPLETED,
     EVENT_OF_STATUS,
+    TASK_REQUIRES_ACTION,
     Task,
+    TaskStatus,
     TaskView,
     WebhookAttempt,
     WebhookOutcome,
@@ -42,6 +42,7 @@ from llmtasks.domain.models import (
 )
 from llmtasks.domain.retry_after import parse_retry_after
 from llmtasks.observability import Metric, emit, logger, task_keys
+from llmtasks.services.signing import signed_headers
 from llmtasks.services.webhook_places import PLACE_MARGIN_S, EndpointPlaces
 from llmtasks.services.webhook_urls import (
     Resolver,
@@ -96,12 +97,7 @@ class WebhookSender:
     @staticmethod
     def sign(secrets: list[str], *, message_id: str, timestamp: datetime, body: str) -> dict[str, str]:
         """Standard Webhooks headers; several secrets give several space-separated signatures."""
-        signatures = [Webhook(secret).sign(message_id, timestamp, body) for secret in secrets]
-        return {
-            "webhook-id": message_id,
-            "webhook-timestamp": str(int(timestamp.timestamp())),
-            "webhook-signature": " ".join(signatures),
-        }
+        return signed_headers(secrets, message_id=message_id, timestamp=timestamp, body=body)
 
     async def send(self, url: str, *, message_id: str, body: str, secrets: list[str]) -> DeliveryResult:
         try:
@@ -150,6 +146,8 @@ class WebhookRelay:
         return self.relay(old if isinstance(old, Task) else None, new)
 
     def relay(self, old: Task | None, new: Task) -> bool:
+        if new.status is TaskStatus.REQUIRES_ACTION:
+            return self._relay_wait(old, new)
         if not new.webhook_url or not new.status.is_terminal or (old is not None and old.status.is_terminal):
             return False  # the stream filter should not have let it through; changes nothing
         event_type = EVENT_OF_STATUS[new.status]
@@ -163,6 +161,23 @@ class WebhookRelay:
             group=endpoint,
         )
         logger.info("webhook queued", event_type=event_type, **task_keys(new))
+        return True
+
+    def _relay_wait(self, old: Task | None, new: Task) -> bool:
+        """A run that just stopped for its client's tool outputs: task.requires_action, an
+        event of its own each wait (OpenAI's webhook events have none such: not sent in theirs)."""
+        waited = old is not None and old.status is TaskStatus.REQUIRES_ACTION
+        if not new.webhook_url or waited or new.webhook_format == "openai":
+            return False
+        if not new.wants_webhook(TASK_REQUIRES_ACTION):
+            return False
+        endpoint = endpoint_of(new.webhook_url)
+        occurrence = f"step-{new.action_step}"
+        message = WebhookMessage.of_task(
+            new.task_id, TASK_REQUIRES_ACTION, endpoint=endpoint, occurrence=occurrence
+        )
+        self._queue.send(message, trace_header=new.trace_header, group=endpoint)
+        logger.info("webhook queued", event_type=TASK_REQUIRES_ACTION, **task_keys(new))
         return True
 
     def relay_batch(self, old: Batch | None, new: Batch) -> bool:
@@ -241,12 +256,18 @@ class WebhookDelivery:
         if task is None or not task.webhook_url:
             return None
         task_id = task.task_id
+        # A wait's event logs its attempts, and leaves the status to the terminal event's.
+        kept = task.webhook_status or WebhookStatus.PENDING
+        waits = message.event_type == TASK_REQUIRES_ACTION
         return _Subject(
             url=task.webhook_url,
             tenant_id=task.tenant_id,
             data=TaskView.of(self._results.hydrate(task)),
             record=lambda status, attempt: self._store.record_webhook_outcome(
-                task_id, status=status, attempt=attempt, log=task.webhook_log
+                task_id,
+                status=kept if waits and status is not WebhookStatus.ENDPOINT_DISABLED else status,
+                attempt=attempt,
+                log=task.webhook_log,
             ),
             log=task_keys(task),
             openai=task.webhook_format == "openai",

@@ -9,6 +9,8 @@ from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
+from llmtasks.services.tool_calls import EndpointTools
+from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.settings import (
     Limits,
     LlmSettings,
@@ -56,6 +58,9 @@ def task_runner() -> TaskRunner:
         running=running_calls(),
         budgets=key_budgets(),
         tenant_rates=KeyRates(table, dynamodb(), prefix="tenantrate#"),
+        tools=EndpointTools(
+            allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)
+        ),
     )
 
 

@@ -54,11 +54,13 @@ from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
 from llmtasks.domain.rate_limits import KeyLimits
 from llmtasks.domain.rules import Clock, dimensions_of
+from llmtasks.domain.runs import MAX_STEPS_EXCEEDED
 from llmtasks.llm import LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
 from llmtasks.settings import RunnerSettings
 from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
+from llmtasks.worker.steps import Exceeded, Finished, HandOff, StepRunner, ToolEndpoints, Waiting
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -70,6 +72,11 @@ OUTCOME_TIME_S = 10.0
 # them base64-encoded, about five times their size in memory in all, and a function has 512 MB.
 # One call always runs, whatever its files (a task names 50 MB at most).
 HELD_FILE_BYTES = MAX_TASK_FILE_BYTES
+# How soon a message that finds its run still waiting looks again (its tool outputs are being written).
+RESUME_RECHECK_S = 2.0
+# A run's model calls after its first in a claim reserve under names of their own (budgets.py),
+# numbered past any attempt count.
+STEP_RESERVATIONS = 10_000
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
@@ -116,6 +123,7 @@ class TaskRunner:
         budgets: KeyBudgets | None = None,
         held_file_limit: int = HELD_FILE_BYTES,
         tenant_rates: KeyRates | None = None,
+        tools: ToolEndpoints | None = None,
     ) -> None:
         self._settings = settings
         self._tenant_rates = tenant_rates  # the tenants' tokens a minute (a key's --tpm)
@@ -131,6 +139,8 @@ class TaskRunner:
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results
+        # A run's function endpoints (services/tool_calls.py, handed in by the wiring).
+        self._steps = StepRunner(store, store.journal(results), tools, clock)
 
     @property
     def whole_call_s(self) -> float:
@@ -211,21 +221,29 @@ class TaskRunner:
             return "The task's deadline passed before it could run.", "deadline_exceeded"
         return await self._reserve_again(task)
 
-    async def _reserve_again(self, task: Task) -> tuple[str, str] | None:
+    async def _reserve_again(
+        self, task: Task, request: LLMRequest | None = None, *, attempt: int | None = None
+    ) -> tuple[str, str] | None:
         """A task whose submit's reservation is spent (an attempt was billed) or settled (a batch
         retry ran it again) reserves its most cost again before this call; the submit's covers
-        the first call."""
+        the first call. A run's later model call (`request`, its step's) reserves under its own
+        name (`attempt`)."""
         if task.budget is None or task.key_id is None or self._budgets is None:
             return None
-        if task.retried_at is None and not task.billed_cost:
+        if attempt is None and task.retried_at is None and not task.billed_cost:
             return None
-        request = task.request
-        files = await self._file_facts(task)
+        request = request or task.request
+        files = await self._file_facts(task, request)
         model = request.model or self._settings.llm_model
         most = self._settings.price_table.most_cost(request, model, files)
         try:
             await asyncio.to_thread(
-                self._budgets.reserve, task.key_id, task.budget, task.task_id, most, attempt=task.attempts
+                self._budgets.reserve,
+                task.key_id,
+                task.budget,
+                task.task_id,
+                most,
+                attempt=task.attempts if attempt is None else attempt,
             )
         except BudgetExhausted as exhausted:
             return exhausted.detail, BUDGET_EXHAUSTED
@@ -294,12 +312,17 @@ class TaskRunner:
             return
         used = 0
         try:
-            used = await self._read_and_call(task, lease_id, call_s=timeout, tokens=tokens)
+            used = await self._read_and_call(
+                task, lease_id, call_s=timeout, tokens=tokens, remaining_s=remaining_s
+            )
         finally:
             await self._settle_tenant_share(task, tokens, used)
 
-    async def _read_and_call(self, task: Task, lease_id: str, *, call_s: float, tokens: int) -> int:
-        """The call with the task's files read in, and its outcome; the tokens it used."""
+    async def _read_and_call(
+        self, task: Task, lease_id: str, *, call_s: float, tokens: int, remaining_s: Callable[[], float]
+    ) -> int:
+        """The call (a run's steps, for a run) with the task's files read in, and its outcome; the
+        tokens it used."""
         try:
             # The files the task names, read in for this call only: the task keeps their ids.
             read = functools.partial(self._results.input_file, task.tenant_id)
@@ -307,11 +330,16 @@ class TaskRunner:
         except InputFileMissing as missing:
             self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
             return 0
-        progress = self._progress_writer(task, lease_id)
-        completion = await self._call(task, request, lease_id, call_s, progress, tokens)
+        if task.is_run:
+            progress = None
+            completion = await self._run_steps(task, request, lease_id, call_s, remaining_s, tokens)
+        else:
+            progress = self._progress_writer(task, lease_id)
+            completion = await self._call(task, request, lease_id, call_s, progress, tokens)
+            completion = completion and await self._charge(task, completion)
         if completion is None:
             return 0
-        await self._record(task, lease_id, await self._charge(task, completion), progress)
+        await self._record(task, lease_id, completion, progress)
         return completion.usage.total_tokens
 
     async def _record(
@@ -325,6 +353,10 @@ class TaskRunner:
             refused=completion.refusal is not None,
             called_tools=bool(completion.tool_calls),
         )
+        if problem is not None and task.is_run:
+            # A run's last answer is recorded: a retry would read it again, not ask anew.
+            self._fail(task, lease_id, problem, INVALID_OUTPUT, answer=completion)
+            return
         if problem is not None:
             # Billed, but not what was asked: retried like a transient error, the text kept if
             # it is the last.
@@ -340,7 +372,8 @@ class TaskRunner:
                 completion=completion,
                 now=self._clock(),
                 result_ref=result_ref,
-                attempt=self._attempt(task, "completed", usage=completion.usage),
+                # A run's usage is its steps', summed in the completion: its attempts carry none.
+                attempt=self._attempt(task, "completed", usage=None if task.is_run else completion.usage),
             )
         except StaleWrite:
             # Cancelled (or taken over after our lease lapsed) while the call ran: the result is
@@ -364,6 +397,69 @@ class TaskRunner:
         emit(Metric.COMPLETED, **dimensions)
         emit(Metric.LLM_TOKENS, completion.usage.total_tokens, **dimensions)
         emit(Metric.END_TO_END, max(0.0, self._clock() - task.created_at), MetricUnit.Seconds, **dimensions)
+
+    async def _run_steps(
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        first_s: float,
+        remaining_s: Callable[[], float],
+        first_tokens: int,
+    ) -> Completion | None:
+        """A run's steps in this claim (worker/steps.py); its last answer when the model gave it,
+        else None once the claim's end is written (a wait, a hand-off, a failure)."""
+        first = True
+
+        async def call_model(asked: LLMRequest, step: int) -> Completion | None:
+            nonlocal first
+            limit = (
+                first_s
+                if first
+                else min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
+            )
+            tokens = first_tokens
+            if not first:
+                refused = await self._reserve_again(task, asked, attempt=STEP_RESERVATIONS + step)
+                if refused is not None:
+                    self._fail(task, lease_id, *refused)
+                    return None
+                tokens = await self._most_tokens(task, asked)
+            first = False
+            done = await self._call(task, asked, lease_id, limit, None, tokens)
+            return done and await self._charge(task, done)
+
+        outcome = await self._steps.run(
+            task,
+            request,
+            lease_id,
+            call_model=call_model,
+            time_left=remaining_s,
+            whole_call_s=self.whole_call_s,
+        )
+        if isinstance(outcome, Finished):
+            return outcome.completion
+        if isinstance(outcome, Waiting):
+            try:
+                await asyncio.to_thread(
+                    self._store.await_action,
+                    task.task_id,
+                    lease_id=lease_id,
+                    action=outcome.action,
+                    model_step=outcome.model_step,
+                    usage=outcome.usage,
+                )
+            except StaleWrite:
+                logger.info("cancelled during the run", **task_keys(task))
+                return None
+            logger.info("requires action", calls=len(outcome.action.tool_calls), **task_keys(task))
+        elif isinstance(outcome, Exceeded):
+            why = f"The run needed more than its max_steps ({task.max_steps}) model calls."
+            self._fail(task, lease_id, why, MAX_STEPS_EXCEEDED, usage=outcome.usage)
+        elif isinstance(outcome, HandOff):
+            why = "The invocation's time ran short: the run goes on in another."
+            self._schedule_retry(task, lease_id, 0, why, "continued", attempted=False)
+        return None
 
     def _result_ref(self, task: Task, text: str) -> str | None:
         """Where a text too large for the item is kept (ResultsBucket), else None."""
@@ -482,16 +578,17 @@ class TaskRunner:
         except BackendError:
             logger.warning("tenant's minute not settled", **task_keys(task))  # it refills anyway
 
-    async def _most_tokens(self, task: Task) -> int:
-        """The most tokens the call can use, as its budget counts them: what the provider's
-        tokens-a-minute limits are reserved with before it."""
-        model = task.request.model or self._settings.llm_model
-        return self._settings.price_table.most_tokens(task.request, model, await self._file_facts(task))
+    async def _most_tokens(self, task: Task, request: LLMRequest | None = None) -> int:
+        """The most tokens the call (the task's, or a run's step's `request`) can use, as its
+        budget counts them: what the provider's tokens-a-minute limits are reserved with before it."""
+        request = request or task.request
+        model = request.model or self._settings.llm_model
+        return self._settings.price_table.most_tokens(request, model, await self._file_facts(task, request))
 
-    async def _file_facts(self, task: Task) -> dict[str, FileFacts]:
-        """The sizes (and pages) of the files the task names, that the estimates bound it by."""
+    async def _file_facts(self, task: Task, request: LLMRequest) -> dict[str, FileFacts]:
+        """The sizes (and pages) of the files a request names, that the estimates bound it by."""
         files: dict[str, FileFacts] = {}
-        for file_id in task.request.file_ids():
+        for file_id in request.file_ids():
             facts = await asyncio.to_thread(self._results.file_facts, task.tenant_id, file_id)
             files |= {file_id: facts} if facts is not None else {}
         return files
@@ -551,6 +648,12 @@ class TaskRunner:
         if current is None or current.status.is_terminal:
             logger.info("nothing to run", task_id=task_id, status=current and current.status.value)
             return
+        if current.status is TaskStatus.REQUIRES_ACTION:
+            if delivery.receive_count >= max_receives - 1:
+                logger.info("the run waits for its client; message dropped", task_id=task_id)
+                return
+            # Tool outputs send the run's message just before they write the task pending.
+            raise RetryLater(RESUME_RECHECK_S, "the run is resuming") from refused
         if current.status is TaskStatus.PENDING:
             # A retry is scheduled and has its own delayed message: this one (a duplicate, or a
             # redelivery after a lost reply) would only call the provider before its Retry-After.
@@ -686,7 +789,14 @@ class TaskRunner:
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
 
     def _fail(
-        self, task: Task, lease_id: str, error: str, error_code: str, *, answer: Completion | None = None
+        self,
+        task: Task,
+        lease_id: str,
+        error: str,
+        error_code: str,
+        *,
+        answer: Completion | None = None,
+        usage: Usage | None = None,
     ) -> None:
         """The task failed; with the `answer` the provider billed for its last attempt, if any,
         whose text and message are kept (an answer that did not fit its response_format)."""
@@ -700,6 +810,7 @@ class TaskRunner:
                 attempt=self._attempt(task, "failed", error_code, usage=answer.usage if answer else None),
                 answer=answer,
                 result_ref=self._result_ref(task, answer.text) if answer else None,
+                usage=usage,
             )
         except StaleWrite:
             logger.info("cancelled during the call", **task_keys(task))

@@ -15,6 +15,9 @@ generated requests, so that every other refusal is checked.
   of them: uniqueItems compares whole tools, and no schema ties one field's value to another's.
   Repeated names are made unique, and a named choice names the first tool (in a request
   generated to fit the document: one generated not to is sent as it is).
+- A task body's function tool may carry a `url` (an endpoint the worker calls), refused as a
+  webhook_url is unless it resolves to a public address: in a request generated to fit the
+  document, it goes to the test's receiver.
 - A response_format's schema must be a JSON Schema: the document says an object (the
   meta-schema is the rule, which it cannot hold); a generated one that is not becomes
   `{"type": "object"}`.
@@ -60,6 +63,8 @@ def _request_rules(body: dict[str, Any]) -> None:
     for index, tool in enumerate(tools):
         # Chat Completions nests a tool's name in `function`; the Responses API has it flat.
         named = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        if isinstance(tool.get("url"), str):
+            tool["url"] = RECEIVER
         if isinstance(named.get("name"), str):
             if named["name"] in names:
                 named["name"] = f"{named['name'][:56]}_{index}"

@@ -1,0 +1,160 @@
+"""A run's steps, as its journal keeps them and `GET /tasks/{id}/steps` shows them, and what the
+run does next, read from the steps done (nothing here does I/O).
+
+Steps are numbered from 0 in the order they run: a model call `m`, then one step for each tool
+call it asked for (`m + 1 + i` for its i-th call), then the next model call. The numbers follow
+from the model's answers, so a redelivery that reads the steps done knows each step's number and
+never makes a recorded step again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from llmtasks.domain.llm_request import ChatMessage, LLMRequest, ToolCall
+from llmtasks.domain.messages import Completion
+from llmtasks.domain.models import OutputMessage, Usage
+
+StepKind = Literal["model_call", "tool_call"]
+ToolSource = Literal["endpoint", "client", "unknown"]
+# The steps' cursor: the number of the step a page starts at.
+STEPS_CURSOR_PATTERN = r"^[1-9][0-9]{0,5}$"
+
+
+class RunStep(BaseModel):
+    """One finished step: a model call with its answer, or a tool call with its output. Written
+    once (the journal's put is conditional on the step not existing)."""
+
+    step: int
+    type: StepKind
+    started_at: float
+    ended_at: float
+    completion: Completion | None = None  # a model call's
+    tool_call: ToolCall | None = None  # a tool call's
+    source: ToolSource | None = None
+    output: str | None = None
+    # Where a text too large for the item lives (ResultsBucket): the tool's output, or the
+    # model's text; the field itself is then empty until the journal reads it back.
+    text_ref: str | None = None
+
+
+class StepView(BaseModel):
+    """A step as `GET /tasks/{id}/steps` shows it."""
+
+    step: int = Field(description="Its place in the run, from 0.")
+    type: StepKind
+    started_at: datetime
+    ended_at: datetime
+    output: OutputMessage | None = Field(default=None, description="A model call's message.")
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = Field(default=None, description="A model call's tokens and cost.")
+    tool_call: ToolCall | None = Field(default=None, description="A tool call: the call the model made.")
+    tool_source: ToolSource | None = Field(
+        default=None,
+        description="Who answered the call: endpoint (its url), client (tool_outputs), unknown (no"
+        " tool has its name).",
+    )
+    tool_output: str | None = Field(default=None, description="A tool call's output.")
+
+    @classmethod
+    def of(cls, step: RunStep) -> StepView:
+        at = {
+            "step": step.step,
+            "type": step.type,
+            "started_at": datetime.fromtimestamp(step.started_at, tz=UTC),
+            "ended_at": datetime.fromtimestamp(step.ended_at, tz=UTC),
+        }
+        done = step.completion
+        if done is not None:
+            message = OutputMessage(
+                content=done.text or None,
+                refusal=done.refusal,
+                tool_calls=done.tool_calls,
+                reasoning=done.reasoning,
+            )
+            return cls(
+                **at, output=message, model=done.model, finish_reason=done.finish_reason, usage=done.usage
+            )
+        return cls(**at, tool_call=step.tool_call, tool_source=step.source, tool_output=step.output)
+
+
+class StepList(BaseModel):
+    """`GET /tasks/{id}/steps`: a page of the run's steps, in order."""
+
+    steps: list[StepView]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last page."
+    )
+
+
+# --- what comes next ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallModel:
+    step: int
+    model_steps: int  # model calls made before this one
+
+
+@dataclass(frozen=True)
+class CallTools:
+    """The calls of model step `model_step` that have no output yet, with their step numbers."""
+
+    model_step: int
+    pending: list[tuple[int, ToolCall]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    completion: Completion  # the model's last answer, with the usage of every model step summed
+
+
+Move = CallModel | CallTools | Answer
+
+
+def next_move(steps: list[RunStep]) -> Move:
+    """What the run does next, given the steps done (in order, gaps where a call is unanswered)."""
+    models = [step for step in steps if step.completion is not None]
+    if not models:
+        return CallModel(step=0, model_steps=0)
+    last = models[-1]
+    calls = last.completion.tool_calls or [] if last.completion else []
+    if not calls:
+        assert last.completion is not None
+        return Answer(last.completion.model_copy(update={"usage": usage_of(steps)}))
+    done = {step.step for step in steps}
+    pending = [(last.step + 1 + i, call) for i, call in enumerate(calls) if last.step + 1 + i not in done]
+    if pending:
+        return CallTools(model_step=last.step, pending=pending)
+    return CallModel(step=last.step + 1 + len(calls), model_steps=len(models))
+
+
+def usage_of(steps: list[RunStep]) -> Usage:
+    """The usage of every model step, summed."""
+    total = Usage()
+    for step in steps:
+        if step.completion is not None:
+            total += step.completion.usage
+    return total
+
+
+def conversation(request: LLMRequest, steps: list[RunStep]) -> LLMRequest:
+    """The request a run's next model call sends: the task's, then each step as a message (the
+    model's answers as assistant messages, the tools' outputs as tool messages)."""
+    messages = list(request.messages or [ChatMessage(role="user", content=request.prompt)])
+    for step in steps:
+        if step.completion is not None:
+            done = step.completion
+            messages.append(
+                ChatMessage(role="assistant", content=done.text or None, tool_calls=done.tool_calls or None)
+            )
+        elif step.tool_call is not None:
+            messages.append(
+                ChatMessage(role="tool", tool_call_id=step.tool_call.id, content=step.output or "")
+            )
+    return request.model_copy(update={"prompt": None, "messages": messages})

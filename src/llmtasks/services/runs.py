@@ -1,0 +1,80 @@
+"""What the HTTP API does with a run: take the client's tool outputs (each recorded as its step,
+then the run goes on: a new TaskQueue message) and list its steps."""
+
+from __future__ import annotations
+
+import time
+
+from llmtasks.aws.queues import TaskLanes
+from llmtasks.aws.results import ResultBlobs
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.errors import InvalidInput, TaskConflict
+from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.domain.rules import Clock
+from llmtasks.domain.runs import MAX_CLIENT_OUTPUT_BYTES, SubmitToolOutputs
+from llmtasks.domain.steps import RunStep, StepList, StepView
+from llmtasks.observability import logger, task_keys
+
+# The run's message comes this long after the outputs are written (an SQS delay), so that it
+# finds the task pending; one that comes early looks again (runner.RESUME_RECHECK_S).
+RESUME_DELAY_S = 1
+
+
+class RunService:
+    def __init__(
+        self, store: TaskStore, lanes: TaskLanes, results: ResultBlobs, *, clock: Clock = time.time
+    ) -> None:
+        self._store = store
+        self._lanes = lanes
+        self._journal = store.journal(results)
+        self._clock = clock
+
+    def submit_tool_outputs(self, task: Task, body: SubmitToolOutputs) -> Task:
+        """The client's outputs of the calls `task` (the tenant's, as read) waits for: each
+        recorded as its step, then the run pending again with its message sent. 409 when the task
+        waits for nothing; 422 when the outputs do not answer exactly the calls it waits for."""
+        action, model_step = task.required_action, task.action_step
+        if task.status is not TaskStatus.REQUIRES_ACTION or action is None or model_step is None:
+            raise TaskConflict(f"Task '{task.task_id}' is {task.status.value}, not waiting for tool outputs.")
+        asked = [call.id for call in action.tool_calls]
+        given = {output.tool_call_id: output.output for output in body.tool_outputs}
+        if set(given) != set(asked):
+            raise InvalidInput(
+                f"tool_outputs must answer exactly the calls required_action lists: {', '.join(asked)}.",
+                field="tool_outputs",
+            )
+        if any(len(output.encode()) > MAX_CLIENT_OUTPUT_BYTES for output in given.values()):
+            raise InvalidInput(
+                f"a tool output is over {MAX_CLIENT_OUTPUT_BYTES:,} bytes of UTF-8.", field="tool_outputs"
+            )
+        asking = self._journal.get(task.task_id, model_step)
+        calls = asking.completion.tool_calls or [] if asking and asking.completion else []
+        now = self._clock()
+        for index, call in enumerate(calls):
+            if call.id in given:
+                step = RunStep(
+                    step=model_step + 1 + index,
+                    type="tool_call",
+                    started_at=now,
+                    ended_at=now,
+                    tool_call=call,
+                    source="client",
+                    output=given[call.id],
+                )
+                self._journal.record(task.task_id, step, expires_at=task.expires_at)
+        # The message first, then the write: a run written pending always has its message.
+        self._lanes.send(task, delay_s=RESUME_DELAY_S)
+        resumed = self._store.resume(task.task_id, tenant_id=task.tenant_id, model_step=model_step, now=now)
+        logger.info("tool outputs taken", calls=len(given), **task_keys(task))
+        return resumed
+
+    def steps(self, task: Task, *, limit: int, cursor: str | None) -> StepList:
+        """A page of the run's steps (the tenant's task, as read), in order, from `cursor`."""
+        first = int(cursor) if cursor is not None else 0
+        page = self._journal.steps(task.task_id, first=first, limit=limit + 1)
+        more = len(page) > limit
+        page = page[:limit]
+        return StepList(
+            steps=[StepView.of(step) for step in page],
+            next_cursor=str(page[-1].step + 1) if more and page else None,
+        )

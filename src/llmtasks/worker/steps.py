@@ -1,0 +1,177 @@
+"""A run's steps within one claim of its task: read what the journal holds, then take the next
+step, record it, and so on, until the model answers, the run must wait for its client, its time
+in this invocation runs short, or its steps run out (domain/steps.py decides what comes next).
+
+Each step is recorded (a conditional put) before the next starts, so a redelivery after a crash
+or a timeout resumes at the first unfinished step and never makes a recorded model call again.
+The model calls themselves (reserve, call, charge) are the runner's: it hands in `call_model`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmtasks.aws.run_steps import RunJournal
+from llmtasks.aws.store import TaskStore
+from llmtasks.domain.llm_request import LLMRequest, ToolCall
+from llmtasks.domain.messages import Completion, new_webhook_secret
+from llmtasks.domain.models import Task, Usage
+from llmtasks.domain.rules import Clock
+from llmtasks.domain.runs import RequiredAction
+from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move, usage_of
+from llmtasks.observability import logger, task_keys
+
+# A model call's answer, or None when there is none to record (the runner dealt with the error).
+ModelCall = Callable[[LLMRequest, int], Awaitable[Completion | None]]
+
+
+class ToolEndpoints(Protocol):
+    """Calls a function endpoint (services/tool_calls.py): its output, or an error text."""
+
+    timeout_s: float
+
+    async def call(self, url: str, call: ToolCall, *, secrets: list[str]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Finished:
+    completion: Completion  # the last answer, with every model step's usage summed
+
+
+@dataclass(frozen=True)
+class Waiting:
+    action: RequiredAction
+    model_step: int
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Exceeded:
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """Too little time left in this invocation for the next step: the run goes on in another."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A model call ended with no answer (the runner retried or failed the task), or the task
+    moved on (cancelled, or taken over)."""
+
+
+Outcome = Finished | Waiting | Exceeded | HandOff | Stopped
+
+
+class StepRunner:
+    def __init__(
+        self, store: TaskStore, journal: RunJournal, tools: ToolEndpoints | None, clock: Clock
+    ) -> None:
+        self._store = store
+        self._journal = journal
+        self._tools = tools
+        self._clock = clock
+
+    async def run(
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        *,
+        call_model: ModelCall,
+        time_left: Callable[[], float],
+        whole_call_s: float,
+    ) -> Outcome:
+        steps = await asyncio.to_thread(self._journal.steps, task.task_id)
+        called = False  # a model call made in this claim
+        while True:
+            move = next_move(steps)
+            if isinstance(move, Answer):
+                return Finished(move.completion)
+            if isinstance(move, CallTools):
+                outcome = await self._tool_calls(task, move, steps, time_left)
+                if outcome is not None:
+                    return outcome
+                continue
+            assert isinstance(move, CallModel)
+            if move.model_steps >= (task.max_steps or 0):
+                return Exceeded(usage_of(steps))
+            if called:
+                if time_left() < whole_call_s:
+                    return HandOff()
+                if not await self._still_ours(task, lease_id):
+                    return Stopped()
+            started = self._clock()
+            completion = await call_model(conversation(request, steps), move.step)
+            if completion is None:
+                return Stopped()
+            called = True
+            step = RunStep(
+                step=move.step,
+                type="model_call",
+                started_at=started,
+                ended_at=self._clock(),
+                completion=completion,
+            )
+            steps.append(await self._record(task, step))
+            logger.info("run step", step=move.step, kind="model_call", **task_keys(task))
+
+    async def _tool_calls(
+        self, task: Task, move: CallTools, steps: list[RunStep], time_left: Callable[[], float]
+    ) -> Outcome | None:
+        """The pending calls of the endpoints, each recorded; the outcome that ends this claim
+        (the run waits for its client's outputs, or hands off), None when the model is next."""
+        urls = task.tool_urls or {}
+        names = {tool.function.name for tool in task.request.tools or []}
+        clients: list[ToolCall] = []
+        for number, call in move.pending:
+            name = call.function.name
+            if name in names and name not in urls:
+                clients.append(call)
+                continue
+            if self._tools is not None and time_left() < 2 * self._tools.timeout_s:
+                return HandOff()
+            started = self._clock()
+            if name in urls and self._tools is None:
+                output, source = "error: this deployment calls no function endpoints", "endpoint"
+            elif name in urls and self._tools is not None:
+                output, source = (
+                    await self._tools.call(urls[name], call, secrets=await self._secrets(task)),
+                    "endpoint",
+                )
+            else:
+                output, source = f"error: no tool is named {name!r}", "unknown"
+            step = RunStep(
+                step=number,
+                type="tool_call",
+                started_at=started,
+                ended_at=self._clock(),
+                tool_call=call,
+                source=source,
+                output=output,
+            )
+            steps.append(await self._record(task, step))
+            steps.sort(key=lambda done: done.step)
+            logger.info("run step", step=number, kind="tool_call", tool=name, **task_keys(task))
+        if clients:
+            return Waiting(RequiredAction(tool_calls=clients), move.model_step, usage_of(steps))
+        return None
+
+    async def _record(self, task: Task, step: RunStep) -> RunStep:
+        return await asyncio.to_thread(self._journal.record, task.task_id, step, expires_at=task.expires_at)
+
+    async def _secrets(self, task: Task) -> list[str]:
+        secrets = await asyncio.to_thread(
+            self._store.tenants.secrets, task.tenant_id, new_secret=new_webhook_secret()
+        )
+        return secrets.signing(self._clock())
+
+    async def _still_ours(self, task: Task, lease_id: str) -> bool:
+        """The task is still this claim's (not cancelled, nor taken over): checked before each
+        model call after the first, so a cancelled run spends no more tokens."""
+        current = await asyncio.to_thread(self._store.get, task.task_id, now=self._clock())
+        return current is not None and current.lease_id == lease_id

@@ -1,0 +1,96 @@
+"""A run on the local stack: a task with tools takes steps through the worker, calling a function
+endpoint on 127.0.0.1 and waiting for a client function's output, given through the SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from standardwebhooks import Webhook
+
+import llmtasks_client
+from tests.e2e.conftest import RunningStack
+from tests.helpers import HANG_S, ToolEndpoint, serve
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[ToolEndpoint, str]]:
+    tool = ToolEndpoint()
+    with serve(tool.app()) as url:
+        yield tool, url + "/tool"
+
+
+def test_a_run_of_several_steps_with_an_endpoint_and_a_client_function(
+    fresh_mock: RunningStack, endpoint: tuple[ToolEndpoint, str]
+) -> None:
+    tool, url = endpoint
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "url": url}
+    confirm = {"type": "function", "function": {"name": "confirm", "parameters": {"type": "object"}}}
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        # Given a run whose model asks for lookup, confirm, lookup, then answers
+        task = client.submit("Plan the trip [mock:agent-steps=3]", tools=[lookup, confirm])
+
+        # When it runs, it stops for the client's function after the endpoint's call
+        waiting = client.wait(task.task_id, timeout=HANG_S)
+        assert waiting.status is llmtasks_client.TaskStatus.REQUIRES_ACTION, waiting.error
+        assert waiting.required_action is not None
+        [asked] = waiting.required_action.tool_calls
+        assert asked.function.name == "confirm"
+        assert len(tool.calls) == 1
+
+        # And the client's output, through the SDK, lets it go on to its answer
+        resumed = client.submit_tool_outputs(task.task_id, {asked.id: "confirmed by the user"})
+        assert resumed.status is llmtasks_client.TaskStatus.PENDING
+        done = client.wait(task.task_id, timeout=HANG_S)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        assert done.result is not None
+        assert "tool result 2" in done.result
+
+        # Then the steps are listed in order, four model calls and three tool calls
+        steps = client.steps(task.task_id).steps
+        assert [(s.type, s.tool_source) for s in steps] == [
+            ("model_call", None),
+            ("tool_call", "endpoint"),
+            ("model_call", None),
+            ("tool_call", "client"),
+            ("model_call", None),
+            ("tool_call", "endpoint"),
+            ("model_call", None),
+        ]
+        assert steps[3].tool_output == "confirmed by the user"
+        assert done.usage is not None
+        assert done.usage.total_tokens == sum(s.usage.total_tokens for s in steps if s.usage)
+
+        # And the mock saw each model step once; the endpoint's calls came signed
+        assert fresh_mock.mock_stats()["calls"] == 4
+        with fresh_mock.client() as http:
+            secret = http.get("/webhooks/secret").json()["key"]
+        for call in tool.calls:
+            Webhook(secret).verify(call.body, call.headers)
+
+        # Answering again is refused: the run waits for nothing
+        with pytest.raises(llmtasks_client.ProblemError) as refused:
+            client.submit_tool_outputs(task.task_id, {asked.id: "again"})
+        assert refused.value.status == 409
+
+
+def test_the_cli_shows_a_waiting_run_s_calls_and_answers_them(fresh_mock: RunningStack) -> None:
+    confirm = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        task = client.submit("Ask first [mock:agent-steps=1]", tools=[confirm], max_steps=3)
+        waiting = client.wait(task.task_id, timeout=HANG_S)
+        assert waiting.required_action is not None
+        [asked] = waiting.required_action.tool_calls
+        status = fresh_mock.run_cli("status", task.task_id)
+        assert status.returncode == 0, status.stderr
+        shown = status.stdout
+        assert "requires_action" in shown
+        assert f"{asked.id}  confirm(" in shown
+        answered = fresh_mock.run_cli("tool-outputs", task.task_id, f"{asked.id}=yes")
+        assert answered.returncode == 0, answered.stderr
+        done = client.wait(task.task_id, timeout=HANG_S)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        assert done.result is not None
+        assert f"{asked.id}: yes" in done.result

@@ -1,0 +1,332 @@
+"""Runs: a task with tools taking steps (model, tools, model ...) through the worker, on moto and
+the mock LLM over HTTP; its journal, its waits for the client's outputs, its step cap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+
+from llmtasks.domain.errors import InvalidInput, TaskConflict
+from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
+from llmtasks.domain.messages import Completion, new_webhook_secret
+from llmtasks.domain.models import SubmitTaskRequest, TaskStatus, Usage
+from llmtasks.domain.runs import MAX_STEPS_EXCEEDED, SubmitToolOutputs
+from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move
+from llmtasks.llm.openai import OpenAIChat
+from llmtasks.services.tool_calls import EndpointTools
+from llmtasks.services.webhook_urls import no_lookups
+from llmtasks.settings import Settings
+from llmtasks.worker.runner import TaskRunner
+from tests.conftest import Aws, RunningMock, lambda_context
+from tests.helpers import ToolEndpoint, blobs, eventually, serve
+from tests.unit.test_worker import CrashingLLM, Worker, redelivered
+
+pytestmark = pytest.mark.unit
+
+
+class RunWorker(Worker):
+    """The worker with its function endpoints called for real (on 127.0.0.1)."""
+
+    def runner(self, llm: Any = None, pacer: Any = None, **overrides: Any) -> TaskRunner:
+        settings = self.settings.model_copy(update=overrides)
+        llm = llm or OpenAIChat(base_url=self.llm_url, api_key=None, default_model="mock-model")
+        tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, attempts=2)
+        return TaskRunner(
+            settings, self.store, self.lanes, llm, clock=self.clock, results=blobs(settings), tools=tools
+        )
+
+    def submit_run(self, prompt: str, tools: list[dict[str, Any]], **options: Any) -> str:
+        body = SubmitTaskRequest.model_validate({"prompt": prompt, "tools": tools, **options})
+        return self.service.submit("default", body).task.task_id
+
+    def deliver(self) -> dict[str, Any]:
+        """The queued messages (a resume's is delayed a second) handed to the worker."""
+        messages = eventually(self.queued, bool, timeout_s=10, every_s=0.2)
+        return self.run(messages)
+
+
+@pytest.fixture
+def worker(aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> RunWorker:
+    overrides = {"retry_base_delay_s": 0.0, "worker_call_slots": 0}
+    return RunWorker(aws, handler, settings.model_copy(update=overrides), mock_llm)
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[ToolEndpoint, str]]:
+    tool = ToolEndpoint()
+    with serve(tool.app()) as url:
+        yield tool, url + "/tool"
+
+
+def lookup(url: str) -> dict[str, Any]:
+    # Responses' flat shape, with the endpoint: the worker calls it.
+    return {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "url": url}
+
+
+# Chat Completions' nested shape, no url: the client answers its calls.
+ASK_USER = {"type": "function", "function": {"name": "ask_user", "parameters": {"type": "object"}}}
+
+
+def test_a_run_calls_its_endpoint_waits_for_its_client_and_answers(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], mock_llm: RunningMock
+) -> None:
+    # Given a run whose model asks for lookup, then ask_user, then lookup again, then answers
+    tool, url = endpoint
+    task_id = worker.submit_run("plan it [mock:agent-steps=3]", [lookup(url), ASK_USER])
+
+    # When the worker takes it: it calls the endpoint, then stops for the client's function
+    worker.deliver()
+    waiting = worker.task(task_id)
+    assert waiting.status is TaskStatus.REQUIRES_ACTION
+    assert waiting.lease_id is None  # no worker holds a waiting run
+    [asked] = waiting.required_action.tool_calls
+    assert asked.function.name == "ask_user"
+    assert len(tool.calls) == 1
+    assert mock_llm.stats.calls == 2
+
+    # The endpoint's request is signed with the tenant's secret, as webhooks are
+    secret = worker.service.webhook_secret("default").key
+    call = tool.calls[0]
+    Webhook(secret).verify(call.body, call.headers)
+    first_model = worker.service.runs.steps(worker.task(task_id), limit=10, cursor=None).steps[0]
+    assert call.headers["webhook-id"] == first_model.output.tool_calls[0].id
+
+    # When the client answers it, the run goes on to its answer
+    resumed = worker.service.runs.submit_tool_outputs(
+        waiting, SubmitToolOutputs(tool_outputs=[{"tool_call_id": asked.id, "output": "the user says yes"}])
+    )
+    assert resumed.status is TaskStatus.PENDING
+    worker.deliver()
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    assert "tool result 2" in done.result  # the last tool output, read back by the model
+    assert mock_llm.stats.calls == 4  # four model steps, none made twice
+    assert len(tool.calls) == 2
+
+    # Then its steps are the model calls and tool calls in order, with each model call's usage
+    steps = worker.service.runs.steps(done, limit=50, cursor=None).steps
+    assert [(s.type, s.tool_source) for s in steps] == [
+        ("model_call", None),
+        ("tool_call", "endpoint"),
+        ("model_call", None),
+        ("tool_call", "client"),
+        ("model_call", None),
+        ("tool_call", "endpoint"),
+        ("model_call", None),
+    ]
+    assert steps[3].tool_output == "the user says yes"
+    summed = sum(step.usage.total_tokens for step in steps if step.usage)
+    assert done.usage.total_tokens == summed > 0
+    # A page of two, and the next from its cursor
+    page = worker.service.runs.steps(done, limit=2, cursor=None)
+    assert [s.step for s in page.steps] == [0, 1]
+    assert page.next_cursor == "2"
+    rest = worker.service.runs.steps(done, limit=50, cursor=page.next_cursor)
+    assert [s.step for s in rest.steps] == [2, 3, 4, 5, 6]
+    assert rest.next_cursor is None
+
+
+class CrashAfter:
+    """The mock over HTTP for `calls` model calls, then a crash before the next one leaves."""
+
+    def __init__(self, llm: OpenAIChat, calls: int) -> None:
+        self.llm, self.left = llm, calls
+
+    async def complete(self, request: LLMRequest, **kwargs: Any) -> Completion:
+        if self.left == 0:
+            return await CrashingLLM().complete(request, **kwargs)
+        self.left -= 1
+        return await self.llm.complete(request, **kwargs)
+
+
+def test_a_redelivery_resumes_the_run_at_its_first_unfinished_step(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], mock_llm: RunningMock
+) -> None:
+    # Given a run whose worker died after two model calls and a tool call were recorded
+    tool, url = endpoint
+    task_id = worker.submit_run("research [mock:agent-steps=3]", [lookup(url)])
+    [message] = worker.queued()
+    real = OpenAIChat(base_url=worker.llm_url, api_key=None, default_model="mock-model")
+    worker.run([message], llm=CrashAfter(real, 2))
+    assert worker.task(task_id).status is TaskStatus.PROCESSING
+    assert mock_llm.stats.calls == 2
+
+    # When its message comes again, the run resumes after its recorded steps
+    worker.run([redelivered(message, 2)])
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    # Then no model step ran twice: four in all, as the agent takes
+    assert mock_llm.stats.calls == 4
+    assert len(tool.calls) == 3
+    steps = worker.service.runs.steps(done, limit=50, cursor=None).steps
+    assert [s.step for s in steps] == list(range(7))
+
+
+def test_a_run_past_its_max_steps_fails(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], mock_llm: RunningMock
+) -> None:
+    _, url = endpoint
+    task_id = worker.submit_run("loop [mock:agent-steps=9]", [lookup(url)], max_steps=2)
+    worker.deliver()
+    failed = worker.task(task_id)
+    assert failed.status is TaskStatus.FAILED
+    assert failed.error_code == MAX_STEPS_EXCEEDED
+    assert mock_llm.stats.calls == 2
+    assert failed.usage is not None
+    assert failed.usage.total_tokens > 0
+
+
+def test_tool_outputs_are_taken_only_from_a_waiting_run_for_exactly_its_calls(
+    worker: RunWorker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit_run("ask [mock:agent-steps=1]", [ASK_USER], max_steps=3)
+    outputs = SubmitToolOutputs(tool_outputs=[{"tool_call_id": "call_x", "output": "o"}])
+    with pytest.raises(TaskConflict):  # pending: it waits for nothing yet
+        worker.service.runs.submit_tool_outputs(worker.task(task_id), outputs)
+    worker.deliver()
+    waiting = worker.task(task_id)
+    assert waiting.status is TaskStatus.REQUIRES_ACTION
+    with pytest.raises(InvalidInput):  # an id it did not ask for
+        worker.service.runs.submit_tool_outputs(waiting, outputs)
+    assert worker.task(task_id).status is TaskStatus.REQUIRES_ACTION
+    [asked] = waiting.required_action.tool_calls
+    answer = SubmitToolOutputs(tool_outputs=[{"tool_call_id": asked.id, "output": "42"}])
+    worker.service.runs.submit_tool_outputs(waiting, answer)
+    with pytest.raises(TaskConflict):  # answered once: the second is refused
+        worker.service.runs.submit_tool_outputs(waiting, answer)
+    worker.deliver()
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+    assert mock_llm.stats.calls == 2
+
+
+def test_a_waiting_run_can_be_cancelled(worker: RunWorker) -> None:
+    task_id = worker.submit_run("ask [mock:agent-steps=1]", [ASK_USER], max_steps=3)
+    worker.deliver()
+    assert worker.task(task_id).status is TaskStatus.REQUIRES_ACTION
+    assert worker.service.cancel("default", task_id).status is TaskStatus.CANCELLED
+
+
+def test_a_tool_url_must_pass_the_ssrf_guard(worker: RunWorker) -> None:
+    with pytest.raises(InvalidInput, match="tool 'lookup'"):
+        worker.submit_run("x", [lookup("https://10.0.0.1/tool")])
+    with pytest.raises(ValueError, match="max_steps"):
+        SubmitTaskRequest.model_validate({"prompt": "x", "max_steps": 3})
+
+
+def test_a_task_with_tools_and_neither_url_nor_max_steps_stays_one_call(
+    worker: RunWorker, mock_llm: RunningMock
+) -> None:
+    task_id = worker.submit_run("one call [mock:call-tools]", [ASK_USER])
+    worker.deliver()
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED
+    assert done.tool_calls
+    assert not done.is_run
+
+
+def test_the_provider_never_sees_a_tool_s_url() -> None:
+    body = SubmitTaskRequest.model_validate({"prompt": "x", "tools": [lookup("https://tools.example/t")]})
+    sent = body.llm_request().parameters()["tools"]
+    assert sent == [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    assert body.tool_urls == {"lookup": "https://tools.example/t"}
+    assert body.run_steps == 20
+
+
+# --- the next move, from the steps done ---------------------------------------------------------
+
+
+def model_step(number: int, calls: list[str], text: str = "") -> RunStep:
+    tool_calls = [{"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in calls]
+    usage = Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3)
+    completion = Completion(text=text, model="m", usage=usage, tool_calls=tool_calls or None)
+    return RunStep(step=number, type="model_call", started_at=0, ended_at=0, completion=completion)
+
+
+def tool_step(number: int, call_id: str) -> RunStep:
+    call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return RunStep(step=number, type="tool_call", started_at=0, ended_at=0, tool_call=call, output="out")
+
+
+def test_the_next_move_follows_from_the_steps_done() -> None:
+    assert next_move([]) == CallModel(step=0, model_steps=0)
+    asked = model_step(0, ["a", "b"])
+    move = next_move([asked, tool_step(2, "b")])  # b answered, a not: a gap at 1
+    assert isinstance(move, CallTools)
+    assert [(n, c.id) for n, c in move.pending] == [(1, "a")]
+    assert next_move([asked, tool_step(1, "a"), tool_step(2, "b")]) == CallModel(step=3, model_steps=1)
+    steps = [asked, tool_step(1, "a"), tool_step(2, "b"), model_step(3, [], text="done")]
+    answer = next_move(steps)
+    assert isinstance(answer, Answer)
+    assert answer.completion.text == "done"
+    assert answer.completion.usage.total_tokens == 6
+    sent = conversation(LLMRequest(prompt="go"), steps[:3])
+    assert [m.role for m in sent.messages or []] == ["user", "assistant", "tool", "tool"]
+    assert json.loads(sent.messages[1].model_dump_json())["tool_calls"][0]["id"] == "a"  # type: ignore[index]
+
+
+def test_a_step_past_the_item_s_room_keeps_its_text_in_the_bucket_and_is_written_once(
+    worker: RunWorker,
+) -> None:
+    journal = worker.store.journal(blobs(worker.settings))
+    big = "x" * 150_000
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    step = RunStep(step=1, type="tool_call", started_at=1, ended_at=2, tool_call=call, output=big)
+    assert journal.record("t1", step, expires_at=2**31) == step
+    again = step.model_copy(update={"output": "another delivery's"})
+    assert journal.record("t1", again, expires_at=2**31).output == big  # the first one stands
+    [read] = journal.steps("t1")
+    assert read.output == big
+    assert read.text_ref is not None
+
+
+def test_a_run_short_of_time_hands_on_to_another_invocation_and_goes_on_there(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], aws: Aws, mock_llm: RunningMock
+) -> None:
+    # Given an invocation with 20 s left: a model call, but no room for what follows
+    tool, url = endpoint
+    task_id = worker.submit_run("two turns [mock:agent-steps=2]", [lookup(url)])
+    worker.context = lambda_context(aws.function("WorkerFunction"), timeout_s=20)
+    worker.deliver()
+    handed = worker.task(task_id)
+    assert handed.status is TaskStatus.PENDING
+    assert handed.last_error_code == "continued"
+    assert handed.attempts == 0  # a hand-off costs the run none of its retries
+    assert mock_llm.stats.calls == 1
+    assert not tool.calls
+
+    # When its continuation message comes to an invocation with time, the run goes on to its end
+    worker.context = lambda_context(aws.function("WorkerFunction"))
+    worker.deliver()
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    assert mock_llm.stats.calls == 3  # three model steps, the first not made again
+    assert len(tool.calls) == 2
+
+
+def test_an_endpoint_is_tried_again_after_a_5xx_but_not_after_a_refusal(
+    endpoint: tuple[ToolEndpoint, str],
+) -> None:
+    tool, url = endpoint
+    tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, sleep=no_sleep)
+    call = ToolCall(id="call_1", function=FunctionCall(name="lookup", arguments='{"q": 1}'))
+    tool.answers = [503]
+    assert asyncio.run(tools.call(url, call, secrets=[new_webhook_secret()])) == "tool result 2"
+    assert [c.body for c in tool.calls] == [b'{"q": 1}'] * 2
+    assert tool.calls[0].headers["webhook-id"] == tool.calls[1].headers["webhook-id"] == "call_1"
+    tool.answers = [404]
+    refused = asyncio.run(tools.call(url, call, secrets=[new_webhook_secret()]))
+    assert refused == "error: the tool 'lookup' failed: the endpoint answered 404"
+    assert len(tool.calls) == 3
+    # A url the guard refuses is never called
+    inside = asyncio.run(tools.call("https://10.0.0.1/tool", call, secrets=[new_webhook_secret()]))
+    assert inside.startswith("error: the tool's url is refused")
+    assert len(tool.calls) == 3
+
+
+async def no_sleep(_: float) -> None:
+    return None
