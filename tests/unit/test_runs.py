@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -179,6 +180,40 @@ def test_a_run_past_its_max_steps_fails(
     assert mock_llm.stats.calls == 2
     assert failed.usage is not None
     assert failed.usage.total_tokens > 0
+
+
+class ClockAfterFirstCall:
+    """The LLM, with the worker's clock moved on `by_s` once its first call answers."""
+
+    def __init__(self, llm: Any, worker: RunWorker, by_s: float) -> None:
+        self.llm, self.worker, self.by_s = llm, worker, by_s
+        self.shift = 0.0
+        worker.clock = lambda: time.time() + self.shift
+
+    async def complete(self, request: LLMRequest, **kwargs: Any) -> Completion:
+        done = await self.llm.complete(request, **kwargs)
+        self.shift = self.by_s
+        return done
+
+
+def test_a_run_s_deadline_bounds_each_of_its_model_calls_not_the_first_alone(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], mock_llm: RunningMock
+) -> None:
+    # Given a run of 60 s whose first model call, as the clock reads it, ends past that
+    tool, url = endpoint
+    task_id = worker.submit_run("slow [mock:agent-steps=3]", [lookup(url)], timeout_s=60)
+    real = OpenAIChat(base_url=worker.llm_url, api_key=None, default_model="mock-model")
+    llm = ClockAfterFirstCall(real, worker, by_s=61)
+    # When the claim goes on to its next model call
+    worker.run(worker.queued(), llm=llm)
+    # Then that call is not made: the run fails at its deadline, its first step kept
+    failed = worker.task(task_id)
+    assert failed.status is TaskStatus.FAILED
+    assert failed.error_code == "deadline_exceeded"
+    assert mock_llm.stats.calls == 1
+    assert len(tool.calls) == 1
+    steps = worker.service.runs.steps(failed, limit=50, cursor=None).steps
+    assert [s.type for s in steps] == ["model_call", "tool_call"]
 
 
 def test_tool_outputs_are_taken_only_from_a_waiting_run_for_exactly_its_calls(

@@ -213,13 +213,16 @@ class TaskRunner:
                 # The outcome is stored; the place is cleared once its lease lapses.
                 logger.warning("running place not given back", **task_keys(task))
 
-    async def _unrunnable(self, task: Task, now: float) -> tuple[str, str] | None:
-        """Why the claimed task fails without a call (its error and code), if it does: its
-        deadline passed, or its key's budget has no room for the call."""
+    async def _unrunnable(
+        self, task: Task, now: float, request: LLMRequest | None = None, *, attempt: int | None = None
+    ) -> tuple[str, str] | None:
+        """Why the claimed task (or a run's next model call: `request`, `attempt` as in
+        `_reserve_again`) fails without a call (its error and code), if it does: its deadline
+        passed, or its key's budget has no room for the call."""
         deadline = task.deadline
         if deadline is not None and now >= deadline:
             return "The task's deadline passed before it could run.", "deadline_exceeded"
-        return await self._reserve_again(task)
+        return await self._reserve_again(task, request, attempt=attempt)
 
     async def _reserve_again(
         self, task: Task, request: LLMRequest | None = None, *, attempt: int | None = None
@@ -420,10 +423,12 @@ class TaskRunner:
             )
             tokens = first_tokens
             if not first:
-                refused = await self._reserve_again(task, asked, attempt=STEP_RESERVATIONS + step)
+                now = self._clock()
+                refused = await self._unrunnable(task, now, asked, attempt=STEP_RESERVATIONS + step)
                 if refused is not None:
                     self._fail(task, lease_id, *refused)
                     return None
+                limit = min(limit, task.deadline - now) if task.deadline is not None else limit
                 tokens = await self._most_tokens(task, asked)
             first = False
             done = await self._call(task, asked, lease_id, limit, None, tokens)
