@@ -67,7 +67,14 @@ def test_counts_follow_each_task_through_its_statuses_once_however_often_records
     count_tasks(aws, handler)
 
     view = counts.read()
-    assert view.by_status == {"pending": 1, "processing": 1, "completed": 1, "failed": 1, "cancelled": 1}
+    assert view.by_status == {
+        "pending": 1,
+        "processing": 1,
+        "requires_action": 0,
+        "completed": 1,
+        "failed": 1,
+        "cancelled": 1,
+    }
     assert view.by_tenant == {
         "acme": {"completed": 1, "failed": 1, "cancelled": 1},
         "globex": {"processing": 1, "pending": 1},
