@@ -42,7 +42,7 @@ def test_a_run_of_several_steps_with_an_endpoint_and_a_client_function(
 
         # And the client's output, through the SDK, lets it go on to its answer
         resumed = client.submit_tool_outputs(task.task_id, {asked.id: "confirmed by the user"})
-        assert resumed.status is llmtasks_client.TaskStatus.PENDING
+        assert resumed.status is llmtasks_client.TaskStatus.PROCESSING
         done = client.wait(task.task_id, timeout=HANG_S)
         assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
         assert done.result is not None

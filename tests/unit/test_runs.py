@@ -16,7 +16,7 @@ from llmtasks.domain.errors import InvalidInput, TaskConflict
 from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, TaskStatus, Usage
-from llmtasks.domain.runs import MAX_STEPS_EXCEEDED, SubmitToolOutputs
+from llmtasks.domain.runs import DEFAULT_MAX_STEPS, MAX_STEPS_EXCEEDED, SubmitToolOutputs
 from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.services.tool_calls import EndpointTools
@@ -101,7 +101,7 @@ def test_a_run_calls_its_endpoint_waits_for_its_client_and_answers(
     resumed = worker.service.runs.submit_tool_outputs(
         waiting, SubmitToolOutputs(tool_outputs=[{"tool_call_id": asked.id, "output": "the user says yes"}])
     )
-    assert resumed.status is TaskStatus.PENDING
+    assert resumed.status is TaskStatus.PROCESSING
     worker.deliver()
     done = worker.task(task_id)
     assert done.status is TaskStatus.COMPLETED, done.error
@@ -253,15 +253,17 @@ def test_a_tool_url_must_pass_the_ssrf_guard(worker: RunWorker) -> None:
         SubmitTaskRequest.model_validate({"prompt": "x", "max_steps": 3})
 
 
-def test_a_task_with_tools_and_neither_url_nor_max_steps_stays_one_call(
+def test_a_task_with_client_tools_alone_is_a_run_that_waits_for_their_outputs(
     worker: RunWorker, mock_llm: RunningMock
 ) -> None:
     task_id = worker.submit_run("one call [mock:call-tools]", [ASK_USER])
     worker.deliver()
-    done = worker.task(task_id)
-    assert done.status is TaskStatus.COMPLETED
-    assert done.tool_calls
-    assert not done.is_run
+    waiting = worker.task(task_id)
+    assert waiting.is_run
+    assert waiting.max_steps == DEFAULT_MAX_STEPS
+    assert waiting.status is TaskStatus.REQUIRES_ACTION
+    assert waiting.required_action is not None
+    assert [call.function.name for call in waiting.required_action.tool_calls] == ["ask_user"]
 
 
 def test_the_provider_never_sees_a_tool_s_url() -> None:

@@ -140,7 +140,7 @@ def test_a_json_object_answer_is_parsed(worker: Worker) -> None:
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_the_models_tool_calls_come_back_in_its_output(
+def test_the_models_calls_of_client_tools_come_back_as_the_action_it_waits_for(
     worker: Worker, mock_llm: RunningMock, streamed: bool
 ) -> None:
     task_id = submit(
@@ -152,11 +152,9 @@ def test_the_models_tool_calls_come_back_in_its_output(
     )
     worker.run_queued(progress_interval_s=0.05 if streamed else 0.0)
     task = view(worker, task_id)
-    assert task.status is TaskStatus.COMPLETED
-    assert task.finish_reason == "tool_calls"
-    assert task.output is not None
-    assert task.output.content is None
-    [call] = task.output.tool_calls or []
+    assert task.status is TaskStatus.REQUIRES_ACTION
+    assert task.required_action is not None
+    [call] = task.required_action.tool_calls
     assert call.function.name == "get_weather"
     assert call.id.startswith("call_")
     assert "city" in call.function.arguments

@@ -434,14 +434,16 @@ class TaskStore:
         )
 
     def resume(self, task_id: str, *, tenant_id: str, model_step: int, now: float) -> Task:
-        """requires_action (waiting on model step `model_step`'s calls) -> pending, its retries
-        counted afresh from here; TaskConflict when the task waits for nothing (or other calls)."""
+        """requires_action (waiting on model step `model_step`'s calls) -> processing under a
+        lapsed lease, which the run's next message claims, its retries counted afresh from here;
+        TaskConflict when the task waits for nothing (or other calls)."""
         try:
             return self._transition(
                 task_id,
                 update=(
-                    f"SET #status = :pending, {_REVISE}, attempts_before_retry = attempts"
-                    " REMOVE required_action, action_step, next_attempt_at"
+                    f"SET #status = :processing, {_REVISE}, attempts_before_retry = attempts,"
+                    " lease_until = :now REMOVE required_action, action_step, next_attempt_at,"
+                    " lease_id, lease_message_id, lease_receive_count, dead_letter_at"
                 ),
                 condition=(
                     "attribute_exists(pk) AND tenant_id = :tenant AND expires_at > :now"
@@ -451,7 +453,7 @@ class TaskStore:
                 values={
                     ":zero": 0,
                     ":one": 1,
-                    ":pending": TaskStatus.PENDING.value,
+                    ":processing": TaskStatus.PROCESSING.value,
                     ":waiting": TaskStatus.REQUIRES_ACTION.value,
                     ":tenant": tenant_id,
                     ":step": model_step,

@@ -131,14 +131,14 @@ class SubmitTaskRequest(TaskOptions):
 
     tools: Annotated[list[EndpointTool], Field(min_length=1, max_length=128)] | None = Field(  # type: ignore[assignment]
         default=None,
-        description="Function tools the model may call. Without a url or max_steps, its calls come"
-        " back in `output`; with either, the task is a run (docs: agent runs).",
+        description="Tools the model may call: the task is then a run (docs: agent runs), a loop of"
+        " model calls and the tool calls they ask for until the model answers with none.",
     )
     max_steps: MaxSteps | None = Field(
         default=None,
-        description="Makes the task a run of up to this many model calls (default"
-        f" {DEFAULT_MAX_STEPS} when a tool has a url): the worker calls the url tools, waits in"
-        " requires_action for the others' outputs, and fails max_steps_exceeded past it.",
+        description=f"The run's most model calls (default {DEFAULT_MAX_STEPS}): the worker calls the"
+        " url tools, waits in requires_action for the others' outputs, and fails"
+        " max_steps_exceeded past it.",
     )
     webhook_url: WebhookUrl | None = Field(
         default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE
@@ -179,8 +179,8 @@ class SubmitTaskRequest(TaskOptions):
 
     @property
     def run_steps(self) -> int | None:
-        """The run's max_steps, None when the task is a single call."""
-        return self.max_steps or (DEFAULT_MAX_STEPS if self.tool_urls else None)
+        """The run's max_steps, None when the task is a single call (it gives no tools)."""
+        return self.max_steps or (DEFAULT_MAX_STEPS if self.tools else None)
 
 
 # Where OpenAI's usage keeps the counts that are part of its totals.

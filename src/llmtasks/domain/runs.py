@@ -1,9 +1,9 @@
 """A run's request-side vocabulary: the tools a task body may give with an endpoint, its step cap,
 the calls a waiting run asks its client to answer and the answers (steps.py has the steps).
 
-A task is a run when its body gives `max_steps`, or a tool with a `url`: the worker then loops
-(the model, the tool calls it asks for, their outputs back, the model again) until the model
-answers with no call. A tool with a `url` is called by the worker; one without is the client's.
+A task is a run when its body gives tools: the worker then loops (the model, the tool calls it
+asks for, their outputs back, the model again) until the model answers with no call. A tool with
+a `url` is called by the worker; one without is the client's.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from llmtasks.domain.steps import RunStep, StepList, StepView
 from llmtasks.observability import logger, task_keys
 
 # The run's message comes this long after the outputs are written (an SQS delay), so that it
-# finds the task pending; one that comes early looks again (runner.RESUME_RECHECK_S).
+# finds the task processing under a lapsed lease; one that comes early looks again
+# (runner.RESUME_RECHECK_S).
 RESUME_DELAY_S = 1
 
 
@@ -31,7 +32,7 @@ class RunService:
 
     def submit_tool_outputs(self, task: Task, body: SubmitToolOutputs) -> Task:
         """The client's outputs of the calls `task` (the tenant's, as read) waits for: each
-        recorded as its step, then the run pending again with its message sent. 409 when the task
+        recorded as its step, then the run processing again with its message sent. 409 when the task
         waits for nothing; 422 when the outputs do not answer exactly the calls it waits for."""
         action, model_step = task.required_action, task.action_step
         if task.status is not TaskStatus.REQUIRES_ACTION or action is None or model_step is None:

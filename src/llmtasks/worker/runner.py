@@ -657,7 +657,7 @@ class TaskRunner:
             if delivery.receive_count >= max_receives - 1:
                 logger.info("the run waits for its client; message dropped", task_id=task_id)
                 return
-            # Tool outputs send the run's message just before they write the task pending.
+            # Tool outputs send the run's message just before they write the task processing.
             raise RetryLater(RESUME_RECHECK_S, "the run is resuming") from refused
         if current.status is TaskStatus.PENDING:
             # A retry is scheduled and has its own delayed message: this one (a duplicate, or a
