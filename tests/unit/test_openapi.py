@@ -66,6 +66,11 @@ MESSAGES: list[dict[str, Any]] = [
 
 TASK_BODIES: list[dict[str, Any]] = [
     {"prompt": "hi"},
+    {"prompt": "hi", "provider_background": True},
+    {"prompt": "hi", "provider_background": True, "seed": 1},
+    {"prompt": "hi", "provider_background": True, "stop": None},
+    {"prompt": "hi", "provider_background": False, "logprobs": True},
+    {"prompt": "hi", "provider_background": "yes"},
     {"prompt": ""},
     {"messages": [{"role": "user", "content": "hi"}]},
     {"prompt": None, "messages": [{"role": "user", "content": "hi"}]},

@@ -42,6 +42,7 @@ from llmtasks.domain.models import (
     DEAD_LETTERED,
     AttemptRecord,
     Lease,
+    ProviderCall,
     Task,
     TaskStatus,
     Usage,
@@ -374,8 +375,12 @@ class TaskStore:
         values: Mapping[str, Any],
         uncount_attempt: bool = False,
         attempt: AttemptRecord | None = None,
+        keep_lease_until: bool = False,
     ) -> None:
         values = {k: v for k, v in values.items() if v is not None}
+        removed = f"{_LEASE_FIELDS}, provider_call"
+        if keep_lease_until:  # set among `values`: a parked run's
+            removed = removed.replace("lease_until, ", "").replace(", provider_call", "")
         names = {"#status": "status", **{f"#{k}": k for k in values}}
         assignments = ", ".join(f"#{k} = :{k}" for k in values)
         expression_values = {
@@ -400,7 +405,7 @@ class TaskStore:
             self._update(
                 task_id,
                 returned="NONE",
-                update=f"SET #status = :status, {_REVISE}, {assignments} REMOVE {_LEASE_FIELDS}"
+                update=f"SET #status = :status, {_REVISE}, {assignments} REMOVE {removed}"
                 + (" ADD attempts :uncount" if uncount_attempt else ""),
                 condition="#status = :processing AND lease_id = :lease",
                 names=names,
@@ -408,6 +413,58 @@ class TaskStore:
             )
         except _ConditionFailed as failed:
             raise StaleWrite(task_id) from failed
+
+    def park(self, task_id: str, *, lease_id: str, call: ProviderCall, look_at: float) -> None:
+        """processing (under this lease) -> processing with no worker: the run's model step
+        `call` runs in the provider's background mode, and the run's message, due at `look_at`,
+        claims it then (its lease lapses there). The claim gives its attempt back: no call failed."""
+        self._finish(
+            task_id,
+            lease_id=lease_id,
+            status=TaskStatus.PROCESSING,
+            values={"provider_call": call.model_dump(mode="json"), "lease_until": look_at},
+            uncount_attempt=True,
+            keep_lease_until=True,
+        )
+
+    def wake(self, task_id: str, *, response_id: str, now: float) -> bool:
+        """A parked run whose provider call `response_id` has ended (the provider's webhook):
+        its lease lapses now, so the message sent next claims it at once. False when the task
+        is not parked on that call (it has moved on, or a worker holds it)."""
+        try:
+            self._update(
+                task_id,
+                returned="NONE",
+                update=f"SET lease_until = :now, {_REVISE}",
+                condition=(
+                    "#status = :processing AND attribute_not_exists(lease_id)"
+                    " AND provider_call.response_id = :response"
+                ),
+                names=_STATUS,
+                values={
+                    ":now": now,
+                    ":processing": TaskStatus.PROCESSING.value,
+                    ":response": response_id,
+                    ":zero": 0,
+                    ":one": 1,
+                },
+            )
+        except _ConditionFailed:
+            return False
+        return True
+
+    def forget_provider_call(self, task_id: str, *, response_id: str) -> None:
+        """A cancelled run's provider call, cancelled there too: not cancelled again."""
+        try:
+            self._update(
+                task_id,
+                returned="NONE",
+                update="REMOVE provider_call",
+                condition="provider_call.response_id = :response",
+                values={":response": response_id},
+            )
+        except _ConditionFailed:
+            return
 
     def await_action(
         self,

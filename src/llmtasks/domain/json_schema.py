@@ -67,6 +67,23 @@ def needs(
     return add
 
 
+def excludes(field: str, others: tuple[str, ...]) -> Callable[[dict[str, Any]], None]:
+    """`field`, when true, with none of `others` given: a `dependentSchemas` entry beside the
+    others (`needs`), in each of the object's `anyOf` branches."""
+
+    def add(schema: dict[str, Any]) -> None:
+        rule = {
+            "anyOf": [
+                {"properties": {field: {"anyOf": [{"const": False}, {"type": "null"}]}}},
+                {"properties": {other: {"type": "null"} for other in others}},
+            ]
+        }
+        for place in schema.get("anyOf", [schema]):
+            place.setdefault("dependentSchemas", {})[field] = rule
+
+    return add
+
+
 def each(*extras: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
     """json_schema_extras applied in turn."""
 

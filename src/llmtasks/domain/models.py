@@ -20,13 +20,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     model_validator,
 )
 
 from llmtasks.domain.budgets import Budget
 from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
-from llmtasks.domain.json_schema import Ways, alternatives, each, needs
-from llmtasks.domain.llm_request import FIELD_RULES, ONE_INPUT, LLMRequest, ToolCall
+from llmtasks.domain.json_schema import Ways, alternatives, each, excludes, needs
+from llmtasks.domain.llm_request import FIELD_RULES, ONE_INPUT, AudioPart, LLMRequest, ToolCall
 from llmtasks.domain.runs import DEFAULT_MAX_STEPS, EndpointTool, MaxSteps, RequiredAction
 
 
@@ -102,6 +103,8 @@ WEBHOOK_URL_RULE = (
 )
 # ... max_steps only beside tools ...
 TASK_NEEDS = needs({**FIELD_RULES, "max_steps": {"tools": {"type": "array"}}})
+# ... the parameters the Responses API has no place for never beside provider_background ...
+BACKGROUND_REFUSES = ("stop", "seed", "presence_penalty", "frequency_penalty", "logprobs")
 # ... and the webhook's fields only beside its URL.
 WEBHOOK_URL: Ways = [
     {"webhook_url": False, "webhook_events": False, "webhook_format": False},
@@ -127,7 +130,13 @@ class TaskOptions(LLMRequest):
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
-    model_config = ConfigDict(json_schema_extra=each(alternatives(ONE_INPUT, WEBHOOK_URL), TASK_NEEDS))
+    model_config = ConfigDict(
+        json_schema_extra=each(
+            alternatives(ONE_INPUT, WEBHOOK_URL),
+            TASK_NEEDS,
+            excludes("provider_background", BACKGROUND_REFUSES),
+        )
+    )
 
     tools: Annotated[list[EndpointTool], Field(min_length=1, max_length=128)] | None = Field(  # type: ignore[assignment]
         default=None,
@@ -139,6 +148,13 @@ class SubmitTaskRequest(TaskOptions):
         description=f"The run's most model calls (default {DEFAULT_MAX_STEPS}): the worker calls the"
         " url tools, waits in requires_action for the others' outputs, and fails"
         " max_steps_exceeded past it.",
+    )
+    provider_background: StrictBool = Field(
+        default=False,
+        description="Each model call runs in the provider's background mode (OpenAI's Responses"
+        " API, `background: true`): the worker starts it and is released, then checks back, or is"
+        " woken by the provider's webhook, so a long call holds no worker. An OpenAI provider's;"
+        f" refused with {', '.join(BACKGROUND_REFUSES)} or audio, which that API has no place for.",
     )
     webhook_url: WebhookUrl | None = Field(
         default=None, description="URL that receives the terminal event, signed. " + WEBHOOK_URL_RULE
@@ -162,6 +178,12 @@ class SubmitTaskRequest(TaskOptions):
             raise ValueError("'webhook_format' needs a 'webhook_url'")
         if self.max_steps is not None and self.tools is None:
             raise ValueError("'max_steps' needs 'tools'")
+        if self.provider_background:
+            for name in BACKGROUND_REFUSES:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"'{name}' has no place in the provider's background mode")
+            if any(isinstance(part, AudioPart) for part in self.parts()):
+                raise ValueError("audio has no place in the provider's background mode")
         return self
 
     def llm_request(self) -> LLMRequest:
@@ -179,8 +201,11 @@ class SubmitTaskRequest(TaskOptions):
 
     @property
     def run_steps(self) -> int | None:
-        """The run's max_steps, None when the task is a single call (it gives no tools)."""
-        return self.max_steps or (DEFAULT_MAX_STEPS if self.tools else None)
+        """The run's max_steps, None when the task is a single call: it gives no tools, and its
+        call is not in the provider's background mode (whose started call the journal keeps)."""
+        if self.tools:
+            return self.max_steps or DEFAULT_MAX_STEPS
+        return 1 if self.provider_background else None
 
 
 # Where OpenAI's usage keeps the counts that are part of its totals.
@@ -342,6 +367,18 @@ class Lease:
     dead_letter_at: float
 
 
+class ProviderCall(BaseModel):
+    """A run's model step running in the provider's background mode: the response there, the
+    key it runs on, and how often the worker has looked at it."""
+
+    step: int
+    response_id: str
+    key_index: int
+    model: str
+    started_at: float
+    polls: int = 0
+
+
 class Task(BaseModel):
     """The stored task: one TasksTable item. Times are epoch seconds (expires_at is the TTL attribute)."""
 
@@ -425,6 +462,10 @@ class Task(BaseModel):
     tool_urls: dict[str, str] | None = None
     required_action: RequiredAction | None = None
     action_step: int | None = None
+    # A run whose model calls go in the provider's background mode, and the call running there
+    # while no worker waits on it (the worker checks back: TaskRunner._background_step).
+    provider_background: bool = False
+    provider_call: ProviderCall | None = None
 
     @classmethod
     def submitted(
@@ -479,6 +520,7 @@ class Task(BaseModel):
             budget=budget,
             max_steps=body.run_steps if body else None,
             tool_urls=body.tool_urls if body else None,
+            provider_background=body.provider_background if body else False,
         )
 
     @property

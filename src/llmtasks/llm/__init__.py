@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -10,6 +11,36 @@ if TYPE_CHECKING:
     from llmtasks.domain.llm_request import LLMRequest
     from llmtasks.domain.messages import Completion
     from llmtasks.settings import LlmSettings
+
+
+@dataclass(frozen=True)
+class BackgroundCall:
+    """A call running in the provider's background mode: its id there, and the key it runs on."""
+
+    response_id: str
+    key_index: int
+    model: str
+
+
+# The error codes of a background call that ended without an answer; a look at it that failed has
+# a plain call's codes, as the call may still be running.
+ENDED_CODE_PREFIX = "llm_background_"
+
+
+class BackgroundCalls(Protocol):
+    """A provider's background mode (OpenAI's Responses API `background: true`): the call runs at
+    the provider while no worker waits, and the worker checks back on it."""
+
+    async def start_background(
+        self, request: LLMRequest, *, timeout_s: float, tokens: int = 0
+    ) -> BackgroundCall: ...
+
+    async def poll_background(self, call: BackgroundCall, *, timeout_s: float) -> Completion | None:
+        """The answer once the call has ended, else None; LLMError when it failed there."""
+        ...
+
+    async def cancel_background(self, call: BackgroundCall, *, timeout_s: float) -> None: ...
+
 
 # Called as the reply streams in: the text so far, and how many chunks (about tokens) it took.
 OnProgress = Callable[[str, int], Coroutine[Any, Any, None]]

@@ -1,4 +1,5 @@
-"""Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp, the mock)."""
+"""Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp, the mock), and
+OpenAI's background mode (the Responses API, llm/openai_responses.py) where a task asks for it."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import Usage
 from llmtasks.domain.rate_limits import RateHeaders
 from llmtasks.domain.retry_after import parse_retry_after
-from llmtasks.llm import OnProgress, http_error_code, is_transient_status
+from llmtasks.llm import BackgroundCall, OnProgress, http_error_code, is_transient_status
 from llmtasks.llm.keys import KeyPool, LlmEndpoint
+from llmtasks.llm.openai_responses import completion as response_completion
+from llmtasks.llm.openai_responses import request_body, response_id
 
 # After [DONE], the longest a call waits for its body's end (a well-behaved server sends it with
 # [DONE]), ending that wait this long before the call's own deadline.
@@ -149,6 +152,79 @@ class OpenAIChat:
                 continue
             await self._pool.answered(index, reserved, completion.usage.total_tokens, heard)
             return completion.model_copy(update={"key_index": index})
+
+    async def start_background(
+        self, request: LLMRequest, *, timeout_s: float, tokens: int = 0
+    ) -> BackgroundCall:
+        """The call started in the provider's background mode (`POST /responses`): its response
+        id and key. The key's reservation of `tokens` stands for the call, whose usage is known
+        only when it ends."""
+        body = request_body(request, request.model or self._default_model)
+        tried: set[int] = set()
+        while True:
+            index = await self._pool.take(tokens, besides=frozenset(tried))
+            assert index is not None  # the loop ends before every key has been tried
+            endpoint = self._pool.endpoints[index]
+            reserved = tokens if self._pool.limits(index).tpm is not None else 0
+            heard: dict[str, str] = {}
+            try:
+                content = await self._exchange("POST", endpoint, "/responses", timeout_s, heard, body)
+            except LLMError as error:
+                if error.code != RATE_LIMITED:
+                    raise
+                await self._pool.refused(index, reserved, heard, error.retry_after)
+                tried.add(index)
+                others = [i for i in range(len(self._pool.endpoints)) if i not in tried]
+                if not any(self._pool.is_ready(i) for i in others):
+                    raise
+                continue
+            await self._pool.answered(index, reserved, reserved, heard)
+            started, _ = response_id(content)
+            return BackgroundCall(response_id=started, key_index=index, model=body["model"])
+
+    async def poll_background(self, call: BackgroundCall, *, timeout_s: float) -> Completion | None:
+        """The background call's answer once it has ended, else None (`GET /responses/{id}`)."""
+        endpoint = self._pool.endpoints[call.key_index % len(self._pool.endpoints)]
+        content = await self._exchange("GET", endpoint, f"/responses/{call.response_id}", timeout_s, {})
+        done = response_completion(content, call.model)
+        return done and done.model_copy(update={"key_index": call.key_index})
+
+    async def cancel_background(self, call: BackgroundCall, *, timeout_s: float) -> None:
+        """Cancels the background call at the provider (`POST /responses/{id}/cancel`)."""
+        endpoint = self._pool.endpoints[call.key_index % len(self._pool.endpoints)]
+        await self._exchange("POST", endpoint, f"/responses/{call.response_id}/cancel", timeout_s, {}, {})
+
+    async def _exchange(
+        self,
+        method: str,
+        endpoint: LlmEndpoint,
+        path: str,
+        timeout_s: float,
+        heard: dict[str, str],
+        body: dict[str, Any] | None = None,
+    ) -> bytes:
+        """One unstreamed request of the Responses API on one key: the answer's body."""
+        url = endpoint.base_url.rstrip("/") + path
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._client().request(
+                    method, url, json=body, headers=headers, timeout=timeout_s
+                )
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise LLMError(
+                f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
+            ) from exc
+        except httpx.TransportError as exc:
+            raise LLMError(
+                f"The LLM could not be reached ({type(exc).__name__}).",
+                code="llm_unreachable",
+                transient=True,
+            ) from exc
+        heard.update(response.headers)
+        if response.status_code >= 400:
+            raise _http_error(response)
+        return response.content
 
     async def _call(
         self,

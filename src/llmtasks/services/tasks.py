@@ -242,6 +242,10 @@ class TaskService:
         )
         logger.info("cancelled", task_id=task_id, tenant_id=tenant_id)
         emit(Metric.CANCELLED, **dimensions_of(task, self._settings.llm_model))
+        if task.provider_call is not None:
+            # A call running in the provider's background mode: the worker, which holds the
+            # provider's keys, cancels it there when this message finds the task cancelled.
+            self._lanes.send(task)
         return task
 
     def usage(

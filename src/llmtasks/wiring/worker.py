@@ -9,6 +9,7 @@ from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
+from llmtasks.llm.openai import OpenAIChat
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.settings import (
@@ -47,11 +48,12 @@ def task_runner() -> TaskRunner:
             dynamodb(),
             calls_per_second=settings.llm_requests_per_second,
         )
+    provider = provider_from_settings(section(LlmSettings), key_rates=KeyRates(table, dynamodb()))
     return TaskRunner(
         settings,
         task_store(),
         task_lanes(),
-        provider_from_settings(section(LlmSettings), key_rates=KeyRates(table, dynamodb())),
+        provider,
         results=result_blobs(),
         pacer=pacer,
         cancellations=BatchCancellations(batch_store()),
@@ -61,6 +63,7 @@ def task_runner() -> TaskRunner:
         tools=EndpointTools(
             allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)
         ),
+        background=provider if isinstance(provider, OpenAIChat) else None,
     )
 
 

@@ -51,16 +51,24 @@ from llmtasks.domain.input_files import (
 )
 from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import Completion
-from llmtasks.domain.models import INVALID_OUTPUT, AttemptRecord, Lease, Task, TaskStatus, Usage
+from llmtasks.domain.models import (
+    INVALID_OUTPUT,
+    AttemptRecord,
+    Lease,
+    ProviderCall,
+    Task,
+    TaskStatus,
+    Usage,
+)
 from llmtasks.domain.rate_limits import KeyLimits
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.domain.runs import MAX_STEPS_EXCEEDED
-from llmtasks.llm import LLMProvider
+from llmtasks.llm import ENDED_CODE_PREFIX, BackgroundCall, BackgroundCalls, LLMProvider
 from llmtasks.observability import Metric, emit, logger, task_keys, tracer
 from llmtasks.settings import RunnerSettings
 from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
-from llmtasks.worker.steps import Exceeded, Finished, HandOff, StepRunner, ToolEndpoints, Waiting
+from llmtasks.worker.steps import Exceeded, Finished, HandOff, Parked, StepRunner, ToolEndpoints, Waiting
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -77,6 +85,13 @@ RESUME_RECHECK_S = 2.0
 # A run's model calls after its first in a claim reserve under names of their own (budgets.py),
 # numbered past any attempt count.
 STEP_RESERVATIONS = 10_000
+# A model call in the provider's background mode is looked at this long after it starts, then
+# each look waits BACKGROUND_LOOK_GROWTH times longer, up to SQS's longest delay; the provider's
+# webhook wakes the run at once.
+BACKGROUND_FIRST_LOOK_S = 5.0
+BACKGROUND_LOOK_GROWTH = 1.5
+# The time a start, a look or a cancel of a background call may take at the provider.
+BACKGROUND_REQUEST_S = 30.0
 # A task whose tenant is at its running cap comes back after this long (to twice it, jittered),
 # as the running calls of a tenant end every few seconds to minutes.
 CAPPED_RETRY_S = 5.0
@@ -124,8 +139,10 @@ class TaskRunner:
         held_file_limit: int = HELD_FILE_BYTES,
         tenant_rates: KeyRates | None = None,
         tools: ToolEndpoints | None = None,
+        background: BackgroundCalls | None = None,
     ) -> None:
         self._settings = settings
+        self._background = background  # the provider's background mode, where it has one
         self._tenant_rates = tenant_rates  # the tenants' tokens a minute (a key's --tpm)
         self._budgets = budgets
         self._held_file_limit = held_file_limit
@@ -169,6 +186,9 @@ class TaskRunner:
         try:
             task = await self._claim(task_id, delivery, lease_id=lease_id, lease_until=lease_until, now=now)
         except ClaimRefused as refused:
+            current = refused.current
+            if current is not None and current.status is TaskStatus.CANCELLED and current.provider_call:
+                await self._cancel_provider_call(current, current.provider_call)
             self._refused(task_id, delivery, refused, now)
             return
         logger.info("claimed", attempt=task.attempts, receive_count=delivery.receive_count, **task_keys(task))
@@ -301,7 +321,8 @@ class TaskRunner:
         timeout = min(self._settings.llm_timeout_s, max(1.0, remaining_s() - OUTCOME_TIME_S))
         if deadline is not None:
             timeout = min(timeout, deadline - now)
-        if self._pacer is not None:
+        looking = task.provider_call is not None  # a look at a background call is no new call
+        if self._pacer is not None and not looking:
             try:
                 timeout -= await wait_for_pace(self._pacer, timeout, self._clock)
             except PaceFull as full:
@@ -310,8 +331,8 @@ class TaskRunner:
                     task, lease_id, full.backlog_s, "The LLM call pace is full.", "paced", attempted=False
                 )
                 return
-        tokens = await self._most_tokens(task)
-        if not await self._take_tenant_share(task, lease_id, tokens):
+        tokens = 0 if looking else await self._most_tokens(task)
+        if not looking and not await self._take_tenant_share(task, lease_id, tokens):
             return
         used = 0
         try:
@@ -414,7 +435,7 @@ class TaskRunner:
         else None once the claim's end is written (a wait, a hand-off, a failure)."""
         first = True
 
-        async def call_model(asked: LLMRequest, step: int) -> Completion | None:
+        async def call_model(asked: LLMRequest, step: int) -> Completion | Parked | None:
             nonlocal first
             limit = (
                 first_s
@@ -431,6 +452,8 @@ class TaskRunner:
                 limit = min(limit, task.deadline - now) if task.deadline is not None else limit
                 tokens = await self._most_tokens(task, asked)
             first = False
+            if task.provider_background and self._background is not None:
+                return await self._background_step(task, asked, lease_id, step, tokens)
             done = await self._call(task, asked, lease_id, limit, None, tokens)
             return done and await self._charge(task, done)
 
@@ -464,7 +487,84 @@ class TaskRunner:
         elif isinstance(outcome, HandOff):
             why = "The invocation's time ran short: the run goes on in another."
             self._schedule_retry(task, lease_id, 0, why, "continued", attempted=False)
+        elif isinstance(outcome, Parked):
+            await self._park(task, lease_id, outcome)
         return None
+
+    async def _background_step(
+        self, task: Task, request: LLMRequest, lease_id: str, step: int, tokens: int
+    ) -> Completion | Parked | None:
+        """Model step `step` in the provider's background mode: started (the run parks), or
+        looked at (parks again while it runs), or its answer, charged; None when an error ended
+        the claim (retried or failed as a plain call's is)."""
+        assert self._background is not None
+        running = task.provider_call if task.provider_call and task.provider_call.step == step else None
+        try:
+            if running is None:
+                call = await self._background.start_background(
+                    request, timeout_s=BACKGROUND_REQUEST_S, tokens=tokens
+                )
+                started = ProviderCall(
+                    step=step,
+                    response_id=call.response_id,
+                    key_index=call.key_index,
+                    model=call.model,
+                    started_at=self._clock(),
+                )
+                logger.info("background call started", step=step, **task_keys(task))
+                return Parked(started, BACKGROUND_FIRST_LOOK_S)
+            done = await self._background.poll_background(
+                _background_call(running), timeout_s=BACKGROUND_REQUEST_S
+            )
+        except LLMError as error:
+            if running is not None and error.transient and not error.code.startswith(ENDED_CODE_PREFIX):
+                # The look failed, not the call, which may still run there: look again later.
+                logger.warning("background call not looked at", error=str(error), **task_keys(task))
+                return Parked(running, BACKGROUND_FIRST_LOOK_S * BACKGROUND_LOOK_GROWTH**running.polls)
+            self._after_llm_error(task, lease_id, error)
+            return None
+        except KeysFull as full:
+            delay = self._room_delay(full.soonest_s, full.wait_s)
+            self._schedule_retry(task, lease_id, delay, str(full), KEYS_FULL, attempted=False)
+            return None
+        if done is None:
+            look_in = BACKGROUND_FIRST_LOOK_S * BACKGROUND_LOOK_GROWTH ** (running.polls + 1)
+            return Parked(running.model_copy(update={"polls": running.polls + 1}), min(look_in, MAX_DELAY_S))
+        logger.info("background call ended", step=step, polls=running.polls + 1, **task_keys(task))
+        return await self._charge(task, done)
+
+    async def _park(self, task: Task, lease_id: str, parked: Parked) -> None:
+        """The run released while its model step runs at the provider: its message first, due
+        when the call is next looked at, then the write (as a retry's)."""
+        delay = min(math.ceil(parked.look_in_s), MAX_DELAY_S)
+        sent_at = self._clock()
+        self._lanes.send(task, delay_s=delay)
+        try:
+            await asyncio.to_thread(
+                self._store.park,
+                task.task_id,
+                lease_id=lease_id,
+                call=parked.call,
+                look_at=sent_at + delay - 1,
+            )
+        except StaleWrite:
+            # Cancelled meanwhile: the call it started is cancelled at the provider too.
+            logger.info("cancelled during the run", **task_keys(task))
+            await self._cancel_provider_call(task, parked.call)
+            return
+        logger.info("parked", step=parked.call.step, look_in_s=delay, **task_keys(task))
+
+    async def _cancel_provider_call(self, task: Task, call: ProviderCall) -> None:
+        """A cancelled run's background call, cancelled at the provider (once: then forgotten)."""
+        if self._background is None:
+            return
+        try:
+            await self._background.cancel_background(_background_call(call), timeout_s=BACKGROUND_REQUEST_S)
+        except LLMError as error:
+            # It has ended there, or the provider is away: it would bill no more than it has.
+            logger.warning("background call not cancelled", error=str(error), **task_keys(task))
+        await asyncio.to_thread(self._store.forget_provider_call, task.task_id, response_id=call.response_id)
+        logger.info("background call cancelled", step=call.step, **task_keys(task))
 
     def _result_ref(self, task: Task, text: str) -> str | None:
         """Where a text too large for the item is kept (ResultsBucket), else None."""
@@ -823,3 +923,7 @@ class TaskRunner:
         self._store.output.ended(task, TaskStatus.FAILED)
         logger.info("failed", **task_keys(task), error_code=error_code)
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))
+
+
+def _background_call(call: ProviderCall) -> BackgroundCall:
+    return BackgroundCall(response_id=call.response_id, key_index=call.key_index, model=call.model)

@@ -18,14 +18,25 @@ from llmtasks.aws.run_steps import RunJournal
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.llm_request import LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion, new_webhook_secret
-from llmtasks.domain.models import Task, Usage
+from llmtasks.domain.models import ProviderCall, Task, Usage
 from llmtasks.domain.rules import Clock
 from llmtasks.domain.runs import RequiredAction
 from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move, usage_of
 from llmtasks.observability import logger, task_keys
 
-# A model call's answer, or None when there is none to record (the runner dealt with the error).
-ModelCall = Callable[[LLMRequest, int], Awaitable[Completion | None]]
+
+@dataclass(frozen=True)
+class Parked:
+    """The model step runs in the provider's background mode: the run is released until
+    `look_in_s` from now (or the provider's webhook), when its message claims it again."""
+
+    call: ProviderCall
+    look_in_s: float
+
+
+# A model call's answer; Parked when it runs at the provider in background; None when there is
+# none to record (the runner dealt with the error).
+ModelCall = Callable[[LLMRequest, int], Awaitable[Completion | Parked | None]]
 
 
 class ToolEndpoints(Protocol):
@@ -64,7 +75,7 @@ class Stopped:
     moved on (cancelled, or taken over)."""
 
 
-Outcome = Finished | Waiting | Exceeded | HandOff | Stopped
+Outcome = Finished | Waiting | Exceeded | HandOff | Stopped | Parked
 
 
 class StepRunner:
@@ -105,10 +116,10 @@ class StepRunner:
                     return HandOff()
                 if not await self._still_ours(task, lease_id):
                     return Stopped()
-            started = self._clock()
+            started = self._started_at(task, move.step)
             completion = await call_model(conversation(request, steps), move.step)
-            if completion is None:
-                return Stopped()
+            if completion is None or isinstance(completion, Parked):
+                return completion or Stopped()
             called = True
             step = RunStep(
                 step=move.step,
@@ -119,6 +130,11 @@ class StepRunner:
             )
             steps.append(await self._record(task, step))
             logger.info("run step", step=move.step, kind="model_call", **task_keys(task))
+
+    def _started_at(self, task: Task, step: int) -> float:
+        """When the model step began: now, or when its background call was started."""
+        running = task.provider_call
+        return running.started_at if running is not None and running.step == step else self._clock()
 
     async def _tool_calls(
         self, task: Task, move: CallTools, steps: list[RunStep], time_left: Callable[[], float]
