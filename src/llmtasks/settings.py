@@ -222,6 +222,9 @@ class SubmitSettings(ItemLimits, WebhookTargets, Prices):
     batch_chunk_size: int = Field(default=100, ge=1, le=1000)
     # After a rotation, the previous secret still signs (beside the new one) this long.
     webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
+    # The secret (whsec_...) OpenAI signs its webhooks with: set, POST /provider-webhooks/openai
+    # takes the end of a run's background call and wakes the run; unset, that route is a 404.
+    openai_webhook_secret: str | None = None
 
 
 class FanoutSettings(ItemLimits, SubmitGrace, Prices):
@@ -256,6 +259,9 @@ class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, WebhookTargets, Pri
     retry_base_delay_s: float = Field(default=2.0, ge=0)
     # Both at most 900 s: a retry is an SQS message delay, and SQS delays go up to 15 minutes.
     retry_max_delay_s: float = Field(default=300.0, ge=0, le=900)
+    # A model call in the provider's background mode is first looked at this long after its
+    # start; each later look waits 1.5 times longer, up to SQS's 15-minute delay.
+    background_first_look_s: float = Field(default=5.0, gt=0, le=900)
     # A provider's Retry-After beyond this fails the task instead of parking it for hours.
     retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
     # How much longer than the invocation's remaining time a claim's lease lives.

@@ -48,6 +48,10 @@ from llmtasks.domain.runs import SubmitToolOutputs
 from llmtasks.observability import trace_header
 
 
+class ProviderEventTaken(BaseModel):
+    woken: bool  # a run was waiting on the response, and goes on now
+
+
 def _accepted(accepted: BaseModel, location: str, *, replayed: bool) -> Response[Any]:
     """The 202 of a submit: where to poll, how soon, and whether an Idempotency-Key replayed it."""
     headers = {"Location": location, "Retry-After": str(RETRY_AFTER_S)}
@@ -125,6 +129,28 @@ def add_commands(app: APIGatewayHttpResolver) -> None:
         service = service_of(app)
         task = service.owned(tenant_of(app), task_id)
         return status_reply(service.runs.submit_tool_outputs(task, body))
+
+    @app.post(
+        "/provider-webhooks/openai",
+        summary="OpenAI's webhook (response.completed and the other ends of a response): wakes the run"
+        " whose background call it ends, to read the answer now rather than at its next look",
+        responses={
+            200: {
+                "description": "Taken (whether or not a run was waiting on the response)",
+                "content": {"application/json": {"model": ProviderEventTaken}},
+            },
+            401: openapi_problem(
+                "The Standard Webhooks signature does not verify with OPENAI_WEBHOOK_SECRET"
+            ),
+            404: openapi_problem(
+                "This deployment takes no OpenAI webhook (OPENAI_WEBHOOK_SECRET is not set)"
+            ),
+        },
+    )
+    def openai_webhook() -> Response[ProviderEventTaken]:
+        event = app.current_event
+        woken = service_of(app).runs.provider_event(event.body or "", event.headers)
+        return json_reply(ProviderEventTaken(woken=woken), 200)
 
     @app.post(
         "/batches",

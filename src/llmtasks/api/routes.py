@@ -34,8 +34,9 @@ def takes_multipart(path: str) -> bool:
     return path == "/v1/files" or (path.startswith("/v1/uploads/") and path.endswith("/parts"))
 
 
-# Routes anyone may call (template.yaml: Auth: Authorizer: NONE).
-PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json"})
+# Routes anyone may call (template.yaml: Auth: Authorizer: NONE); the provider's webhook is
+# verified by its signature instead.
+PUBLIC_ROUTES = frozenset({"GET /health", "GET /docs", "GET /openapi.json", "POST /provider-webhooks/openai"})
 
 
 # The API key comes in Authorization (template.yaml: the identity source of the Api's authorizer).

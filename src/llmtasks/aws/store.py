@@ -427,6 +427,27 @@ class TaskStore:
             keep_lease_until=True,
         )
 
+    def note_provider_call(self, response_id: str, *, task_id: str, expires_at: int) -> None:
+        """Which task a background call at the provider is (its webhook names the response
+        alone): `providercall#<response id>`, expiring with the task."""
+        with dynamodb_errors("write"):
+            self._client.put_item(
+                TableName=self.table_name,
+                Item={
+                    "pk": {"S": f"providercall#{response_id}"},
+                    "task_id": {"S": task_id},
+                    "expires_at": {"N": str(expires_at)},
+                },
+            )
+
+    def task_of_provider_call(self, response_id: str) -> str | None:
+        with dynamodb_errors("read"):
+            reply = self._client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": f"providercall#{response_id}"}}
+            )
+        item = reply.get("Item")
+        return item["task_id"]["S"] if item else None
+
     def wake(self, task_id: str, *, response_id: str, now: float) -> bool:
         """A parked run whose provider call `response_id` has ended (the provider's webhook):
         its lease lapses now, so the message sent next claims it at once. False when the task

@@ -43,6 +43,12 @@ class FileNotFound(ApiError):
         super().__init__(f"No file '{file_id[:80]}' (unknown, expired, never uploaded, or not yours).")
 
 
+class RouteNotServed(ApiError):
+    """A route this deployment is not configured to serve."""
+
+    status, title, slug = 404, "Not served", "not-found"
+
+
 class TaskConflict(ApiError):
     status, title, slug = 409, "Conflict", "conflict"
 

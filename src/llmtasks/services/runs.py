@@ -1,20 +1,26 @@
 """What the HTTP API does with a run: take the client's tool outputs (each recorded as its step,
-then the run goes on: a new TaskQueue message) and list its steps."""
+then the run goes on: a new TaskQueue message), list its steps, and wake a run whose background
+call the provider's webhook says has ended."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
-from llmtasks.domain.errors import InvalidInput, TaskConflict
+from llmtasks.domain.errors import InvalidInput, RouteNotServed, TaskConflict, Unauthorized
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
 from llmtasks.domain.runs import MAX_CLIENT_OUTPUT_BYTES, SubmitToolOutputs
 from llmtasks.domain.steps import RunStep, StepList, StepView
 from llmtasks.observability import logger, task_keys
 
+# OpenAI's webhook events that end a background response.
+ENDED_EVENTS = frozenset(
+    {"response.completed", "response.failed", "response.cancelled", "response.incomplete"}
+)
 # The run's message comes this long after the outputs are written (an SQS delay), so that it
 # finds the task processing under a lapsed lease; one that comes early looks again
 # (runner.RESUME_RECHECK_S).
@@ -23,9 +29,16 @@ RESUME_DELAY_S = 1
 
 class RunService:
     def __init__(
-        self, store: TaskStore, lanes: TaskLanes, results: ResultBlobs, *, clock: Clock = time.time
+        self,
+        store: TaskStore,
+        lanes: TaskLanes,
+        results: ResultBlobs,
+        *,
+        clock: Clock = time.time,
+        openai_webhook_secret: str | None = None,
     ) -> None:
         self._store = store
+        self._openai_webhook_secret = openai_webhook_secret
         self._lanes = lanes
         self._journal = store.journal(results)
         self._clock = clock
@@ -79,3 +92,32 @@ class RunService:
             steps=[StepView.of(step) for step in page],
             next_cursor=str(page[-1].step + 1) if more and page else None,
         )
+
+    def provider_event(self, payload: str, headers: Mapping[str, str]) -> bool:
+        """OpenAI's webhook event, verified by its signature: when it ends a run's background
+        call, the run is woken (its lease lapsed, its message sent) to read the answer now. True
+        when a run was woken. RouteNotServed when no secret is configured; Unauthorized when the
+        signature does not verify."""
+        if not self._openai_webhook_secret:
+            raise RouteNotServed(
+                "This deployment takes no OpenAI webhook (OPENAI_WEBHOOK_SECRET is not set)."
+            )
+        from standardwebhooks import Webhook, WebhookVerificationError
+
+        try:
+            event = Webhook(self._openai_webhook_secret).verify(payload, dict(headers))
+        except (WebhookVerificationError, ValueError) as exc:
+            raise Unauthorized(f"The webhook's signature does not verify ({exc}).") from None
+        kind, data = event.get("type"), event.get("data")
+        if kind not in ENDED_EVENTS or not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            return False
+        response_id = data["id"]
+        task_id = self._store.task_of_provider_call(response_id)
+        if task_id is None or not self._store.wake(task_id, response_id=response_id, now=self._clock()):
+            return False
+        task = self._store.get(task_id, now=self._clock())
+        if task is None:
+            return False
+        self._lanes.send(task)
+        logger.info("woken by the provider's webhook", event=kind, **task_keys(task))
+        return True

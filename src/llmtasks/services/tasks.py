@@ -103,6 +103,11 @@ class TaskService:
                 body.webhook_url, allowed_hosts=self._settings.webhook_allowed_hosts, resolve=self._resolve
             )
         self._check_tool_urls(body)
+        if body.provider_background and self._settings.llm_provider == "bedrock":
+            raise InvalidInput(
+                "provider_background: this deployment's provider (Bedrock) has no background mode.",
+                field="provider_background",
+            )
         task_id = new_task_id()  # unused by a replay, which returns the task the key made
         task, replayed = self._submits.run(
             lambda: self._create(task_id, tenant_id, body, trace_header, caller),
@@ -130,7 +135,13 @@ class TaskService:
     @property
     def runs(self) -> RunService:
         """What the API does with runs: their tool outputs and steps."""
-        return RunService(self._store, self._lanes, self._results, clock=self._clock)
+        return RunService(
+            self._store,
+            self._lanes,
+            self._results,
+            clock=self._clock,
+            openai_webhook_secret=self._settings.openai_webhook_secret,
+        )
 
     def _most_cost(self, body: SubmitTaskRequest, files: dict[str, FileFacts]) -> Decimal:
         request = body.llm_request()

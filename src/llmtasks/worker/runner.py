@@ -85,10 +85,9 @@ RESUME_RECHECK_S = 2.0
 # A run's model calls after its first in a claim reserve under names of their own (budgets.py),
 # numbered past any attempt count.
 STEP_RESERVATIONS = 10_000
-# A model call in the provider's background mode is looked at this long after it starts, then
-# each look waits BACKGROUND_LOOK_GROWTH times longer, up to SQS's longest delay; the provider's
-# webhook wakes the run at once.
-BACKGROUND_FIRST_LOOK_S = 5.0
+# Each look at a model call in the provider's background mode waits this many times longer than
+# the one before (from RunnerSettings.background_first_look_s), up to SQS's longest delay; the
+# provider's webhook wakes the run at once.
 BACKGROUND_LOOK_GROWTH = 1.5
 # The time a start, a look or a cancel of a background call may take at the provider.
 BACKGROUND_REQUEST_S = 30.0
@@ -204,6 +203,8 @@ class TaskRunner:
 
         unrunnable = await self._unrunnable(task, now)
         if unrunnable is not None:
+            if task.provider_call is not None:  # its deadline passed while the provider ran it
+                await self._cancel_provider_call(task, task.provider_call)
             self._fail(task, lease_id, *unrunnable)
             return
         if delivery.whole_call and remaining_s() < self.whole_call_s:
@@ -512,7 +513,7 @@ class TaskRunner:
                     started_at=self._clock(),
                 )
                 logger.info("background call started", step=step, **task_keys(task))
-                return Parked(started, BACKGROUND_FIRST_LOOK_S)
+                return Parked(started, self._look_in(0))
             done = await self._background.poll_background(
                 _background_call(running), timeout_s=BACKGROUND_REQUEST_S
             )
@@ -520,7 +521,7 @@ class TaskRunner:
             if running is not None and error.transient and not error.code.startswith(ENDED_CODE_PREFIX):
                 # The look failed, not the call, which may still run there: look again later.
                 logger.warning("background call not looked at", error=str(error), **task_keys(task))
-                return Parked(running, BACKGROUND_FIRST_LOOK_S * BACKGROUND_LOOK_GROWTH**running.polls)
+                return Parked(running, self._look_in(running.polls))
             self._after_llm_error(task, lease_id, error)
             return None
         except KeysFull as full:
@@ -528,15 +529,27 @@ class TaskRunner:
             self._schedule_retry(task, lease_id, delay, str(full), KEYS_FULL, attempted=False)
             return None
         if done is None:
-            look_in = BACKGROUND_FIRST_LOOK_S * BACKGROUND_LOOK_GROWTH ** (running.polls + 1)
-            return Parked(running.model_copy(update={"polls": running.polls + 1}), min(look_in, MAX_DELAY_S))
+            return Parked(
+                running.model_copy(update={"polls": running.polls + 1}), self._look_in(running.polls + 1)
+            )
         logger.info("background call ended", step=step, polls=running.polls + 1, **task_keys(task))
         return await self._charge(task, done)
+
+    def _look_in(self, looks: int) -> float:
+        """How long after `looks` looks the next look at a background call comes."""
+        return min(self._settings.background_first_look_s * BACKGROUND_LOOK_GROWTH**looks, MAX_DELAY_S)
 
     async def _park(self, task: Task, lease_id: str, parked: Parked) -> None:
         """The run released while its model step runs at the provider: its message first, due
         when the call is next looked at, then the write (as a retry's)."""
         delay = min(math.ceil(parked.look_in_s), MAX_DELAY_S)
+        if parked.call.polls == 0:  # just started: its webhook will name the response alone
+            await asyncio.to_thread(
+                self._store.note_provider_call,
+                parked.call.response_id,
+                task_id=task.task_id,
+                expires_at=task.expires_at,
+            )
         sent_at = self._clock()
         self._lanes.send(task, delay_s=delay)
         try:
