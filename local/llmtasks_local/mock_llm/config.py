@@ -3,10 +3,12 @@ counters (MockStats, at `GET /_mock/stats`)."""
 
 from __future__ import annotations
 
+import binascii
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from standardwebhooks import Webhook
 
 from llmtasks_local.mock_llm.limits import KeyLimit
 
@@ -77,12 +79,37 @@ class MockConfig(BaseSettings):
         default_factory=dict,
         description='Limits of named keys, over tpm and rpm: {"sk-a": {"tpm": 10000, "rpm": 60}}.',
     )
+    webhook_url: str | None = Field(
+        default=None,
+        description="Where OpenAI's webhook events go when a background response ends (response.completed,"
+        " .failed, .cancelled, .incomplete), signed as OpenAI signs them (Standard Webhooks); None: none.",
+    )
+    webhook_secret: str | None = Field(
+        default=None, description="The webhooks' signing secret, `whsec_` and base64 (as OpenAI's are)."
+    )
+    webhook_attempts: int = Field(
+        default=4,
+        ge=1,
+        description="Attempts at each webhook event before giving it up (on a non-2xx or no answer).",
+    )
+    webhook_retry_s: float = Field(
+        default=0.5, ge=0, description="The first pause between attempts; each next one doubles."
+    )
     seed: int | None = None
 
     @model_validator(mode="after")
     def _shares_fit(self) -> MockConfig:
         if self.rate_429 + self.rate_500 + self.rate_hang > 1:
             raise ValueError("rate_429 + rate_500 + rate_hang must be at most 1")
+        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
+            raise ValueError("webhook_url must be an http:// or https:// URL")
+        if self.webhook_url is not None and not self.webhook_secret:
+            raise ValueError("webhook_url needs webhook_secret (whsec_ and base64): OpenAI signs every event")
+        if self.webhook_secret is not None:
+            try:
+                Webhook(self.webhook_secret)
+            except (ValueError, binascii.Error) as exc:
+                raise ValueError("webhook_secret must be whsec_ and base64") from exc
         return self
 
 
@@ -122,6 +149,16 @@ class MockStats(BaseModel):
     invalid_json: int = 0  # of them, answered with JSON broken on purpose
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    # The Responses API (POST /v1/responses): calls taken, and background responses by how they ended.
+    responses: int = 0
+    background_started: int = 0
+    background_completed: int = 0  # completed, or incomplete at max_output_tokens
+    background_failed: int = 0
+    background_cancelled: int = 0
+    background_polls: int = 0  # GET /v1/responses/{id} of a background response
+    cancel_requests: int = 0  # POST /v1/responses/{id}/cancel, answered or refused
+    webhooks_sent: int = 0  # events delivered (a 2xx)
+    webhook_failures: int = 0  # attempts that got no 2xx
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))

@@ -78,6 +78,9 @@ class ChatCall:
     reasoning_tokens: int = 0
     invalid_json: bool = False  # decided by the server: this answer breaks its schema
     cached_tokens: int = 0  # decided by the server from the prefixes it has seen
+    # A Responses API call: its own body and top-level parameters (`body` is the chat body it means).
+    asked: dict[str, Any] = field(default_factory=dict)
+    sent: list[str] | None = None
 
     @property
     def cap(self) -> Any:
