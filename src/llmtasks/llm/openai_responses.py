@@ -81,7 +81,7 @@ def _input_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     content = message.get("content")
     if content:
-        parts = content if isinstance(content, str) else [_input_part(part) for part in content]
+        parts = content if isinstance(content, str) else [_input_part(part, role) for part in content]
         items.append({"role": role, "content": parts})
     for call in message.get("tool_calls") or []:
         function = call["function"]
@@ -96,10 +96,11 @@ def _input_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
-def _input_part(part: dict[str, Any]) -> dict[str, Any]:
+def _input_part(part: dict[str, Any], role: str) -> dict[str, Any]:
     kind = part["type"]
     if kind == "text":
-        return {"type": "input_text", "text": part["text"]}
+        # An assistant's own text is output, as the Responses API reads its history.
+        return {"type": "output_text" if role == "assistant" else "input_text", "text": part["text"]}
     if kind == "image_url":
         image = part["image_url"]
         return {"type": "input_image", "image_url": image["url"], "detail": image.get("detail", "auto")}
