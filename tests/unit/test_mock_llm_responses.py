@@ -474,3 +474,18 @@ def test_a_malformed_request_gets_openai_s_400(
     error = reply.json()["error"]
     assert (error["param"], error["type"]) == (param, "invalid_request_error")
     assert (mock.stats.invalid_requests, mock.stats.calls) == (1, 0)
+
+
+def test_the_chat_knobs_hold_for_a_synchronous_response(client: OpenAI, mock: MockLLM) -> None:
+    mock.configure(MockConfig(rate_500=1.0), reseed=False)
+    with pytest.raises(openai.InternalServerError):
+        client.responses.create(model="gpt-4o", input="x")
+    assert mock.stats.errors_500 == 1
+
+    mock.configure(MockConfig(key_limits={"sk-mock": {"rpm": 1}}), reseed=False)
+    first = client.responses.with_raw_response.create(model="gpt-4o", input="x")
+    assert first.headers["x-ratelimit-limit-requests"] == "1"
+    with pytest.raises(openai.RateLimitError):
+        client.responses.create(model="gpt-4o", input="x", background=True)
+    assert (mock.stats.key_limited, mock.stats.background_started) == (1, 0)
+    assert mock.stats.tokens_by_key["mock"] == first.parse().usage.total_tokens  # type: ignore[union-attr]

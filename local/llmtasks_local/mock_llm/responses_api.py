@@ -12,23 +12,43 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local.mock_llm.background import ResponseStore, Stored, event_type, send_event
-from llmtasks_local.mock_llm.config import Outcome, OutcomeSlot
-from llmtasks_local.mock_llm.request import OpenAIError, error
+from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats
+from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error
 from llmtasks_local.mock_llm.responses import output_items, read_response_call, response_id, response_object
 
-if TYPE_CHECKING:
-    from llmtasks_local.mock_llm.server import MockLLM, Shape
-
 Headers = dict[str, str]
+Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a chat completion as the body to answer
+
+
+class Mock(Protocol):
+    """What the Responses routes use of the mock (server.MockLLM): its knobs, counters, draws
+    and the chat answer's steps."""
+
+    lock: threading.Lock
+    stats: MockStats
+    config: MockConfig
+
+    def take(self, call: ChatCall) -> None: ...
+    def decide(self, call: ChatCall, key: str) -> Decision: ...
+    def leave(self) -> None: ...
+    def settle(self, call: ChatCall, key: str, used: int) -> Headers: ...
+    def completion(self, call: ChatCall) -> dict[str, Any]: ...
+    async def answer(
+        self, request: Request, decided: Decision, call: ChatCall, key: str, shape: Shape | None = None
+    ) -> Response: ...
+    def trickle(self, call: ChatCall, shape: Shape | None = None) -> AsyncIterator[bytes]: ...
+
+
 # `[mock:background-s=N]`: a background response's think time, N seconds.
 BACKGROUND_S = re.compile(r"\[mock:background-s=(?P<seconds>\d+(?:\.\d+)?)\]")
 
@@ -36,7 +56,7 @@ BACKGROUND_S = re.compile(r"\[mock:background-s=(?P<seconds>\d+(?:\.\d+)?)\]")
 class ResponsesAPI:
     """The Responses routes of `mock`, and the responses it keeps."""
 
-    def __init__(self, mock: MockLLM) -> None:
+    def __init__(self, mock: Mock) -> None:
         self.mock = mock
         self.store = ResponseStore()
         self._tasks: set[asyncio.Task[None]] = set()  # background ends and webhooks under way
@@ -119,9 +139,7 @@ class ResponsesAPI:
 
         return shape
 
-    def _start(
-        self, stored: Stored, decided: tuple[Outcome, float | None, float, OutcomeSlot, Headers]
-    ) -> Response:
+    def _start(self, stored: Stored, decided: Decision) -> Response:
         """A background response queued (its end scheduled), or the 429 of its admission."""
         outcome, wait, latency, _, headers = decided
         if outcome == "rps":
@@ -210,7 +228,7 @@ class ResponsesAPI:
     async def retrieve_response(self, request: Request) -> Response:
         stored = self.store.get(request.path_params["response_id"])
         if stored is None:
-            return not_found(request.path_params["response_id"])
+            return _not_found(request.path_params["response_id"])
         if stored.background:
             with self.mock.lock:
                 self.mock.stats.background_polls += 1
@@ -223,7 +241,7 @@ class ResponsesAPI:
             self.mock.stats.cancel_requests += 1
         stored = self.store.get(request.path_params["response_id"])
         if stored is None:
-            return not_found(request.path_params["response_id"])
+            return _not_found(request.path_params["response_id"])
         if not stored.background:
             return error(400, "Cannot cancel a synchronous response.", param="response_id")
         response = self._view(stored)
@@ -241,5 +259,5 @@ class ResponsesAPI:
         return JSONResponse(stored.response)
 
 
-def not_found(response_id: str) -> JSONResponse:
+def _not_found(response_id: str) -> JSONResponse:
     return error(404, f"Response with id '{response_id}' not found.", param="response_id")

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,16 +27,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local import KEEP_ALIVE_S
-from llmtasks_local.mock_llm.config import MockConfig, MockStats, Outcome, OutcomeSlot
+from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats, Outcome, OutcomeSlot
 from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
 from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
-from llmtasks_local.mock_llm.responses_api import ResponsesAPI
+from llmtasks_local.mock_llm.responses_api import ResponsesAPI, Shape
 
 __all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
 
 Headers = dict[str, str]
-Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a chat completion as the body to answer
 # The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
 CACHE_ENTRIES = 10_000
 
@@ -70,7 +69,7 @@ class MockLLM:
         self._prefixes: OrderedDict[str, None] = OrderedDict()  # prompt prefixes seen (cached_tokens)
         self.responses = ResponsesAPI(self)
 
-    def decide(self, call: ChatCall, key: str) -> tuple[Outcome, float | None, float, OutcomeSlot, Headers]:
+    def decide(self, call: ChatCall, key: str) -> Decision:
         """This call's fate and its time, drawn and counted under the lock; the rate-limit
         headers of its answer."""
         prompt = call.prompt
@@ -200,7 +199,7 @@ class MockLLM:
     async def answer(
         self,
         request: Request,
-        decided: tuple[Outcome, float | None, float, OutcomeSlot, Headers],
+        decided: Decision,
         call: ChatCall,
         key: str,
         shape: Shape | None = None,
