@@ -463,6 +463,16 @@ def test_max_output_tokens_leaves_the_response_incomplete(
         ),
         pytest.param({"tools": [{"type": "web_search"}]}, "tools[0].type", id="a tool the mock cannot serve"),
         pytest.param({"text": {"format": {"type": "yaml"}}}, "text.format.type", id="an unknown format"),
+        pytest.param(
+            {"input": [{"role": "assistant", "content": [{"type": "input_text", "text": "hi"}]}]},
+            "input[0].content[0].type",
+            id="input_text from the assistant",
+        ),
+        pytest.param(
+            {"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            "input[0].content[0].type",
+            id="a chat part",
+        ),
     ],
 )
 def test_a_malformed_request_gets_openai_s_400(
