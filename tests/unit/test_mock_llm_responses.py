@@ -180,6 +180,7 @@ def test_cancel_stops_a_background_response_and_is_counted(client: OpenAI, mock:
 
 def test_a_finished_or_synchronous_response_cannot_be_cancelled(client: OpenAI) -> None:
     done = client.responses.create(model="gpt-4o", input="quick [mock:background-s=0]", background=True)
+    assert done.status == "queued"  # as OpenAI answers every create, however short the work
     assert finished(client, done.id).status == "completed"
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.cancel(done.id)
@@ -462,6 +463,16 @@ def test_max_output_tokens_leaves_the_response_incomplete(
         ),
         pytest.param({"tools": [{"type": "web_search"}]}, "tools[0].type", id="a tool the mock cannot serve"),
         pytest.param({"text": {"format": {"type": "yaml"}}}, "text.format.type", id="an unknown format"),
+        pytest.param(
+            {"input": [{"role": "assistant", "content": [{"type": "input_text", "text": "hi"}]}]},
+            "input[0].content[0].type",
+            id="input_text from the assistant",
+        ),
+        pytest.param(
+            {"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            "input[0].content[0].type",
+            id="a chat part",
+        ),
     ],
 )
 def test_a_malformed_request_gets_openai_s_400(
@@ -473,3 +484,18 @@ def test_a_malformed_request_gets_openai_s_400(
     error = reply.json()["error"]
     assert (error["param"], error["type"]) == (param, "invalid_request_error")
     assert (mock.stats.invalid_requests, mock.stats.calls) == (1, 0)
+
+
+def test_the_chat_knobs_hold_for_a_synchronous_response(client: OpenAI, mock: MockLLM) -> None:
+    mock.configure(MockConfig(rate_500=1.0), reseed=False)
+    with pytest.raises(openai.InternalServerError):
+        client.responses.create(model="gpt-4o", input="x")
+    assert mock.stats.errors_500 == 1
+
+    mock.configure(MockConfig(key_limits={"sk-mock": {"rpm": 1}}), reseed=False)
+    first = client.responses.with_raw_response.create(model="gpt-4o", input="x")
+    assert first.headers["x-ratelimit-limit-requests"] == "1"
+    with pytest.raises(openai.RateLimitError):
+        client.responses.create(model="gpt-4o", input="x", background=True)
+    assert (mock.stats.key_limited, mock.stats.background_started) == (1, 0)
+    assert mock.stats.tokens_by_key["mock"] == first.parse().usage.total_tokens  # type: ignore[union-attr]

@@ -302,6 +302,16 @@ def invoke(
 @click.option("--tpm", type=int, default=None, help="Tokens a minute each key may use (MOCK_LLM_TPM).")
 @click.option("--rpm", type=int, default=None, help="Requests a minute each key may make (MOCK_LLM_RPM).")
 @click.option(
+    "--webhook-url",
+    default=None,
+    help="Where background responses' webhook events go, as OpenAI sends them (MOCK_LLM_WEBHOOK_URL).",
+)
+@click.option(
+    "--webhook-secret",
+    default=None,
+    help="Their signing secret, whsec_ and base64 (MOCK_LLM_WEBHOOK_SECRET).",
+)
+@click.option(
     "--fd", type=int, default=None, hidden=True, help="A listening socket handed over by `llmtasks up`."
 )
 def mock_llm(
@@ -316,6 +326,8 @@ def mock_llm(
     max_rps: float | None,
     tpm: int | None,
     rpm: int | None,
+    webhook_url: str | None,
+    webhook_secret: str | None,
     fd: int | None,
 ) -> None:
     """Serve the mock OpenAI-compatible LLM (knobs also at PUT /_mock/config)."""
@@ -334,9 +346,11 @@ def mock_llm(
         "max_rps": max_rps,
         "tpm": tpm,
         "rpm": rpm,
+        "webhook_url": webhook_url,
+        "webhook_secret": webhook_secret,
     }
     config = MockConfig.model_validate({k: v for k, v in given.items() if v is not None})
-    click.echo(f"mock LLM on http://{host}:{port}/v1 ({config.model_dump()})")
+    click.echo(f"mock LLM on http://{host}:{port}/v1 ({config.model_dump(exclude={'webhook_secret'})})")
     serve(host, port, config, fd=fd)
 
 

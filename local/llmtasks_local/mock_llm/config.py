@@ -119,6 +119,9 @@ class MockConfig(BaseSettings):
 Outcome = Literal["ok", "429", "500", "hang", "rps", "limited", "gone"]
 # Where one call's outcome is written: its prompt's list and its place there.
 OutcomeSlot = tuple[list[Outcome], int]
+# A call's fate as drawn on arrival: its outcome, the Retry-After of a 429, its latency, where its
+# outcome is written, the rate-limit headers of its answer.
+Decision = tuple[Outcome, float | None, float, OutcomeSlot, dict[str, str]]
 
 
 class MockStats(BaseModel):

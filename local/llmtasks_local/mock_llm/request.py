@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 # Every top-level parameter of OpenAI's chat.completions.create; any other gets a 400.
 PARAMETERS = frozenset(
     (
@@ -56,6 +58,26 @@ class OpenAIError(Exception):
         self.body = {
             "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
         }
+
+
+def error(
+    status: int,
+    message: str,
+    *,
+    retry_after: float | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> JSONResponse:
+    """OpenAI's error answer: its body, and Retry-After when given.
+    Fractions are off-standard but keep compressed test schedules short; llmtasks reads them."""
+    # (see above) are off-standard but keep compressed test schedules short; llmtasks reads them.
+    headers = dict(headers or {})
+    if retry_after is not None:
+        value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
+        headers["Retry-After"] = value
+    kind = {429: "rate_limit_exceeded", 500: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status, headers=headers)
 
 
 @dataclass

@@ -31,7 +31,9 @@ PARAMETERS = frozenset(
 )
 # Parameters passed to the chat call under the same name.
 SAME = ("temperature", "top_p", "metadata", "parallel_tool_calls", "prompt_cache_key", "service_tier")
-PART_TYPES = {"input_text", "input_image", "input_file", "output_text", "refusal"}
+# The content part types each role may send (OpenAI: what the model said is output_text).
+INPUT_PARTS = ("input_text", "input_image", "input_file")
+ROLE_PARTS = {"assistant": ("output_text", "refusal")}
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 MIN_OUTPUT_TOKENS = 16
 
@@ -137,10 +139,11 @@ def _parts(parts: Any, role: str, where: str) -> list[dict[str, Any]]:
     for index, part in enumerate(parts):
         here = f"{where}[{index}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(part, dict) or kind not in PART_TYPES:
+        allowed = ROLE_PARTS.get(role, INPUT_PARTS)
+        if not isinstance(part, dict) or kind not in allowed:
+            names = [f"'{name}'" for name in allowed]
             raise OpenAIError(
-                f"Invalid value: '{kind}'. Supported values are: 'input_text', 'input_image', 'input_file',"
-                " 'output_text', and 'refusal'.",
+                f"Invalid value: '{kind}'. Supported values are: {', '.join(names[:-1])} and {names[-1]}.",
                 param=f"{here}.type",
                 code="invalid_value",
             )

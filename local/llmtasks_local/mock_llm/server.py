@@ -15,11 +15,10 @@ import asyncio
 import json
 import math
 import random
-import re
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -28,19 +27,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local import KEEP_ALIVE_S
-from llmtasks_local.mock_llm.background import ResponseStore, Stored, event_type, send_event
-from llmtasks_local.mock_llm.config import MockConfig, MockStats, Outcome, OutcomeSlot
+from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats, Outcome, OutcomeSlot
 from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, read_call
-from llmtasks_local.mock_llm.responses import output_items, read_response_call, response_id, response_object
+from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
+from llmtasks_local.mock_llm.responses_api import ResponsesAPI, Shape
 
 __all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
 
 Headers = dict[str, str]
-Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a chat completion as the body to answer
-# `[mock:background-s=N]`: a background response's think time, N seconds.
-BACKGROUND_S = re.compile(r"\[mock:background-s=(?P<seconds>\d+(?:\.\d+)?)\]")
 # The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
 CACHE_ENTRIES = 10_000
 
@@ -67,20 +62,19 @@ class MockLLM:
     def __init__(self, config: MockConfig | None = None) -> None:
         self.config = config or MockConfig()
         self.stats = MockStats()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._random = random.Random(self.config.seed)  # noqa: S311 - fault injection, not crypto
         self._rate_limit = _RateLimit()
         self._counts = _key_counts(self.config)
         self._prefixes: OrderedDict[str, None] = OrderedDict()  # prompt prefixes seen (cached_tokens)
-        self._responses = ResponseStore()
-        self._tasks: set[asyncio.Task[None]] = set()  # background ends and webhooks under way
+        self.responses = ResponsesAPI(self)
 
-    def _decide(self, call: ChatCall, key: str) -> tuple[Outcome, float | None, float, OutcomeSlot, Headers]:
+    def decide(self, call: ChatCall, key: str) -> Decision:
         """This call's fate and its time, drawn and counted under the lock; the rate-limit
         headers of its answer."""
         prompt = call.prompt
         config = self.config
-        with self._lock:
+        with self.lock:
             self.stats.calls += 1
             self.stats.arrivals.append(time.monotonic())
             latency = config.latency_s
@@ -119,28 +113,28 @@ class MockLLM:
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         return outcome, wait, latency, (record, len(record) - 1), headers
 
-    def _settle(self, call: ChatCall, key: str, used: int) -> Headers:
+    def settle(self, call: ChatCall, key: str, used: int) -> Headers:
         """The admitted call counted at the tokens it used; the key's headers after it."""
-        with self._lock:
+        with self.lock:
             if used:
                 label = key[-4:]
                 self.stats.tokens_by_key[label] = self.stats.tokens_by_key.get(label, 0) + used
         return self._counts.settle(key, _admitted_tokens(call), used, time.time())
 
     def _hung_up(self, slot: OutcomeSlot) -> None:
-        with self._lock:
+        with self.lock:
             record, index = slot
             record[index] = "gone"
 
-    def _leave(self) -> None:
-        with self._lock:
+    def leave(self) -> None:
+        with self.lock:
             self.stats.in_flight -= 1
 
-    def _take(self, call: ChatCall) -> None:
+    def take(self, call: ChatCall) -> None:
         """Counts what reached the provider; draws whether a structured answer breaks its schema;
         finds the longest prompt prefix seen before (cached tokens)."""
         config = self.config
-        with self._lock:
+        with self.lock:
             stats = self.stats
             for name in call.body if call.sent is None else call.sent:
                 stats.params[name] = stats.params.get(name, 0) + 1
@@ -173,21 +167,21 @@ class MockLLM:
         except ValueError:
             call = None
             refused: dict[str, Any] = OpenAIError("We could not parse the JSON body of your request.").body
-        except OpenAIError as error:
-            call, refused = None, error.body
+        except OpenAIError as exc:
+            call, refused = None, exc.body
         if call is None:
-            with self._lock:
+            with self.lock:
                 self.stats.invalid_requests += 1
             return JSONResponse(refused, 400)
         stream = bool(call.body.get("stream"))
         if stream and self.config.refuse_stream:
-            return _error(400, "stream is not supported (mock)")
-        self._take(call)
+            return error(400, "stream is not supported (mock)")
+        self.take(call)
         authorization = request.headers.get("authorization", "")
         key = authorization.removeprefix("Bearer ").strip()
-        outcome, wait, latency, slot, headers = self._decide(call, key)
+        outcome, wait, latency, slot, headers = self.decide(call, key)
         if authorization.startswith("Bearer "):
-            with self._lock:
+            with self.lock:
                 self.stats.calls_with_key += 1
         if outcome == "ok" and stream:
             return StreamingResponse(
@@ -196,214 +190,26 @@ class MockLLM:
         if outcome == "hang":
             # Headers now, then a byte a second: a per-read timeout never fires; only a bound on
             # the whole call ends it.
-            return StreamingResponse(self._trickle(call), media_type="application/json")
+            return StreamingResponse(self.trickle(call), media_type="application/json")
         try:
-            return await self._answer(request, (outcome, wait, latency, slot, headers), call, key)
+            return await self.answer(request, (outcome, wait, latency, slot, headers), call, key)
         finally:
-            self._leave()
+            self.leave()
 
-    # --- the Responses API ---------------------------------------------------------------------
-
-    async def create_response(self, request: Request) -> Response:
-        """POST /v1/responses: answered at once when synchronous; with `background: true`, queued
-        and ended after its think time."""
-        try:
-            body = await request.json()
-            history = self._history(body.get("previous_response_id") if isinstance(body, dict) else None)
-            call, items = read_response_call(body, history)
-        except ValueError:
-            call, refused = None, OpenAIError("We could not parse the JSON body of your request.").body
-        except OpenAIError as error:
-            call, refused = None, error.body
-        if call is None:
-            with self._lock:
-                self.stats.invalid_requests += 1
-            return JSONResponse(refused, 400)
-        self._take(call)
-        authorization = request.headers.get("authorization", "")
-        key = authorization.removeprefix("Bearer ").strip()
-        decided = self._decide(call, key)
-        with self._lock:
-            self.stats.responses += 1
-            self.stats.calls_with_key += authorization.startswith("Bearer ")
-        stored = Stored(
-            response_id(),
-            call,
-            items,
-            key,
-            background=bool(body.get("background")),
-            created_at=int(time.time()),
-        )
-        if stored.background:
-            try:
-                return self._start(stored, decided)
-            finally:
-                self._leave()
-        if decided[0] == "hang":
-            return StreamingResponse(self._trickle(call, self._shape(stored)), media_type="application/json")
-        try:
-            return await self._answer(request, decided, call, key, self._shape(stored))
-        finally:
-            self._leave()
-
-    def _history(self, previous: Any) -> list[Any] | None:
-        """The input items and output of the response `previous` (`previous_response_id`)."""
-        if previous is None:
-            return None
-        stored = self._responses.get(previous) if isinstance(previous, str) else None
-        if stored is None or stored.response is None:
-            raise OpenAIError(
-                f"Previous response with id '{previous}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        return [*stored.items, *output_items(stored.response)]
-
-    def _shape(self, stored: Stored) -> Shape:
-        """The chat completion of a synchronous response as its Response, kept unless store=false."""
-
-        def shape(body: dict[str, Any]) -> dict[str, Any]:
-            response = response_object(
-                stored.call, body, response_id=stored.id, status="completed", created_at=stored.created_at
-            )
-            stored.response = response
-            if stored.call.asked.get("store", True) is not False:
-                self._responses.add(stored)
-            return response
-
-        return shape
-
-    def _start(
-        self, stored: Stored, decided: tuple[Outcome, float | None, float, OutcomeSlot, Headers]
-    ) -> Response:
-        """A background response queued (its end scheduled), or the 429 of its admission."""
-        outcome, wait, latency, _, headers = decided
-        if outcome == "rps":
-            return _error(429, "requests per second limit (mock)", retry_after=wait)
-        if outcome == "limited":
-            return _error(429, "Rate limit reached for requests or tokens per min (mock).", headers=headers)
-        if outcome == "429":
-            headers = self._settle(stored.call, stored.key, 0)
-            return _error(429, "rate limited (mock)", retry_after=wait, headers=headers)
-        asked = BACKGROUND_S.search(stored.call.text)
-        stored.think_s = (
-            self.config.hang_s if outcome == "hang" else float(asked["seconds"]) if asked else latency
-        )
-        stored.fail = outcome == "500" or stored.call.marked("[mock:background-fail]")
-        self._responses.add(stored)
-        with self._lock:
-            self.stats.background_started += 1
-        stored.task = self._spawn(self._end_later(stored))
-        return JSONResponse(self._view(stored), headers=headers)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _end_later(self, stored: Stored) -> None:
-        await asyncio.sleep(stored.think_s)
-        self._end(stored)
-
-    def _end(self, stored: Stored) -> None:
-        """A background response's end: its answer (or failure) made, counted, announced."""
-        if stored.response is not None:
-            return
-        call = stored.call
-        if stored.fail:
-            response = response_object(
-                call, None, response_id=stored.id, status="failed", created_at=stored.created_at
-            )
-            response["error"] = {"code": "server_error", "message": "The mock failed this response (mock)."}
-            self._settle(call, stored.key, 0)
-        else:
-            body = self._completion(call)
-            self._settle(call, stored.key, body["usage"]["total_tokens"])
-            response = response_object(
-                call, body, response_id=stored.id, status="completed", created_at=stored.created_at
-            )
-        stored.response = response
-        with self._lock:
-            if stored.fail:
-                self.stats.background_failed += 1
-            else:
-                self.stats.background_completed += 1
-                self.stats.completed += 1
-        self._announce(stored)
-
-    def _announce(self, stored: Stored) -> None:
-        """OpenAI's webhook event for a background response that ended (when one is configured)."""
-        assert stored.response is not None
-
-        def counted(delivered: bool) -> None:
-            with self._lock:
-                if delivered:
-                    self.stats.webhooks_sent += 1
-                else:
-                    self.stats.webhook_failures += 1
-
-        kind = event_type(stored.response["status"])
-        self._spawn(send_event(self.config, kind, stored.id, counted))
-
-    def _view(self, stored: Stored) -> dict[str, Any]:
-        """The response as it stands now (ending it first when its time is up)."""
-        if stored.background and stored.due(time.monotonic()):
-            self._end(stored)
-        if stored.response is not None:
-            return stored.response
-        status = stored.status(time.monotonic())
-        return response_object(
-            stored.call, None, response_id=stored.id, status=status, created_at=stored.created_at
-        )
-
-    async def retrieve_response(self, request: Request) -> Response:
-        stored = self._responses.get(request.path_params["response_id"])
-        if stored is None:
-            return _not_found(request.path_params["response_id"])
-        if stored.background:
-            with self._lock:
-                self.stats.background_polls += 1
-        return JSONResponse(self._view(stored))
-
-    async def cancel_response(self, request: Request) -> Response:
-        """Cancels a queued or in-progress background response; a cancelled one is answered
-        again as it is; a finished or synchronous one gets OpenAI's 400."""
-        with self._lock:
-            self.stats.cancel_requests += 1
-        stored = self._responses.get(request.path_params["response_id"])
-        if stored is None:
-            return _not_found(request.path_params["response_id"])
-        if not stored.background:
-            return _error(400, "Cannot cancel a synchronous response.", param="response_id")
-        response = self._view(stored)
-        if response["status"] == "cancelled":
-            return JSONResponse(response)
-        if stored.response is not None:
-            return _error(400, f"Cannot cancel a {response['status']} response.", param="response_id")
-        if stored.task is not None:
-            stored.task.cancel()
-        stored.response = {**response, "status": "cancelled"}
-        self._settle(stored.call, stored.key, 0)
-        with self._lock:
-            self.stats.background_cancelled += 1
-        self._announce(stored)
-        return JSONResponse(stored.response)
-
-    async def _answer(
+    async def answer(
         self,
         request: Request,
-        decided: tuple[Outcome, float | None, float, OutcomeSlot, Headers],
+        decided: Decision,
         call: ChatCall,
         key: str,
         shape: Shape | None = None,
     ) -> Response:
         outcome, wait, latency, slot, headers = decided
         if outcome == "rps":
-            return _error(429, "requests per second limit (mock)", retry_after=wait)
+            return error(429, "requests per second limit (mock)", retry_after=wait)
         if outcome == "limited":
             said = "Rate limit reached for requests or tokens per min (mock)."
-            return _error(429, said, headers=headers)
+            return error(429, said, headers=headers)
         if not await self._held(request) or (latency and not await _stay_connected(request, latency)):
             self._hung_up(slot)
             return Response(status_code=499)  # nobody is listening any more
@@ -411,11 +217,11 @@ class MockLLM:
             said = f"{'rate limited' if outcome == '429' else 'internal error'} (mock)"
             if self.config.echo_key:
                 said += f"; you sent {request.headers.get('authorization', 'no key')}"
-            return _error(int(outcome), said, retry_after=wait, headers=self._settle(call, key, 0))
-        with self._lock:
+            return error(int(outcome), said, retry_after=wait, headers=self.settle(call, key, 0))
+        with self.lock:
             self.stats.completed += 1
-        body = self._completion(call)
-        headers = self._settle(call, key, body["usage"]["total_tokens"])
+        body = self.completion(call)
+        headers = self.settle(call, key, body["usage"]["total_tokens"])
         return JSONResponse(body if shape is None else shape(body), headers=headers)
 
     async def _stream(self, call: ChatCall, latency: float, key: str) -> AsyncIterator[bytes]:
@@ -425,8 +231,8 @@ class MockLLM:
         try:
             await self._held(None)
             options = call.body.get("stream_options") or {}
-            body = self._completion(call)
-            self._settle(call, key, body["usage"]["total_tokens"])
+            body = self.completion(call)
+            self.settle(call, key, body["usage"]["total_tokens"])
             events = chunks(body, include_usage=bool(options.get("include_usage")))
             broken = self._random.random() < self.config.rate_break
             pause = latency / max(1, len(events))
@@ -436,23 +242,23 @@ class MockLLM:
                 yield f"data: {json.dumps(event)}\n\n".encode()
                 await asyncio.sleep(pause)
             yield b"data: [DONE]\n\n"
-            with self._lock:
+            with self.lock:
                 self.stats.completed += 1
         finally:
-            self._leave()
+            self.leave()
 
-    async def _trickle(self, call: ChatCall, shape: Shape | None = None) -> AsyncIterator[bytes]:
+    async def trickle(self, call: ChatCall, shape: Shape | None = None) -> AsyncIterator[bytes]:
         try:
             give_up = time.monotonic() + self.config.hang_s
             while time.monotonic() < give_up:
                 yield b" "
                 await asyncio.sleep(min(1.0, max(0.0, give_up - time.monotonic())))
-            body = self._completion(call)
+            body = self.completion(call)
             yield json.dumps(body if shape is None else shape(body)).encode()
         finally:
-            self._leave()
+            self.leave()
 
-    def _completion(self, call: ChatCall) -> dict[str, Any]:
+    def completion(self, call: ChatCall) -> dict[str, Any]:
         return completion(
             call, reply_chars=self.config.reply_chars, pad_word_chars=self.config.pad_word_chars
         )
@@ -484,7 +290,7 @@ class MockLLM:
     def reset_stats(self) -> None:
         """Zeroes the counters, and the requests-per-second window with them: a reset mock
         has seen no calls."""
-        with self._lock:
+        with self.lock:
             self.stats = MockStats(in_flight=self.stats.in_flight)
             self._rate_limit = _RateLimit()
             self._counts = _key_counts(self.config)
@@ -502,9 +308,7 @@ class MockLLM:
             routes=[
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/chat/completions", self.chat_completions, methods=["POST"]),
-                Route("/v1/responses", self.create_response, methods=["POST"]),
-                Route("/v1/responses/{response_id}", self.retrieve_response, methods=["GET"]),
-                Route("/v1/responses/{response_id}/cancel", self.cancel_response, methods=["POST"]),
+                *self.responses.routes(),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/_mock/stats", self.get_stats, methods=["GET"]),
                 Route("/_mock/config", self.put_config, methods=["PUT"]),
@@ -543,28 +347,6 @@ def _admitted_tokens(call: ChatCall) -> int:
 
 def _key_counts(config: MockConfig) -> KeyCounts:
     return KeyCounts(KeyLimit(tpm=config.tpm, rpm=config.rpm), dict(config.key_limits))
-
-
-def _not_found(response_id: str) -> JSONResponse:
-    return _error(404, f"Response with id '{response_id}' not found.", param="response_id")
-
-
-def _error(
-    status: int,
-    message: str,
-    *,
-    retry_after: float | None = None,
-    headers: Headers | None = None,
-    param: str | None = None,
-) -> JSONResponse:
-    # Fractions are off-standard but keep compressed test schedules short; llmtasks reads them.
-    headers = dict(headers or {})
-    if retry_after is not None:
-        value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
-        headers["Retry-After"] = value
-    kind = {429: "rate_limit_exceeded", 500: "server_error"}.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status, headers=headers)
 
 
 def serve(
