@@ -26,6 +26,9 @@ from llmtasks.observability import logger, task_keys
 
 # A model call's answer, or None when there is none to record (the runner dealt with the error).
 ModelCall = Callable[[LLMRequest, int], Awaitable[Completion | None]]
+# Shown the steps so far (the runner writes their events in the task's output stream): called
+# with the steps read at the claim's start, then after each step recorded.
+ShowSteps = Callable[[list[RunStep]], Awaitable[None]]
 
 
 class ToolEndpoints(Protocol):
@@ -85,15 +88,17 @@ class StepRunner:
         call_model: ModelCall,
         time_left: Callable[[], float],
         whole_call_s: float,
+        show: ShowSteps | None = None,
     ) -> Outcome:
         steps = await asyncio.to_thread(self._journal.steps, task.task_id)
+        await _shown(show, steps)  # the client's outputs, and any a crash left unshown
         called = False  # a model call made in this claim
         while True:
             move = next_move(steps)
             if isinstance(move, Answer):
                 return Finished(move.completion)
             if isinstance(move, CallTools):
-                outcome = await self._tool_calls(task, move, steps, time_left)
+                outcome = await self._tool_calls(task, move, steps, time_left, show=show)
                 if outcome is not None:
                     return outcome
                 continue
@@ -119,9 +124,16 @@ class StepRunner:
             )
             steps.append(await self._record(task, step))
             logger.info("run step", step=move.step, kind="model_call", **task_keys(task))
+            await _shown(show, steps)
 
     async def _tool_calls(
-        self, task: Task, move: CallTools, steps: list[RunStep], time_left: Callable[[], float]
+        self,
+        task: Task,
+        move: CallTools,
+        steps: list[RunStep],
+        time_left: Callable[[], float],
+        *,
+        show: ShowSteps | None = None,
     ) -> Outcome | None:
         """The pending calls of the endpoints, each recorded; the outcome that ends this claim
         (the run waits for its client's outputs, or hands off), None when the model is next."""
@@ -157,6 +169,7 @@ class StepRunner:
             steps.append(await self._record(task, step))
             steps.sort(key=lambda done: done.step)
             logger.info("run step", step=number, kind="tool_call", tool=name, **task_keys(task))
+            await _shown(show, steps)
         if clients:
             return Waiting(RequiredAction(tool_calls=clients), move.model_step, usage_of(steps))
         return None
@@ -175,3 +188,8 @@ class StepRunner:
         model call after the first, so a cancelled run spends no more tokens."""
         current = await asyncio.to_thread(self._store.get, task.task_id, now=self._clock())
         return current is not None and current.lease_id == lease_id
+
+
+async def _shown(show: ShowSteps | None, steps: list[RunStep]) -> None:
+    if show is not None:
+        await show(steps)
