@@ -29,12 +29,14 @@ from llmtasks.domain.steps import (
     next_move,
 )
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.ops.stats import overview
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import no_lookups
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
+from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import ToolEndpoint, blobs, emf_records, eventually, serve
+from tests.helpers import ToolEndpoint, blobs, count_tasks, emf_records, eventually, serve
 from tests.unit.test_worker import CrashingLLM, Worker, redelivered
 
 pytestmark = pytest.mark.unit
@@ -234,6 +236,33 @@ def test_a_failed_tool_call_is_shown_and_counted_as_one(
     assert error["source"] == "endpoint"
     records = [json.loads(line) for line in out.splitlines() if line.startswith('{"_aws"')]
     assert [r["tool"] for r in records if "ToolCallErrors" in r] == ["lookup"]
+
+
+def test_the_overview_shows_a_run_s_steps_and_its_wait_on_its_timeline(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], handler: Any
+) -> None:
+    # Given a run that called its endpoint and waits for its client
+    _, url = endpoint
+    task_id = worker.submit_run("plan it [mock:agent-steps=2]", [lookup(url), ASK_USER], max_steps=5)
+    worker.deliver()
+    count_tasks(worker.aws, handler)  # the counters the overview finds the busiest tenants by
+    # Then the overview's timeline of it (the console's, `llmtasks stats`') has its steps' facts
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
+    [run] = [task for task in view["recent"] if task["task_id"] == task_id]
+    assert (run["run"], run["status"], run["waiting_for"]) == (True, "requires_action", ["ask_user"])
+    first, called, second = run["steps"]
+    assert (first["type"], first["model"], first["calls"]) == ("model_call", "mock-model", ["lookup"])
+    assert first["tokens"] > 0
+    assert first["cost_usd"] is not None
+    assert (called["tool"], called["source"], called["error"]) == ("lookup", "endpoint", False)
+    assert second["calls"] == ["ask_user"]
+    # And a task that is not a run has none
+    plain = worker.submit("one call")
+    worker.deliver()
+    count_tasks(worker.aws, handler)
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
+    [one] = [task for task in view["recent"] if task["task_id"] == plain]
+    assert (one["run"], one["steps"], one["waiting_for"]) == (False, None, [])
 
 
 class UsageMidRun:
