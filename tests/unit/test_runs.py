@@ -20,6 +20,7 @@ from llmtasks.domain.models import SubmitTaskRequest, TaskStatus, Usage
 from llmtasks.domain.output import OutputChunk
 from llmtasks.domain.runs import MAX_STEPS_EXCEEDED, SubmitToolOutputs
 from llmtasks.domain.steps import (
+    EVENT_TEXT_CHARS,
     Answer,
     CallModel,
     CallTools,
@@ -451,6 +452,34 @@ def model_step(number: int, calls: list[str], text: str = "") -> RunStep:
 def tool_step(number: int, call_id: str) -> RunStep:
     call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
     return RunStep(step=number, type="tool_call", started_at=0, ended_at=0, tool_call=call, output="out")
+
+
+def test_a_step_s_event_trims_its_texts_and_tells_a_failed_call() -> None:
+    long = "x" * (EVENT_TEXT_CHARS + 50)
+    call = ToolCall(id="c1", function=FunctionCall(name="search", arguments=long))
+    step = RunStep(
+        step=1, type="tool_call", started_at=0, ended_at=1, tool_call=call, output=long, source="endpoint"
+    )
+    event = StepEvent.of(step)
+    assert event.tool_call is not None
+    assert len(event.tool_call.function.arguments) == len(event.tool_output or "") == EVENT_TEXT_CHARS
+    assert (event.tool_output or "").endswith("\u2026")
+    assert step.tool_call is not None
+    assert step.tool_call.function.arguments == long  # the step itself is whole
+    assert event.tool_error is False
+    # The worker's error text from an endpoint, and a name no tool has, are failures; a client's is its own
+    failed = step.model_copy(update={"output": "error: the tool 'search' failed: no answer within 30 s"})
+    assert StepEvent.of(failed).tool_error is True
+    assert StepEvent.of(step.model_copy(update={"source": "unknown", "output": "x"})).tool_error is True
+    assert StepEvent.of(failed.model_copy(update={"source": "client"})).tool_error is False
+    # A model call's event: its usage and the calls it asked for, no text
+    asked = StepEvent.of(model_step(0, ["c1", "c2"], text="thinking"))
+    assert (asked.type, asked.usage, asked.tool_output) == (
+        "model_call",
+        Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3),
+        None,
+    )
+    assert [c.id for c in asked.tool_calls or []] == ["c1", "c2"]
 
 
 def test_the_next_move_follows_from_the_steps_done() -> None:
