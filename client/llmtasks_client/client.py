@@ -407,6 +407,13 @@ def _parts_of(file: str | os.PathLike[str] | bytes) -> Iterator[bytes]:
             yield chunk
 
 
+def _paused(page: TaskOutputPage) -> bool:
+    """The page ends with a run's `requires_action` event: the run may be waiting for its client
+    (or already resumed, its next chunks not written yet: the task says which)."""
+    last = page.chunks[-1].event if page.chunks else None
+    return last is not None and last.type == "requires_action"
+
+
 async def _chunks_of(path: str | os.PathLike[str], size: int = 1024 * 1024) -> AsyncIterator[bytes]:
     """A file's bytes, read a megabyte at a time off the event loop."""
     data = await asyncio.to_thread(open, path, "rb")
@@ -562,15 +569,19 @@ class Client:
     def stream(self, task_id: str, *, after: int = 0, timeout: float | None = None) -> Iterator[OutputChunk]:
         """Each chunk of the task's output after `after`, in order and once, as it is written,
         until the task ends; reads on from the last chunk after an error or a dropped
-        connection. Returns when the task completed; raises TaskFailedError if it failed or was
-        cancelled, WaitTimeoutError after `timeout` seconds. A chunk whose `attempt` differs
-        from the one before starts the text over."""
+        connection. Returns when the task completed, or when a run stops for its client (after
+        its `requires_action` event: answer with `submit_tool_outputs`, then stream on from that
+        chunk); raises TaskFailedError if it failed or was cancelled, WaitTimeoutError after
+        `timeout` seconds. A run's steps come as chunks with an `event` (StepEvent), in order
+        among its text. A text chunk whose `attempt` differs from the text before starts it over."""
         following = _Following(self._policy, after, timeout)
         for page in self._pages(f"/tasks/{task_id}/output", TaskOutputPage, following):
             yield from page.chunks
             if page.final:
                 if page.status is not TaskStatus.COMPLETED:
                     raise following.failed(page)
+                return
+            if _paused(page) and self.get(task_id).status is TaskStatus.REQUIRES_ACTION:
                 return
             if following.timed_out():
                 raise WaitTimeoutError(self.get(task_id), following.timeout or 0)
@@ -858,6 +869,8 @@ class AsyncClient:
             if page.final:
                 if page.status is not TaskStatus.COMPLETED:
                     raise following.failed(page)
+                return
+            if _paused(page) and (await self.get(task_id)).status is TaskStatus.REQUIRES_ACTION:
                 return
             if following.timed_out():
                 raise WaitTimeoutError(await self.get(task_id), following.timeout or 0)

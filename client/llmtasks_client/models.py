@@ -296,16 +296,63 @@ class WebhookReplay(_Reply):
     status: str
 
 
+class StepEvent(_Reply):
+    """A run's step as its output stream shows it, in step order among the text: `model_call`
+    (its `model`, `usage` and the `tool_calls` it asked for), `tool_call` (its `tool_call`,
+    `tool_source`, `tool_output` and whether it failed, `tool_error`), or `requires_action` (the
+    run stops for the `tool_calls` to answer; `step` is the model call that asked). Arguments
+    and outputs are trimmed; `Client.steps` has them whole."""
+
+    type: str  # model_call | tool_call | requires_action
+    step: int
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call: ToolCall | None = None
+    tool_source: str | None = None  # endpoint | client | unknown
+    tool_output: str | None = None
+    tool_error: bool | None = None
+
+    def line(self) -> str:
+        """The event on one line, as `llmtasks wait` prints it."""
+        if self.type == "requires_action":
+            calls = ", ".join(f"{call.id} {_call_text(call)}" for call in self.tool_calls or [])
+            return f"requires_action after step {self.step}: {calls}"
+        if self.type == "tool_call" and self.tool_call is not None:
+            failed = " (failed)" if self.tool_error else ""
+            output = _one_line(self.tool_output or "", 80)
+            called = f"{_call_text(self.tool_call)} [{self.tool_source}]{failed}"
+            return f"step {self.step} tool_call {called} -> {output}"
+        spent = ""
+        if self.usage is not None:
+            cost = f" ${self.usage.cost_usd:.6f}" if self.usage.cost_usd is not None else ""
+            spent = f" {self.usage.total_tokens} tokens{cost}"
+        asked = ", ".join(call.function.name for call in self.tool_calls or []) or self.finish_reason
+        return f"step {self.step} model_call {self.model or ''}{spent} -> {asked or 'answer'}"
+
+
+def _one_line(text: str, most: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= most else flat[: most - 3] + "..."
+
+
+def _call_text(call: ToolCall) -> str:
+    return f"{call.function.name}({_one_line(call.function.arguments, 60)})"
+
+
 class OutputChunk(_Reply):
     """A piece of a task's output, in order: `sequence` from 1 (pass it as `after` to read on),
     the `text` the model added, the `tokens` it added, and the `attempt` that wrote it (when it
-    changes, a retry is writing the text again from its start)."""
+    changes, a retry is writing the text again from its start). A run's chunks also carry its
+    steps: a chunk with an `event` (and no text) is one."""
 
     sequence: int
     text: str
     tokens: int = 0
     attempt: int = 1
     written_at: datetime | None = None
+    event: StepEvent | None = None
 
 
 class TaskOutputPage(_Reply):

@@ -118,15 +118,33 @@ class Metric:
     WEBHOOK_DEFERRALS = "WebhookDeferrals"  # events put off: their endpoint had every place taken
     # Webhook URLs disabled: they failed for WebhookEndpointDisableAfterSeconds with no success.
     WEBHOOK_ENDPOINTS_DISABLED = "WebhookEndpointsDisabled"
+    RUN_STEPS = "RunSteps"  # a run's steps, by kind (model_call, tool_call)
+    TOOL_CALLS = "ToolCalls"  # a run's tool calls, by source (endpoint, client, unknown)
+    TOOL_CALL_ERRORS = "ToolCallErrors"  # those that failed, by source
 
 
 def emit(
     name: str, value: float = 1, unit: MetricUnit = MetricUnit.Count, /, **dimensions: str | None
 ) -> None:
     """One metric, written now as its own EMF record; dimensions given as None are left out."""
+    _record(name, value, unit, dimensions, {})
+
+
+def emit_noted(name: str, noted: Mapping[str, str], /, **dimensions: str | None) -> None:
+    """One count, as `emit` writes it, with `noted` in the record and not in its dimensions:
+    searchable in Logs Insights, with no metric of its own for each value (a name a tenant
+    chooses, say)."""
+    _record(name, 1, MetricUnit.Count, dimensions, noted)
+
+
+def _record(
+    name: str, value: float, unit: MetricUnit, dimensions: Mapping[str, str | None], noted: Mapping[str, str]
+) -> None:
     record = AmazonCloudWatchEMFProvider(namespace=NAMESPACE, service=SERVICE)
     record.add_metric(name=name, unit=unit, value=value)
     detail = {key: str(value) for key, value in dimensions.items() if value is not None}
     if detail:
         record.add_dimensions(service=SERVICE, **detail)
+    for key, text in noted.items():
+        record.add_metadata(key=key, value=text)
     record.flush_metrics()

@@ -1,7 +1,8 @@
 """The local console (`llmtasks up`, /console) in a real headless Chromium (Debian's chromium and
 chromium-driver, driven by Selenium): it lists a completed and a failed task, shows a
 dead-lettered one in its DLQ, and its Redrive button brings that one back to completed; a
-batch's Retry button runs its failed items again.
+batch's Retry button runs its failed items again; a run's timeline shows its steps and its wait
+for its client.
 
 With LLMTASKS_SCREENSHOT=1 it also writes the docs' picture of it, docs/console.png."""
 
@@ -20,10 +21,11 @@ from selenium.common.exceptions import StaleElementReferenceException, WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+import llmtasks_client
 from llmtasks.ops.deployment import FUNCTIONS
 from tests.e2e.conftest import RunningStack, faulty_template, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import HANG_S, ROOT, WebhookReceiver, chromium, eventually, serve
+from tests.helpers import HANG_S, ROOT, ToolEndpoint, WebhookReceiver, chromium, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -273,3 +275,67 @@ def retry_button_runs_a_batch_s_failed_items_again(stack: RunningStack, browser:
     nothing = httpx.post(route, headers=token)
     assert nothing.status_code == 409, nothing.text
     assert httpx.post(f"{stack.api}/console/api/batches/{'0' * 32}/retry", headers=token).status_code == 404
+
+
+def run_timeline(task_id: str, *, until: str) -> Callable[[webdriver.Chrome], list[str] | None]:
+    """The run's steps and pauses on its timeline, in order, once one of them says `until`."""
+
+    def read(driver: webdriver.Chrome) -> list[str] | None:
+        found = driver.find_elements(
+            By.CSS_SELECTOR, f"#recent tr[data-task-id='{task_id}'] [data-role^=run-]"
+        )
+        texts = [element.text for element in found]
+        return texts if any(until in text for text in texts) else None
+
+    return read
+
+
+def test_the_console_shows_a_run_s_steps_and_its_wait_for_its_client(
+    fresh_mock: RunningStack, browser: webdriver.Chrome
+) -> None:
+    tool = ToolEndpoint()
+    confirm = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    with serve(tool.app()) as url, llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        lookup = {
+            "type": "function",
+            "name": "lookup",
+            "parameters": {"type": "object"},
+            "url": url + "/tool",
+        }
+        # Given a run that called its endpoint and waits for its client's function
+        task = client.submit("Plan it [mock:agent-steps=2]", tools=[lookup, confirm], max_steps=5)
+        waiting = client.wait(task.task_id, timeout=HANG_S)
+        assert waiting.required_action is not None, waiting.error
+        [asked] = waiting.required_action.tool_calls
+
+        # Then its timeline shows the model calls, the tool call with its source, and the wait
+        browser.get(fresh_mock.console)
+        seen = shown(browser, run_timeline(task.task_id, until="waiting for"))
+        assert [text.split()[:3] for text in seen] == [
+            ["step", "0", "model_call"],
+            ["step", "1", "tool_call"],
+            ["step", "2", "model_call"],
+            ["requires_action", "waiting", "for"],
+        ]
+        assert "tokens" in seen[0]
+        assert seen[0].endswith("→ lookup")
+        assert "lookup (endpoint)" in seen[1]
+        assert seen[3] == "requires_action waiting for confirm"
+        assert shown(browser, status_in_recent(task.task_id)) == "requires_action"
+
+        # When the client answers, the timeline shows the answered wait, the call and the answer
+        client.submit_tool_outputs(task.task_id, {asked.id: "yes"})
+        done = client.wait(task.task_id, timeout=HANG_S)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        seen = shown(browser, run_timeline(task.task_id, until="step 4"))
+        assert [text.split()[:3] for text in seen] == [
+            ["step", "0", "model_call"],
+            ["step", "1", "tool_call"],
+            ["step", "2", "model_call"],
+            ["requires_action", "answered", seen[3].split()[2]],
+            ["step", "3", "tool_call"],
+            ["step", "4", "model_call"],
+        ]
+        assert "confirm (client)" in seen[4]
+        assert seen[5].endswith("answer")
+        assert shown(browser, status_in_recent(task.task_id)) == "completed"

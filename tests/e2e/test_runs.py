@@ -94,3 +94,65 @@ def test_the_cli_shows_a_waiting_run_s_calls_and_answers_them(fresh_mock: Runnin
         assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
         assert done.result is not None
         assert f"{asked.id}: yes" in done.result
+
+
+def test_a_run_s_steps_stream_in_order_through_the_sdk_and_the_cli_wait(
+    fresh_mock: RunningStack, endpoint: tuple[ToolEndpoint, str]
+) -> None:
+    tool, url = endpoint
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "url": url}
+    confirm = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        # Given a run whose model asks for lookup, confirm, lookup, then answers
+        task = client.submit("Plan the trip [mock:agent-steps=3]", tools=[lookup, confirm], max_steps=10)
+
+        # When its output is streamed, the steps come as events, and the stream ends at the wait
+        paused = list(client.stream(task.task_id, timeout=HANG_S))
+        events = [chunk.event for chunk in paused if chunk.event is not None]
+        assert [(e.type, e.step) for e in events] == [
+            ("model_call", 0),
+            ("tool_call", 1),
+            ("model_call", 2),
+            ("requires_action", 2),
+        ]
+        assert events[0].usage is not None
+        assert events[0].usage.total_tokens > 0
+        assert events[1].tool_call is not None
+        assert events[1].tool_call.function.name == "lookup"
+        assert (events[1].tool_source, events[1].tool_output) == ("endpoint", "tool result 1")
+        [asked] = events[3].tool_calls or []
+        assert asked.function.name == "confirm"
+
+        # And the CLI's wait prints a line a step, then the call to answer
+        waited = fresh_mock.run_cli("wait", task.task_id, "--timeout", str(HANG_S))
+        assert waited.returncode == 0, waited.stderr
+        assert "step 1 tool_call lookup({" in waited.stderr
+        assert "[endpoint] -> tool result 1" in waited.stderr
+        assert f"{asked.id}  confirm(" in waited.stdout
+
+        # When the client answers, the stream goes on from the wait to the answer
+        client.submit_tool_outputs(task.task_id, {asked.id: "confirmed by the user"})
+        rest = list(client.stream(task.task_id, after=paused[-1].sequence, timeout=HANG_S))
+        done = client.get(task.task_id)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        more = [chunk.event for chunk in rest if chunk.event is not None]
+        assert [(e.type, e.step, e.tool_source) for e in more] == [
+            ("tool_call", 3, "client"),
+            ("model_call", 4, None),
+            ("tool_call", 5, "endpoint"),
+            ("model_call", 6, None),
+        ]
+        last_tool = max(i for i, chunk in enumerate(rest) if chunk.event and chunk.event.type == "tool_call")
+        assert "".join(chunk.text for chunk in rest[last_tool + 1 :]) == done.result
+        assert done.usage is not None
+        every = [*events, *more]
+        assert done.usage.total_tokens == sum(e.usage.total_tokens for e in every if e.usage)
+        assert len(tool.calls) == 2
+
+        # And the CLI's wait of the ended run prints its seven steps in order, then its answer
+        whole = fresh_mock.run_cli("wait", task.task_id, "--timeout", str(HANG_S))
+        assert whole.returncode == 0, whole.stderr
+        numbers = [line.split()[1] for line in whole.stderr.splitlines() if line.startswith("step ")]
+        assert numbers == [str(n) for n in range(7)]
+        assert done.result is not None
+        assert done.result in whole.stdout

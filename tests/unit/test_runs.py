@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,15 +17,27 @@ from llmtasks.domain.errors import InvalidInput, TaskConflict
 from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion, new_webhook_secret
 from llmtasks.domain.models import SubmitTaskRequest, TaskStatus, Usage
+from llmtasks.domain.output import OutputChunk
 from llmtasks.domain.runs import DEFAULT_MAX_STEPS, MAX_STEPS_EXCEEDED, SubmitToolOutputs
-from llmtasks.domain.steps import Answer, CallModel, CallTools, RunStep, conversation, next_move
+from llmtasks.domain.steps import (
+    EVENT_TEXT_CHARS,
+    Answer,
+    CallModel,
+    CallTools,
+    RunStep,
+    StepEvent,
+    conversation,
+    next_move,
+)
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.ops.stats import overview
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import no_lookups
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
+from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import ToolEndpoint, blobs, eventually, serve
+from tests.helpers import ToolEndpoint, blobs, count_tasks, emf_records, eventually, serve
 from tests.unit.test_worker import CrashingLLM, Worker, redelivered
 
 pytestmark = pytest.mark.unit
@@ -132,6 +145,158 @@ def test_a_run_calls_its_endpoint_waits_for_its_client_and_answers(
     assert rest.next_cursor is None
 
 
+def read_output(worker: RunWorker, task_id: str) -> list[OutputChunk]:
+    """Every chunk of the task's output so far, in order."""
+    chunks: list[OutputChunk] = []
+    while True:
+        page = worker.service.output("default", task_id, after=chunks[-1].sequence if chunks else 0)
+        chunks += page.chunks
+        if page.final or not page.chunks:
+            return chunks
+
+
+def events_of(chunks: list[OutputChunk]) -> list[StepEvent]:
+    return [chunk.event for chunk in chunks if chunk.event is not None]
+
+
+def test_a_run_s_output_shows_its_steps_in_order_among_its_text_and_counts_them(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run that calls its endpoint, then stops for its client's function
+    _, url = endpoint
+    task_id = worker.submit_run("plan it [mock:agent-steps=3]", [lookup(url), ASK_USER], max_steps=10)
+    worker.deliver()
+
+    # Then its output so far holds its steps' events, in order, ending with the wait
+    paused = events_of(read_output(worker, task_id))
+    assert [(e.type, e.step) for e in paused] == [
+        ("model_call", 0),
+        ("tool_call", 1),
+        ("model_call", 2),
+        ("requires_action", 2),
+    ]
+    asked, called, _, waiting = paused
+    assert [call.function.name for call in asked.tool_calls or []] == ["lookup"]
+    assert asked.usage is not None
+    assert asked.usage.total_tokens > 0
+    assert asked.usage.cost_usd is not None
+    assert called.tool_call is not None
+    assert (called.tool_call.function.name, called.tool_source) == ("lookup", "endpoint")
+    assert (called.tool_output, called.tool_error) == ("tool result 1", False)
+    assert [call.function.name for call in waiting.tool_calls or []] == ["ask_user"]
+
+    # When the client answers, the run's next claim shows the client's output, then goes on
+    task = worker.task(task_id)
+    [call] = task.required_action.tool_calls
+    outputs = SubmitToolOutputs(tool_outputs=[{"tool_call_id": call.id, "output": "the user says yes"}])
+    worker.service.runs.submit_tool_outputs(task, outputs)
+    worker.deliver()
+    done = worker.task(task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    chunks = read_output(worker, task_id)
+    events = events_of(chunks)
+    assert [(e.type, e.step) for e in events[4:]] == [
+        ("tool_call", 3),
+        ("model_call", 4),
+        ("tool_call", 5),
+        ("model_call", 6),
+    ]
+    answered = events[4]
+    assert (answered.tool_source, answered.tool_output) == ("client", "the user says yes")
+    # Each event's chunk has no text; the text after the last tool call's event is the answer
+    assert all(chunk.text == "" for chunk in chunks if chunk.event is not None)
+    last_tool = max(i for i, chunk in enumerate(chunks) if chunk.event and chunk.event.type == "tool_call")
+    assert "".join(chunk.text for chunk in chunks[last_tool + 1 :]) == done.result
+    # The model calls' usage adds up to the task's
+    assert done.usage is not None
+    assert sum(e.usage.total_tokens for e in events if e.usage) == done.usage.total_tokens
+
+    # And each step was counted once, by kind; the tool calls by who answered them
+    emf = emf_records(capsys.readouterr().out)
+    kinds = Counter(record["kind"] for record in emf["RunSteps"])
+    assert kinds == {"model_call": 4, "tool_call": 3}
+    assert Counter(record["source"] for record in emf["ToolCalls"]) == {"endpoint": 2, "client": 1}
+    assert "ToolCallErrors" not in emf
+
+
+def test_a_failed_tool_call_is_shown_and_counted_as_one(
+    worker: RunWorker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an endpoint that refuses its call
+    tool = ToolEndpoint(answers=[400])
+    with serve(tool.app()) as url:
+        task_id = worker.submit_run("look [mock:agent-steps=1]", [lookup(url + "/tool")], max_steps=5)
+        worker.deliver()
+    assert worker.task(task_id).status is TaskStatus.COMPLETED
+    # Then its event says it failed, and ToolCallErrors counts it, the tool named in the record
+    [failed] = [e for e in events_of(read_output(worker, task_id)) if e.type == "tool_call"]
+    assert failed.tool_error is True
+    assert (failed.tool_output or "").startswith("error: the tool 'lookup' failed")
+    out = capsys.readouterr().out
+    [error] = emf_records(out)["ToolCallErrors"]
+    assert error["source"] == "endpoint"
+    records = [json.loads(line) for line in out.splitlines() if line.startswith('{"_aws"')]
+    assert [r["tool"] for r in records if "ToolCallErrors" in r] == ["lookup"]
+
+
+def test_the_overview_shows_a_run_s_steps_and_its_wait_on_its_timeline(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str], handler: Any
+) -> None:
+    # Given a run that called its endpoint and waits for its client
+    _, url = endpoint
+    task_id = worker.submit_run("plan it [mock:agent-steps=2]", [lookup(url), ASK_USER], max_steps=5)
+    worker.deliver()
+    count_tasks(worker.aws, handler)  # the counters the overview finds the busiest tenants by
+    # Then the overview's timeline of it (the console's, `llmtasks stats`') has its steps' facts
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
+    [run] = [task for task in view["recent"] if task["task_id"] == task_id]
+    assert (run["run"], run["status"], run["waiting_for"]) == (True, "requires_action", ["ask_user"])
+    first, called, second = run["steps"]
+    assert (first["type"], first["model"], first["calls"]) == ("model_call", "mock-model", ["lookup"])
+    assert first["tokens"] > 0
+    assert first["cost_usd"] is not None
+    assert (called["tool"], called["source"], called["error"]) == ("lookup", "endpoint", False)
+    assert second["calls"] == ["ask_user"]
+    # And a task that is not a run has none
+    plain = worker.submit("one call")
+    worker.deliver()
+    count_tasks(worker.aws, handler)
+    view = overview(worker.aws.dynamodb, worker.aws.sqs, local_deployment(worker.aws.sqs), now=time.time())
+    [one] = [task for task in view["recent"] if task["task_id"] == plain]
+    assert (one["run"], one["steps"], one["waiting_for"]) == (False, None, [])
+
+
+class UsageMidRun:
+    """The LLM, reading the task (as GET /tasks/{id} does) before each model call after the first."""
+
+    def __init__(self, llm: OpenAIChat, worker: RunWorker) -> None:
+        self.llm, self.worker = llm, worker
+        self.seen: list[tuple[TaskStatus, int]] = []
+        self.task_id = ""
+
+    async def complete(self, request: LLMRequest, **kwargs: Any) -> Completion:
+        if len(request.messages or []) > 1:
+            task = await asyncio.to_thread(self.worker.service.get, "default", self.task_id)
+            self.seen.append((task.status, task.usage.total_tokens if task.usage else 0))
+        return await self.llm.complete(request, **kwargs)
+
+
+def test_a_processing_run_s_usage_sums_its_model_calls_so_far(
+    worker: RunWorker, endpoint: tuple[ToolEndpoint, str]
+) -> None:
+    # Given a run of three model calls, its task read before the second and the third
+    _, url = endpoint
+    llm = UsageMidRun(OpenAIChat(base_url=worker.llm_url, api_key=None, default_model="mock-model"), worker)
+    llm.task_id = worker.submit_run("go [mock:agent-steps=2]", [lookup(url)], max_steps=5)
+    worker.run(worker.queued(), llm=llm)
+    done = worker.task(llm.task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    # Then each read showed the usage of the model calls made by then, while it was processing
+    steps = worker.service.runs.steps(done, limit=50, cursor=None).steps
+    made = [step.usage.total_tokens for step in steps if step.usage]
+    assert llm.seen == [(TaskStatus.PROCESSING, made[0]), (TaskStatus.PROCESSING, made[0] + made[1])]
+
+
 class CrashAfter:
     """The mock over HTTP for `calls` model calls, then a crash before the next one leaves."""
 
@@ -166,6 +331,8 @@ def test_a_redelivery_resumes_the_run_at_its_first_unfinished_step(
     assert len(tool.calls) == 3
     steps = worker.service.runs.steps(done, limit=50, cursor=None).steps
     assert [s.step for s in steps] == list(range(7))
+    # Its output shows each step once, in order, across the two deliveries
+    assert [event.step for event in events_of(read_output(worker, task_id))] == list(range(7))
 
 
 def test_a_run_past_its_max_steps_fails(
@@ -287,6 +454,34 @@ def model_step(number: int, calls: list[str], text: str = "") -> RunStep:
 def tool_step(number: int, call_id: str) -> RunStep:
     call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
     return RunStep(step=number, type="tool_call", started_at=0, ended_at=0, tool_call=call, output="out")
+
+
+def test_a_step_s_event_trims_its_texts_and_tells_a_failed_call() -> None:
+    long = "x" * (EVENT_TEXT_CHARS + 50)
+    call = ToolCall(id="c1", function=FunctionCall(name="search", arguments=long))
+    step = RunStep(
+        step=1, type="tool_call", started_at=0, ended_at=1, tool_call=call, output=long, source="endpoint"
+    )
+    event = StepEvent.of(step)
+    assert event.tool_call is not None
+    assert len(event.tool_call.function.arguments) == len(event.tool_output or "") == EVENT_TEXT_CHARS
+    assert (event.tool_output or "").endswith("\u2026")
+    assert step.tool_call is not None
+    assert step.tool_call.function.arguments == long  # the step itself is whole
+    assert event.tool_error is False
+    # The worker's error text from an endpoint, and a name no tool has, are failures; a client's is its own
+    failed = step.model_copy(update={"output": "error: the tool 'search' failed: no answer within 30 s"})
+    assert StepEvent.of(failed).tool_error is True
+    assert StepEvent.of(step.model_copy(update={"source": "unknown", "output": "x"})).tool_error is True
+    assert StepEvent.of(failed.model_copy(update={"source": "client"})).tool_error is False
+    # A model call's event: its usage and the calls it asked for, no text
+    asked = StepEvent.of(model_step(0, ["c1", "c2"], text="thinking"))
+    assert (asked.type, asked.usage, asked.tool_output) == (
+        "model_call",
+        Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3),
+        None,
+    )
+    assert [c.id for c in asked.tool_calls or []] == ["c1", "c2"]
 
 
 def test_the_next_move_follows_from_the_steps_done() -> None:

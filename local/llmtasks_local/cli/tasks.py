@@ -47,7 +47,9 @@ def _wait_and_show(
 ) -> None:
     """Prints the reply's text on stdout as it is written, each chunk once (after chunk `after`),
     with a spinner on a terminal; then the outcome; exits 0, 1 (failed or cancelled) or 3 (timed
-    out). A retry's text starts over: a line on stderr says so before it."""
+    out). A retry's text starts over: a line on stderr says so before it. A run's steps are a
+    line each on stderr, in order among its text (`step 3 tool_call search({...}) [endpoint] ->
+    ...`); a run that stops for its client is shown with the calls to answer (exit 0)."""
     from rich.console import Console
 
     from llmtasks_client import TaskFailedError, WaitTimeoutError
@@ -55,16 +57,24 @@ def _wait_and_show(
     console = Console(stderr=True)
     started = time.monotonic()
     attempt: int | None = None
-    shown = False
+    shown = mid_line = paused = False
     try:
         with console.status("", spinner="dots") as spinner:
             spinner.update(f"{task_id}  waiting")
             for chunk in client.stream(task_id, after=after, timeout=timeout):
+                paused = chunk.event is not None and chunk.event.type == "requires_action"
                 if as_json:
+                    continue
+                if chunk.event is not None:
+                    _end_line(mid_line)
+                    mid_line = False
+                    console.print(chunk.event.line(), markup=False, highlight=False, soft_wrap=True)
+                    attempt = None  # the text after a step is the next model call's, not a retry's
                     continue
                 if attempt is not None and chunk.attempt != attempt:
                     console.print(f"\n[attempt {chunk.attempt}: the reply starts over]")
                 attempt = chunk.attempt
+                mid_line = bool(chunk.text) and not chunk.text.endswith("\n")
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
                 shown = shown or bool(chunk.text)
@@ -80,6 +90,9 @@ def _wait_and_show(
         raise SystemExit(EXIT_TIMEOUT) from None
     if as_json:
         _show(client.get(task_id), as_json)
+    elif paused:
+        _end_line(mid_line)
+        _show(client.get(task_id), as_json)  # waiting for its client: the calls to answer
     elif shown:
         click.echo()  # the text's last line
     elif after == 0:

@@ -109,3 +109,13 @@ class RunJournal:
             found += window
             start += WINDOW
         return found if limit is None else found[:limit]
+
+
+def recorded_steps(client: DynamoDBClient, table_name: str, task_id: str, *, limit: int) -> list[RunStep]:
+    """The task's first `limit` steps (WINDOW at most), in order, as their items hold them: a text
+    kept in ResultsBucket is not read (only its `text_ref`), for views of the steps' facts."""
+    keys: Any = [{"pk": {"S": f"{_prefix(task_id)}{n}"}} for n in range(min(limit, WINDOW))]
+    with dynamodb_errors("read"):
+        items = batch_get(client, table_name, keys)
+    steps = (RunStep.model_validate_json(deserialize(item)["body"]) for item in items.values())
+    return sorted(steps, key=lambda step: step.step)

@@ -2,8 +2,10 @@
 
 - `output#<task id>#<sequence>`: one chunk; written once, before the head points to it, and
   never changed after.
+  A run's step event is a chunk with empty text and its `event` (JSON).
 - `output#<task id>`: the head: the last chunk's sequence number, how far the latest attempt's
-  chunks go, and once the task ended, its status. A waiting reader polls this small item (half a
+  chunks go, and once the task ended, its status; a run's also the last step it shows
+  (`shown_step`) and its usage so far (`run_usage`, JSON). A waiting reader polls this small item (half a
   read unit), not the task's item with its prompt and text.
 
 Both expire with their task (its `expires_at`). Neither has `tenant_id` or a `task#`/`batch#` key,
@@ -27,8 +29,9 @@ from llmtasks.aws.dynamo import (
     updated_if,
 )
 from llmtasks.domain.errors import BackendError
-from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.domain.models import Task, TaskStatus, Usage
 from llmtasks.domain.output import OutputChunk, OutputHead
+from llmtasks.domain.steps import StepEvent
 from llmtasks.observability import logger, task_keys
 
 if TYPE_CHECKING:
@@ -64,6 +67,8 @@ def _head(item: dict[str, Any]) -> OutputHead:
         next_at=float(fields["next_at"]) if fields.get("next_at") is not None else None,
         first_sequence=int(fields["first_sequence"]) if fields.get("first_sequence") else None,
         written_at=float(fields["written_at"]) if fields.get("written_at") is not None else None,
+        shown_step=int(fields["shown_step"]) if fields.get("shown_step") is not None else None,
+        usage=Usage.model_validate_json(fields["run_usage"]) if fields.get("run_usage") else None,
     )
 
 
@@ -92,6 +97,7 @@ class TaskOutput:
                 tokens=int(fields["tokens"]),
                 attempt=int(fields["attempt"]),
                 written_at=datetime.fromtimestamp(float(fields["written_at"]), UTC),
+                event=StepEvent.model_validate_json(fields["event"]) if fields.get("event") else None,
             )
             for sequence, fields in numbered_items(
                 self._client, self.table_name, _chunks(task_id), first, last
@@ -109,12 +115,18 @@ class TaskOutput:
         expires_at: int,
         next_at: float,
         first_sequence: int,
+        shown_step: int | None = None,
+        usage: Usage | None = None,
     ) -> bool:
         """The chunk, then the head pointing to it (with the attempt's `offset` and `tokens` after
         it, its attempt's first chunk, when it was written and when the next chunk is due): the
         call's progress, which `GET /tasks/{id}` reads here. False when the task has ended
         meanwhile (a cancel writes the head) or a later attempt has written: the chunk stays
-        unread (its head never counts it) and expires with the rest."""
+        unread (its head never counts it) and expires with the rest. A run's step event sets the
+        head's `shown_step` (and a model call's, the run's `usage` so far)."""
+        event = {"event": chunk.event.model_dump_json(exclude_none=True)} if chunk.event else {}
+        run: dict[str, Any] = {":shown": shown_step} if shown_step is not None else {}
+        run |= {":usage": usage.model_dump_json()} if usage is not None else {}
         with dynamodb_errors("write"):
             self._client.put_item(
                 TableName=self.table_name,
@@ -126,6 +138,7 @@ class TaskOutput:
                         "attempt": chunk.attempt,
                         "written_at": chunk.written_at.timestamp(),
                         "expires_at": expires_at,
+                        **event,
                     }
                 ),
             )
@@ -135,7 +148,9 @@ class TaskOutput:
             _head_key(task_id),
             "SET owner_tenant = :tenant, last_sequence = :sequence, attempt = :attempt,"
             " #offset = :offset, tokens = :tokens, expires_at = :expires, next_at = :next,"
-            " first_sequence = :first, written_at = :at",
+            " first_sequence = :first, written_at = :at"
+            + (", shown_step = :shown" if ":shown" in run else "")
+            + (", run_usage = :usage" if ":usage" in run else ""),
             # Not ended (a cancel writes the head), and no later attempt has written it.
             condition=(
                 "attribute_not_exists(#status) AND (attribute_not_exists(attempt) OR attempt <= :attempt)"
@@ -151,6 +166,7 @@ class TaskOutput:
                 ":next": next_at,
                 ":first": first_sequence,
                 ":at": chunk.written_at.timestamp(),
+                **run,
             },
         )
         return updated is not None

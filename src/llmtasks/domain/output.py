@@ -7,6 +7,12 @@ attempt writes its text again from its start, in chunks numbered on from the las
 that shows the text starts over when `attempt` changes. Once the task completes, one more chunk
 holds the rest of the result, the part its completing attempt's chunks do not (the whole result
 when that attempt streamed nothing), so that attempt's chunks always add up to the result.
+
+A run's chunks also carry its steps as events, in step order (`event`, its text empty): each
+model call's text comes in the chunks before its `model_call` event, its tool calls' events
+after it, and a `requires_action` event when the run stops for its client. The chunks after a
+run's last `model_call` event hold none of its text, and the head's offset counts the last model
+call's text alone, so its last chunk holds the rest of the answer as a task's does.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.domain.models import Task, TaskStatus, Usage
+from llmtasks.domain.steps import StepEvent
 
 # A page's chunks: one BatchGetItem's worth, and a body well under Lambda's 6 MB reply (JSON can
 # escape a character into six).
@@ -42,6 +49,10 @@ class OutputChunk(BaseModel):
         ge=1, description="The attempt that wrote it: when it changes, the text starts over."
     )
     written_at: datetime = Field(description="When it was written (the last chunk: when the task completed).")
+    event: StepEvent | None = Field(
+        default=None,
+        description="A run's step, or its pause for its client (the chunk's text is then empty).",
+    )
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class OutputHead:
     first_sequence: int | None = None  # `attempt`'s first chunk (None: written before it was kept)
     next_at: float | None = None  # when the next chunk is due (the last one's write + the interval)
     written_at: float | None = None  # when the last chunk was written (None: before it was kept)
+    shown_step: int | None = None  # a run's: the last step whose event is written (in step order)
+    usage: Usage | None = None  # a run's: its model calls' usage so far, summed
 
     @property
     def ended(self) -> bool:

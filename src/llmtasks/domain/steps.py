@@ -21,6 +21,9 @@ from llmtasks.domain.models import OutputMessage, Usage
 
 StepKind = Literal["model_call", "tool_call"]
 ToolSource = Literal["endpoint", "client", "unknown"]
+# A step event's texts (a call's arguments, a tool's output) at most, in characters: the event
+# is a glance at the step; GET /tasks/{id}/steps has them whole.
+EVENT_TEXT_CHARS = 1000
 # The steps' cursor: the number of the step a page starts at.
 STEPS_CURSOR_PATTERN = r"^[1-9][0-9]{0,5}$"
 
@@ -81,6 +84,74 @@ class StepView(BaseModel):
                 **at, output=message, model=done.model, finish_reason=done.finish_reason, usage=done.usage
             )
         return cls(**at, tool_call=step.tool_call, tool_source=step.source, tool_output=step.output)
+
+
+class StepEvent(BaseModel):
+    """A run's step, or its pause for its client, as the task's output stream shows it (a chunk's
+    `event`): a model call with its usage, a tool call with who answered it, its arguments and
+    its output (both trimmed to EVENT_TEXT_CHARS), or `requires_action` with the calls to answer."""
+
+    type: Literal["model_call", "tool_call", "requires_action"]
+    step: int = Field(description="Its place in the run; requires_action: the model call whose calls wait.")
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = Field(default=None, description="A model call's tokens and cost.")
+    tool_calls: list[ToolCall] | None = Field(
+        default=None,
+        description="The calls a model call asked for, or the calls to answer (arguments trimmed).",
+    )
+    tool_call: ToolCall | None = Field(default=None, description="A tool call's call (arguments trimmed).")
+    tool_source: ToolSource | None = None
+    tool_output: str | None = Field(default=None, description="A tool call's output (trimmed).")
+    tool_error: bool | None = Field(
+        default=None, description="A tool call that failed (its output says why)."
+    )
+
+    @classmethod
+    def of(cls, step: RunStep) -> StepEvent:
+        done = step.completion
+        if done is not None:
+            calls = [_trimmed_call(call) for call in done.tool_calls or []] or None
+            return cls(
+                type="model_call",
+                step=step.step,
+                model=done.model,
+                finish_reason=done.finish_reason,
+                usage=done.usage,
+                tool_calls=calls,
+            )
+        return cls(
+            type="tool_call",
+            step=step.step,
+            tool_call=_trimmed_call(step.tool_call) if step.tool_call else None,
+            tool_source=step.source,
+            tool_output=trimmed(step.output or ""),
+            tool_error=is_tool_error(step),
+        )
+
+    @classmethod
+    def waiting(cls, calls: list[ToolCall], model_step: int) -> StepEvent:
+        return cls(
+            type="requires_action", step=model_step, tool_calls=[_trimmed_call(call) for call in calls]
+        )
+
+
+def trimmed(text: str, most: int = EVENT_TEXT_CHARS) -> str:
+    """`text`, cut to its first `most` characters (an ellipsis says it was)."""
+    return text if len(text) <= most else text[: most - 1] + "\u2026"
+
+
+def _trimmed_call(call: ToolCall) -> ToolCall:
+    arguments = trimmed(call.function.arguments)
+    return call.model_copy(update={"function": call.function.model_copy(update={"arguments": arguments})})
+
+
+def is_tool_error(step: RunStep) -> bool:
+    """A tool call that failed: one no tool answers, or one the worker answered with its error
+    text (an endpoint that kept failing, a url refused); a client's output is its own."""
+    if step.type != "tool_call":
+        return False
+    return step.source == "unknown" or (step.source != "client" and (step.output or "").startswith("error: "))
 
 
 class StepList(BaseModel):

@@ -7,7 +7,8 @@ stack it watched): the counts of tasks by status, tenant and priority are the co
 BatchFunction keeps from the stream (aws/task_counts.py), one item; the timelines, the latency
 and the dead-lettered tasks come from the newest SAMPLE tasks of the busiest TENANTS tenants
 (their index, newest first, then the items by key, prompts and results left out); the batches
-are the newest of those tasks' batches.
+are the newest of those tasks' batches; the steps of the newest RUNS runs among the timelines,
+their first RUN_STEPS each (their facts: kind, model, tokens, tool and who answered it).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtasks.aws.batch_store import batches_by_id
+from llmtasks.aws.run_steps import recorded_steps
 from llmtasks.aws.task_counts import TaskCounts, TaskCountsView
 from llmtasks.aws.task_items import newest_tasks
 from llmtasks.domain.batches import BatchView
 from llmtasks.domain.errors import BackendError
 from llmtasks.domain.models import DEAD_LETTERED, TaskStatus, is_dead_lettered
+from llmtasks.domain.steps import RunStep, is_tool_error
 from llmtasks.ops.deployment import STREAM_CONSUMERS
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ TENANTS = 20  # the busiest tenants, whose newest tasks those are
 HEALTH_S = 900  # the window of the functions' errors and throttles: the alarms' 5 minutes, thrice
 LAG_S = 300  # the window of a stream consumer's lag (its largest IteratorAge)
 BATCHES = 10
+RUNS = 5  # the newest runs among the timelines, whose steps they show
+RUN_STEPS = 50  # the steps shown of each, its first
 # What the overview reads of a task: never its prompt, result or webhook URL.
 _TASK_FIELDS = [
     "pk",
@@ -68,6 +73,8 @@ _TASK_FIELDS = [
     "request.model",
     "attempt_log",
     "webhook_log",
+    "max_steps",
+    "required_action",
 ]
 _BATCH_FIELDS = [
     "pk",
@@ -140,7 +147,35 @@ def _timeline(task: dict[str, Any], status: str) -> dict[str, Any]:
         "webhook_status": task.get("webhook_status"),
         "webhook_attempts": task.get("webhook_attempts", 0),
         "webhook_log": task.get("webhook_log") or [],
+        "run": task.get("max_steps") is not None,
+        # A run waiting for its client: the functions whose calls it waits for.
+        "waiting_for": [
+            call["function"]["name"] for call in (task.get("required_action") or {}).get("tool_calls", [])
+        ]
+        if status == TaskStatus.REQUIRES_ACTION.value
+        else [],
     }
+
+
+def step_facts(step: RunStep) -> dict[str, Any]:
+    """A step as the timeline shows it: a model call's model, tokens, cost and the tools it asked
+    for; a tool call's tool, who answered it and whether it failed."""
+    facts: dict[str, Any] = {
+        "step": step.step,
+        "type": step.type,
+        "started_at": step.started_at,
+        "ended_at": step.ended_at,
+    }
+    done = step.completion
+    if done is not None:
+        return facts | {
+            "model": done.model,
+            "tokens": done.usage.total_tokens,
+            "cost_usd": done.usage.cost_usd,
+            "calls": [call.function.name for call in done.tool_calls or []],
+        }
+    name = step.tool_call.function.name if step.tool_call else None
+    return facts | {"tool": name, "source": step.source, "error": is_tool_error(step)}
 
 
 def scheduling(counts: TaskCountsView) -> dict[str, Any]:
@@ -201,13 +236,15 @@ def llm_time(task: dict[str, Any]) -> float:
 
 def read_bound() -> int:
     """The most items one overview reads: the counters' item, the index entries of the busiest
-    tenants' newest tasks, the newest of those tasks, their newest batches."""
-    return 1 + max(TENANTS * RECENT, SAMPLE) + SAMPLE + 2 * BATCHES
+    tenants' newest tasks, the newest of those tasks, their newest batches, the newest runs'
+    steps."""
+    return 1 + max(TENANTS * RECENT, SAMPLE) + SAMPLE + 2 * BATCHES + RUNS * RUN_STEPS
 
 
 _NO_ROWS: list[dict[str, Any]] = []
 _NO_DEPTHS: dict[str, int] = {}
 _NO_HEALTH: dict[str, Any] = {}
+_NO_STEPS: dict[str, list[dict[str, Any]]] = {}
 
 
 class _Budget:
@@ -305,6 +342,16 @@ def overview(
             for view in views
         ]
 
+    runs = [task["task_id"] for task, _ in newest if task.get("max_steps") is not None][:RUNS]
+
+    def run_steps() -> dict[str, list[dict[str, Any]]]:
+        table = deployment.tasks_table
+        return {
+            run: [step_facts(step) for step in recorded_steps(dynamodb, table, run, limit=RUN_STEPS)]
+            for run in runs
+        }
+
+    steps = budget.run("steps", run_steps, dict(_NO_STEPS)) if runs else {}
     view = {
         "generated_at": now,
         "tasks": {
@@ -314,7 +361,9 @@ def overview(
         },
         "latency": latency,
         "series": series,
-        "recent": [_timeline(task, status) for task, status in newest],
+        "recent": [
+            _timeline(task, status) | {"steps": steps.get(task["task_id"])} for task, status in newest
+        ],
         "queues": budget.run("queues", lambda: queue_depths(sqs, deployment), dict(_NO_DEPTHS)),
         "scheduling": scheduling(
             without_dead_letters(counts, [t for t, st in newest_all if st == DEAD_LETTERED])

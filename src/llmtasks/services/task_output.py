@@ -86,8 +86,12 @@ class OutputReader:
     def so_far(self, task: Task) -> Task:
         """`task`, while it runs, with how far its attempt has streamed: its text so far
         (`partial_result`: its chunks joined, their first PARTIAL_RESULT_BYTES) and its tokens and
-        when (`progress`), from its output's head and chunks. As it was before its first chunk."""
+        when (`progress`), from its output's head and chunks; a run's usage so far (its model
+        calls', summed as each is recorded: the task's own item has it at a wait or the end).
+        As it was before its first chunk."""
         head = self._output.head(task.task_id)
+        if head is not None and not head.ended and head.usage is not None:
+            task = task.model_copy(update={"usage": head.usage})
         if head is None or head.ended or head.attempt != max(1, task.attempts):
             return task
         parts: list[str] = []

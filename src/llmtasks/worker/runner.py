@@ -63,8 +63,9 @@ from llmtasks.domain.models import (
 from llmtasks.domain.rate_limits import KeyLimits
 from llmtasks.domain.rules import Clock, dimensions_of
 from llmtasks.domain.runs import MAX_STEPS_EXCEEDED
+from llmtasks.domain.steps import RunStep, is_tool_error
 from llmtasks.llm import ENDED_CODE_PREFIX, BackgroundCall, BackgroundCalls, LLMProvider
-from llmtasks.observability import Metric, emit, logger, task_keys, tracer
+from llmtasks.observability import Metric, emit, emit_noted, logger, task_keys, tracer
 from llmtasks.settings import RunnerSettings
 from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
@@ -355,9 +356,10 @@ class TaskRunner:
         except InputFileMissing as missing:
             self._fail(task, lease_id, str(missing), INPUT_FILE_MISSING)
             return 0
+        progress: ProgressWriter | None
         if task.is_run:
-            progress = None
-            completion = await self._run_steps(task, request, lease_id, call_s, remaining_s, tokens)
+            progress = self._run_writer(task, lease_id)
+            completion = await self._run_steps(task, request, lease_id, call_s, remaining_s, tokens, progress)
         else:
             progress = self._progress_writer(task, lease_id)
             completion = await self._call(task, request, lease_id, call_s, progress, tokens)
@@ -431,9 +433,11 @@ class TaskRunner:
         first_s: float,
         remaining_s: Callable[[], float],
         first_tokens: int,
+        progress: ProgressWriter,
     ) -> Completion | None:
         """A run's steps in this claim (worker/steps.py); its last answer when the model gave it,
-        else None once the claim's end is written (a wait, a hand-off, a failure)."""
+        else None once the claim's end is written (a wait, a hand-off, a failure). Its output
+        stream gets each model call's text as it comes and each step's event (`progress`)."""
         first = True
 
         async def call_model(asked: LLMRequest, step: int) -> Completion | Parked | None:
@@ -453,10 +457,23 @@ class TaskRunner:
                 limit = min(limit, task.deadline - now) if task.deadline is not None else limit
                 tokens = await self._most_tokens(task, asked)
             first = False
+            progress.new_call(step)
             if task.provider_background and self._background is not None:
                 return await self._background_step(task, asked, lease_id, step, tokens)
-            done = await self._call(task, asked, lease_id, limit, None, tokens)
+            streamed = progress if self._settings.progress_interval_s > 0 else None
+            done = await self._call(task, asked, lease_id, limit, streamed, tokens)
             return done and await self._charge(task, done)
+
+        async def show(steps: list[RunStep]) -> None:
+            try:
+                shown = await progress.show(steps)
+            except (StaleWrite, BackendError) as error:
+                # The journal has the steps: the stream is a view of it, and the next claim
+                # shows what this one could not (a cancel ends the run before its next call).
+                logger.warning("run steps not shown", error=type(error).__name__, **task_keys(task))
+                return
+            for step in shown:
+                self._step_metrics(step)
 
         outcome = await self._steps.run(
             task,
@@ -465,10 +482,16 @@ class TaskRunner:
             call_model=call_model,
             time_left=remaining_s,
             whole_call_s=self.whole_call_s,
+            show=show,
         )
         if isinstance(outcome, Finished):
             return outcome.completion
         if isinstance(outcome, Waiting):
+            try:
+                # Shown before the wait is written: once it is, the run is no longer this claim's.
+                await progress.waiting(outcome.action.tool_calls, outcome.model_step)
+            except (StaleWrite, BackendError) as error:
+                logger.warning("run's wait not shown", error=type(error).__name__, **task_keys(task))
             try:
                 await asyncio.to_thread(
                     self._store.await_action,
@@ -578,6 +601,27 @@ class TaskRunner:
             logger.warning("background call not cancelled", error=str(error), **task_keys(task))
         await asyncio.to_thread(self._store.forget_provider_call, task.task_id, response_id=call.response_id)
         logger.info("background call cancelled", step=call.step, **task_keys(task))
+
+    def _run_writer(self, task: Task, lease_id: str) -> ProgressWriter:
+        """A run's output writer: its steps' events always, its model calls' text as it comes
+        when progress is written."""
+        interval = self._settings.progress_interval_s
+        return ProgressWriter(
+            self._store, task, lease_id=lease_id, interval_s=interval, clock=self._clock, text=interval > 0
+        )
+
+    @staticmethod
+    def _step_metrics(step: RunStep) -> None:
+        """A run's step counted once, as its event is written: RunSteps by kind; a tool call's in
+        ToolCalls (and ToolCallErrors, failed) by who answered it, its tool's name kept in the
+        record, out of the dimensions (tenants name their tools: a metric each would cost)."""
+        emit(Metric.RUN_STEPS, kind=step.type)
+        if step.tool_call is None:
+            return
+        tool = {"tool": step.tool_call.function.name[:128]}
+        emit_noted(Metric.TOOL_CALLS, tool, source=step.source)
+        if is_tool_error(step):
+            emit_noted(Metric.TOOL_CALL_ERRORS, tool, source=step.source)
 
     def _result_ref(self, task: Task, text: str) -> str | None:
         """Where a text too large for the item is kept (ResultsBucket), else None."""

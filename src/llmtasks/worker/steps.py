@@ -37,6 +37,9 @@ class Parked:
 # A model call's answer; Parked when it runs at the provider in background; None when there is
 # none to record (the runner dealt with the error).
 ModelCall = Callable[[LLMRequest, int], Awaitable[Completion | Parked | None]]
+# Shown the steps so far (the runner writes their events in the task's output stream): called
+# with the steps read at the claim's start, then after each step recorded.
+ShowSteps = Callable[[list[RunStep]], Awaitable[None]]
 
 
 class ToolEndpoints(Protocol):
@@ -96,15 +99,17 @@ class StepRunner:
         call_model: ModelCall,
         time_left: Callable[[], float],
         whole_call_s: float,
+        show: ShowSteps | None = None,
     ) -> Outcome:
         steps = await asyncio.to_thread(self._journal.steps, task.task_id)
+        await _shown(show, steps)  # the client's outputs, and any a crash left unshown
         called = False  # a model call made in this claim
         while True:
             move = next_move(steps)
             if isinstance(move, Answer):
                 return Finished(move.completion)
             if isinstance(move, CallTools):
-                outcome = await self._tool_calls(task, move, steps, time_left)
+                outcome = await self._tool_calls(task, move, steps, time_left, show=show)
                 if outcome is not None:
                     return outcome
                 continue
@@ -130,6 +135,7 @@ class StepRunner:
             )
             steps.append(await self._record(task, step))
             logger.info("run step", step=move.step, kind="model_call", **task_keys(task))
+            await _shown(show, steps)
 
     def _started_at(self, task: Task, step: int) -> float:
         """When the model step began: now, or when its background call was started."""
@@ -137,7 +143,13 @@ class StepRunner:
         return running.started_at if running is not None and running.step == step else self._clock()
 
     async def _tool_calls(
-        self, task: Task, move: CallTools, steps: list[RunStep], time_left: Callable[[], float]
+        self,
+        task: Task,
+        move: CallTools,
+        steps: list[RunStep],
+        time_left: Callable[[], float],
+        *,
+        show: ShowSteps | None = None,
     ) -> Outcome | None:
         """The pending calls of the endpoints, each recorded; the outcome that ends this claim
         (the run waits for its client's outputs, or hands off), None when the model is next."""
@@ -173,6 +185,7 @@ class StepRunner:
             steps.append(await self._record(task, step))
             steps.sort(key=lambda done: done.step)
             logger.info("run step", step=number, kind="tool_call", tool=name, **task_keys(task))
+            await _shown(show, steps)
         if clients:
             return Waiting(RequiredAction(tool_calls=clients), move.model_step, usage_of(steps))
         return None
@@ -191,3 +204,8 @@ class StepRunner:
         model call after the first, so a cancelled run spends no more tokens."""
         current = await asyncio.to_thread(self._store.get, task.task_id, now=self._clock())
         return current is not None and current.lease_id == lease_id
+
+
+async def _shown(show: ShowSteps | None, steps: list[RunStep]) -> None:
+    if show is not None:
+        await show(steps)
