@@ -32,6 +32,7 @@ from workloads.goodput import goodput
 from workloads.limits import budgets, key_limits
 from workloads.overhead import boto3_floor, overhead
 from workloads.requests import request_costs
+from workloads.runs import runs
 from workloads.sandboxes import sandboxes
 from workloads.scheduling import scheduling
 from workloads.startup import cli_start, cold_start, daily_loop
@@ -68,6 +69,7 @@ SECTIONS = (
     "progress",
     "console",
     "request",
+    "runs",
 )
 
 
@@ -157,6 +159,8 @@ def main() -> None:
         costs(report, sizes["cost"])
     if "request" in chosen:
         request_costs(report, sizes["cost"])
+    if "runs" in chosen:
+        runs(report, args.quick)
     if "state" in chosen:
         durable_state(report, sizes["burst"], sizes["stored"])
     if "limits" in chosen:

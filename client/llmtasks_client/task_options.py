@@ -22,9 +22,11 @@ class TaskOptions(TypedDict, total=False):
     logprobs: bool | None
     top_logprobs: int | None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None
-    tools: list[dict[str, Any]] | None  # function tools; the model's calls come back in `output`
-    # With max_steps, or a tool with a `url`, the task is a run (docs: agent runs).
+    # Function tools: the task is a run (docs: agent runs) of up to max_steps model calls.
+    tools: list[dict[str, Any]] | None
     max_steps: int | None
+    # Each model call in the provider's background mode: no worker waits while it thinks.
+    provider_background: bool | None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None
     parallel_tool_calls: bool | None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None

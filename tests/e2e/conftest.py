@@ -104,7 +104,8 @@ def receiver() -> Iterator[tuple[WebhookReceiver, str]]:
 def fresh_mock(stack: RunningStack) -> Iterator[RunningStack]:
     """The session's stack with the mock's knobs at their defaults and its counters zeroed; the
     knobs go back to their defaults afterwards too, for the tests that use `stack` as it is."""
-    defaults = MockConfig().model_dump(exclude={"seed"})
+    # The webhook URL and secret are the stack's wiring (its API verifies them), not knobs.
+    defaults = MockConfig().model_dump(exclude={"seed", "webhook_url", "webhook_secret"})
     stack.configure_mock(**defaults)
     yield stack
     stack.configure_mock(**defaults)

@@ -11,6 +11,7 @@ the stack makes (stack_keys.py), and its options (stack_options.py).
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import socket
@@ -82,6 +83,9 @@ class LocalStack:
         self.dev_key: str | None = None
         # The console's data shows every tenant: it needs this token, printed in its URL.
         self.console_token = secrets.token_urlsafe(24)
+        # The mock LLM signs its webhooks (a background call's end) with this, and the stack's
+        # API verifies them with it (the OpenAIWebhookSecret parameter), as with OpenAI's.
+        self.provider_webhook_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
         self._lambda_listener: socket.socket | None = None
         self._servers: list[uvicorn.Server] = []
         self.hurry = threading.Event()  # a second Ctrl-C: stop without waiting for calls in flight
@@ -100,6 +104,10 @@ class LocalStack:
     def _local_host(self) -> str:
         """Where this machine reaches the stack's listeners."""
         return "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host  # noqa: S104
+
+    @property
+    def _local_api_url(self) -> str:
+        return f"http://{self._local_host}:{self.options.port}"
 
     @property
     def console_url(self) -> str:
@@ -175,6 +183,10 @@ class LocalStack:
                 str(port),
                 "--latency",
                 str(self.options.mock_latency_s),
+                "--webhook-url",
+                f"{self._local_api_url}/provider-webhooks/openai",
+                "--webhook-secret",
+                self.provider_webhook_secret,
                 listener=listen_on("127.0.0.1", port, "--mock-port", "the mock LLM"),
                 probe_path="/_mock/stats",
                 quiet=self.options.quiet_children,
@@ -195,6 +207,7 @@ class LocalStack:
             "LlmBaseUrl": self.llm_base_url or self._mock_url,
             # The local receivers live on this machine; the SSRF guard lets them through here only.
             "WebhookAllowedHosts": "127.0.0.1,localhost",
+            **({"OpenAIWebhookSecret": self.provider_webhook_secret} if self.llm_base_url is None else {}),
             **self.options.parameter_overrides,
         }
         # The template first: a mistake in it is said before anything starts.
@@ -344,7 +357,7 @@ class LocalStack:
             deployment,
             DeadLetters(deployment, dynamodb=dynamodb, sqs=sqs),
             cloudwatch=cloudwatch,
-            api_url=f"http://{self._local_host}:{self.options.port}",
+            api_url=self._local_api_url,
             key_of=keys.of_tenant,
             token=self.console_token,
         )

@@ -5,7 +5,7 @@ A call is read into the chat call the mock answers (responses.py) and goes throu
 knobs: the draws of 429, 500 and hangs, the rate and key limits, the counters. In background mode
 the create is answered `queued` at once (a 429 of admission refuses it as OpenAI does); a drawn
 500 or `[mock:background-fail]` fails it at its end, a drawn hang keeps it in progress for
-`hang_s`; its think time is `[mock:background-s=N]` in its input, else the call's latency.
+`hang_s`; its think time is `[mock:background-s=N]` in its latest input item, else the call's latency.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class ResponsesAPI:
         if outcome == "429":
             headers = self.mock.settle(stored.call, stored.key, 0)
             return error(429, "rate limited (mock)", retry_after=wait, headers=headers)
-        asked = BACKGROUND_S.search(stored.call.text)
+        asked = BACKGROUND_S.search(stored.call.prompt)  # the latest input: one step of a run
         stored.think_s = (
             self.mock.config.hang_s if outcome == "hang" else float(asked["seconds"]) if asked else latency
         )

@@ -103,13 +103,17 @@ class StepRunner:
     ) -> Outcome:
         steps = await asyncio.to_thread(self._journal.steps, task.task_id)
         await _shown(show, steps)  # the client's outputs, and any a crash left unshown
+        taken = len(steps)  # the steps earlier claims took
         called = False  # a model call made in this claim
         while True:
             move = next_move(steps)
             if isinstance(move, Answer):
                 return Finished(move.completion)
             if isinstance(move, CallTools):
-                outcome = await self._tool_calls(task, move, steps, time_left, show=show)
+                # A claim takes at least one step, however short its invocation: a hand-off
+                # before any would come back to the same too-short time, again and again.
+                fresh = not called and len(steps) == taken
+                outcome = await self._tool_calls(task, move, steps, time_left, fresh=fresh, show=show)
                 if outcome is not None:
                     return outcome
                 continue
@@ -149,10 +153,12 @@ class StepRunner:
         steps: list[RunStep],
         time_left: Callable[[], float],
         *,
+        fresh: bool = False,
         show: ShowSteps | None = None,
     ) -> Outcome | None:
         """The pending calls of the endpoints, each recorded; the outcome that ends this claim
-        (the run waits for its client's outputs, or hands off), None when the model is next."""
+        (the run waits for its client's outputs, or hands off), None when the model is next. A
+        `fresh` claim (no step taken yet) makes its first call whatever time it has left."""
         urls = task.tool_urls or {}
         names = {tool.function.name for tool in task.request.tools or []}
         clients: list[ToolCall] = []
@@ -161,8 +167,9 @@ class StepRunner:
             if name in names and name not in urls:
                 clients.append(call)
                 continue
-            if self._tools is not None and time_left() < 2 * self._tools.timeout_s:
+            if not fresh and self._tools is not None and time_left() < 2 * self._tools.timeout_s:
                 return HandOff()
+            fresh = False
             started = self._clock()
             if name in urls and self._tools is None:
                 output, source = "error: this deployment calls no function endpoints", "endpoint"
