@@ -362,7 +362,7 @@ def test_what_openai_has_and_a_task_cannot_serve_is_refused_by_its_path(
 @pytest.mark.parametrize(
     ("fields", "where"),
     [
-        ({"previous_response_id": "resp_1"}, ("previous_response_id",)),
+        ({"conversation": "conv_1"}, ("conversation",)),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, ("input",)),
         ({"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, ("input",)),
     ],
