@@ -25,6 +25,7 @@ from llmtasks.api.openai_responses import resumed_after
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput, TaskConflict, TaskNotFound
 from llmtasks.domain.events import task_id_of
+from llmtasks.domain.llm_request import ChatMessage
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.services.tasks import TaskService
 
@@ -62,6 +63,7 @@ def continue_response(
         return Continued(resumed, resumed_after(resumed, runs.recorded(resumed)))
     if previous.status is TaskStatus.COMPLETED:
         request = body.task_request(history=service.runs.history(previous))
+        _answers_open_calls(request.messages or [])
         submission = service.submit(caller.tenant_id, request, idempotency_key=idempotency_key, caller=caller)
         return Continued(submission.task, -1)
     raise InvalidInput(
@@ -69,6 +71,24 @@ def continue_response(
         " once it has completed, or while it waits for its function calls' outputs.",
         field=_FIELD,
     )
+
+
+def _answers_open_calls(messages: list[ChatMessage]) -> None:
+    """Each function_call_output answers a call made before it and not answered yet (a completed
+    run's calls all are: their outputs went to the run)."""
+    asked: set[str] = set()
+    answered: set[str] = set()
+    for message in messages:
+        asked |= {call.id for call in message.tool_calls or []}
+        if message.tool_call_id is None:
+            continue
+        if message.tool_call_id not in asked - answered:
+            raise InvalidInput(
+                f"No function call awaiting its output has the call_id '{message.tool_call_id[:80]}'"
+                " of a function_call_output item.",
+                field="input",
+            )
+        answered.add(message.tool_call_id)
 
 
 def _said(task: Task) -> str:
