@@ -100,7 +100,7 @@ def test_an_unknown_or_another_tenant_s_response_is_openai_s_404(worker: RunWork
 
     for caller, asked in (
         (stranger, body),
-        (CALLER, body.model_copy(update={"previous_response_id": "resp_x"})),
+        (CALLER, body.model_copy(update={"previous_response_id": "resp_" + "0" * 32})),
     ):
         with pytest.raises(PreviousResponseNotFound) as missing:
             continue_response(worker.service, caller, asked, idempotency_key=None)

@@ -142,11 +142,11 @@ class CreateResponse(_Closed):
     stream: StrictBool | None = None
     previous_response_id: str | None = Field(
         default=None,
-        min_length=1,
-        max_length=200,
+        pattern=r"^resp_[0-9a-f]{32}$",
         description="A response of this tenant to continue: one waiting for its function calls'"
-        " outputs takes the input's function_call_output items and goes on (the same response);"
-        " a completed one is the history of a new response. Unknown: 404; any other: 400.",
+        " outputs takes the input's function_call_output items alone and goes on (the same"
+        " response); a completed one is the history of a new response. Unknown: 404; one queued,"
+        " in progress, failed or cancelled: 400.",
     )
 
     def _served(self) -> None:
