@@ -32,6 +32,13 @@ before the model answers); the Response object orders them as OpenAI does (opena
 
 A retried task's deltas write its text again from its start (its chunks do; OpenAI has no
 retries to say so): the `.done` events and the response hold the result alone.
+
+A run (a task with tools) writes no output chunks: its events are numbered from its waits
+instead (run_events). Each wait its client answered is the response that completed with the
+calls to answer (their function_call items' events, response.completed), then went on
+(response.in_progress); then the wait it is in, or its end (its items' events, then
+response.completed, .incomplete or .failed). Read from its journal's steps, they are the same for
+every reader at any time; a continuation's stream starts after the wait it answered.
 """
 
 from __future__ import annotations
