@@ -4,10 +4,11 @@ so that code written with the official `openai` SDK runs unchanged against llmta
 A response is a task seen through OpenAI's Response object: `resp_<task id>`. Its states map
 pending -> queued, processing -> in_progress, completed, failed and cancelled as they are (an
 answer cut short is incomplete); a run waiting for its client's function outputs is completed
-with their function_call items, which `previous_response_id` answers (openai_continuations.py). The request fields of one generation map onto the task's
-(openai_requests.py, openai_inputs.py); any other is refused with OpenAI's error shape naming
-it. Errors on /v1 routes are OpenAI's `{"error": {message, type, param, code}}`, so the
-SDK raises its own exception types.
+with their function_call items, which `previous_response_id` answers (openai_continuations.py).
+The request fields of one generation map onto the task's (openai_requests.py,
+openai_inputs.py); any other is refused with OpenAI's error shape naming it. Errors on /v1
+routes are OpenAI's `{"error": {message, type, param, code}}`, so the SDK raises its own
+exception types.
 """
 
 from __future__ import annotations
