@@ -687,19 +687,28 @@ def test_a_continuation_that_cannot_be_served_is_the_sdk_s_error_saying_why(clie
     assert cancelled.value.param == "previous_response_id"
     assert "cancelled" in cancelled.value.message
 
-    # Answered once, the run takes no second answer: the conversation has no open call
-    client.responses.create(
+    # Answered once, the same answer again (a retry whose reply was lost) is the same response;
+    # another answer to the call is refused: the conversation has no open call
+    answer = [function_output(call.call_id, "Ada Lovelace")]
+    first = client.responses.create(
         model="gpt-test",
         previous_response_id=waiting.id,
-        input=[function_output(call.call_id, "Ada Lovelace")],  # type: ignore[list-item]
-        background=True,
+        input=answer,
+        background=True,  # type: ignore[arg-type]
     )
+    again = client.responses.create(
+        model="gpt-test",
+        previous_response_id=waiting.id,
+        input=answer,
+        background=True,  # type: ignore[arg-type]
+    )
+    assert again.id == first.id == waiting.id
     assert ended(client, waiting).status == "completed"
     with pytest.raises(openai.BadRequestError) as answered:
         client.responses.create(
             model="gpt-test",
             previous_response_id=waiting.id,
-            input=[function_output(call.call_id, "Ada Lovelace")],  # type: ignore[list-item]
+            input=[function_output(call.call_id, "Grace Hopper")],  # type: ignore[list-item]
             background=True,
         )
     assert answered.value.param == "input"

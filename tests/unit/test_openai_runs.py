@@ -146,3 +146,26 @@ def test_an_output_for_a_call_already_answered_is_a_400(worker: RunWorker) -> No
 
     assert refused.value.field == "input"
     assert call_id in refused.value.detail
+
+
+def test_outputs_sent_again_are_the_same_response_and_taken_once(
+    worker: RunWorker, mock_llm: RunningMock
+) -> None:
+    response_id, call_id = waiting_response(worker)
+    first = respond(worker, previous_response_id=response_id, input=[output(call_id, "Ada Lovelace")])
+
+    # Sent again while the run goes on, and again once it has answered: as the SDK retries
+    again = respond(worker, previous_response_id=response_id, input=[output(call_id, "Ada Lovelace")])
+    worker.deliver()
+    later = respond(worker, previous_response_id=response_id, input=[output(call_id, "Ada Lovelace")])
+
+    assert again.task.task_id == later.task.task_id == first.task.task_id
+    assert again.starting_after == later.starting_after == first.starting_after == 6
+    assert later.task.status is TaskStatus.COMPLETED
+    steps = worker.service.runs.recorded(later.task)
+    assert [(s.type, s.source) for s in steps] == [
+        ("model_call", None),
+        ("tool_call", "client"),
+        ("model_call", None),
+    ]
+    assert mock_llm.stats.calls == 2

@@ -10,6 +10,8 @@ it after a response that called functions, or to go on with a conversation.
 - It completed: a new response (a new task) whose messages are its conversation (its input, then
   a run's steps or its answer), then this input; this request's own fields apply to it (OpenAI
   carries neither the instructions nor the tools over).
+- The outputs a run already took for one of its waits, sent again (the SDK retries a request
+  whose reply it lost): the same response, as it is now.
 - Anything else is a 400 saying why: one still queued or in progress, failed or cancelled.
 A previous response that is not the caller's, or not there, is a 404.
 """
@@ -20,8 +22,9 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from llmtasks.api.openai_inputs import FunctionCallOutputItem
 from llmtasks.api.openai_requests import CreateResponse
-from llmtasks.api.openai_responses import resumed_after
+from llmtasks.api.openai_responses import answered_waits, resumed_after
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput, TaskConflict, TaskNotFound
 from llmtasks.domain.events import task_id_of
@@ -55,6 +58,9 @@ def continue_response(
         previous = service.get(caller.tenant_id, task_id_of(previous_id))
     except TaskNotFound:
         raise PreviousResponseNotFound(previous_id) from None
+    replayed = _replayed(service, previous, body)
+    if replayed is not None:
+        return replayed
     if previous.status is TaskStatus.REQUIRES_ACTION:
         outputs = body.tool_outputs()
         runs = service.runs
@@ -71,6 +77,30 @@ def continue_response(
         " once it has completed, or while it waits for its function calls' outputs.",
         field=_FIELD,
     )
+
+
+def _replayed(service: TaskService, previous: Task, body: CreateResponse) -> Continued | None:
+    """The outputs a run already took for one of its waits, sent again (the SDK retries a request
+    whose reply it lost): the response as it is now, as the first request answered it. None when
+    the input is not exactly such outputs."""
+    if not previous.is_run or isinstance(body.input, str):
+        return None
+    items = body.input
+    if not all(isinstance(item, FunctionCallOutputItem) for item in items):
+        return None
+    given = {item.call_id: item.chat().content for item in items if isinstance(item, FunctionCallOutputItem)}
+    steps = service.runs.recorded(previous)
+    taken = {
+        step.tool_call.id: step.output
+        for step in steps
+        if step.source == "client" and step.tool_call is not None
+    }
+    waiting = previous.action_step if previous.status is TaskStatus.REQUIRES_ACTION else None
+    for model_step, calls in answered_waits(steps):
+        answered = {call.id for call in calls}
+        if model_step != waiting and answered == set(given) and all(taken[i] == given[i] for i in answered):
+            return Continued(previous, resumed_after(previous, steps, model_step))
+    return None
 
 
 def _answers_open_calls(messages: list[ChatMessage]) -> None:

@@ -251,10 +251,14 @@ def run_events(task: Task, steps: list[RunStep]) -> list[Event]:
     return events
 
 
-def resumed_after(task: Task, steps: list[RunStep]) -> int:
-    """Where a run's events go on after its client's latest outputs: the number of the
-    response.completed its last answered wait ended with."""
-    return max(number for number, kind, _ in run_events(task, steps) if kind == "response.in_progress") - 1
+def resumed_after(task: Task, steps: list[RunStep], model_step: int | None = None) -> int:
+    """Where a run's events go on after its client's outputs for the calls of `model_step` (its
+    latest answered wait's when None): the number of the response.completed that wait ended with."""
+    waiting = task.action_step if task.status is TaskStatus.REQUIRES_ACTION else None
+    waits = [step for step, _ in answered_waits(steps) if step != waiting]
+    # The first response.in_progress is the run's start; each one after it follows a wait.
+    resumed = [number for number, kind, _ in run_events(task, steps) if kind == "response.in_progress"][1:]
+    return resumed[waits.index(model_step) if model_step is not None else -1] - 1
 
 
 def _as_of(task: Task, status: TaskStatus) -> dict[str, Any]:
