@@ -645,6 +645,9 @@ def test_a_run_s_events_keep_their_numbers_from_its_wait_to_its_answer() -> None
         "response.completed",
     ]
     assert at_end[-1].response.output_text == "Ada it is"
+    # Each event reads the same whenever it is read (a snapshot in progress has no usage yet)
+    assert [e.model_dump() for e in at_end[:7]] == [e.model_dump() for e in at_wait]
+    assert at_end[7].model_dump() == going_on[7].model_dump()
     # A continuation's stream starts after the wait it answered
     assert resumed_after(resumed, answered) == 6
 

@@ -262,7 +262,9 @@ def resumed_after(task: Task, steps: list[RunStep], model_step: int | None = Non
 
 
 def _as_of(task: Task, status: TaskStatus) -> dict[str, Any]:
-    return response_object(task.model_copy(update={"status": status}))
+    """The response queued or in progress, as OpenAI's snapshots then are: no output, no usage
+    (so that each reader reads the same event, whenever it reads it)."""
+    return response_object(task.model_copy(update={"status": status, "usage": None}))
 
 
 def _run_segment(service: TaskService, task: Task, starting_after: int, give_up: float) -> str:
