@@ -550,13 +550,16 @@ def test_a_response_with_tools_required_ends_with_function_call_items(client: Op
         background=True,
     )
 
+    # The run waits for the call's output: a response that completed with the call to answer
     done = ended(client, created)
     assert done.status == "completed"
     calls = [item for item in done.output if item.type == "function_call"]
     assert [call.name for call in calls] == ["lookup_customer"]
+    assert calls[0].status == "completed"
     assert isinstance(json.loads(calls[0].arguments)["name"], str)
     assert done.tool_choice == "required"
-    # The history sent back with the call's output is answered from it
+    # The history sent back with the call's output, without previous_response_id, is a new
+    # response answered from it
     again = client.responses.create(
         model="gpt-test",
         input=[
@@ -575,6 +578,202 @@ def test_a_response_with_tools_required_ends_with_function_call_items(client: Op
     answered = ended(client, again)
     assert answered.status == "completed"
     assert "Ada Lovelace, id 7" in answered.output_text
+
+
+def function_output(call_id: str, output: str) -> dict[str, str]:
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+
+def test_a_client_function_is_answered_with_previous_response_id_and_the_run_goes_on(
+    client: OpenAI,
+) -> None:
+    # Given a response whose model calls a function the client runs
+    created = client.responses.create(
+        model="gpt-test",
+        input="Who is Ada? [mock:call-tools]",
+        tools=[LOOKUP],
+        background=True,  # type: ignore[list-item]
+    )
+
+    # When it is polled as OpenAI's SDK users do, it completes with the call to answer
+    waiting = ended(client, created)
+    assert waiting.status == "completed"
+    [call] = waiting.output
+    assert call.type == "function_call"
+    assert (call.name, call.status) == ("lookup_customer", "completed")
+    assert waiting.output_text == ""
+
+    # And the call's output sent with previous_response_id sets the same run going again
+    answer = client.responses.create(
+        model="gpt-test",
+        previous_response_id=waiting.id,
+        input=[function_output(call.call_id, "Ada Lovelace, id 7")],  # type: ignore[list-item]
+        tools=[LOOKUP],  # type: ignore[list-item]
+        background=True,
+    )
+    assert answer.id == waiting.id
+    assert answer.status == "in_progress"
+
+    # Then it answers from the output
+    done = ended(client, answer)
+    assert done.status == "completed"
+    assert "Ada Lovelace, id 7" in done.output_text
+    assert [item.type for item in done.output] == ["message"]
+
+    # And a completed response continues as a conversation: a new response with its history
+    followed = client.responses.create(
+        model="gpt-test", previous_response_id=done.id, input="And her father?", background=True
+    )
+    assert followed.id != done.id
+    again = ended(client, followed)
+    fresh = ended(client, client.responses.create(model="gpt-test", input="And her father?", background=True))
+    assert again.output_text == fresh.output_text == reply_text("And her father?")
+    assert again.usage is not None
+    assert fresh.usage is not None
+    assert again.usage.input_tokens > fresh.usage.input_tokens  # the history went with it
+
+
+def test_a_continuation_that_cannot_be_served_is_the_sdk_s_error_saying_why(client: OpenAI) -> None:
+    waiting = ended(
+        client,
+        client.responses.create(
+            model="gpt-test",
+            input="Who is Ada? [mock:call-tools]",
+            tools=[LOOKUP],
+            background=True,  # type: ignore[list-item]
+        ),
+    )
+    [call] = waiting.output
+    assert call.type == "function_call"
+
+    # An id that names no response of this tenant
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.create(
+            model="gpt-test",
+            previous_response_id="resp_" + "0" * 32,
+            input=[function_output(call.call_id, "x")],  # type: ignore[list-item]
+            background=True,
+        )
+    assert unknown.value.param == "previous_response_id"
+    # Outputs that do not answer exactly the calls it waits for, or a message beside them
+    for wrong in (
+        [function_output("call_other", "x")],
+        [function_output(call.call_id, "x"), function_output("call_other", "y")],
+        [function_output(call.call_id, "x"), {"role": "user", "content": "and?"}],
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(
+                model="gpt-test",
+                previous_response_id=waiting.id,
+                input=wrong,  # type: ignore[arg-type]
+                background=True,
+            )
+        assert refused.value.param is not None
+        assert refused.value.param.startswith("input")
+    assert client.responses.retrieve(waiting.id).status == "completed"  # still waiting
+
+    # A cancelled response is not continued
+    running = client.responses.create(
+        model="gpt-test",
+        input="Who is Ada? [mock:call-tools]",
+        tools=[LOOKUP],
+        background=True,  # type: ignore[list-item]
+    )
+    assert client.responses.cancel(running.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError) as cancelled:
+        client.responses.create(
+            model="gpt-test", previous_response_id=running.id, input="go on", background=True
+        )
+    assert cancelled.value.param == "previous_response_id"
+    assert "cancelled" in cancelled.value.message
+
+    # Answered once, the same answer again (a retry whose reply was lost) is the same response;
+    # another answer to the call is refused: the conversation has no open call
+    answer = [function_output(call.call_id, "Ada Lovelace")]
+    first = client.responses.create(
+        model="gpt-test",
+        previous_response_id=waiting.id,
+        input=answer,
+        background=True,  # type: ignore[arg-type]
+    )
+    again = client.responses.create(
+        model="gpt-test",
+        previous_response_id=waiting.id,
+        input=answer,
+        background=True,  # type: ignore[arg-type]
+    )
+    assert again.id == first.id == waiting.id
+    assert ended(client, waiting).status == "completed"
+    with pytest.raises(openai.BadRequestError) as answered:
+        client.responses.create(
+            model="gpt-test",
+            previous_response_id=waiting.id,
+            input=[function_output(call.call_id, "Grace Hopper")],  # type: ignore[list-item]
+            background=True,
+        )
+    assert answered.value.param == "input"
+
+
+def test_a_run_s_stream_gives_its_function_call_then_goes_on_after_the_output(client: OpenAI) -> None:
+    # Given a streamed response whose model calls a client function
+    first = list(
+        client.responses.create(
+            model="gpt-test",
+            input="Who is Ada? [mock:call-tools]",
+            tools=[LOOKUP],  # type: ignore[list-item]
+            background=True,
+            stream=True,
+        )
+    )
+    # (a segment may end before the call: read on as examples/openai_stream.py does)
+    while first[-1].type not in ("response.completed", "response.failed", "response.incomplete"):
+        first += list(
+            client.responses.retrieve(
+                first[0].response.id, stream=True, starting_after=first[-1].sequence_number
+            )
+        )
+
+    # Then its events are OpenAI's for a function call, ending with the completed response
+    assert [e.sequence_number for e in first] == list(range(len(first)))
+    assert [e.type for e in first] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    call = first[-2].item
+    assert call.type == "function_call"
+    assert first[3].delta == call.arguments
+    assert [item.type for item in first[-1].response.output] == ["function_call"]
+
+    # When the output goes back streamed, the events go on from there to the answer
+    rest = list(
+        client.responses.create(
+            model="gpt-test",
+            previous_response_id=first[0].response.id,
+            input=[function_output(call.call_id, "Ada Lovelace, id 7")],  # type: ignore[list-item]
+            background=True,
+            stream=True,
+        )
+    )
+    while rest[-1].type not in ("response.completed", "response.failed", "response.incomplete"):
+        rest += list(
+            client.responses.retrieve(
+                first[0].response.id, stream=True, starting_after=rest[-1].sequence_number
+            )
+        )
+    assert [e.sequence_number for e in rest] == list(range(len(first), len(first) + len(rest)))
+    assert rest[0].type == "response.in_progress"
+    assert rest[-1].type == "response.completed"
+    assert "Ada Lovelace, id 7" in rest[-1].response.output_text
+    deltas = [e.delta for e in rest if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == rest[-1].response.output_text
+    # And read again from the start, the whole run's events are the same ones
+    whole = list(client.responses.retrieve(first[0].response.id, stream=True))
+    assert [(e.sequence_number, e.type) for e in whole] == [(e.sequence_number, e.type) for e in first + rest]
 
 
 def test_a_batch_of_chat_completions_with_a_schema_an_image_and_tools_parses_as_the_sdk_s(

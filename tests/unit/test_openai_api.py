@@ -14,7 +14,7 @@ from llmtasks.api.openai import response_object
 from llmtasks.api.openai_batch_files import line_parser
 from llmtasks.api.openai_objects import chat_completion
 from llmtasks.api.openai_requests import CreateResponse
-from llmtasks.api.openai_responses import _Segment
+from llmtasks.api.openai_responses import _Segment, resumed_after, run_events
 from llmtasks.domain.batches import BatchStatus, BatchView
 from llmtasks.domain.errors import RATE_LIMITED, InvalidInput
 from llmtasks.domain.events import openai_event
@@ -28,7 +28,10 @@ from llmtasks.domain.llm_request import (
     LLMRequest,
     ToolCall,
 )
+from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import Task, TaskStatus, TaskView, Usage
+from llmtasks.domain.runs import RequiredAction
+from llmtasks.domain.steps import RunStep
 from tests.helpers import pending_task, stored_batch
 
 pytestmark = pytest.mark.unit
@@ -362,7 +365,7 @@ def test_what_openai_has_and_a_task_cannot_serve_is_refused_by_its_path(
 @pytest.mark.parametrize(
     ("fields", "where"),
     [
-        ({"previous_response_id": "resp_1"}, ("previous_response_id",)),
+        ({"conversation": "conv_1"}, ("conversation",)),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, ("input",)),
         ({"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, ("input",)),
     ],
@@ -532,6 +535,200 @@ def test_a_response_s_events_end_with_its_reasoning_and_function_calls_as_the_sd
     arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     assert arguments == ['{"q":"a"}', '{"q":"b"}']
     assert [e.output_index for e in events if e.type == "response.output_item.added"] == [1, 2, 3]
+
+
+# --- runs: a response that calls functions, and goes on ----------------------------------------
+
+
+def waiting_run(calls: list[ToolCall], step: int = 0, **fields: object) -> Task:
+    """A run waiting in requires_action for the outputs of `calls`, which model step `step` asked."""
+    return pending_task("e" * 32, now=NOW, request=TOOLS_REQUEST, max_steps=20).model_copy(
+        update={
+            "status": TaskStatus.REQUIRES_ACTION,
+            "required_action": RequiredAction(tool_calls=calls),
+            "action_step": step,
+            "usage": Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7),
+            **fields,
+        }
+    )
+
+
+def model_step(number: int, calls: list[ToolCall] | None = None, text: str = "") -> RunStep:
+    usage = Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7)
+    answer = Completion(text=text, model="m", usage=usage, finish_reason="tool_calls" if calls else "stop")
+    return RunStep(
+        step=number,
+        type="model_call",
+        started_at=NOW,
+        ended_at=NOW,
+        completion=answer.model_copy(update={"tool_calls": calls}),
+    )
+
+
+def client_step(number: int, call: ToolCall, output: str) -> RunStep:
+    return RunStep(
+        step=number,
+        type="tool_call",
+        started_at=NOW,
+        ended_at=NOW,
+        tool_call=call,
+        source="client",
+        output=output,
+    )
+
+
+def parsed_events(events: list[tuple[int, str, dict[str, object]]]) -> list[ResponseStreamEvent]:
+    adapter: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+    return [
+        adapter.validate_python({"type": kind, "sequence_number": n, **fields}) for n, kind, fields in events
+    ]
+
+
+def test_a_run_waiting_for_its_client_is_a_completed_response_with_the_calls_to_answer() -> None:
+    task = waiting_run(CALLS, step=2)
+
+    parsed = Response.model_validate(response_object(task))
+
+    # As OpenAI's response that called functions: completed, so an SDK poll loop ends
+    assert parsed.status == "completed"
+    assert parsed.output_text == ""
+    assert [(item.type, item.call_id, item.name, item.arguments, item.status) for item in parsed.output] == [
+        ("function_call", "call_1", "lookup", '{"q":"a"}', "completed"),
+        ("function_call", "call_2", "lookup", '{"q":"b"}', "completed"),
+    ]
+    # Each item is named by the model step that asked, so a later wait's never repeat them
+    assert [item.id for item in parsed.output] == ["fc_" + "e" * 32 + "_2_0", "fc_" + "e" * 32 + "_2_1"]
+    assert parsed.usage is not None
+    assert parsed.usage.total_tokens == 7
+
+
+def test_a_run_s_events_keep_their_numbers_from_its_wait_to_its_answer() -> None:
+    [call, _] = CALLS
+    waiting = waiting_run([call])
+    asked = [model_step(0, [call])]
+    answered = [*asked, client_step(1, call, "Ada")]
+    resumed = waiting.model_copy(update={"status": TaskStatus.PROCESSING, "required_action": None})
+    done = resumed.model_copy(
+        update={"status": TaskStatus.COMPLETED, "result": "Ada it is", "completed_at": NOW}
+    )
+
+    at_wait = parsed_events(run_events(waiting, asked))
+    going_on = parsed_events(run_events(resumed, answered))
+    at_end = parsed_events(run_events(done, [*answered, model_step(2, text="Ada it is")]))
+
+    # The wait: the function call's events, then the response that completed with it
+    assert [e.type for e in at_wait] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert at_wait[3].delta == '{"q":"a"}'
+    # Once answered, the same events (read by anyone at any time), then in_progress, then the answer
+    assert [(e.sequence_number, e.type) for e in going_on] == [
+        *[(e.sequence_number, e.type) for e in at_wait],
+        (7, "response.in_progress"),
+    ]
+    assert [(e.sequence_number, e.type) for e in at_end][:8] == [
+        (e.sequence_number, e.type) for e in going_on
+    ]
+    assert [e.type for e in at_end][8:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert at_end[-1].response.output_text == "Ada it is"
+    # Each event reads the same whenever it is read (a snapshot in progress has no usage yet)
+    assert [e.model_dump() for e in at_end[:7]] == [e.model_dump() for e in at_wait]
+    assert at_end[7].model_dump() == going_on[7].model_dump()
+    # A continuation's stream starts after the wait it answered
+    assert resumed_after(resumed, answered) == 6
+
+
+@pytest.mark.parametrize(
+    ("status", "last"),
+    [(TaskStatus.FAILED, "response.failed"), (TaskStatus.CANCELLED, "response.incomplete")],
+)
+def test_a_run_that_ends_otherwise_ends_its_events_as_openai_does(status: TaskStatus, last: str) -> None:
+    task = waiting_run([CALLS[0]]).model_copy(update={"status": status, "required_action": None})
+
+    events = parsed_events(run_events(task, [model_step(0, [CALLS[0]])]))
+
+    assert [e.type for e in events] == ["response.created", "response.in_progress", last]
+
+
+def test_function_call_outputs_become_the_tool_outputs_a_waiting_run_takes() -> None:
+    body = CreateResponse.model_validate(
+        {
+            "previous_response_id": "resp_" + "e" * 32,
+            "input": [
+                {"type": "function_call_output", "call_id": "call_1", "output": "Ada"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "call_2",
+                    "output": [{"type": "input_text", "text": "B"}],
+                },
+            ],
+            "background": True,
+        }
+    )
+
+    outputs = body.tool_outputs()
+
+    assert [(o.tool_call_id, o.output) for o in outputs.tool_outputs] == [("call_1", "Ada"), ("call_2", "B")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": "go on"}, "input"),
+        (
+            {
+                "input": [
+                    {"type": "function_call_output", "call_id": "c", "output": "o"},
+                    {"role": "user", "content": "and?"},
+                ]
+            },
+            "input.1",
+        ),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}] * 2}, "input"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}], "background": False},
+            "background",
+        ),
+    ],
+)
+def test_outputs_a_waiting_run_cannot_take_are_refused_naming_the_field(
+    fields: dict[str, object], param: str
+) -> None:
+    body = CreateResponse.model_validate({"background": True, **fields})
+
+    with pytest.raises(InvalidInput) as refused:
+        body.tool_outputs()
+
+    assert refused.value.field == param
+
+
+def test_a_completed_response_s_conversation_comes_before_the_new_input() -> None:
+    history = [
+        ChatMessage(role="user", content="Who is Ada?"),
+        ChatMessage(role="assistant", content="A mathematician."),
+    ]
+    body = CreateResponse.model_validate(
+        {"input": "And her father?", "instructions": "Be brief.", "background": True}
+    )
+
+    asked = body.task_request(history=history)
+
+    assert asked.messages == [*history, ChatMessage(role="user", content="And her father?")]
+    assert asked.system == "Be brief."  # this request's own, as OpenAI carries none over
 
 
 # --- batch lines -------------------------------------------------------------------------------

@@ -3,10 +3,12 @@ so that code written with the official `openai` SDK runs unchanged against llmta
 
 A response is a task seen through OpenAI's Response object: `resp_<task id>`. Its states map
 pending -> queued, processing -> in_progress, completed, failed and cancelled as they are (an
-answer cut short is incomplete). The request fields of one generation map onto the task's
-(openai_requests.py, openai_inputs.py); any other is refused with OpenAI's error shape naming
-it. Errors on /v1 routes are OpenAI's `{"error": {message, type, param, code}}`, so the
-SDK raises its own exception types.
+answer cut short is incomplete); a run waiting for its client's function outputs is completed
+with their function_call items, which `previous_response_id` answers (openai_continuations.py).
+The request fields of one generation map onto the task's (openai_requests.py,
+openai_inputs.py); any other is refused with OpenAI's error shape naming it. Errors on /v1
+routes are OpenAI's `{"error": {message, type, param, code}}`, so the SDK raises its own
+exception types.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
 from llmtasks.api.files import file_reply
+from llmtasks.api.openai_continuations import continue_response
 from llmtasks.api.openai_requests import CompleteUpload, CreateBatch, CreateResponse, CreateUpload
 from llmtasks.api.openai_responses import response_object, segment
 from llmtasks.domain.errors import ApiError, TaskNotFound, Unauthorized
@@ -240,14 +243,19 @@ def add_commands(
     ) -> Response[Any]:
         caller = caller_of(app)
         service = service_of(app)
-        submission = service.submit(
-            caller.tenant_id, body.task_request(), idempotency_key=idempotency_key, caller=caller
-        )
-        if body.stream:
-            return _event_stream(
-                segment(service, caller.tenant_id, submission.task.task_id, starting_after=-1)
+        if body.previous_response_id is not None:
+            continued = continue_response(service, caller, body, idempotency_key=idempotency_key)
+            task, starting_after = continued.task, continued.starting_after
+        else:
+            request = body.task_request()
+            submission = service.submit(
+                caller.tenant_id, request, idempotency_key=idempotency_key, caller=caller
             )
-        return _reply(response_object(submission.task))
+            task, starting_after = submission.task, -1
+        if body.stream:
+            events = segment(service, caller.tenant_id, task.task_id, starting_after=starting_after)
+            return _event_stream(events)
+        return _reply(response_object(task))
 
     @post("/v1/responses/<response_id>/cancel", "OpenAI: cancel a background response")
     def cancel_response(response_id: str) -> Response[Any]:

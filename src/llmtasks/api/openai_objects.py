@@ -5,7 +5,9 @@ batch's output lines).
 A Response's `output` is OpenAI's: a `reasoning` item where the provider gave a summary, the
 `message` (output_text, or a refusal part; absent when the model only called tools) and a
 `function_call` item per tool call. The request's fields come back in OpenAI's names. An answer
-cut at max_output_tokens (finish_reason length) or by the content filter is `incomplete`."""
+cut at max_output_tokens (finish_reason length) or by the content filter is `incomplete`. A run
+waiting for its client's function outputs (requires_action) is `completed` with a function_call
+item per call to answer, as OpenAI's response that called functions is."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from llmtasks.domain.models import Task, TaskStatus, Usage
 _STATUSES = {
     TaskStatus.PENDING: "queued",
     TaskStatus.PROCESSING: "in_progress",
-    TaskStatus.REQUIRES_ACTION: "in_progress",  # an agent run of /tasks, waiting for its client
+    # A run waiting for its client's function outputs: OpenAI's response that called functions
+    # has completed (with function_call items); the outputs continue it (previous_response_id).
+    TaskStatus.REQUIRES_ACTION: "completed",
     TaskStatus.COMPLETED: "completed",
     TaskStatus.FAILED: "failed",
     TaskStatus.CANCELLED: "cancelled",
@@ -84,12 +88,13 @@ def reasoning_item(task_id: str, summary: str | None) -> dict[str, Any]:
 
 
 def function_call_item(
-    task_id: str, index: int, call: ToolCall, arguments: str | None = None
+    task_id: str, index: int, call: ToolCall, arguments: str | None = None, *, step: int | None = None
 ) -> dict[str, Any]:
-    """A tool call as OpenAI's function_call item (`arguments` given: in progress so far)."""
+    """A tool call as OpenAI's function_call item (`arguments` given: in progress so far); a
+    run's call to answer is named by the model step that asked for it too (`step`)."""
     return {
         "type": "function_call",
-        "id": f"fc_{task_id}_{index}",
+        "id": f"fc_{task_id}_{index}" if step is None else f"fc_{task_id}_{step}_{index}",
         "call_id": call.id,
         "name": call.function.name,
         "arguments": call.function.arguments if arguments is None else arguments,
@@ -97,7 +102,14 @@ def function_call_item(
     }
 
 
+def waiting_items(task_id: str, step: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """The calls a run waits for (asked by model step `step`) as function_call items."""
+    return [function_call_item(task_id, index, call, step=step) for index, call in enumerate(calls)]
+
+
 def output_items(task: Task) -> list[dict[str, Any]]:
+    if task.status is TaskStatus.REQUIRES_ACTION and task.required_action is not None:
+        return waiting_items(task.task_id, task.action_step or 0, task.required_action.tool_calls)
     if task.status is not TaskStatus.COMPLETED:
         return []
     items = [reasoning_item(task.task_id, task.reasoning)] if task.reasoning else []

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from llmtasks.api.openai_inputs import (
+    FunctionCallOutputItem,
     InputItem,
     Invalid,
     Refused,
@@ -35,8 +36,16 @@ from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.fields import Fraction, MaxTokens, Temperature, WebhookUrl
 from llmtasks.domain.input_files import MAX_TASK_FILE_BYTES
 from llmtasks.domain.json_schema import each, needs
-from llmtasks.domain.llm_request import CacheKey, EndUser, ReasoningEffort, SafetyIdentifier, ServiceTier
+from llmtasks.domain.llm_request import (
+    CacheKey,
+    ChatMessage,
+    EndUser,
+    ReasoningEffort,
+    SafetyIdentifier,
+    ServiceTier,
+)
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
+from llmtasks.domain.runs import SubmitToolOutputs
 
 # OpenAI's metadata: up to 16 string values.
 OpenAIMetadata = Annotated[
@@ -131,8 +140,17 @@ class CreateResponse(_Closed):
     # The reply: the response's events (text/event-stream), a segment of up to 25 s, instead of
     # the Response object; read on with GET /v1/responses/{id}?stream=true&starting_after=N.
     stream: StrictBool | None = None
+    previous_response_id: str | None = Field(
+        default=None,
+        pattern=r"^resp_[0-9a-f]{32}$",
+        description="A response of this tenant to continue: one waiting for its function calls'"
+        " outputs takes the input's function_call_output items alone and goes on (the same"
+        " response); a completed one is the history of a new response. Unknown: 404; one queued,"
+        " in progress, failed or cancelled: 400.",
+    )
 
-    def task_request(self) -> SubmitTaskRequest:
+    def _served(self) -> None:
+        """Refused (400) when llmtasks cannot serve the response as asked: synchronous or unstored."""
         if not self.background:
             raise InvalidInput(
                 "llmtasks serves background responses only: send background=true and poll"
@@ -141,9 +159,39 @@ class CreateResponse(_Closed):
             )
         if self.store is False:
             raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
+
+    def tool_outputs(self) -> SubmitToolOutputs:
+        """The input as the outputs a waiting run takes (POST /tasks/{id}/tool_outputs' body):
+        function_call_output items alone, each answering one call."""
+        self._served()
+        if isinstance(self.input, str):
+            raise InvalidInput(
+                "a response waiting for its function calls takes function_call_output items alone",
+                field="input",
+            )
+        outputs = []
+        for index, item in enumerate(self.input):
+            if not isinstance(item, FunctionCallOutputItem):
+                raise InvalidInput(
+                    f"a response waiting for its function calls takes function_call_output items alone,"
+                    f" not {item.type or 'message'}",
+                    field=f"input.{index}",
+                )
+            outputs.append({"tool_call_id": item.call_id, "output": item.chat().content})
+        try:
+            return SubmitToolOutputs.model_validate({"tool_outputs": outputs})
+        except ValidationError as invalid:
+            first = invalid.errors()[0]
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            raise InvalidInput(f"Invalid 'input': {message}.", field="input") from None
+
+    def task_request(self, history: list[ChatMessage] | None = None) -> SubmitTaskRequest:
+        """The task this response is: its input after `history` (a completed response's
+        conversation, continued by previous_response_id) when given."""
+        self._served()
         try:
             return SubmitTaskRequest(
-                **self._asked(),
+                **self._asked(history or []),
                 metadata=self.metadata,
                 webhook_url=self.webhook_url,
                 webhook_format="openai" if self.webhook_url else None,
@@ -163,7 +211,7 @@ class CreateResponse(_Closed):
             field = ".".join([_OPENAI_NAMES.get(where[0], where[0]), *where[1:]])
             raise InvalidInput(f"Invalid '{field}': {message}.", field=field) from None
 
-    def _asked(self) -> dict[str, Any]:
+    def _asked(self, history: list[ChatMessage]) -> dict[str, Any]:
         """The task's request fields, from OpenAI's (Refused, or ValidationError from the models
         a task's request is made of)."""
         for value in self.include or []:
@@ -179,6 +227,9 @@ class CreateResponse(_Closed):
         asked: dict[str, Any] = (
             {"prompt": self.input} if isinstance(self.input, str) else {"messages": chat_messages(self.input)}
         )
+        if history:
+            said = asked.get("messages") or [ChatMessage(role="user", content=self.input)]
+            asked = {"messages": [*history, *said]}
         given = {
             "model": self.model,
             "system": self.instructions,

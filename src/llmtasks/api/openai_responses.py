@@ -32,6 +32,13 @@ before the model answers); the Response object orders them as OpenAI does (opena
 
 A retried task's deltas write its text again from its start (its chunks do; OpenAI has no
 retries to say so): the `.done` events and the response hold the result alone.
+
+A run (a task with tools) writes no output chunks: its events are numbered from its waits
+instead (run_events). Each wait its client answered is the response that completed with the
+calls to answer (their function_call items' events, response.completed), then went on
+(response.in_progress); then the wait it is in, or its end (its items' events, then
+response.completed, .incomplete or .failed). Read from its journal's steps, they are the same for
+every reader at any time; a continuation's stream starts after the wait it answered.
 """
 
 from __future__ import annotations
@@ -44,15 +51,20 @@ from llmtasks.api.openai_objects import (
     function_call_item,
     incomplete_reason,
     message_item,
+    output_items,
     reasoning_item,
     refusal_part,
     response_object,
     text_part,
+    waiting_items,
 )
+from llmtasks.domain.llm_request import ToolCall
 from llmtasks.domain.models import Task, TaskStatus
+from llmtasks.domain.runs import RequiredAction
+from llmtasks.domain.steps import RunStep, usage_of
 from llmtasks.services.tasks import TaskService
 
-__all__ = ["SEGMENT_S", "response_object", "segment"]
+__all__ = ["SEGMENT_S", "response_object", "resumed_after", "run_events", "segment"]
 SEGMENT_S = 25.0
 _HEADER = 3  # the last of the events before the first delta
 
@@ -64,9 +76,11 @@ class _Segment:
         self.lines: list[str] = []
 
     def emit(self, sequence: int, kind: str, **fields: Any) -> None:
+        """The event, unless it is at or before the last one given (read again, it is the same)."""
         if sequence > self.starting_after:
             event = {"type": kind, "sequence_number": sequence, **fields}
             self.lines.append(f"event: {kind}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n")
+            self.starting_after = sequence
 
     def part(self, sequence: int, kind: str, **fields: Any) -> None:
         """An event about the one output item's one text part."""
@@ -115,38 +129,156 @@ class _Segment:
         """The reasoning summary, once the answer gives it: an item of its own after the message."""
         if not task.reasoning:
             return []
-        where = {"item_id": f"rs_{self.task_id}", "output_index": 1, "summary_index": 0}
-        summary = {"type": "summary_text", "text": task.reasoning}
-        return [
-            ("response.output_item.added", {"output_index": 1, "item": reasoning_item(self.task_id, None)}),
-            ("response.reasoning_summary_part.added", {**where, "part": {**summary, "text": ""}}),
-            ("response.reasoning_summary_text.delta", {**where, "delta": task.reasoning}),
-            ("response.reasoning_summary_text.done", {**where, "text": task.reasoning}),
-            ("response.reasoning_summary_part.done", {**where, "part": summary}),
-            (
-                "response.output_item.done",
-                {"output_index": 1, "item": reasoning_item(self.task_id, task.reasoning)},
-            ),
-        ]
+        return item_events(reasoning_item(self.task_id, task.reasoning), 1)
 
     def _function_calls(self, task: Task) -> list[tuple[str, dict[str, Any]]]:
         """Each tool call as a function_call item, its arguments in one delta."""
-        events: list[tuple[str, dict[str, Any]]] = []
         first = 2 if task.reasoning else 1
+        events: list[tuple[str, dict[str, Any]]] = []
         for index, call in enumerate(task.tool_calls or []):
-            at = {"output_index": first + index}
-            where = {**at, "item_id": f"fc_{self.task_id}_{index}"}
-            arguments = call.function.arguments
-            events += [
-                (
-                    "response.output_item.added",
-                    {**at, "item": function_call_item(self.task_id, index, call, "")},
-                ),
-                ("response.function_call_arguments.delta", {**where, "delta": arguments}),
-                ("response.function_call_arguments.done", {**where, "arguments": arguments}),
-                ("response.output_item.done", {**at, "item": function_call_item(self.task_id, index, call)}),
-            ]
+            events += item_events(function_call_item(self.task_id, index, call), first + index)
         return events
+
+
+def item_events(item: dict[str, Any], index: int) -> list[tuple[str, dict[str, Any]]]:
+    """An output item's events, from its announcement (in progress, empty) to its end: a
+    function call's arguments, a reasoning summary, or a message's text in one delta each."""
+    at = {"output_index": index}
+    where = {**at, "item_id": item["id"]}
+    if item["type"] == "function_call":
+        arguments = item["arguments"]
+        announced = {**item, "arguments": "", "status": "in_progress"}
+        return [
+            ("response.output_item.added", {**at, "item": announced}),
+            ("response.function_call_arguments.delta", {**where, "delta": arguments}),
+            ("response.function_call_arguments.done", {**where, "arguments": arguments}),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
+    if item["type"] == "reasoning":
+        [summary] = item["summary"]
+        where = {**where, "summary_index": 0}
+        return [
+            ("response.output_item.added", {**at, "item": {**item, "summary": [], "status": "in_progress"}}),
+            ("response.reasoning_summary_part.added", {**where, "part": {**summary, "text": ""}}),
+            ("response.reasoning_summary_text.delta", {**where, "delta": summary["text"]}),
+            ("response.reasoning_summary_text.done", {**where, "text": summary["text"]}),
+            ("response.reasoning_summary_part.done", {**where, "part": summary}),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
+    announced = {**item, "status": "in_progress", "content": []}
+    events = [("response.output_item.added", {**at, "item": announced})]
+    for content_index, part in enumerate(item["content"]):
+        place = {**where, "content_index": content_index}
+        if part["type"] == "refusal":
+            events += [
+                ("response.content_part.added", {**place, "part": refusal_part("")}),
+                ("response.refusal.done", {**place, "refusal": part["refusal"]}),
+            ]
+        else:
+            events.append(("response.content_part.added", {**place, "part": text_part("")}))
+            text = part["text"]
+            if text:
+                events.append(("response.output_text.delta", {**place, "delta": text, "logprobs": []}))
+            events.append(("response.output_text.done", {**place, "text": text, "logprobs": []}))
+        events.append(("response.content_part.done", {**place, "part": part}))
+    return [*events, ("response.output_item.done", {**at, "item": item})]
+
+
+# --- a run's events ----------------------------------------------------------------------------
+
+
+def answered_waits(steps: list[RunStep]) -> list[tuple[int, list[ToolCall]]]:
+    """Each model step whose calls the client answered (its tool outputs recorded), with those
+    calls, in order."""
+    waits: dict[int, list[ToolCall]] = {}
+    model_step = 0
+    for step in steps:
+        if step.type == "model_call":
+            model_step = step.step
+        elif step.source == "client" and step.tool_call is not None:
+            waits.setdefault(model_step, []).append(step.tool_call)
+    return sorted(waits.items())
+
+
+Event = tuple[int, str, dict[str, Any]]
+
+
+def run_events(task: Task, steps: list[RunStep]) -> list[Event]:
+    """A run's events so far, numbered the same for every reader: response.created, then
+    response.in_progress once it started; each wait its client answered, as the response that
+    completed with the calls to answer (their function_call items, response.completed) and went
+    on (response.in_progress); then the wait it is in, or its end."""
+    task_id = task.task_id
+    events: list[Event] = [(0, "response.created", {"response": _as_of(task, TaskStatus.PENDING)})]
+
+    def add(kind: str, **fields: Any) -> None:
+        events.append((events[-1][0] + 1, kind, fields))
+
+    def add_items(items: list[dict[str, Any]]) -> None:
+        for index, item in enumerate(items):
+            for kind, fields in item_events(item, index):
+                add(kind, **fields)
+
+    if task.status is TaskStatus.PENDING and not steps:
+        return events
+    add("response.in_progress", response=_as_of(task, TaskStatus.PROCESSING))
+    waiting = task.action_step if task.status is TaskStatus.REQUIRES_ACTION else None
+    for model_step, calls in answered_waits(steps):
+        if model_step == waiting:
+            continue  # its outputs are being taken: the run still waits
+        add_items(waiting_items(task_id, model_step, calls))
+        before = [step for step in steps if step.step <= model_step]
+        then = task.model_copy(
+            update={
+                "status": TaskStatus.REQUIRES_ACTION,
+                "required_action": RequiredAction(tool_calls=calls),
+                "action_step": model_step,
+                "usage": usage_of(before),
+            }
+        )
+        add("response.completed", response=response_object(then))
+        add("response.in_progress", response=_as_of(task, TaskStatus.PROCESSING))
+    if waiting is not None:
+        add_items(output_items(task))
+        add("response.completed", response=response_object(task))
+    elif task.status is TaskStatus.COMPLETED:
+        add_items(output_items(task))
+        kind = "response.incomplete" if incomplete_reason(task) else "response.completed"
+        add(kind, response=response_object(task))
+    elif task.status.is_terminal:
+        kind = "response.failed" if task.status is TaskStatus.FAILED else "response.incomplete"
+        add(kind, response=response_object(task))
+    return events
+
+
+def resumed_after(task: Task, steps: list[RunStep], model_step: int | None = None) -> int:
+    """Where a run's events go on after its client's outputs for the calls of `model_step` (its
+    latest answered wait's when None): the number of the response.completed that wait ended with."""
+    waiting = task.action_step if task.status is TaskStatus.REQUIRES_ACTION else None
+    waits = [step for step, _ in answered_waits(steps) if step != waiting]
+    # The first response.in_progress is the run's start; each one after it follows a wait.
+    resumed = [number for number, kind, _ in run_events(task, steps) if kind == "response.in_progress"][1:]
+    return resumed[waits.index(model_step) if model_step is not None else -1] - 1
+
+
+def _as_of(task: Task, status: TaskStatus) -> dict[str, Any]:
+    """The response queued or in progress, as OpenAI's snapshots then are: no output, no usage
+    (so that each reader reads the same event, whenever it reads it)."""
+    return response_object(task.model_copy(update={"status": status, "usage": None}))
+
+
+def _run_segment(service: TaskService, task: Task, starting_after: int, give_up: float) -> str:
+    """A run's events after `starting_after`: those there are now, then, until `give_up`, those of
+    its next wait or its end."""
+    tenant_id, task_id = task.tenant_id, task.task_id
+    out = _Segment(task_id, starting_after)
+    while True:
+        for number, kind, fields in run_events(task, service.runs.recorded(task)):
+            out.emit(number, kind, **fields)
+        left = give_up - time.monotonic()
+        if task.status.is_terminal or task.status is TaskStatus.REQUIRES_ACTION or left <= 0:
+            return "".join(out.lines)
+        task = service.get(tenant_id, task_id, wait_s=left)
 
 
 def segment(
@@ -155,6 +287,8 @@ def segment(
     """The events after `starting_after` that exist now or come within `segment_s`, as SSE."""
     give_up = time.monotonic() + segment_s
     task = service.get(tenant_id, task_id)
+    if task.is_run:
+        return _run_segment(service, task, starting_after, give_up)
     out = _Segment(task_id, starting_after)
     out.emit(0, "response.created", response=response_object(task))
     started = task.status is not TaskStatus.PENDING

@@ -1,6 +1,7 @@
 """What the HTTP API does with a run: take the client's tool outputs (each recorded as its step,
-then the run goes on: a new TaskQueue message), list its steps, and wake a run whose background
-call the provider's webhook says has ended."""
+then the run goes on: a new TaskQueue message), list its steps, give a finished task's
+conversation (what a response continued by `previous_response_id` starts from), and wake a
+run whose background call the provider's webhook says has ended."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
 from llmtasks.aws.store import TaskStore
 from llmtasks.domain.errors import InvalidInput, RouteNotServed, TaskConflict, Unauthorized
+from llmtasks.domain.llm_request import ChatMessage
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.rules import Clock
 from llmtasks.domain.runs import MAX_CLIENT_OUTPUT_BYTES, SubmitToolOutputs
-from llmtasks.domain.steps import RunStep, StepList, StepView
+from llmtasks.domain.steps import RunStep, StepList, StepView, conversation
 from llmtasks.observability import logger, task_keys
 
 # OpenAI's webhook events that end a background response.
@@ -121,3 +123,23 @@ class RunService:
         self._lanes.send(task)
         logger.info("woken by the provider's webhook", event=kind, **task_keys(task))
         return True
+
+    def recorded(self, task: Task) -> list[RunStep]:
+        """Every step the run (the tenant's task, as read) has recorded, in order."""
+        return self._journal.steps(task.task_id) if task.is_run else []
+
+    def history(self, task: Task) -> list[ChatMessage]:
+        """The conversation of a completed task (the tenant's, as read, its result hydrated): its
+        messages (its prompt as the user's), then a run's steps as messages, or the one answer."""
+        if task.is_run:
+            messages = conversation(task.request, self.recorded(task)).messages
+            return list(messages or [])
+        asked = task.request.messages or [ChatMessage(role="user", content=task.request.prompt)]
+        answered = bool(task.tool_calls) or task.refusal is not None
+        answer = ChatMessage(
+            role="assistant",
+            content=task.result or (None if answered else ""),
+            refusal=task.refusal,
+            tool_calls=task.tool_calls or None,
+        )
+        return [*asked, answer]

@@ -21,6 +21,9 @@ generated requests, so that every other refusal is checked.
 - A response_format's schema must be a JSON Schema: the document says an object (the
   meta-schema is the rule, which it cannot hold); a generated one that is not becomes
   `{"type": "object"}`.
+- A previous_response_id must name a response of this tenant that has completed or waits for
+  its function calls' outputs: state the document cannot hold (any other is OpenAI's 404, or a
+  400 saying why). In a request generated to fit the document, it is left out.
 - An Idempotency-Key is bound to the first body sent with it: sent again with another body, it
   is refused (422, as the IETF draft has it). A generated key that the document allows (1 to 255
   characters) is made unique to its request.
@@ -101,6 +104,7 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         fits = _fits_the_document(case)
         if fits:
             _request_rules(body)
+            body.pop("previous_response_id", None)
         seen: set[str] = set()
         for index, item in enumerate(body.get("items") or []):
             if isinstance(item, dict):
