@@ -433,14 +433,23 @@ class TaskStore:
             },
         )
 
-    def resume(self, task_id: str, *, tenant_id: str, model_step: int, now: float) -> Task:
+    def resume(
+        self, task_id: str, *, tenant_id: str, model_step: int, now: float, approved: list[str] | None = None
+    ) -> Task:
         """requires_action (waiting on model step `model_step`'s calls) -> pending, its retries
-        counted afresh from here; TaskConflict when the task waits for nothing (or other calls)."""
+        counted afresh from here, the MCP calls `approved` added to those the worker may make;
+        TaskConflict when the task waits for nothing (or other calls)."""
+        approving = (
+            ", approved_calls = list_append(if_not_exists(approved_calls, :no_calls), :approved)"
+            if approved
+            else ""
+        )
+        extra: dict[str, Any] = {":no_calls": [], ":approved": approved} if approved else {}
         try:
             return self._transition(
                 task_id,
                 update=(
-                    f"SET #status = :pending, {_REVISE}, attempts_before_retry = attempts"
+                    f"SET #status = :pending, {_REVISE}, attempts_before_retry = attempts{approving}"
                     " REMOVE required_action, action_step, next_attempt_at"
                 ),
                 condition=(
@@ -456,6 +465,7 @@ class TaskStore:
                     ":tenant": tenant_id,
                     ":step": model_step,
                     ":now": now,
+                    **extra,
                 },
             )
         except _ConditionFailed as failed:

@@ -1,10 +1,11 @@
 """A run's steps, as its journal keeps them and `GET /tasks/{id}/steps` shows them, and what the
 run does next, read from the steps done (nothing here does I/O).
 
-Steps are numbered from 0 in the order they run: a model call `m`, then one step for each tool
-call it asked for (`m + 1 + i` for its i-th call), then the next model call. The numbers follow
-from the model's answers, so a redelivery that reads the steps done knows each step's number and
-never makes a recorded step again.
+Steps are numbered from 0 in the order they run: first, in a run with MCP servers, one
+`mcp_list_tools` step a server (its tools, listed once a run); then a model call `m`, then one step
+for each tool call it asked for (`m + 1 + i` for its i-th call), then the next model call. The
+numbers follow from the model's answers, so a redelivery that reads the steps done knows each
+step's number and never makes a recorded step again.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from llmtasks.domain.llm_request import ChatMessage, LLMRequest, ToolCall
+from llmtasks.domain.mcp_servers import McpListedTool
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import OutputMessage, Usage
 
-StepKind = Literal["model_call", "tool_call"]
-ToolSource = Literal["endpoint", "client", "unknown"]
+StepKind = Literal["mcp_list_tools", "model_call", "tool_call"]
+ToolSource = Literal["endpoint", "client", "mcp", "unknown"]
 # The steps' cursor: the number of the step a page starts at.
 STEPS_CURSOR_PATTERN = r"^[1-9][0-9]{0,5}$"
 
@@ -37,6 +39,8 @@ class RunStep(BaseModel):
     tool_call: ToolCall | None = None  # a tool call's
     source: ToolSource | None = None
     output: str | None = None
+    server_label: str | None = None  # an MCP server's list, or a call of its tool
+    tools: list[McpListedTool] | None = None  # an mcp_list_tools step's
     # Where a text too large for the item lives (ResultsBucket): the tool's output, or the
     # model's text; the field itself is then empty until the journal reads it back.
     text_ref: str | None = None
@@ -60,6 +64,12 @@ class StepView(BaseModel):
         " tool has its name).",
     )
     tool_output: str | None = Field(default=None, description="A tool call's output.")
+    server_label: str | None = Field(
+        default=None, description="The MCP server listed (mcp_list_tools) or called (tool_source mcp)."
+    )
+    tools: list[McpListedTool] | None = Field(
+        default=None, description="An mcp_list_tools step's: the server's tools the model is offered."
+    )
 
     @classmethod
     def of(cls, step: RunStep) -> StepView:
@@ -80,7 +90,15 @@ class StepView(BaseModel):
             return cls(
                 **at, output=message, model=done.model, finish_reason=done.finish_reason, usage=done.usage
             )
-        return cls(**at, tool_call=step.tool_call, tool_source=step.source, tool_output=step.output)
+        if step.type == "mcp_list_tools":
+            return cls(**at, server_label=step.server_label, tools=step.tools)
+        return cls(
+            **at,
+            tool_call=step.tool_call,
+            tool_source=step.source,
+            tool_output=step.output,
+            server_label=step.server_label,
+        )
 
 
 class StepList(BaseModel):
@@ -120,8 +138,8 @@ Move = CallModel | CallTools | Answer
 def next_move(steps: list[RunStep]) -> Move:
     """What the run does next, given the steps done (in order, gaps where a call is unanswered)."""
     models = [step for step in steps if step.completion is not None]
-    if not models:
-        return CallModel(step=0, model_steps=0)
+    if not models:  # the first model call comes after the MCP servers' lists, if any
+        return CallModel(step=max((step.step for step in steps), default=-1) + 1, model_steps=0)
     last = models[-1]
     calls = last.completion.tool_calls or [] if last.completion else []
     if not calls:

@@ -9,6 +9,7 @@ from llmtasks.aws.key_limits import KeyRates
 from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
+from llmtasks.services.mcp_tools import McpTools
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.settings import (
@@ -61,6 +62,7 @@ def task_runner() -> TaskRunner:
         tools=EndpointTools(
             allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)
         ),
+        mcp=McpTools(allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)),
     )
 
 

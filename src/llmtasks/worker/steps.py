@@ -1,6 +1,7 @@
-"""A run's steps within one claim of its task: read what the journal holds, then take the next
-step, record it, and so on, until the model answers, the run must wait for its client, its time
-in this invocation runs short, or its steps run out (domain/steps.py decides what comes next).
+"""A run's steps within one claim of its task: read what the journal holds, list the tools of its
+MCP servers if no step has yet, then take the next step, record it, and so on, until the model
+answers, the run must wait for its client, its time in this invocation runs short, or its steps
+run out (domain/steps.py decides what comes next).
 
 Each step is recorded (a conditional put) before the next starts, so a redelivery after a crash
 or a timeout resumes at the first unfinished step and never makes a recorded model call again.
@@ -12,11 +13,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmtasks.aws.run_steps import RunJournal
 from llmtasks.aws.store import TaskStore
+
 from llmtasks.domain.llm_request import LLMRequest, ToolCall
+from llmtasks.domain.mcp_servers import (
+    MAX_OFFERED_TOOLS,
+    McpApprovalRequest,
+    McpListedTool,
+    McpServer,
+    McpUnavailable,
+    listed_tools,
+)
 from llmtasks.domain.messages import Completion, new_webhook_secret
 from llmtasks.domain.models import Task, Usage
 from llmtasks.domain.rules import Clock
@@ -34,6 +44,32 @@ class ToolEndpoints(Protocol):
     timeout_s: float
 
     async def call(self, url: str, call: ToolCall, *, secrets: list[str]) -> str: ...
+
+
+class McpClient(Protocol):
+    """Lists and calls MCP servers' tools (services/mcp_tools.py)."""
+
+    timeout_s: float
+
+    async def list_tools(self, server: McpServer) -> list[dict[str, Any]]:
+        """The server's tools; raises McpUnavailable (whose `detail` says why) when it cannot."""
+        ...
+
+    async def call(self, server: McpServer, tool: str, call: ToolCall) -> str:
+        """The tool's output, or an error text."""
+        ...
+
+
+# error_code of a run whose MCP server's tools could not be listed.
+MCP_SERVER_UNAVAILABLE = "mcp_server_unavailable"
+
+
+@dataclass(frozen=True)
+class McpFunction:
+    """A function the model is offered for an MCP server's tool."""
+
+    server: McpServer
+    tool: McpListedTool
 
 
 @dataclass(frozen=True)
@@ -54,6 +90,15 @@ class Exceeded:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """The run cannot go on (an MCP server's tools could not be listed)."""
+
+    why: str
+    code: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
 class HandOff:
     """Too little time left in this invocation for the next step: the run goes on in another."""
 
@@ -64,17 +109,23 @@ class Stopped:
     moved on (cancelled, or taken over)."""
 
 
-Outcome = Finished | Waiting | Exceeded | HandOff | Stopped
+Outcome = Finished | Waiting | Exceeded | Failed | HandOff | Stopped
 
 
 class StepRunner:
     def __init__(
-        self, store: TaskStore, journal: RunJournal, tools: ToolEndpoints | None, clock: Clock
+        self,
+        store: TaskStore,
+        journal: RunJournal,
+        tools: ToolEndpoints | None,
+        clock: Clock,
+        mcp: McpClient | None = None,
     ) -> None:
         self._store = store
         self._journal = journal
         self._tools = tools
         self._clock = clock
+        self._mcp = mcp
 
     async def run(
         self,
@@ -87,13 +138,18 @@ class StepRunner:
         whole_call_s: float,
     ) -> Outcome:
         steps = await asyncio.to_thread(self._journal.steps, task.task_id)
+        failed = await self._list_tools(task, request, steps)
+        if failed is not None:
+            return failed
+        functions = self._mcp_functions(task, steps)
+        request = _offering(request, functions)
         called = False  # a model call made in this claim
         while True:
             move = next_move(steps)
             if isinstance(move, Answer):
                 return Finished(move.completion)
             if isinstance(move, CallTools):
-                outcome = await self._tool_calls(task, move, steps, time_left)
+                outcome = await self._tool_calls(task, move, steps, time_left, functions)
                 if outcome is not None:
                     return outcome
                 continue
@@ -120,23 +176,90 @@ class StepRunner:
             steps.append(await self._record(task, step))
             logger.info("run step", step=move.step, kind="model_call", **task_keys(task))
 
+    async def _list_tools(self, task: Task, request: LLMRequest, steps: list[RunStep]) -> Failed | None:
+        """The tools of each MCP server no step has listed yet, listed and recorded (the i-th
+        server's list is step i, before the first model call); Failed when one cannot be."""
+        listed = {step.server_label for step in steps if step.type == "mcp_list_tools"}
+        room = MAX_OFFERED_TOOLS - len(request.tools or [])
+        room -= sum(len(step.tools or []) for step in steps if step.type == "mcp_list_tools")
+        for number, server in enumerate(task.mcp_servers or []):
+            if server.server_label in listed:
+                continue
+            started = self._clock()
+            if self._mcp is None:
+                return Failed("This deployment calls no MCP servers.", MCP_SERVER_UNAVAILABLE, Usage())
+            try:
+                given = await self._mcp.list_tools(server)
+            except McpUnavailable as exc:
+                return Failed(exc.detail, MCP_SERVER_UNAVAILABLE, usage_of(steps))
+            offered = listed_tools(server, given, room=room)
+            room -= len(offered)
+            step = RunStep(
+                step=number,
+                type="mcp_list_tools",
+                started_at=started,
+                ended_at=self._clock(),
+                server_label=server.server_label,
+                tools=offered,
+            )
+            steps.append(await self._record(task, step))
+            steps.sort(key=lambda done: done.step)
+            logger.info("run step", step=number, kind="mcp_list_tools", tools=len(offered), **task_keys(task))
+        return None
+
+    @staticmethod
+    def _mcp_functions(task: Task, steps: list[RunStep]) -> dict[str, McpFunction]:
+        """The functions the model is offered for the MCP servers' tools, by name, from the lists."""
+        servers = {server.server_label: server for server in task.mcp_servers or []}
+        functions: dict[str, McpFunction] = {}
+        for step in steps:
+            server = servers.get(step.server_label or "")
+            if step.type == "mcp_list_tools" and server is not None:
+                for tool in step.tools or []:
+                    functions.setdefault(tool.function_name, McpFunction(server, tool))
+        return functions
+
     async def _tool_calls(
-        self, task: Task, move: CallTools, steps: list[RunStep], time_left: Callable[[], float]
+        self,
+        task: Task,
+        move: CallTools,
+        steps: list[RunStep],
+        time_left: Callable[[], float],
+        functions: dict[str, McpFunction],
     ) -> Outcome | None:
-        """The pending calls of the endpoints, each recorded; the outcome that ends this claim
-        (the run waits for its client's outputs, or hands off), None when the model is next."""
+        """The pending calls of the endpoints and MCP tools, each recorded; the outcome that ends
+        this claim (the run waits for its client's outputs or approvals, or hands off), None when
+        the model is next."""
         urls = task.tool_urls or {}
         names = {tool.function.name for tool in task.request.tools or []}
+        approved = set(task.approved_calls or [])
         clients: list[ToolCall] = []
+        approvals: list[McpApprovalRequest] = []
         for number, call in move.pending:
             name = call.function.name
             if name in names and name not in urls:
                 clients.append(call)
                 continue
-            if self._tools is not None and time_left() < 2 * self._tools.timeout_s:
+            mcp = functions.get(name)
+            if mcp is not None and mcp.server.needs_approval(mcp.tool) and call.id not in approved:
+                approvals.append(
+                    McpApprovalRequest(
+                        id=call.id,
+                        server_label=mcp.server.server_label,
+                        name=mcp.tool.name,
+                        arguments=call.function.arguments,
+                    )
+                )
+                continue
+            caller = self._mcp if mcp is not None else self._tools
+            if caller is not None and time_left() < 2 * caller.timeout_s:
                 return HandOff()
             started = self._clock()
-            if name in urls and self._tools is None:
+            label = None
+            if mcp is not None:
+                label = mcp.server.server_label
+                output, source = await self._call_mcp(mcp, call), "mcp"
+            elif name in urls and self._tools is None:
                 output, source = "error: this deployment calls no function endpoints", "endpoint"
             elif name in urls and self._tools is not None:
                 output, source = (
@@ -153,13 +276,20 @@ class StepRunner:
                 tool_call=call,
                 source=source,
                 output=output,
+                server_label=label,
             )
             steps.append(await self._record(task, step))
             steps.sort(key=lambda done: done.step)
             logger.info("run step", step=number, kind="tool_call", tool=name, **task_keys(task))
-        if clients:
-            return Waiting(RequiredAction(tool_calls=clients), move.model_step, usage_of(steps))
+        if clients or approvals:
+            action = RequiredAction(tool_calls=clients, mcp_approval_requests=approvals or None)
+            return Waiting(action, move.model_step, usage_of(steps))
         return None
+
+    async def _call_mcp(self, mcp: McpFunction, call: ToolCall) -> str:
+        if self._mcp is None:
+            return "error: this deployment calls no MCP servers"
+        return await self._mcp.call(mcp.server, mcp.tool.name, call)
 
     async def _record(self, task: Task, step: RunStep) -> RunStep:
         return await asyncio.to_thread(self._journal.record, task.task_id, step, expires_at=task.expires_at)
@@ -175,3 +305,11 @@ class StepRunner:
         model call after the first, so a cancelled run spends no more tokens."""
         current = await asyncio.to_thread(self._store.get, task.task_id, now=self._clock())
         return current is not None and current.lease_id == lease_id
+
+
+def _offering(request: LLMRequest, functions: dict[str, McpFunction]) -> LLMRequest:
+    """The task's request with the MCP servers' tools offered as functions after its own."""
+    if not functions:
+        return request
+    offered = [function.tool.function_tool() for function in functions.values()]
+    return request.model_copy(update={"tools": [*(request.tools or []), *offered]})
