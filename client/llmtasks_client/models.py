@@ -126,20 +126,31 @@ class OutputMessage(_Reply):
     reasoning: str | None = None  # a summary of its reasoning, where the provider gives one
 
 
+class McpApprovalRequest(_Reply):
+    """A call of an MCP server's tool that waits for the client's approval."""
+
+    id: str  # answer it by this id (`approvals` of `Client.submit_tool_outputs`)
+    type: str = "mcp_approval_request"
+    server_label: str
+    name: str  # the server's tool
+    arguments: str  # JSON text, as the model wrote it
+
+
 class RequiredAction(_Reply):
-    """What a run in requires_action waits for: an output of each of these calls
-    (`Client.submit_tool_outputs`)."""
+    """What a run in requires_action waits for: an output of each of these calls, and an
+    approval of each MCP call (`Client.submit_tool_outputs`)."""
 
     type: str = "submit_tool_outputs"
     tool_calls: list[ToolCall]
+    mcp_approval_requests: list[McpApprovalRequest] | None = None
 
 
 class Step(_Reply):
-    """One step of a run: a model call (its `output` message and `usage`) or a tool call (its
-    `tool_call`, who answered it and its `tool_output`)."""
+    """One step of a run: a model call (its `output` message and `usage`), a tool call (its
+    `tool_call`, who answered it and its `tool_output`) or an MCP server's list of tools."""
 
     step: int
-    type: str  # model_call | tool_call
+    type: str  # mcp_list_tools | model_call | tool_call
     started_at: datetime
     ended_at: datetime
     output: OutputMessage | None = None
@@ -147,8 +158,10 @@ class Step(_Reply):
     finish_reason: str | None = None
     usage: Usage | None = None
     tool_call: ToolCall | None = None
-    tool_source: str | None = None  # endpoint | client | unknown
+    tool_source: str | None = None  # endpoint | client | mcp | unknown
     tool_output: str | None = None
+    server_label: str | None = None  # the MCP server listed or called
+    tools: list[dict[str, Any]] | None = None  # an mcp_list_tools step's: the tools offered
 
 
 class StepList(_Reply):

@@ -28,10 +28,10 @@ from llmtasks.llm.openai import OpenAIChat
 from llmtasks.services.mcp_tools import McpTools
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import no_lookups
+from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from llmtasks.worker.steps import MCP_SERVER_UNAVAILABLE
 from llmtasks_local.mcp_docs import serving
-from llmtasks.settings import Settings
 from tests.conftest import Aws, RunningMock
 from tests.helpers import blobs, free_port
 from tests.unit.test_runs import ASK_USER, CrashAfter, RunWorker

@@ -66,7 +66,7 @@ class McpTools:
                 return await asyncio.wait_for(self._list(server), self.timeout_s)
             except TimeoutError:
                 error = f"no answer within {self.timeout_s:g} s"
-            except Exception as exc:  # noqa: BLE001 - any failure of the remote server is its own
+            except Exception as exc:
                 error = _described(exc)
         raise McpUnavailable(f"MCP server '{server.server_label}' listed no tools: {error}")
 
@@ -87,7 +87,7 @@ class McpTools:
             return await asyncio.wait_for(self._call(server, tool, arguments), self.timeout_s)
         except TimeoutError:
             return f"error: {label} gave no answer within {self.timeout_s:g} s"
-        except Exception as exc:  # noqa: BLE001 - any failure of the remote server is the call's output
+        except Exception as exc:
             return f"error: {label} failed: {_described(exc)}"
 
     def _check(self, server: McpServer) -> None:

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from llmtasks.aws.run_steps import RunJournal
 from llmtasks.aws.store import TaskStore
-
 from llmtasks.domain.llm_request import LLMRequest, ToolCall
 from llmtasks.domain.mcp_servers import (
     MAX_OFFERED_TOOLS,
@@ -142,7 +141,30 @@ class StepRunner:
         if failed is not None:
             return failed
         functions = self._mcp_functions(task, steps)
-        request = _offering(request, functions)
+        return await self._steps(
+            task,
+            _offering(request, functions),
+            lease_id,
+            steps,
+            functions,
+            call_model=call_model,
+            time_left=time_left,
+            whole_call_s=whole_call_s,
+        )
+
+    async def _steps(
+        self,
+        task: Task,
+        request: LLMRequest,
+        lease_id: str,
+        steps: list[RunStep],
+        functions: dict[str, McpFunction],
+        *,
+        call_model: ModelCall,
+        time_left: Callable[[], float],
+        whole_call_s: float,
+    ) -> Outcome:
+        """The steps from the first unfinished one, `request` offering the MCP servers' tools."""
         called = False  # a model call made in this claim
         while True:
             move = next_move(steps)
