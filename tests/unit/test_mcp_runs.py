@@ -266,6 +266,10 @@ def test_a_server_url_must_pass_the_ssrf_guard(mcp_worker: McpWorker) -> None:
             "one line",
         ),
         (
+            [{"type": "mcp", "server_label": "a", "server_url": "https://x", "headers": {"k": "\u00e9"}}],
+            "printable ASCII",
+        ),
+        (
             [{"type": "mcp", "server_label": "a", "server_url": "https://x", "headers": {"a b": "v"}}],
             "HTTP token",
         ),

@@ -93,8 +93,10 @@ class McpServer(Strict):
         for name, value in headers.items():
             if not re.fullmatch(HEADER_NAME_PATTERN, name):
                 raise ValueError(f"header name {name[:64]!r} is not an HTTP token")
-            if len(value) > MAX_HEADER_VALUE or any(c in value for c in "\r\n\0"):
-                raise ValueError(f"header {name!r}: one line of at most {MAX_HEADER_VALUE} characters")
+            if len(value) > MAX_HEADER_VALUE or not all(c == "\t" or " " <= c <= "~" for c in value):
+                raise ValueError(
+                    f"header {name!r}: one line of printable ASCII, at most {MAX_HEADER_VALUE} characters"
+                )
         return headers
 
     def allows(self, tool: McpListedTool) -> bool:
