@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -386,3 +388,15 @@ def test_an_answer_gives_outputs_approvals_or_both_each_once() -> None:
         SubmitToolOutputs.model_validate({"mcp_approvals": twice})
     with pytest.raises(ValidationError, match="approve"):
         SubmitToolOutputs.model_validate({"mcp_approvals": [{"approval_request_id": "c", "approve": "yes"}]})
+
+
+def test_no_function_imports_the_mcp_sdk_until_a_run_calls_a_server() -> None:
+    # The API's cold start matters, and only the worker's MCP calls need the SDK
+    probe = (
+        "import sys, llmtasks.wiring.api, llmtasks.wiring.worker;"
+        " print(sorted({'mcp', 'httpx2'} & set(sys.modules)))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert shown.stdout.strip() == "[]"
