@@ -49,6 +49,9 @@ def test_a_run_calls_an_mcp_server_s_tools_and_waits_for_approval_where_asked(
         [request] = waiting.required_action.mcp_approval_requests or []
         assert (request.server_label, request.name) == ("docs", "read_document")
         assert fresh_mock.mock_stats()["calls"] == 1
+        status = fresh_mock.run_cli("status", task.task_id)
+        assert status.returncode == 0, status.stderr
+        assert f"{request.id}  approve? docs: read_document(" in status.stdout
 
         # And the client's approval, through the SDK, lets it go on to its answer
         resumed = client.submit_tool_outputs(task.task_id, {}, approvals={request.id: True})
@@ -88,3 +91,24 @@ def test_a_run_calls_an_mcp_server_s_tools_and_waits_for_approval_where_asked(
         with fresh_mock.client() as http:
             shown = http.get(f"/tasks/{task.task_id}").text + http.get(f"/tasks/{task.task_id}/steps").text
         assert TOKEN not in shown
+
+
+def test_the_cli_shows_an_mcp_call_to_approve_and_denies_it(fresh_mock: RunningStack, docs: str) -> None:
+    server = {
+        "type": "mcp",
+        "server_label": "docs",
+        "server_url": docs,
+        "headers": {"Authorization": f"Bearer {TOKEN}"},
+    }
+    with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        task = client.submit("Look it up [mock:agent-steps=1]", tools=[server])
+        waiting = client.wait(task.task_id, timeout=HANG_S)
+        assert waiting.required_action is not None
+        [request] = waiting.required_action.mcp_approval_requests or []
+        denied = fresh_mock.run_cli("tool-outputs", task.task_id, "--deny", request.id)
+        assert denied.returncode == 0, denied.stderr
+        done = client.wait(task.task_id, timeout=HANG_S)
+        assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
+        assert done.result is not None
+        assert f"{request.id}: denied: the client did not approve this call" in done.result
+        assert [s.tool_source for s in client.steps(task.task_id).steps if s.type == "tool_call"] == ["mcp"]
