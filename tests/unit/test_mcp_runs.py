@@ -360,6 +360,10 @@ def test_which_tools_are_offered_and_by_what_name() -> None:
     read_only = server(allowed_tools={"read_only": True})
     assert [t.name for t in listed_tools(read_only, listing, room=10)] == ["read.v2"]
     assert [t.name for t in listed_tools(server(), listing, room=1)] == ["search"]
+    # A list keeps to its step's room: 100 tools of 5 KB schemas are cut short
+    large = {"type": "object", "description": "x" * 5000}
+    many = listed_tools(server(), [{"name": f"t{n}", "input_schema": large} for n in range(100)], room=128)
+    assert 30 < len(many) < 40
     assert function_name("label", "x" * 100) == ("label__" + "x" * 100)[:64]
     assert offered[0].function_tool().function.model_dump(exclude_none=True) == {
         "name": "s__search",

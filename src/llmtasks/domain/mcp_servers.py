@@ -28,6 +28,9 @@ MAX_HEADER_VALUE = 8192
 # What the model may be offered in all (a request's tools, as llm_request.LLMRequest caps them).
 MAX_OFFERED_TOOLS = 128
 MAX_DESCRIPTION_CHARS = 4096
+# What one server's list may take in its step's item (which holds 400 KB): past it, its later
+# tools are not offered.
+MAX_LISTED_BYTES = 200_000
 DENIED = "denied: the client did not approve this call"
 MCP_SERVER_RULE = (
     "https, and its host must resolve to public addresses only (a host of the deployment's"
@@ -146,9 +149,10 @@ def function_name(server_label: str, tool_name: str) -> str:
 def listed_tools(server: McpServer, tools: list[dict[str, Any]], *, room: int) -> list[McpListedTool]:
     """The tools of a server's listing (name, description, inputSchema, annotations) that the model
     is offered: those `allowed_tools` lets through, each under a function name no earlier one
-    has, at most `room` of them."""
+    has, at most `room` of them and MAX_LISTED_BYTES of JSON."""
     offered: list[McpListedTool] = []
     names: set[str] = set()
+    size = 0
     for given in tools:
         annotations = given.get("annotations") or {}
         schema = given.get("input_schema") or given.get("inputSchema") or {"type": "object"}
@@ -161,7 +165,8 @@ def listed_tools(server: McpServer, tools: list[dict[str, Any]], *, room: int) -
         )
         if tool.function_name in names or not server.allows(tool):
             continue
-        if len(offered) >= room:
+        size += len(tool.model_dump_json().encode())
+        if len(offered) >= room or size > MAX_LISTED_BYTES:
             break
         names.add(tool.function_name)
         offered.append(tool)
