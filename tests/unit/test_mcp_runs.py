@@ -215,18 +215,25 @@ def test_a_call_that_needs_approval_waits_and_runs_once_approved_or_tells_the_mo
     assert mock_llm.stats.calls == 4
 
 
-def test_a_server_whose_tools_cannot_be_listed_fails_the_run_before_any_model_call(
+def test_a_server_whose_tools_cannot_be_listed_is_tried_again_then_fails_the_run(
     mcp_worker: McpWorker, docs: str, mock_llm: RunningMock
 ) -> None:
-    # The server answers 401 without its token: nothing to list, nothing to call
+    # Given a server that answers 401 without its token: nothing to list, nothing to call
     server = {"type": "mcp", "server_label": "docs", "server_url": docs}
-    task_id = mcp_worker.submit_run("x [mock:agent-steps=1]", [server])
+    task_id = mcp_worker.submit_run("x [mock:agent-steps=1]", [server], max_retries=1)
+    # When its first delivery cannot list the tools, the run is tried again, as after a 5xx
+    mcp_worker.deliver()
+    again = mcp_worker.task(task_id)
+    assert again.status is TaskStatus.PENDING
+    assert again.last_error_code == MCP_SERVER_UNAVAILABLE
+    # Then, its retries spent, it fails before any model call
     mcp_worker.deliver()
     failed = mcp_worker.task(task_id)
     assert failed.status is TaskStatus.FAILED
     assert failed.error_code == MCP_SERVER_UNAVAILABLE
     assert "MCP server 'docs' listed no tools" in failed.error
     assert mock_llm.stats.calls == 0
+    assert mcp_worker.mcp.lists == 2
 
 
 def test_the_headers_go_to_the_server_and_are_never_shown_back(mcp_worker: McpWorker, docs: str) -> None:

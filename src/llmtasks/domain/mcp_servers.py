@@ -174,12 +174,14 @@ def listed_tools(server: McpServer, tools: list[dict[str, Any]], *, room: int) -
 
 
 class McpUnavailable(Exception):
-    """A server's tools could not be listed (refused URL, connection, protocol error): the run
+    """A server's tools could not be listed: a connection or protocol error (`transient`: the run
+    is tried again as after a transient LLM error), or a URL the SSRF guard refuses; then the run
     fails `mcp_server_unavailable`."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, transient: bool = True) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.transient = transient
 
 
 class McpApprovalRequest(BaseModel):

@@ -97,7 +97,7 @@ class McpTools:
             detail = exc.detail.replace(
                 "webhook_url", f"The server_url of MCP server '{server.server_label}'", 1
             )
-            raise McpUnavailable(detail) from exc
+            raise McpUnavailable(detail, transient=False) from exc
 
     async def _list(self, server: McpServer) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []

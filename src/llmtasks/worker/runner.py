@@ -472,7 +472,9 @@ class TaskRunner:
             why = f"The run needed more than its max_steps ({task.max_steps}) model calls."
             self._fail(task, lease_id, why, MAX_STEPS_EXCEEDED, usage=outcome.usage)
         elif isinstance(outcome, Failed):
-            self._fail(task, lease_id, outcome.why, outcome.code, usage=outcome.usage)
+            # Before any model call: retried (or failed) as a provider's error is.
+            error = LLMError(outcome.why, code=outcome.code, transient=outcome.transient)
+            self._after_llm_error(task, lease_id, error)
         elif isinstance(outcome, HandOff):
             why = "The invocation's time ran short: the run goes on in another."
             self._schedule_retry(task, lease_id, 0, why, "continued", attempted=False)

@@ -90,11 +90,12 @@ class Exceeded:
 
 @dataclass(frozen=True)
 class Failed:
-    """The run cannot go on (an MCP server's tools could not be listed)."""
+    """The run cannot go on now (an MCP server's tools could not be listed): tried again later
+    when `transient`, as after a transient LLM error."""
 
     why: str
     code: str
-    usage: Usage
+    transient: bool
 
 
 @dataclass(frozen=True)
@@ -209,11 +210,11 @@ class StepRunner:
                 continue
             started = self._clock()
             if self._mcp is None:
-                return Failed("This deployment calls no MCP servers.", MCP_SERVER_UNAVAILABLE, Usage())
+                return Failed("This deployment calls no MCP servers.", MCP_SERVER_UNAVAILABLE, False)
             try:
                 given = await self._mcp.list_tools(server)
             except McpUnavailable as exc:
-                return Failed(exc.detail, MCP_SERVER_UNAVAILABLE, usage_of(steps))
+                return Failed(exc.detail, MCP_SERVER_UNAVAILABLE, exc.transient)
             offered = listed_tools(server, given, room=room)
             room -= len(offered)
             step = RunStep(
