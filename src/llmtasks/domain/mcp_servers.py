@@ -21,10 +21,21 @@ SEPARATOR = "__"
 # Letters, digits and `-`, words joined by single `_`s: `docs`, `search-api`, `team_wiki`.
 SERVER_LABEL_PATTERN = r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$"
 MAX_FUNCTION_NAME = 64
-# A header's name is an HTTP token; its value one line.
+# A header's name is an HTTP token; its value one line of printable ASCII.
 HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"
+HEADER_VALUE_PATTERN = r"^[\t\x20-\x7e]*$"
 MAX_HEADERS = 32
 MAX_HEADER_VALUE = 8192
+# The headers' rules in the document (the validator says what is wrong in words).
+HEADERS_SCHEMA = {
+    "maxProperties": MAX_HEADERS,
+    "propertyNames": {"pattern": HEADER_NAME_PATTERN},
+    "additionalProperties": {
+        "type": "string",
+        "maxLength": MAX_HEADER_VALUE,
+        "pattern": HEADER_VALUE_PATTERN,
+    },
+}
 # What the model may be offered in all (a request's tools, as llm_request.LLMRequest caps them).
 MAX_OFFERED_TOOLS = 128
 MAX_DESCRIPTION_CHARS = 4096
@@ -76,6 +87,7 @@ class McpServer(Strict):
         repr=False,
         description="Sent with every request to the server (an Authorization header, a key); never"
         " shown back.",
+        json_schema_extra=HEADERS_SCHEMA,
     )
     allowed_tools: ToolNames | McpToolFilter | None = Field(
         default=None, description="The server's tools the model may call (default: all it lists)."
@@ -96,7 +108,7 @@ class McpServer(Strict):
         for name, value in headers.items():
             if not re.fullmatch(HEADER_NAME_PATTERN, name):
                 raise ValueError(f"header name {name[:64]!r} is not an HTTP token")
-            if len(value) > MAX_HEADER_VALUE or not all(c == "\t" or " " <= c <= "~" for c in value):
+            if len(value) > MAX_HEADER_VALUE or not re.fullmatch(HEADER_VALUE_PATTERN, value):
                 raise ValueError(
                     f"header {name!r}: one line of printable ASCII, at most {MAX_HEADER_VALUE} characters"
                 )
