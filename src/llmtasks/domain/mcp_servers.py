@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, field_validator
+from pydantic import BaseModel, Field, JsonValue, StrictBool, field_validator
 
 from llmtasks.domain.fields import FreeJson, Strict, Text, WebhookUrl
 from llmtasks.domain.llm_request import FunctionDefinition, FunctionTool
@@ -27,7 +27,7 @@ HEADER_VALUE_PATTERN = r"^[\t\x20-\x7e]*$"
 MAX_HEADERS = 32
 MAX_HEADER_VALUE = 8192
 # The headers' rules in the document (the validator says what is wrong in words).
-HEADERS_SCHEMA = {
+HEADERS_SCHEMA: dict[str, JsonValue] = {
     "maxProperties": MAX_HEADERS,
     "propertyNames": {"pattern": HEADER_NAME_PATTERN},
     "additionalProperties": {
