@@ -295,9 +295,19 @@ class _Policy:
         }
 
 
-def tool_outputs_body(outputs: Mapping[str, str]) -> dict[str, Any]:
-    """`POST /tasks/{id}/tool_outputs`'s body: each call's id and its output."""
-    return {"tool_outputs": [{"tool_call_id": call, "output": output} for call, output in outputs.items()]}
+def tool_outputs_body(
+    outputs: Mapping[str, str], approvals: Mapping[str, bool] | None = None
+) -> dict[str, Any]:
+    """`POST /tasks/{id}/tool_outputs`'s body: each call's id and its output, and each MCP
+    approval request's id and whether it is approved."""
+    body: dict[str, Any] = {
+        "tool_outputs": [{"tool_call_id": call, "output": output} for call, output in outputs.items()]
+    }
+    if approvals:
+        body["mcp_approvals"] = [
+            {"approval_request_id": request, "approve": approve} for request, approve in approvals.items()
+        ]
+    return body
 
 
 class _Waiting:
@@ -522,10 +532,13 @@ class Client:
     def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/cancel"))
 
-    def submit_tool_outputs(self, task_id: str, outputs: Mapping[str, str]) -> TaskView:
+    def submit_tool_outputs(
+        self, task_id: str, outputs: Mapping[str, str], *, approvals: Mapping[str, bool] | None = None
+    ) -> TaskView:
         """Answers the calls a run in requires_action waits for (`outputs`: each call's id to
-        its output); the run goes on."""
-        body = tool_outputs_body(outputs)
+        its output; `approvals`: each MCP approval request's id to whether it is approved); the
+        run goes on."""
+        body = tool_outputs_body(outputs, approvals)
         return TaskView.model_validate(self._request("POST", f"/tasks/{task_id}/tool_outputs", json=body))
 
     def steps(self, task_id: str, *, limit: int = 50, cursor: str | None = None) -> StepList:
@@ -814,8 +827,10 @@ class AsyncClient:
     async def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate(await self._request("POST", f"/tasks/{task_id}/cancel"))
 
-    async def submit_tool_outputs(self, task_id: str, outputs: Mapping[str, str]) -> TaskView:
-        body = tool_outputs_body(outputs)
+    async def submit_tool_outputs(
+        self, task_id: str, outputs: Mapping[str, str], *, approvals: Mapping[str, bool] | None = None
+    ) -> TaskView:
+        body = tool_outputs_body(outputs, approvals)
         return TaskView.model_validate(
             await self._request("POST", f"/tasks/{task_id}/tool_outputs", json=body)
         )

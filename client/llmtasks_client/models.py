@@ -126,20 +126,31 @@ class OutputMessage(_Reply):
     reasoning: str | None = None  # a summary of its reasoning, where the provider gives one
 
 
+class McpApprovalRequest(_Reply):
+    """A call of an MCP server's tool that waits for the client's approval."""
+
+    id: str  # answer it by this id (`approvals` of `Client.submit_tool_outputs`)
+    type: str = "mcp_approval_request"
+    server_label: str
+    name: str  # the server's tool
+    arguments: str  # JSON text, as the model wrote it
+
+
 class RequiredAction(_Reply):
-    """What a run in requires_action waits for: an output of each of these calls
-    (`Client.submit_tool_outputs`)."""
+    """What a run in requires_action waits for: an output of each of these calls, and an
+    approval of each MCP call (`Client.submit_tool_outputs`)."""
 
     type: str = "submit_tool_outputs"
     tool_calls: list[ToolCall]
+    mcp_approval_requests: list[McpApprovalRequest] | None = None
 
 
 class Step(_Reply):
-    """One step of a run: a model call (its `output` message and `usage`) or a tool call (its
-    `tool_call`, who answered it and its `tool_output`)."""
+    """One step of a run: a model call (its `output` message and `usage`), a tool call (its
+    `tool_call`, who answered it and its `tool_output`) or an MCP server's list of tools."""
 
     step: int
-    type: str  # model_call | tool_call
+    type: str  # mcp_list_tools | model_call | tool_call
     started_at: datetime
     ended_at: datetime
     output: OutputMessage | None = None
@@ -147,8 +158,10 @@ class Step(_Reply):
     finish_reason: str | None = None
     usage: Usage | None = None
     tool_call: ToolCall | None = None
-    tool_source: str | None = None  # endpoint | client | unknown
+    tool_source: str | None = None  # endpoint | client | mcp | unknown
     tool_output: str | None = None
+    server_label: str | None = None  # the MCP server listed or called
+    tools: list[dict[str, Any]] | None = None  # an mcp_list_tools step's: the tools offered
 
 
 class StepList(_Reply):
@@ -299,23 +312,28 @@ class WebhookReplay(_Reply):
 class StepEvent(_Reply):
     """A run's step as its output stream shows it, in step order among the text: `model_call`
     (its `model`, `usage` and the `tool_calls` it asked for), `tool_call` (its `tool_call`,
-    `tool_source`, `tool_output` and whether it failed, `tool_error`), or `requires_action` (the
+    `tool_source`, `tool_output` and whether it failed, `tool_error`), `mcp_list_tools` (an MCP
+    server's `server_label` and the `tools` it listed), or `requires_action` (the
     run stops for the `tool_calls` to answer; `step` is the model call that asked). Arguments
     and outputs are trimmed; `Client.steps` has them whole."""
 
-    type: str  # model_call | tool_call | requires_action
+    type: str  # mcp_list_tools | model_call | tool_call | requires_action
     step: int
+    server_label: str | None = None  # an MCP server's list, or its tool's call
+    tools: list[str] | None = None  # mcp_list_tools: the tools the server listed
     model: str | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call: ToolCall | None = None
-    tool_source: str | None = None  # endpoint | client | unknown
+    tool_source: str | None = None  # endpoint | client | mcp | unknown
     tool_output: str | None = None
     tool_error: bool | None = None
 
     def line(self) -> str:
         """The event on one line, as `llmtasks wait` prints it."""
+        if self.type == "mcp_list_tools":
+            return f"step {self.step} mcp_list_tools {self.server_label}: {', '.join(self.tools or [])}"
         if self.type == "requires_action":
             calls = ", ".join(f"{call.id} {_call_text(call)}" for call in self.tool_calls or [])
             return f"requires_action after step {self.step}: {calls}"

@@ -37,9 +37,12 @@ def _show(task: TaskView, as_json: bool) -> None:
     else:
         reason = f"  {task.error_code}: {task.error}" if task.error_code else ""
         click.echo(f"{task.task_id}  {task.status.value}  attempts={task.attempts}{reason}")
-        # A run waiting for its client: the calls to answer (llmtasks tool-outputs).
+        # A run waiting for its client: the calls to answer, the MCP calls to approve (llmtasks
+        # tool-outputs).
         for call in task.required_action.tool_calls if task.required_action else []:
             click.echo(f"  {call.id}  {call.function.name}({call.function.arguments})")
+        for asked in (task.required_action.mcp_approval_requests or []) if task.required_action else []:
+            click.echo(f"  {asked.id}  approve? {asked.server_label}: {asked.name}({asked.arguments})")
 
 
 def _wait_and_show(
@@ -263,17 +266,31 @@ def cancel(task_id: str, api_url: str, api_key: str | None, as_json: bool) -> No
 
 @click.command("tool-outputs")
 @click.argument("task_id")
-@click.argument("outputs", nargs=-1, required=True)
+@click.argument("outputs", nargs=-1)
+@click.option("--approve", "approved", multiple=True, metavar="ID", help="Approve this MCP call.")
+@click.option("--deny", "denied", multiple=True, metavar="ID", help="Deny this MCP call.")
 @with_api
 def tool_outputs(
-    task_id: str, outputs: tuple[str, ...], api_url: str, api_key: str | None, as_json: bool
+    task_id: str,
+    outputs: tuple[str, ...],
+    approved: tuple[str, ...],
+    denied: tuple[str, ...],
+    api_url: str,
+    api_key: str | None,
+    as_json: bool,
 ) -> None:
     """Answer the calls a run in requires_action waits for: CALL_ID=OUTPUT each; the run goes on."""
     pairs = [given.partition("=") for given in outputs]
     if any(not sep or not call for call, sep, _ in pairs):
         raise click.BadParameter("each output is CALL_ID=OUTPUT", param_hint="OUTPUTS")
+    if not pairs and not approved and not denied:
+        raise click.UsageError("give CALL_ID=OUTPUT, --approve ID or --deny ID")
+    approvals = {**dict.fromkeys(approved, True), **dict.fromkeys(denied, False)}
     with client_of(api_url, api_key) as client:
-        _show(client.submit_tool_outputs(task_id, {call: text for call, _, text in pairs}), as_json)
+        answered = client.submit_tool_outputs(
+            task_id, {call: text for call, _, text in pairs}, approvals=approvals
+        )
+    _show(answered, as_json)
 
 
 @click.command("list")

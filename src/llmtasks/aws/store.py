@@ -511,16 +511,25 @@ class TaskStore:
             },
         )
 
-    def resume(self, task_id: str, *, tenant_id: str, model_step: int, now: float) -> Task:
+    def resume(
+        self, task_id: str, *, tenant_id: str, model_step: int, now: float, approved: list[str] | None = None
+    ) -> Task:
         """requires_action (waiting on model step `model_step`'s calls) -> processing under a
-        lapsed lease, which the run's next message claims, its retries counted afresh from here;
-        TaskConflict when the task waits for nothing (or other calls)."""
+        lapsed lease, which the run's next message claims, its retries counted afresh from here,
+        the MCP calls `approved` added to those the worker may make; TaskConflict when the task
+        waits for nothing (or other calls)."""
+        approving = (
+            ", approved_calls = list_append(if_not_exists(approved_calls, :no_calls), :approved)"
+            if approved
+            else ""
+        )
+        extra: dict[str, Any] = {":no_calls": [], ":approved": approved} if approved else {}
         try:
             return self._transition(
                 task_id,
                 update=(
                     f"SET #status = :processing, {_REVISE}, attempts_before_retry = attempts,"
-                    " lease_until = :now REMOVE required_action, action_step, next_attempt_at,"
+                    f" lease_until = :now{approving} REMOVE required_action, action_step, next_attempt_at,"
                     " lease_id, lease_message_id, lease_receive_count, dead_letter_at"
                 ),
                 condition=(
@@ -536,6 +545,7 @@ class TaskStore:
                     ":tenant": tenant_id,
                     ":step": model_step,
                     ":now": now,
+                    **extra,
                 },
             )
         except _ConditionFailed as failed:

@@ -411,7 +411,8 @@ class LLMRequest(Strict):
             raise ValueError("'top_logprobs' needs 'logprobs': true")
         if self.tools is None and (self.tool_choice is not None or self.parallel_tool_calls is not None):
             raise ValueError("'tool_choice' and 'parallel_tool_calls' need 'tools'")
-        names = [tool.function.name for tool in self.tools or []]
+        # A task body's tools may hold MCP servers (models.SubmitTaskRequest): functions alone here.
+        names = [tool.function.name for tool in self.tools or [] if isinstance(tool, FunctionTool)]
         if len(set(names)) != len(names):
             raise ValueError("each tool needs a name of its own")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
@@ -484,5 +485,6 @@ class LLMRequest(Strict):
             else:
                 texts.append(part.input_audio.data)
         size = sum(len(text.encode()) for text in texts)
-        extras = [self.json_schema, *(tool.function.parameters for tool in self.tools or [])]
+        schemas = (tool.function.parameters for tool in self.tools or [] if isinstance(tool, FunctionTool))
+        extras = [self.json_schema, *schemas]
         return size + sum(len(json.dumps(extra)) for extra in extras if extra is not None)

@@ -28,6 +28,7 @@ from llmtasks.domain.budgets import Budget
 from llmtasks.domain.fields import JsonObject, Retries, Strict, Text, TimeoutSeconds, WebhookUrl
 from llmtasks.domain.json_schema import Ways, alternatives, each, excludes, needs
 from llmtasks.domain.llm_request import FIELD_RULES, ONE_INPUT, AudioPart, LLMRequest, ToolCall
+from llmtasks.domain.mcp_servers import SEPARATOR, McpServer
 from llmtasks.domain.runs import DEFAULT_MAX_STEPS, EndpointTool, MaxSteps, RequiredAction
 
 
@@ -127,6 +128,10 @@ class TaskOptions(LLMRequest):
         return LLMRequest.model_validate(self.model_dump(include=set(LLMRequest.model_fields)))
 
 
+# A task body's tool: a function (with a url or not), or an MCP server.
+TaskTool = Annotated[EndpointTool | McpServer, Field(discriminator="type")]
+
+
 class SubmitTaskRequest(TaskOptions):
     """`POST /tasks`."""
 
@@ -138,10 +143,11 @@ class SubmitTaskRequest(TaskOptions):
         )
     )
 
-    tools: Annotated[list[EndpointTool], Field(min_length=1, max_length=128)] | None = Field(  # type: ignore[assignment]
+    tools: Annotated[list[TaskTool], Field(min_length=1, max_length=128)] | None = Field(  # type: ignore[assignment]
         default=None,
-        description="Tools the model may call: the task is then a run (docs: agent runs), a loop of"
-        " model calls and the tool calls they ask for until the model answers with none.",
+        description="Function tools the model may call, and MCP servers whose tools it may call:"
+        " the task is then a run (docs: agent runs), a loop of model calls and the tool calls they"
+        " ask for until the model answers with none.",
     )
     max_steps: MaxSteps | None = Field(
         default=None,
@@ -178,6 +184,7 @@ class SubmitTaskRequest(TaskOptions):
             raise ValueError("'webhook_format' needs a 'webhook_url'")
         if self.max_steps is not None and self.tools is None:
             raise ValueError("'max_steps' needs 'tools'")
+        self._servers_apart()
         if self.provider_background:
             for name in BACKGROUND_REFUSES:
                 if getattr(self, name) is not None:
@@ -186,18 +193,53 @@ class SubmitTaskRequest(TaskOptions):
                 raise ValueError("audio has no place in the provider's background mode")
         return self
 
+    def _servers_apart(self) -> None:
+        """Each MCP server its own label, and no function of the task named as a server's tool."""
+        labels = [server.server_label for server in self.mcp_servers or []]
+        if len(set(labels)) != len(labels):
+            raise ValueError("each MCP server's 'server_label' once")
+        functions = [tool for tool in self.tools or [] if isinstance(tool, EndpointTool)]
+        if (
+            labels
+            and not functions
+            and (self.tool_choice is not None or self.parallel_tool_calls is not None)
+        ):
+            raise ValueError(
+                "'tool_choice' and 'parallel_tool_calls' need a function tool beside MCP servers"
+            )
+        for tool in self.tools or []:
+            if isinstance(tool, EndpointTool) and tool.function.name.split(SEPARATOR)[0] in labels:
+                raise ValueError(
+                    f"function '{tool.function.name}' is named as an MCP server's tool"
+                    f" ('<server_label>{SEPARATOR}<tool>'): rename it"
+                )
+
     def llm_request(self) -> LLMRequest:
-        """The request the provider is asked, without the tools' URLs (the worker's alone)."""
+        """The request the provider is asked: its functions without their URLs (the worker's
+        alone), and no MCP server (the worker offers their tools as functions)."""
         given = self.model_dump(include=set(LLMRequest.model_fields), exclude_none=True, by_alias=True)
-        for tool in given.get("tools") or []:
+        functions = [tool for tool in given.get("tools") or [] if tool.get("type") == "function"]
+        for tool in functions:
             tool.pop("url", None)
+        if "tools" in given:
+            given["tools"] = functions or None
         return LLMRequest.model_validate(given)
 
     @property
     def tool_urls(self) -> dict[str, str] | None:
         """The tools the worker calls, their URLs by name; None when there are none."""
-        urls = {tool.function.name: tool.url for tool in self.tools or [] if tool.url}
+        urls = {
+            tool.function.name: tool.url
+            for tool in self.tools or []
+            if isinstance(tool, EndpointTool) and tool.url
+        }
         return urls or None
+
+    @property
+    def mcp_servers(self) -> list[McpServer] | None:
+        """The run's MCP servers; None when there are none."""
+        servers = [tool for tool in self.tools or [] if isinstance(tool, McpServer)]
+        return servers or None
 
     @property
     def run_steps(self) -> int | None:
@@ -460,6 +502,10 @@ class Task(BaseModel):
     # waits in requires_action, the calls it waits for and the model step that asked for them.
     max_steps: int | None = None
     tool_urls: dict[str, str] | None = None
+    # Its MCP servers (their headers too: never shown back), and the calls of their tools the
+    # client approved (POST /tasks/{id}/tool_outputs).
+    mcp_servers: list[McpServer] | None = None
+    approved_calls: list[str] | None = None
     required_action: RequiredAction | None = None
     action_step: int | None = None
     # A run whose model calls go in the provider's background mode, and the call running there
@@ -520,6 +566,7 @@ class Task(BaseModel):
             budget=budget,
             max_steps=body.run_steps if body else None,
             tool_urls=body.tool_urls if body else None,
+            mcp_servers=body.mcp_servers if body else None,
             provider_background=body.provider_background if body else False,
         )
 

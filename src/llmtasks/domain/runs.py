@@ -1,9 +1,11 @@
 """A run's request-side vocabulary: the tools a task body may give with an endpoint, its step cap,
-the calls a waiting run asks its client to answer and the answers (steps.py has the steps).
+the calls a waiting run asks its client to answer and the answers (steps.py has the steps;
+mcp_servers.py the MCP servers').
 
 A task is a run when its body gives tools: the worker then loops (the model, the tool calls it
 asks for, their outputs back, the model again) until the model answers with no call. A tool with
-a `url` is called by the worker; one without is the client's.
+a `url` is called by the worker; one without is the client's; an MCP server's are called by the
+worker, after the client's approval where it is asked.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from llmtasks.domain.fields import Strict, Text, WebhookUrl, not_a_bool
 from llmtasks.domain.llm_request import FunctionTool, ToolCall
+from llmtasks.domain.mcp_servers import McpApproval, McpApprovalRequest
 
 DEFAULT_MAX_STEPS = 20
 # error_code of a run whose model asked for more steps than its max_steps.
@@ -47,10 +50,13 @@ class EndpointTool(FunctionTool):
 
 class RequiredAction(BaseModel):
     """What a run in `requires_action` waits for: the outputs of these calls of the client's
-    functions (POST /tasks/{id}/tool_outputs)."""
+    functions, and the client's approval of these calls of MCP tools (POST /tasks/{id}/tool_outputs)."""
 
     type: Literal["submit_tool_outputs"] = "submit_tool_outputs"
     tool_calls: list[ToolCall]
+    mcp_approval_requests: list[McpApprovalRequest] | None = Field(
+        default=None, description="Calls of MCP tools that wait for the client's approval."
+    )
 
 
 class ToolOutput(Strict):
@@ -63,13 +69,24 @@ class ToolOutput(Strict):
 
 
 class SubmitToolOutputs(Strict):
-    """`POST /tasks/{id}/tool_outputs`: an output for each call `required_action` lists."""
+    """`POST /tasks/{id}/tool_outputs`: an output for each call `required_action.tool_calls` lists,
+    and an approval (or denial) of each of its `mcp_approval_requests`."""
 
-    tool_outputs: Annotated[list[ToolOutput], Field(min_length=1, max_length=128)]
+    tool_outputs: Annotated[list[ToolOutput], Field(max_length=128)] = Field(default_factory=list)
+    mcp_approvals: Annotated[list[McpApproval], Field(max_length=128)] = Field(
+        default_factory=list,
+        description="OpenAI's mcp_approval_response: `approve` true runs the call, false gives the"
+        " model a denial (with `reason`) as its output.",
+    )
 
     @model_validator(mode="after")
     def _once_each(self) -> SubmitToolOutputs:
+        if not self.tool_outputs and not self.mcp_approvals:
+            raise ValueError("give tool_outputs, mcp_approvals or both")
         ids = [given.tool_call_id for given in self.tool_outputs]
         if len(set(ids)) != len(ids):
             raise ValueError("each tool_call_id once")
+        approved = [given.approval_request_id for given in self.mcp_approvals]
+        if len(set(approved)) != len(approved):
+            raise ValueError("each approval_request_id once")
         return self

@@ -1,10 +1,11 @@
 """A run's steps, as its journal keeps them and `GET /tasks/{id}/steps` shows them, and what the
 run does next, read from the steps done (nothing here does I/O).
 
-Steps are numbered from 0 in the order they run: a model call `m`, then one step for each tool
-call it asked for (`m + 1 + i` for its i-th call), then the next model call. The numbers follow
-from the model's answers, so a redelivery that reads the steps done knows each step's number and
-never makes a recorded step again.
+Steps are numbered from 0 in the order they run: first, in a run with MCP servers, one
+`mcp_list_tools` step a server (its tools, listed once a run); then a model call `m`, then one step
+for each tool call it asked for (`m + 1 + i` for its i-th call), then the next model call. The
+numbers follow from the model's answers, so a redelivery that reads the steps done knows each
+step's number and never makes a recorded step again.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from llmtasks.domain.llm_request import ChatMessage, LLMRequest, ToolCall
+from llmtasks.domain.mcp_servers import McpListedTool
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import OutputMessage, Usage
 
-StepKind = Literal["model_call", "tool_call"]
-ToolSource = Literal["endpoint", "client", "unknown"]
+StepKind = Literal["mcp_list_tools", "model_call", "tool_call"]
+ToolSource = Literal["endpoint", "client", "mcp", "unknown"]
 # A step event's texts (a call's arguments, a tool's output) at most, in characters: the event
 # is a glance at the step; GET /tasks/{id}/steps has them whole.
 EVENT_TEXT_CHARS = 1000
@@ -40,6 +42,8 @@ class RunStep(BaseModel):
     tool_call: ToolCall | None = None  # a tool call's
     source: ToolSource | None = None
     output: str | None = None
+    server_label: str | None = None  # an MCP server's list, or a call of its tool
+    tools: list[McpListedTool] | None = None  # an mcp_list_tools step's
     # Where a text too large for the item lives (ResultsBucket): the tool's output, or the
     # model's text; the field itself is then empty until the journal reads it back.
     text_ref: str | None = None
@@ -63,6 +67,12 @@ class StepView(BaseModel):
         " tool has its name).",
     )
     tool_output: str | None = Field(default=None, description="A tool call's output.")
+    server_label: str | None = Field(
+        default=None, description="The MCP server listed (mcp_list_tools) or called (tool_source mcp)."
+    )
+    tools: list[McpListedTool] | None = Field(
+        default=None, description="An mcp_list_tools step's: the server's tools the model is offered."
+    )
 
     @classmethod
     def of(cls, step: RunStep) -> StepView:
@@ -83,7 +93,15 @@ class StepView(BaseModel):
             return cls(
                 **at, output=message, model=done.model, finish_reason=done.finish_reason, usage=done.usage
             )
-        return cls(**at, tool_call=step.tool_call, tool_source=step.source, tool_output=step.output)
+        if step.type == "mcp_list_tools":
+            return cls(**at, server_label=step.server_label, tools=step.tools)
+        return cls(
+            **at,
+            tool_call=step.tool_call,
+            tool_source=step.source,
+            tool_output=step.output,
+            server_label=step.server_label,
+        )
 
 
 class StepEvent(BaseModel):
@@ -91,8 +109,12 @@ class StepEvent(BaseModel):
     `event`): a model call with its usage, a tool call with who answered it, its arguments and
     its output (both trimmed to EVENT_TEXT_CHARS), or `requires_action` with the calls to answer."""
 
-    type: Literal["model_call", "tool_call", "requires_action"]
+    type: Literal["mcp_list_tools", "model_call", "tool_call", "requires_action"]
     step: int = Field(description="Its place in the run; requires_action: the model call whose calls wait.")
+    server_label: str | None = Field(
+        default=None, description="An MCP server's: its list, or its tool's call."
+    )
+    tools: list[str] | None = Field(default=None, description="mcp_list_tools: the tools the server listed.")
     model: str | None = None
     finish_reason: str | None = None
     usage: Usage | None = Field(default=None, description="A model call's tokens and cost.")
@@ -109,6 +131,9 @@ class StepEvent(BaseModel):
 
     @classmethod
     def of(cls, step: RunStep) -> StepEvent:
+        if step.type == "mcp_list_tools":
+            names = [tool.name for tool in step.tools or []]
+            return cls(type="mcp_list_tools", step=step.step, server_label=step.server_label, tools=names)
         done = step.completion
         if done is not None:
             calls = [_trimmed_call(call) for call in done.tool_calls or []] or None
@@ -127,6 +152,7 @@ class StepEvent(BaseModel):
             tool_source=step.source,
             tool_output=trimmed(step.output or ""),
             tool_error=is_tool_error(step),
+            server_label=step.server_label,
         )
 
     @classmethod
@@ -191,8 +217,8 @@ Move = CallModel | CallTools | Answer
 def next_move(steps: list[RunStep]) -> Move:
     """What the run does next, given the steps done (in order, gaps where a call is unanswered)."""
     models = [step for step in steps if step.completion is not None]
-    if not models:
-        return CallModel(step=0, model_steps=0)
+    if not models:  # the first model call comes after the MCP servers' lists, if any
+        return CallModel(step=max((step.step for step in steps), default=-1) + 1, model_steps=0)
     last = models[-1]
     calls = last.completion.tool_calls or [] if last.completion else []
     if not calls:

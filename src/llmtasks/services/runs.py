@@ -1,7 +1,8 @@
-"""What the HTTP API does with a run: take the client's tool outputs (each recorded as its step,
-then the run goes on: a new TaskQueue message), list its steps, give a finished task's
-conversation (what a response continued by `previous_response_id` starts from), and wake a
-run whose background call the provider's webhook says has ended."""
+"""What the HTTP API does with a run: take the client's tool outputs and MCP approvals (each output
+and denial recorded as its call's step, the approved calls kept on the task for the worker to
+make, then the run goes on: a new TaskQueue message), list its steps, give a finished task's
+conversation (what a response continued by `previous_response_id` starts from), and wake a run
+whose background call the provider's webhook says has ended."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ class RunService:
         self._clock = clock
 
     def submit_tool_outputs(self, task: Task, body: SubmitToolOutputs) -> Task:
-        """The client's outputs of the calls `task` (the tenant's, as read) waits for: each
-        recorded as its step, then the run processing again with its message sent. 409 when the task
-        waits for nothing; 422 when the outputs do not answer exactly the calls it waits for."""
+        """The client's outputs of the calls `task` (the tenant's, as read) waits for, and its
+        approvals of the MCP calls: each output and denial recorded as its call's step, then the
+        run processing again (the approved calls on the task) with its message sent. 409 when the task
+        waits for nothing; 422 when the answers do not answer exactly the calls it waits for."""
         action, model_step = task.required_action, task.action_step
         if task.status is not TaskStatus.REQUIRES_ACTION or action is None or model_step is None:
             raise TaskConflict(f"Task '{task.task_id}' is {task.status.value}, not waiting for tool outputs.")
@@ -56,9 +58,21 @@ class RunService:
         given = {output.tool_call_id: output.output for output in body.tool_outputs}
         if set(given) != set(asked):
             raise InvalidInput(
-                f"tool_outputs must answer exactly the calls required_action lists: {', '.join(asked)}.",
+                "tool_outputs must answer exactly the calls required_action.tool_calls lists:"
+                f" {', '.join(asked) or 'none'}.",
                 field="tool_outputs",
             )
+        to_approve = [request.id for request in action.mcp_approval_requests or []]
+        approvals = {approval.approval_request_id: approval for approval in body.mcp_approvals}
+        if set(approvals) != set(to_approve):
+            raise InvalidInput(
+                "mcp_approvals must answer exactly the requests required_action.mcp_approval_requests"
+                f" lists: {', '.join(to_approve) or 'none'}.",
+                field="mcp_approvals",
+            )
+        denied = {
+            call_id: approval.denial() for call_id, approval in approvals.items() if not approval.approve
+        }
         if any(len(output.encode()) > MAX_CLIENT_OUTPUT_BYTES for output in given.values()):
             raise InvalidInput(
                 f"a tool output is over {MAX_CLIENT_OUTPUT_BYTES:,} bytes of UTF-8.", field="tool_outputs"
@@ -66,22 +80,33 @@ class RunService:
         asking = self._journal.get(task.task_id, model_step)
         calls = asking.completion.tool_calls or [] if asking and asking.completion else []
         now = self._clock()
+        servers = {request.id: request.server_label for request in action.mcp_approval_requests or []}
         for index, call in enumerate(calls):
-            if call.id in given:
+            if call.id in given or call.id in denied:
                 step = RunStep(
                     step=model_step + 1 + index,
                     type="tool_call",
                     started_at=now,
                     ended_at=now,
                     tool_call=call,
-                    source="client",
-                    output=given[call.id],
+                    source="client" if call.id in given else "mcp",
+                    output=given.get(call.id, denied.get(call.id)),
+                    server_label=servers.get(call.id),
                 )
                 self._journal.record(task.task_id, step, expires_at=task.expires_at)
         # The message first, then the write: a run written pending always has its message.
         self._lanes.send(task, delay_s=RESUME_DELAY_S)
-        resumed = self._store.resume(task.task_id, tenant_id=task.tenant_id, model_step=model_step, now=now)
-        logger.info("tool outputs taken", calls=len(given), **task_keys(task))
+        approved = [call_id for call_id, approval in approvals.items() if approval.approve]
+        resumed = self._store.resume(
+            task.task_id, tenant_id=task.tenant_id, model_step=model_step, now=now, approved=approved
+        )
+        logger.info(
+            "tool outputs taken",
+            calls=len(given),
+            approved=len(approved),
+            denied=len(denied),
+            **task_keys(task),
+        )
         return resumed
 
     def steps(self, task: Task, *, limit: int, cursor: str | None) -> StepList:

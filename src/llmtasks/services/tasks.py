@@ -122,7 +122,8 @@ class TaskService:
         return Submission(task, replayed=replayed)
 
     def _check_tool_urls(self, body: SubmitTaskRequest) -> None:
-        """The run's endpoints pass the webhooks' SSRF guard (the worker checks again at each call)."""
+        """The run's endpoints and MCP servers pass the webhooks' SSRF guard (the worker checks
+        again at each call)."""
         for name, url in (body.tool_urls or {}).items():
             try:
                 check_webhook_url(
@@ -131,6 +132,16 @@ class TaskService:
             except UnsafeWebhookUrl as exc:
                 detail = exc.detail.replace("webhook_url", f"The url of tool '{name}'", 1)
                 raise InvalidInput(detail, field="tools") from exc
+        for server in body.mcp_servers or []:
+            try:
+                check_webhook_url(
+                    server.server_url,
+                    allowed_hosts=self._settings.webhook_allowed_hosts,
+                    resolve=self._resolve,
+                )
+            except UnsafeWebhookUrl as exc:
+                label = f"The server_url of MCP server '{server.server_label}'"
+                raise InvalidInput(exc.detail.replace("webhook_url", label, 1), field="tools") from exc
 
     @property
     def runs(self) -> RunService:

@@ -10,6 +10,7 @@ from llmtasks.aws.limits import RunningCalls
 from llmtasks.aws.pacing import CallPacer
 from llmtasks.llm import provider_from_settings
 from llmtasks.llm.openai import OpenAIChat
+from llmtasks.services.mcp_tools import McpTools
 from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import resolver_from_settings
 from llmtasks.settings import (
@@ -64,6 +65,7 @@ def task_runner() -> TaskRunner:
             allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)
         ),
         background=provider if isinstance(provider, OpenAIChat) else None,
+        mcp=McpTools(allowed_hosts=settings.webhook_allowed_hosts, resolve=resolver_from_settings(settings)),
     )
 
 

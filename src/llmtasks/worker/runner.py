@@ -69,7 +69,17 @@ from llmtasks.observability import Metric, emit, emit_noted, logger, task_keys, 
 from llmtasks.settings import RunnerSettings
 from llmtasks.worker.pace import PaceFull, wait_for_pace
 from llmtasks.worker.progress import ProgressWriter
-from llmtasks.worker.steps import Exceeded, Finished, HandOff, Parked, StepRunner, ToolEndpoints, Waiting
+from llmtasks.worker.steps import (
+    Exceeded,
+    Failed,
+    Finished,
+    HandOff,
+    McpClient,
+    Parked,
+    StepRunner,
+    ToolEndpoints,
+    Waiting,
+)
 
 # How long a first delivery waits, between looks, for the item submit writes after the message.
 ITEM_RECHECKS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -140,6 +150,7 @@ class TaskRunner:
         tenant_rates: KeyRates | None = None,
         tools: ToolEndpoints | None = None,
         background: BackgroundCalls | None = None,
+        mcp: McpClient | None = None,
     ) -> None:
         self._settings = settings
         self._background = background  # the provider's background mode, where it has one
@@ -156,8 +167,8 @@ class TaskRunner:
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._results = results
-        # A run's function endpoints (services/tool_calls.py, handed in by the wiring).
-        self._steps = StepRunner(store, store.journal(results), tools, clock)
+        # A run's function endpoints and MCP servers (services/tool_calls.py, mcp_tools.py).
+        self._steps = StepRunner(store, store.journal(results), tools, clock, mcp)
 
     @property
     def whole_call_s(self) -> float:
@@ -508,6 +519,10 @@ class TaskRunner:
         elif isinstance(outcome, Exceeded):
             why = f"The run needed more than its max_steps ({task.max_steps}) model calls."
             self._fail(task, lease_id, why, MAX_STEPS_EXCEEDED, usage=outcome.usage)
+        elif isinstance(outcome, Failed):
+            # Before any model call: retried (or failed) as a provider's error is.
+            unlisted = LLMError(outcome.why, code=outcome.code, transient=outcome.transient)
+            self._after_llm_error(task, lease_id, unlisted)
         elif isinstance(outcome, HandOff):
             why = "The invocation's time ran short: the run goes on in another."
             self._schedule_retry(task, lease_id, 0, why, "continued", attempted=False)

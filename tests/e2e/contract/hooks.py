@@ -17,7 +17,11 @@ generated requests, so that every other refusal is checked.
   generated to fit the document: one generated not to is sent as it is).
 - A task body's function tool may carry a `url` (an endpoint the worker calls), refused as a
   webhook_url is unless it resolves to a public address: in a request generated to fit the
-  document, it goes to the test's receiver.
+  document, it goes to the test's receiver; so does an MCP server's `server_url`.
+- A task body's MCP servers have labels of their own, its functions are not named as a server's
+  tools (`<server_label>__...`), and with servers but no function `tool_choice` and
+  `parallel_tool_calls` have nothing to choose among: repeated labels are made unique, such a
+  function renamed, and the two fields left out.
 - A response_format's schema must be a JSON Schema: the document says an object (the
   meta-schema is the rule, which it cannot hold); a generated one that is not becomes
   `{"type": "object"}`.
@@ -62,6 +66,7 @@ def _small_metadata(body: dict[str, Any]) -> None:
 def _request_rules(body: dict[str, Any]) -> None:
     """The rules between a request's values: tool names, the named choice, the schema."""
     tools = [tool for tool in body.get("tools") or [] if isinstance(tool, dict)]
+    _mcp_rules(body, tools)
     names: list[str] = []
     for index, tool in enumerate(tools):
         # Chat Completions nests a tool's name in `function`; the Responses API has it flat.
@@ -84,6 +89,29 @@ def _request_rules(body: dict[str, Any]) -> None:
             Draft202012Validator.check_schema(spec["schema"])
         except SchemaError:
             spec["schema"] = {"type": "object"}
+
+
+def _mcp_rules(body: dict[str, Any], tools: list[dict[str, Any]]) -> None:
+    """The rules between a task body's MCP servers and its functions."""
+    servers = [tool for tool in tools if tool.get("type") == "mcp"]
+    labels: list[str] = []
+    for index, server in enumerate(servers):
+        if isinstance(server.get("server_url"), str):
+            server["server_url"] = RECEIVER
+        label = server.get("server_label")
+        if isinstance(label, str):
+            if label in labels:
+                label = server["server_label"] = f"{label[:24]}-{index}"
+            labels.append(label)
+    functions = [tool for tool in tools if tool.get("type") == "function"]
+    for tool in functions:
+        named = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = named.get("name")
+        if isinstance(name, str) and name.split("__")[0] in labels:
+            named["name"] = f"_{name}"[:64]  # no label starts with "_"
+    if servers and not functions:
+        body.pop("tool_choice", None)
+        body.pop("parallel_tool_calls", None)
 
 
 def _fits_the_document(case: Any) -> bool:
