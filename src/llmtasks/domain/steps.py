@@ -111,9 +111,7 @@ class StepEvent(BaseModel):
 
     type: Literal["mcp_list_tools", "model_call", "tool_call", "requires_action"]
     step: int = Field(description="Its place in the run; requires_action: the model call whose calls wait.")
-    server_label: str | None = Field(
-        default=None, description="An MCP server's: its list, or its tool's call."
-    )
+    server_label: str | None = Field(default=None, description="An MCP server's list, or its tool's call.")
     tools: list[str] | None = Field(default=None, description="mcp_list_tools: the tools the server listed.")
     model: str | None = None
     finish_reason: str | None = None
