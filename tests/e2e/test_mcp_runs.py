@@ -55,7 +55,7 @@ def test_a_run_calls_an_mcp_server_s_tools_and_waits_for_approval_where_asked(
 
         # And the client's approval, through the SDK, lets it go on to its answer
         resumed = client.submit_tool_outputs(task.task_id, {}, approvals={request.id: True})
-        assert resumed.status is llmtasks_client.TaskStatus.PENDING
+        assert resumed.status is llmtasks_client.TaskStatus.PROCESSING
         done = client.wait(task.task_id, timeout=HANG_S)
         assert done.status is llmtasks_client.TaskStatus.COMPLETED, done.error
         # The last call ran with no approval asked, and its output reached the model

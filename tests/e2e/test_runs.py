@@ -9,8 +9,9 @@ import pytest
 from standardwebhooks import Webhook
 
 import llmtasks_client
+from llmtasks_local.mcp_docs import serving
 from tests.e2e.conftest import RunningStack
-from tests.helpers import HANG_S, ToolEndpoint, serve
+from tests.helpers import HANG_S, ToolEndpoint, free_port, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -156,3 +157,43 @@ def test_a_run_s_steps_stream_in_order_through_the_sdk_and_the_cli_wait(
         assert numbers == [str(n) for n in range(7)]
         assert done.result is not None
         assert done.result in whole.stdout
+
+
+def test_a_twelve_step_run_with_mcp_endpoint_and_client_tools_completes(
+    fresh_mock: RunningStack, endpoint: tuple[ToolEndpoint, str]
+) -> None:
+    tool, url = endpoint
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "url": url}
+    confirm = {"type": "function", "name": "confirm", "parameters": {"type": "object"}}
+    with serving(free_port()) as docs:
+        server = {"type": "mcp", "server_label": "docs", "server_url": docs, "require_approval": "never"}
+        with llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+            # Given a run whose model takes twelve tool turns over its five tools in turn: the
+            # endpoint, the client's function, then the docs server's three
+            task = client.submit("Research and report [mock:agent-steps=12]", tools=[lookup, confirm, server])
+
+            # When each wait for the client is answered through the SDK, the run goes on
+            pauses = 0
+            while (current := client.wait(task.task_id, timeout=HANG_S)).status is (
+                llmtasks_client.TaskStatus.REQUIRES_ACTION
+            ):
+                assert current.required_action is not None
+                pauses += 1
+                answers = {call.id: f"confirmed {pauses}" for call in current.required_action.tool_calls}
+                client.submit_tool_outputs(task.task_id, answers)
+            steps = client.steps(task.task_id, limit=100).steps
+
+    # Then it completed after three pauses, every step recorded once and in order
+    assert current.status is llmtasks_client.TaskStatus.COMPLETED, current.error
+    assert pauses == 3
+    assert steps[0].type == "mcp_list_tools"
+    turns = [(s.type, s.tool_source) for s in steps[1:]]
+    tools = [source for kind, source in turns if kind == "tool_call"]
+    assert tools == ["endpoint", "client", "mcp", "mcp", "mcp"] * 2 + ["endpoint", "client"]
+    assert [kind for kind, _ in turns] == ["model_call", "tool_call"] * 12 + ["model_call"]
+    assert [s.step for s in steps] == list(range(26))
+    # Each model step was called once; the endpoint was called on each of its turns
+    assert fresh_mock.mock_stats()["calls"] == 13
+    assert len(tool.calls) == 3
+    assert current.usage is not None
+    assert current.usage.total_tokens == sum(s.usage.total_tokens for s in steps if s.usage)

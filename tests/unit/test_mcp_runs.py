@@ -182,7 +182,7 @@ def test_a_call_that_needs_approval_waits_and_runs_once_approved_or_tells_the_mo
 
     # When the client approves it, the worker makes the call; the next waits in turn
     approve = SubmitToolOutputs(mcp_approvals=[{"approval_request_id": request.id, "approve": True}])
-    assert mcp_worker.service.runs.submit_tool_outputs(waiting, approve).status is TaskStatus.PENDING
+    assert mcp_worker.service.runs.submit_tool_outputs(waiting, approve).status is TaskStatus.PROCESSING
     mcp_worker.deliver()
     waiting = mcp_worker.task(task_id)
     assert waiting.status is TaskStatus.REQUIRES_ACTION

@@ -562,3 +562,19 @@ def test_an_endpoint_is_tried_again_after_a_5xx_but_not_after_a_refusal(
 
 async def no_sleep(_: float) -> None:
     return None
+
+
+def test_a_forced_tool_choice_holds_for_the_run_s_first_model_call_only() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    request = LLMRequest.model_validate({"prompt": "x", "tools": [tool], "tool_choice": "required"})
+    assert conversation(request, []).tool_choice == "required"
+    after = conversation(request, [model_step(0, ["a"]), tool_step(1, "a")])
+    assert after.tool_choice == "auto"  # else the model could never answer
+
+
+def test_a_refusal_is_the_assistant_s_turn_in_the_conversation() -> None:
+    usage = Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3)
+    refused = Completion(text="", model="m", usage=usage, refusal="I cannot help with that.")
+    step = RunStep(step=0, type="model_call", started_at=0, ended_at=0, completion=refused)
+    [_, turn] = conversation(LLMRequest(prompt="x"), [step]).messages or []
+    assert (turn.role, turn.content) == ("assistant", "I cannot help with that.")

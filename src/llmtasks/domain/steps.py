@@ -240,16 +240,23 @@ def usage_of(steps: list[RunStep]) -> Usage:
 
 def conversation(request: LLMRequest, steps: list[RunStep]) -> LLMRequest:
     """The request a run's next model call sends: the task's, then each step as a message (the
-    model's answers as assistant messages, the tools' outputs as tool messages)."""
+    model's answers as assistant messages, the tools' outputs as tool messages). A tool_choice
+    that forces a call holds for the run's first model call only, as OpenAI's Agents SDK resets
+    it: forced on every call, the model could never answer and the run would end at max_steps."""
     messages = list(request.messages or [ChatMessage(role="user", content=request.prompt)])
+    answered = False
     for step in steps:
         if step.completion is not None:
             done = step.completion
-            messages.append(
-                ChatMessage(role="assistant", content=done.text or None, tool_calls=done.tool_calls or None)
-            )
+            answered = True
+            # An answer with neither text nor calls (a refusal) is still the assistant's turn.
+            text = done.text or (None if done.tool_calls else done.refusal or "")
+            messages.append(ChatMessage(role="assistant", content=text, tool_calls=done.tool_calls or None))
         elif step.tool_call is not None:
             messages.append(
                 ChatMessage(role="tool", tool_call_id=step.tool_call.id, content=step.output or "")
             )
-    return request.model_copy(update={"prompt": None, "messages": messages})
+    update: dict[str, object] = {"prompt": None, "messages": messages}
+    if answered and request.tool_choice not in (None, "auto", "none"):
+        update["tool_choice"] = "auto"
+    return request.model_copy(update=update)
