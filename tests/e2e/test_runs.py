@@ -11,7 +11,7 @@ from standardwebhooks import Webhook
 import llmtasks_client
 from llmtasks_local.mcp_docs import serving
 from tests.e2e.conftest import RunningStack
-from tests.helpers import HANG_S, ToolEndpoint, free_port, serve
+from tests.helpers import HANG_S, ToolEndpoint, free_port, load_example, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -197,3 +197,22 @@ def test_a_twelve_step_run_with_mcp_endpoint_and_client_tools_completes(
     assert len(tool.calls) == 3
     assert current.usage is not None
     assert current.usage.total_tokens == sum(s.usage.total_tokens for s in steps if s.usage)
+
+
+def test_the_plan_and_execute_example_researches_the_mcp_server_s_documents_and_reports(
+    fresh_mock: RunningStack,
+) -> None:
+    example = load_example("plan_and_execute")
+    with serving(free_port()) as docs, llmtasks_client.Client(fresh_mock.api, fresh_mock.api_key) as client:
+        report = example.plan_and_execute(
+            client, "How do webhooks work?", docs, model="gpt-4o-mini", agent_steps=2
+        )
+    # A plan (its questions fit the schema), a research run a question, each calling the server's
+    # tools twice, and the report written from their findings
+    assert 1 <= len(report.findings) <= example.MOST_QUESTIONS
+    assert all(finding.tool_calls == 2 for finding in report.findings)
+    assert all(finding.answer for finding in report.findings)
+    assert report.tasks == len(report.findings) + 2
+    assert report.text
+    assert report.tokens > 0
+    assert fresh_mock.mock_stats()["structured"] >= 1
