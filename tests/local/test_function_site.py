@@ -32,8 +32,10 @@ def test_the_layer_s_requirements_are_followed_through_with_their_extras_and_mar
     # runtime's (awslambdaric, boto3)
     assert {"pydantic", "pydantic-core", "httpx", "httpcore", "boto3", "botocore", "awslambdaric"} <= layer
     assert {"aws-lambda-powertools", "aws-xray-sdk", "wrapt", "standardwebhooks"} <= layer
-    # Nothing that only the tools need: httpx's command line (rich, click), pytest, moto
-    assert not {"rich", "click", "pygments", "pytest", "moto", "schemathesis"} & layer
+    # The MCP client, with what its SDK requires (uvicorn among them, which brings click)
+    assert {"mcp", "starlette", "uvicorn"} <= layer
+    # Nothing that only the tools need: httpx's command line (rich), pytest, moto
+    assert not {"rich", "pygments", "pytest", "moto", "schemathesis"} & layer
     # Without the extra, powertools alone: the tracer's SDK is not pulled in
     assert "aws-xray-sdk" not in names(["aws-lambda-powertools"])
     # A marker that does not hold leaves its requirement out

@@ -83,8 +83,7 @@ class LocalStack:
         self.dev_key: str | None = None
         # The console's data shows every tenant: it needs this token, printed in its URL.
         self.console_token = secrets.token_urlsafe(24)
-        # The mock LLM signs its webhooks (a background call's end) with this, and the stack's
-        # API verifies them with it (the OpenAIWebhookSecret parameter), as with OpenAI's.
+        # The mock signs its webhooks with it; the API verifies them (OpenAIWebhookSecret).
         self.provider_webhook_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
         self._lambda_listener: socket.socket | None = None
         self._servers: list[uvicorn.Server] = []
@@ -104,10 +103,6 @@ class LocalStack:
     def _local_host(self) -> str:
         """Where this machine reaches the stack's listeners."""
         return "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host  # noqa: S104
-
-    @property
-    def _local_api_url(self) -> str:
-        return f"http://{self._local_host}:{self.options.port}"
 
     @property
     def console_url(self) -> str:
@@ -175,18 +170,11 @@ class LocalStack:
     def _start_llm(self) -> None:
         if self.llm_base_url is None:
             port = self.options.mock_port
+            hooks = f"http://{self._local_host}:{self.options.port}/provider-webhooks/openai"
             child = spawn_python(
-                "-m",
-                "llmtasks_local.cli",
-                "mock-llm",
-                "--port",
-                str(port),
-                "--latency",
-                str(self.options.mock_latency_s),
-                "--webhook-url",
-                f"{self._local_api_url}/provider-webhooks/openai",
-                "--webhook-secret",
-                self.provider_webhook_secret,
+                *("-m", "llmtasks_local.cli", "mock-llm", "--port", str(port)),
+                *("--latency", str(self.options.mock_latency_s)),
+                *("--webhook-url", hooks, "--webhook-secret", self.provider_webhook_secret),
                 listener=listen_on("127.0.0.1", port, "--mock-port", "the mock LLM"),
                 probe_path="/_mock/stats",
                 quiet=self.options.quiet_children,
@@ -357,7 +345,7 @@ class LocalStack:
             deployment,
             DeadLetters(deployment, dynamodb=dynamodb, sqs=sqs),
             cloudwatch=cloudwatch,
-            api_url=self._local_api_url,
+            api_url=f"http://{self._local_host}:{self.options.port}",
             key_of=keys.of_tenant,
             token=self.console_token,
         )
