@@ -19,12 +19,10 @@ from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import SubmitTaskRequest, Task, TaskStatus
 from llmtasks.llm import BackgroundCall
 from llmtasks.llm.openai import OpenAIChat
-from llmtasks.services.tool_calls import EndpointTools
-from llmtasks.services.webhook_urls import no_lookups
 from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from tests.conftest import Aws, RunningMock
-from tests.helpers import ToolEndpoint, blobs, serve
+from tests.helpers import ToolEndpoint, serve
 from tests.unit.test_api import Api, task_service
 from tests.unit.test_runs import RunWorker, lookup
 
@@ -40,19 +38,10 @@ class BackgroundWorker(RunWorker):
     llm: OpenAIChat | None = None
 
     def runner(self, llm: Any = None, pacer: Any = None, **overrides: Any) -> TaskRunner:
-        settings = self.settings.model_copy(update=overrides)
-        llm = llm or self.llm or OpenAIChat(base_url=self.llm_url, api_key=None, default_model="mock-model")
-        tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, attempts=2)
-        return TaskRunner(
-            settings,
-            self.store,
-            self.lanes,
-            llm,
-            clock=self.clock,
-            results=blobs(settings),
-            tools=tools,
-            background=llm,
-        )
+        return super().runner(llm or self.llm, pacer, **overrides)
+
+    def runner_parts(self, llm: Any) -> dict[str, Any]:
+        return {"background": llm}
 
     def submit_background(self, prompt: str, **options: Any) -> str:
         body = SubmitTaskRequest.model_validate({"prompt": prompt, "provider_background": True, **options})

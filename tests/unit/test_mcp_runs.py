@@ -28,14 +28,12 @@ from llmtasks.domain.runs import SubmitToolOutputs
 from llmtasks.domain.steps import CallModel, RunStep, StepView, conversation, next_move
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.services.mcp_tools import McpTools
-from llmtasks.services.tool_calls import EndpointTools
 from llmtasks.services.webhook_urls import no_lookups
 from llmtasks.settings import Settings
-from llmtasks.worker.runner import TaskRunner
 from llmtasks.worker.steps import MCP_SERVER_UNAVAILABLE
 from llmtasks_local.mcp_docs import serving
 from tests.conftest import Aws, RunningMock
-from tests.helpers import blobs, free_port
+from tests.helpers import free_port
 from tests.unit.test_runs import ASK_USER, CrashAfter, RunWorker
 from tests.unit.test_worker import redelivered
 
@@ -63,20 +61,8 @@ class McpWorker(RunWorker):
         super().__init__(*args)
         self.mcp = CountedMcp()
 
-    def runner(self, llm: Any = None, pacer: Any = None, **overrides: Any) -> TaskRunner:
-        settings = self.settings.model_copy(update=overrides)
-        llm = llm or OpenAIChat(base_url=self.llm_url, api_key=None, default_model="mock-model")
-        tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, attempts=2)
-        return TaskRunner(
-            settings,
-            self.store,
-            self.lanes,
-            llm,
-            clock=self.clock,
-            results=blobs(settings),
-            tools=tools,
-            mcp=self.mcp,
-        )
+    def runner_parts(self, llm: Any) -> dict[str, Any]:
+        return {"mcp": self.mcp}
 
 
 @pytest.fixture

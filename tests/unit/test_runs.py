@@ -50,9 +50,21 @@ class RunWorker(Worker):
         settings = self.settings.model_copy(update=overrides)
         llm = llm or OpenAIChat(base_url=self.llm_url, api_key=None, default_model="mock-model")
         tools = EndpointTools(allowed_hosts=frozenset({"127.0.0.1"}), resolve=no_lookups, attempts=2)
+        parts = self.runner_parts(llm)
         return TaskRunner(
-            settings, self.store, self.lanes, llm, clock=self.clock, results=blobs(settings), tools=tools
+            settings,
+            self.store,
+            self.lanes,
+            llm,
+            clock=self.clock,
+            results=blobs(settings),
+            tools=tools,
+            **parts,
         )
+
+    def runner_parts(self, llm: Any) -> dict[str, Any]:
+        """The runner's other parts a suite makes real (its MCP client, the background mode)."""
+        return {}
 
     def submit_run(self, prompt: str, tools: list[dict[str, Any]], **options: Any) -> str:
         body = SubmitTaskRequest.model_validate({"prompt": prompt, "tools": tools, **options})
