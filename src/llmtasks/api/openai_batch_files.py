@@ -48,7 +48,10 @@ def _line_item(line: Any, endpoint: str) -> BatchItem:
                 if name in body:
                     raise ValueError(f"unsupported parameter '{name}'")
             asked = CreateResponse.model_validate({**body, "background": True}).task_request()
-            return BatchItem(custom_id=custom_id, **asked.model_dump(exclude_none=True))
+            # A batch item's fields alone: a task body's own (its run's, its provider's background
+            # mode) have no place in a batch, whose items are one call each.
+            kept = asked.model_dump(exclude_none=True, include=set(BatchItem.model_fields))
+            return BatchItem(custom_id=custom_id, **kept)
         return _chat_item(custom_id, body)
     except (ValidationError, InvalidInput) as invalid:
         raise ValueError(
