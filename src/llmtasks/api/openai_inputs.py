@@ -47,6 +47,7 @@ from llmtasks.domain.llm_request import (
     ToolCall,
     ToolName,
 )
+from llmtasks.domain.mcp_servers import McpServer
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -306,30 +307,45 @@ class ResponsesFunctionTool(_Closed):
 
 
 class HostedTool(BaseModel):
-    """One of OpenAI's own tools (web_search, file_search, mcp, ...): refused by its type."""
+    """One of OpenAI's own tools (web_search, file_search, ...): refused by its type."""
 
     model_config = ConfigDict(extra="allow")
     type: str
 
 
+def _tool_type(value: Any) -> str:
+    kind = _item_type(value)
+    return f"type:{kind}" if kind in ("function", "mcp") else "type:hosted"
+
+
 Tool = Annotated[
-    # The document lists function tools alone: a hosted one is refused by name (400), as unserved.
+    # The document lists function tools and remote MCP servers (a task body's, as OpenAI shapes
+    # them): another hosted tool is refused by name (400), as unserved.
     Annotated[ResponsesFunctionTool, Tag("type:function")]
+    | Annotated[McpServer, Tag("type:mcp")]
     | SkipJsonSchema[Annotated[HostedTool, Tag("type:hosted")]],
-    Discriminator(lambda value: "type:function" if _item_type(value) == "function" else "type:hosted"),
+    Discriminator(_tool_type),
 ]
 
 
-def chat_tools(tools: list[ResponsesFunctionTool | HostedTool]) -> list[FunctionTool]:
-    served = []
+def chat_tools(tools: list[ResponsesFunctionTool | McpServer | HostedTool]) -> list[FunctionTool | McpServer]:
+    """The task body's tools: functions in Chat Completions' shape, MCP servers as they are."""
+    served: list[FunctionTool | McpServer] = []
     for tool in tools:
         if isinstance(tool, HostedTool):
             raise Refused(
-                f"the hosted tool '{tool.type[:40]}' is not served: llmtasks serves function tools",
+                f"the hosted tool '{tool.type[:40]}' is not served: llmtasks serves function tools"
+                " and remote MCP servers",
                 field="tools",
             )
-        served.append(tool.chat())
+        served.append(tool if isinstance(tool, McpServer) else tool.chat())
     return served
+
+
+def flat_mcp_tool(server: McpServer) -> dict[str, Any]:
+    """A task's MCP server as the Response object gives it back (its headers never are)."""
+    shown = server.model_dump(mode="json", exclude={"headers"})
+    return {**shown, "headers": None, "server_description": None}
 
 
 def flat_tool(tool: FunctionTool) -> dict[str, Any]:

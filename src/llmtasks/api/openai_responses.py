@@ -37,7 +37,11 @@ A run (a task with tools) writes no output chunks: its events are numbered from 
 instead (run_events). Each wait its client answered is the response that completed with the
 calls to answer (their function_call items' events, response.completed), then went on
 (response.in_progress); then the wait it is in, or its end (its items' events, then
-response.completed, .incomplete or .failed). Read from its journal's steps, they are the same for
+response.completed, .incomplete or .failed). A completed run's MCP steps are items of its end,
+before its answer: each server's list (output_item.added, mcp_list_tools.in_progress and
+.completed, output_item.done) and each call of its tools (output_item.added,
+mcp_call.in_progress, mcp_call_arguments.delta and .done, mcp_call.completed or .failed,
+output_item.done). Read from its journal's steps, they are the same for
 every reader at any time; a continuation's stream starts after the wait it answered.
 """
 
@@ -145,6 +149,25 @@ def item_events(item: dict[str, Any], index: int) -> list[tuple[str, dict[str, A
     function call's arguments, a reasoning summary, or a message's text in one delta each."""
     at = {"output_index": index}
     where = {**at, "item_id": item["id"]}
+    if item["type"] == "mcp_list_tools":
+        return [
+            ("response.output_item.added", {**at, "item": {**item, "tools": []}}),
+            ("response.mcp_list_tools.in_progress", where),
+            ("response.mcp_list_tools.completed", where),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
+    if item["type"] == "mcp_call":
+        arguments = item["arguments"]
+        announced = {**item, "arguments": "", "output": None, "error": None, "status": "in_progress"}
+        ended = "response.mcp_call.failed" if item["status"] == "failed" else "response.mcp_call.completed"
+        return [
+            ("response.output_item.added", {**at, "item": announced}),
+            ("response.mcp_call.in_progress", where),
+            ("response.mcp_call_arguments.delta", {**where, "delta": arguments}),
+            ("response.mcp_call_arguments.done", {**where, "arguments": arguments}),
+            (ended, where),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
     if item["type"] == "function_call":
         arguments = item["arguments"]
         announced = {**item, "arguments": "", "status": "in_progress"}
@@ -242,9 +265,9 @@ def run_events(task: Task, steps: list[RunStep]) -> list[Event]:
         add_items(output_items(task))
         add("response.completed", response=response_object(task))
     elif task.status is TaskStatus.COMPLETED:
-        add_items(output_items(task))
+        add_items(output_items(task, steps))
         kind = "response.incomplete" if incomplete_reason(task) else "response.completed"
-        add(kind, response=response_object(task))
+        add(kind, response=response_object(task, steps))
     elif task.status.is_terminal:
         kind = "response.failed" if task.status is TaskStatus.FAILED else "response.incomplete"
         add(kind, response=response_object(task))
