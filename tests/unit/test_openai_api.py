@@ -847,6 +847,62 @@ def test_a_completed_mcp_run_s_events_give_its_mcp_items_before_its_answer() -> 
     assert [e.model_dump() for e in running] == [e.model_dump() for e in events[:2]]
 
 
+def test_an_mcp_call_to_approve_is_an_approval_request_and_its_events_keep_their_numbers() -> None:
+    # Given a run whose model asked for a docs call that needs approval (require_approval always)
+    steps = mcp_run_steps()[:2]
+    servers = [McpServer.model_validate({**DOCS, "require_approval": "always"})]
+    waiting = mcp_run(
+        status=TaskStatus.REQUIRES_ACTION,
+        result=None,
+        completed_at=None,
+        mcp_servers=servers,
+        required_action=RequiredAction(
+            tool_calls=[],
+            mcp_approval_requests=[
+                {"id": "call_s", "server_label": "docs", "name": "search", "arguments": '{"query":"a"}'}
+            ],
+        ),
+        action_step=1,
+        usage=Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7),  # its model step's
+    )
+
+    # Then its response completed with the request to approve, as OpenAI's that needs approval
+    parsed = Response.model_validate(response_object(waiting, steps))
+    [request] = parsed.output
+    assert request.type == "mcp_approval_request"
+    assert (request.id, request.server_label, request.name, request.arguments) == (
+        "call_s",
+        "docs",
+        "search",
+        '{"query":"a"}',
+    )
+    at_wait = parsed_events(run_events(waiting, steps))
+    assert [e.type for e in at_wait] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+
+    # When it is approved (the call not made yet), then made, then answered: the same events go on
+    approved = waiting.model_copy(
+        update={"status": TaskStatus.PROCESSING, "required_action": None, "approved_calls": ["call_s"]}
+    )
+    made = [*steps, mcp_run_steps()[2].model_copy(update={"output": "queues: Queues"})]
+    done = approved.model_copy(
+        update={"status": TaskStatus.COMPLETED, "result": "Queues it is", "completed_at": NOW + 1}
+    )
+    going_on = parsed_events(run_events(approved, steps))
+    at_end = parsed_events(run_events(done, [*made, model_step(3, text="Queues it is")]))
+    assert [e.model_dump() for e in going_on[:5]] == [e.model_dump() for e in at_wait]
+    assert going_on[5].type == "response.in_progress"
+    assert [e.model_dump() for e in at_end[:6]] == [e.model_dump() for e in going_on]
+    assert [item.type for item in at_end[-1].response.output] == ["mcp_list_tools", "mcp_call", "message"]
+    # A continuation's stream starts after the wait it answered
+    assert resumed_after(approved, steps) == 4
+
+
 def test_function_call_outputs_become_the_tool_outputs_a_waiting_run_takes() -> None:
     body = CreateResponse.model_validate(
         {

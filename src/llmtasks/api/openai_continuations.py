@@ -96,9 +96,13 @@ def _replayed(service: TaskService, previous: Task, body: CreateResponse) -> Con
         if step.source == "client" and step.tool_call is not None
     }
     waiting = previous.action_step if previous.status is TaskStatus.REQUIRES_ACTION else None
-    for model_step, calls in answered_waits(steps):
+    for model_step, calls in answered_waits(previous, steps):
         answered = {call.id for call in calls}
-        if model_step != waiting and answered == set(given) and all(taken[i] == given[i] for i in answered):
+        if (
+            model_step != waiting
+            and answered == set(given)
+            and all(taken.get(i) == given[i] for i in answered)
+        ):
             return Continued(previous, resumed_after(previous, steps, model_step))
     return None
 

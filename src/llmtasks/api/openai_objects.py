@@ -20,7 +20,7 @@ from llmtasks.api.openai_inputs import flat_mcp_tool, flat_tool, flat_tool_choic
 from llmtasks.domain.errors import RATE_LIMITED
 from llmtasks.domain.events import INCOMPLETE_REASONS, response_id
 from llmtasks.domain.llm_request import ToolCall
-from llmtasks.domain.mcp_servers import DENIED
+from llmtasks.domain.mcp_servers import DENIED, McpApprovalRequest
 from llmtasks.domain.models import Task, TaskStatus, Usage
 from llmtasks.domain.steps import RunStep, is_tool_error
 
@@ -107,9 +107,13 @@ def function_call_item(
     }
 
 
-def waiting_items(task_id: str, step: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """The calls a run waits for (asked by model step `step`) as function_call items."""
-    return [function_call_item(task_id, index, call, step=step) for index, call in enumerate(calls)]
+def waiting_items(
+    task_id: str, step: int, calls: list[ToolCall], approvals: Sequence[McpApprovalRequest] = ()
+) -> list[dict[str, Any]]:
+    """What a run waits for (asked by model step `step`): the calls to answer as function_call
+    items, then the MCP calls to approve as mcp_approval_request items (answered by their id)."""
+    items = [function_call_item(task_id, index, call, step=step) for index, call in enumerate(calls)]
+    return items + [request.model_dump(mode="json") for request in approvals]
 
 
 def mcp_items(task_id: str, steps: Sequence[RunStep]) -> list[dict[str, Any]]:
@@ -168,7 +172,10 @@ def mcp_items(task_id: str, steps: Sequence[RunStep]) -> list[dict[str, Any]]:
 def output_items(task: Task, steps: Sequence[RunStep] = ()) -> list[dict[str, Any]]:
     """The response's output: a run's `steps` give its MCP items (a completed run's)."""
     if task.status is TaskStatus.REQUIRES_ACTION and task.required_action is not None:
-        return waiting_items(task.task_id, task.action_step or 0, task.required_action.tool_calls)
+        action = task.required_action
+        return waiting_items(
+            task.task_id, task.action_step or 0, action.tool_calls, action.mcp_approval_requests or []
+        )
     if task.status is not TaskStatus.COMPLETED:
         return []
     items = mcp_items(task.task_id, steps)
