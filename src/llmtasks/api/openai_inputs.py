@@ -231,6 +231,18 @@ class ReasoningItem(_Closed):
     status: str | None = None
 
 
+class McpApprovalResponseItem(_Closed):
+    """The client's answer to an MCP call a response waits to have approved (its
+    mcp_approval_request item's id): taken by that response's continuation (previous_response_id);
+    sent as history, not passed on (the call's output, or its denial, is in the conversation)."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: Annotated[Text, Field(min_length=1, max_length=256)]
+    approve: StrictBool
+    reason: Annotated[Text, Field(max_length=1000)] | None = None
+    id: str | None = None
+
+
 def _item_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return str(kind or "message")
@@ -241,14 +253,16 @@ InputItem = Annotated[
     Annotated[InputMessage, Tag("type:message")]
     | Annotated[FunctionCallItem, Tag("type:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("type:function_call_output")]
-    | Annotated[ReasoningItem, Tag("type:reasoning")],
+    | Annotated[ReasoningItem, Tag("type:reasoning")]
+    | Annotated[McpApprovalResponseItem, Tag("type:mcp_approval_response")],
     Discriminator(lambda value: "type:" + _item_type(value)),
 ]
+AnyInputItem = (
+    InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | McpApprovalResponseItem
+)
 
 
-def chat_messages(
-    items: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem],
-) -> list[ChatMessage]:
+def chat_messages(items: list[AnyInputItem]) -> list[ChatMessage]:
     """The input items as a chat (Invalid or Refused, naming the item, where a rule of a task's
     message or part refuses one)."""
     messages: list[ChatMessage] = []
@@ -264,14 +278,10 @@ def chat_messages(
     return messages
 
 
-def _add(
-    messages: list[ChatMessage],
-    item: InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
-    index: int,
-) -> None:
+def _add(messages: list[ChatMessage], item: AnyInputItem, index: int) -> None:
     """One item into the chat: function calls join the assistant message before them (or make
-    one), their outputs are tool messages, reasoning is not passed on."""
-    if isinstance(item, ReasoningItem):
+    one), their outputs are tool messages, reasoning and approvals are not passed on."""
+    if isinstance(item, ReasoningItem | McpApprovalResponseItem):
         return
     if isinstance(item, FunctionCallItem):
         last = messages[-1] if messages else None
