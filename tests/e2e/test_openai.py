@@ -18,9 +18,10 @@ from openai.types.responses import Response
 from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedWebhookEvent
 from pydantic import BaseModel
 
+from llmtasks_local.mcp_docs import serving
 from llmtasks_local.mock_llm import reply_text
 from tests.e2e.conftest import RunningStack
-from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually
+from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -774,6 +775,52 @@ def test_a_run_s_stream_gives_its_function_call_then_goes_on_after_the_output(cl
     # And read again from the start, the whole run's events are the same ones
     whole = list(client.responses.retrieve(first[0].response.id, stream=True))
     assert [(e.sequence_number, e.type) for e in whole] == [(e.sequence_number, e.type) for e in first + rest]
+
+
+def test_a_response_with_an_mcp_server_gives_its_lists_and_calls_as_mcp_items_and_events(
+    client: OpenAI,
+) -> None:
+    # Given a response whose model calls two tools of an MCP server (on 127.0.0.1), unapproved
+    with serving(free_port()) as docs:
+        server = {
+            "type": "mcp",
+            "server_label": "docs",
+            "server_url": docs,
+            "allowed_tools": ["read_document", "list_documents"],
+            "require_approval": "never",
+        }
+        created = client.responses.create(
+            model="gpt-test", input="Research [mock:agent-steps=2]", background=True, tools=[server]
+        )
+        done = ended(client, created)
+    events = list(client.responses.retrieve(created.id, stream=True))
+
+    # Then the response lists the server's tools, then its two calls, before its answer
+    assert done.status == "completed", done.error
+    assert [item.type for item in done.output] == ["mcp_list_tools", "mcp_call", "mcp_call", "message"]
+    listed, first, second, _ = done.output
+    assert listed.type == "mcp_list_tools"
+    assert [tool.name for tool in listed.tools] == ["read_document", "list_documents"]
+    assert first.type == second.type == "mcp_call"
+    assert (first.server_label, first.name, first.status) == ("docs", "read_document", "failed")
+    assert (second.name, second.status) == ("list_documents", "completed")
+    assert second.output is not None
+    assert "webhooks: Signed webhooks" in second.output
+    assert "webhooks: Signed webhooks" in done.output_text
+    assert done.tools[0].type == "mcp"
+    # And its stream gives the same items' events, numbered in order, then the response
+    kinds = [event.type for event in events]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    for kind in (
+        "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call.failed",
+        "response.mcp_call.completed",
+    ):
+        assert kind in kinds
+    assert kinds[-1] == "response.completed"
+    assert events[-1].response.output == done.output
 
 
 def test_a_batch_of_chat_completions_with_a_schema_an_image_and_tools_parses_as_the_sdk_s(

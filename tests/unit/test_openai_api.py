@@ -28,6 +28,7 @@ from llmtasks.domain.llm_request import (
     LLMRequest,
     ToolCall,
 )
+from llmtasks.domain.mcp_servers import DENIED, McpListedTool, McpServer
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import Task, TaskStatus, TaskView, Usage
 from llmtasks.domain.runs import RequiredAction
@@ -662,6 +663,244 @@ def test_a_run_that_ends_otherwise_ends_its_events_as_openai_does(status: TaskSt
     events = parsed_events(run_events(task, [model_step(0, [CALLS[0]])]))
 
     assert [e.type for e in events] == ["response.created", "response.in_progress", last]
+
+
+# --- runs with remote MCP servers --------------------------------------------------------------
+
+DOCS = {
+    "type": "mcp",
+    "server_label": "docs",
+    "server_url": "https://docs.example/mcp",
+    "headers": {"Authorization": "Bearer s3cret"},
+    "allowed_tools": ["search"],
+    "require_approval": "never",
+}
+
+
+def test_an_mcp_tool_becomes_the_task_s_mcp_server_beside_its_functions() -> None:
+    body = CreateResponse.model_validate(
+        {"input": "x", "background": True, "tools": [DOCS, {"type": "function", "name": "ask_user"}]}
+    )
+
+    request = body.task_request()
+
+    assert request.mcp_servers == [McpServer.model_validate(DOCS)]
+    assert request.run_steps == 20  # tools: a run
+    # The provider is offered the functions; the worker offers the server's tools as functions
+    assert [tool.function.name for tool in request.llm_request().tools or []] == ["ask_user"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "field"),
+    [
+        ({**DOCS, "connector_id": "connector_gmail"}, "connector_id"),
+        ({**DOCS, "server_label": "a__b"}, "server_label"),
+        ({"type": "mcp", "server_label": "docs"}, "server_url"),
+    ],
+)
+def test_an_mcp_tool_a_run_cannot_serve_is_refused_naming_its_field(
+    tool: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        CreateResponse.model_validate({"input": "x", "background": True, "tools": [tool]})
+
+
+def mcp_run_steps() -> list[RunStep]:
+    """A run that listed the docs server's tools, called one (which failed), then another."""
+    listed = McpListedTool(
+        name="search",
+        function_name="docs__search",
+        description="Search the documents",
+        input_schema={"type": "object", "properties": {"query": {"type": "string"}}},
+        read_only=True,
+    )
+    search = ToolCall(id="call_s", function=FunctionCall(name="docs__search", arguments='{"query":"a"}'))
+    again = ToolCall(id="call_t", function=FunctionCall(name="docs__search", arguments='{"query":"b"}'))
+
+    def mcp_call(number: int, call: ToolCall, output: str) -> RunStep:
+        return RunStep(
+            step=number,
+            type="tool_call",
+            started_at=NOW,
+            ended_at=NOW,
+            tool_call=call,
+            source="mcp",
+            output=output,
+            server_label="docs",
+        )
+
+    return [
+        RunStep(
+            step=0, type="mcp_list_tools", started_at=NOW, ended_at=NOW, server_label="docs", tools=[listed]
+        ),
+        model_step(1, [search]),
+        mcp_call(2, search, "error: No document holds 'a'"),
+        model_step(3, [again]),
+        mcp_call(4, again, "queues: Queues"),
+        model_step(5, text="Queues it is"),
+    ]
+
+
+def mcp_run(**fields: object) -> Task:
+    body = CreateResponse.model_validate({"input": "x", "background": True, "tools": [DOCS]}).task_request()
+    return pending_task("d" * 32, now=NOW, request=body.llm_request(), max_steps=20).model_copy(
+        update={
+            "status": TaskStatus.COMPLETED,
+            "mcp_servers": body.mcp_servers,
+            "result": "Queues it is",
+            "completed_at": NOW + 1,
+            **fields,
+        }
+    )
+
+
+def test_a_completed_mcp_run_lists_its_servers_tools_and_calls_before_its_answer() -> None:
+    parsed = Response.model_validate(response_object(mcp_run(), mcp_run_steps()))
+
+    assert [item.type for item in parsed.output] == ["mcp_list_tools", "mcp_call", "mcp_call", "message"]
+    listed, failed, called, _ = parsed.output
+    assert listed.type == "mcp_list_tools"
+    assert (listed.server_label, [(t.name, t.description) for t in listed.tools]) == (
+        "docs",
+        [("search", "Search the documents")],
+    )
+    assert listed.tools[0].input_schema == {"type": "object", "properties": {"query": {"type": "string"}}}
+    # Each call by the server's name of its tool; a failed one says why in its error
+    assert failed.type == called.type == "mcp_call"
+    assert (failed.name, failed.arguments, failed.output, failed.status) == (
+        "search",
+        '{"query":"a"}',
+        None,
+        "failed",
+    )
+    assert failed.error is not None
+    assert (called.server_label, called.output, called.error, called.status) == (
+        "docs",
+        "queues: Queues",
+        None,
+        "completed",
+    )
+    assert len({item.id for item in parsed.output}) == 4
+    assert parsed.output_text == "Queues it is"
+    # The server comes back as the request gave it, its headers never
+    [tool] = parsed.tools
+    assert tool.type == "mcp"
+    assert (tool.server_label, tool.server_url, tool.headers) == ("docs", "https://docs.example/mcp", None)
+    assert "s3cret" not in json.dumps(response_object(mcp_run(), mcp_run_steps()))
+
+
+def test_a_denied_mcp_call_is_a_failed_mcp_call_saying_so() -> None:
+    steps = mcp_run_steps()
+    steps[4] = steps[4].model_copy(update={"output": DENIED})
+
+    denied = Response.model_validate(response_object(mcp_run(), steps)).output[2]
+
+    assert denied.type == "mcp_call"
+    assert (denied.status, denied.output) == ("failed", None)
+    assert DENIED in json.dumps(denied.model_dump()["error"])
+
+
+def test_a_completed_mcp_run_s_events_give_its_mcp_items_before_its_answer() -> None:
+    steps = mcp_run_steps()
+    done = mcp_run()
+
+    events = parsed_events(run_events(done, steps))
+    running = parsed_events(run_events(done.model_copy(update={"status": TaskStatus.PROCESSING}), steps))
+
+    call_events = [
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+    ]
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.output_item.done",
+        *call_events,
+        "response.mcp_call.failed",
+        "response.output_item.done",
+        *call_events,
+        "response.mcp_call.completed",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # Each item's events name it, at its place in the output
+    listed = events[2]
+    assert listed.type == "response.output_item.added"
+    assert {(e.output_index, e.item_id) for e in events[3:5]} == {(0, listed.item.id)}
+    delta = events[14]
+    assert delta.type == "response.mcp_call_arguments.delta"
+    assert (delta.output_index, delta.delta) == (2, '{"query":"b"}')
+    assert events[-1].response.output[2].output == "queues: Queues"
+    # While the run goes on, its events so far are the same ones
+    assert [e.model_dump() for e in running] == [e.model_dump() for e in events[:2]]
+
+
+def test_an_mcp_call_to_approve_is_an_approval_request_and_its_events_keep_their_numbers() -> None:
+    # Given a run whose model asked for a docs call that needs approval (require_approval always)
+    steps = mcp_run_steps()[:2]
+    servers = [McpServer.model_validate({**DOCS, "require_approval": "always"})]
+    waiting = mcp_run(
+        status=TaskStatus.REQUIRES_ACTION,
+        result=None,
+        completed_at=None,
+        mcp_servers=servers,
+        required_action=RequiredAction(
+            tool_calls=[],
+            mcp_approval_requests=[
+                {"id": "call_s", "server_label": "docs", "name": "search", "arguments": '{"query":"a"}'}
+            ],
+        ),
+        action_step=1,
+        usage=Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7),  # its model step's
+    )
+
+    # Then its response completed with the request to approve, as OpenAI's that needs approval
+    parsed = Response.model_validate(response_object(waiting, steps))
+    [request] = parsed.output
+    assert request.type == "mcp_approval_request"
+    assert (request.id, request.server_label, request.name, request.arguments) == (
+        "call_s",
+        "docs",
+        "search",
+        '{"query":"a"}',
+    )
+    at_wait = parsed_events(run_events(waiting, steps))
+    assert [e.type for e in at_wait] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+
+    # When it is approved (the call not made yet), then made, then answered: the same events go on
+    approved = waiting.model_copy(
+        update={"status": TaskStatus.PROCESSING, "required_action": None, "approved_calls": ["call_s"]}
+    )
+    made = [*steps, mcp_run_steps()[2].model_copy(update={"output": "queues: Queues"})]
+    done = approved.model_copy(
+        update={"status": TaskStatus.COMPLETED, "result": "Queues it is", "completed_at": NOW + 1}
+    )
+    going_on = parsed_events(run_events(approved, steps))
+    at_end = parsed_events(run_events(done, [*made, model_step(3, text="Queues it is")]))
+    assert [e.model_dump() for e in going_on[:5]] == [e.model_dump() for e in at_wait]
+    assert going_on[5].type == "response.in_progress"
+    assert [e.model_dump() for e in at_end[:6]] == [e.model_dump() for e in going_on]
+    assert [item.type for item in at_end[-1].response.output] == ["mcp_list_tools", "mcp_call", "message"]
+    # A continuation's stream starts after the wait it answered
+    assert resumed_after(approved, steps) == 4
 
 
 def test_function_call_outputs_become_the_tool_outputs_a_waiting_run_takes() -> None:

@@ -8,17 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openai.types.responses import Response
 
-from llmtasks.api.openai import from_api_error
+from llmtasks.api.openai import from_api_error, response_object
 from llmtasks.api.openai_continuations import PreviousResponseNotFound, continue_response
 from llmtasks.api.openai_requests import CreateResponse
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import InvalidInput
 from llmtasks.domain.models import TaskStatus
 from tests.conftest import RunningMock
+from tests.unit.test_mcp_runs import McpWorker, docs, docs_server, mcp_worker
 from tests.unit.test_runs import RunWorker
 
 pytestmark = pytest.mark.unit
+__all__ = ["docs", "mcp_worker"]  # the MCP runs' fixtures, used here too
 
 CALLER = Caller(tenant_id="default")
 LOOKUP = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
@@ -168,4 +171,38 @@ def test_outputs_sent_again_are_the_same_response_and_taken_once(
         ("tool_call", "client"),
         ("model_call", None),
     ]
+    assert mock_llm.stats.calls == 2
+
+
+def test_an_mcp_call_to_approve_is_answered_with_an_mcp_approval_response(
+    mcp_worker: McpWorker, docs: str, mock_llm: RunningMock
+) -> None:
+    # Given a response whose model calls a docs tool that needs approval (the default)
+    server = docs_server(docs, allowed_tools=["read_document", "list_documents"])
+    task = respond(mcp_worker, input="research [mock:agent-steps=1]", tools=[server])
+    mcp_worker.deliver()
+    waiting = mcp_worker.task(task.task_id)
+    assert waiting.status is TaskStatus.REQUIRES_ACTION
+
+    # Then it completed with the request to approve, and nothing called yet
+    shown = Response.model_validate(response_object(waiting, mcp_worker.service.runs.recorded(waiting)))
+    [request] = shown.output
+    assert request.type == "mcp_approval_request"
+    assert (request.server_label, request.name) == ("docs", "read_document")
+    # An item of another kind, or no answer to the request, is a 400 naming it
+    with pytest.raises(InvalidInput, match=request.id):
+        respond(mcp_worker, previous_response_id="resp_" + task.task_id, input=[output(request.id, "x")])
+
+    # When the client approves it, the same response goes on, makes the call and answers
+    approval = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+    continued = respond(mcp_worker, previous_response_id="resp_" + task.task_id, input=[approval])
+    assert continued.task.task_id == task.task_id
+    assert continued.task.status is TaskStatus.PROCESSING
+    assert continued.starting_after == 4  # after the wait's response.completed
+    mcp_worker.deliver()
+    done = mcp_worker.task(task.task_id)
+    assert done.status is TaskStatus.COMPLETED, done.error
+    answered = Response.model_validate(response_object(done, mcp_worker.service.runs.recorded(done)))
+    assert [item.type for item in answered.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert answered.output[1].name == "read_document"
     assert mock_llm.stats.calls == 2

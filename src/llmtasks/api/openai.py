@@ -255,7 +255,7 @@ def add_commands(
         if body.stream:
             events = segment(service, caller.tenant_id, task.task_id, starting_after=starting_after)
             return _event_stream(events)
-        return _reply(response_object(task))
+        return _reply(response_object(task, service.runs.recorded(task)))
 
     @post("/v1/responses/<response_id>/cancel", "OpenAI: cancel a background response")
     def cancel_response(response_id: str) -> Response[Any]:
@@ -267,7 +267,7 @@ def add_commands(
                 if refused.status != 409:
                     raise
                 task = service.get(tenant, task_id_of(response_id))  # ended already: as it ended
-        return _reply(response_object(task))
+        return _reply(response_object(task, service.runs.recorded(task)))
 
 
 def add_queries(
@@ -310,8 +310,9 @@ def add_queries(
             if stream:
                 after = -1 if starting_after is None else starting_after
                 return _event_stream(segment(service_of(app), tenant_of(app), task_id, starting_after=after))
-            task = service_of(app).get(tenant_of(app), task_id)
-        return _reply(response_object(task))
+            service = service_of(app)
+            task = service.get(tenant_of(app), task_id)
+        return _reply(response_object(task, service.runs.recorded(task)))
 
 
 # --- errors -------------------------------------------------------------------------------------

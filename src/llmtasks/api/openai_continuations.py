@@ -96,9 +96,13 @@ def _replayed(service: TaskService, previous: Task, body: CreateResponse) -> Con
         if step.source == "client" and step.tool_call is not None
     }
     waiting = previous.action_step if previous.status is TaskStatus.REQUIRES_ACTION else None
-    for model_step, calls in answered_waits(steps):
+    for model_step, calls in answered_waits(previous, steps):
         answered = {call.id for call in calls}
-        if model_step != waiting and answered == set(given) and all(taken[i] == given[i] for i in answered):
+        if (
+            model_step != waiting
+            and answered == set(given)
+            and all(taken.get(i) == given[i] for i in answered)
+        ):
             return Continued(previous, resumed_after(previous, steps, model_step))
     return None
 
@@ -134,10 +138,12 @@ def _as_continuation(previous: Task) -> Iterator[None]:
     try:
         yield
     except InvalidInput as refused:
-        asked = previous.required_action.tool_calls if previous.required_action else []
+        action = previous.required_action
+        asked = [call.id for call in action.tool_calls] if action else []
+        asked += [request.id for request in action.mcp_approval_requests or []] if action else []
         raise InvalidInput(
-            "The function_call_output items must answer the calls the response waits for, each"
-            f" once ({', '.join(call.id for call in asked)}): {refused.detail}",
+            "The function_call_output and mcp_approval_response items must answer the calls the"
+            f" response waits for, each once ({', '.join(asked)}): {refused.detail}",
             field="input",
         ) from None
     except TaskConflict:

@@ -47,6 +47,7 @@ from llmtasks.domain.llm_request import (
     ToolCall,
     ToolName,
 )
+from llmtasks.domain.mcp_servers import McpServer
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -230,6 +231,18 @@ class ReasoningItem(_Closed):
     status: str | None = None
 
 
+class McpApprovalResponseItem(_Closed):
+    """The client's answer to an MCP call a response waits to have approved (its
+    mcp_approval_request item's id): taken by that response's continuation (previous_response_id);
+    sent as history, not passed on (the call's output, or its denial, is in the conversation)."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: Annotated[Text, Field(min_length=1, max_length=256)]
+    approve: StrictBool
+    reason: Annotated[Text, Field(max_length=1000)] | None = None
+    id: str | None = None
+
+
 def _item_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return str(kind or "message")
@@ -240,14 +253,16 @@ InputItem = Annotated[
     Annotated[InputMessage, Tag("type:message")]
     | Annotated[FunctionCallItem, Tag("type:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("type:function_call_output")]
-    | Annotated[ReasoningItem, Tag("type:reasoning")],
+    | Annotated[ReasoningItem, Tag("type:reasoning")]
+    | Annotated[McpApprovalResponseItem, Tag("type:mcp_approval_response")],
     Discriminator(lambda value: "type:" + _item_type(value)),
 ]
+AnyInputItem = (
+    InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | McpApprovalResponseItem
+)
 
 
-def chat_messages(
-    items: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem],
-) -> list[ChatMessage]:
+def chat_messages(items: list[AnyInputItem]) -> list[ChatMessage]:
     """The input items as a chat (Invalid or Refused, naming the item, where a rule of a task's
     message or part refuses one)."""
     messages: list[ChatMessage] = []
@@ -263,14 +278,10 @@ def chat_messages(
     return messages
 
 
-def _add(
-    messages: list[ChatMessage],
-    item: InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
-    index: int,
-) -> None:
+def _add(messages: list[ChatMessage], item: AnyInputItem, index: int) -> None:
     """One item into the chat: function calls join the assistant message before them (or make
-    one), their outputs are tool messages, reasoning is not passed on."""
-    if isinstance(item, ReasoningItem):
+    one), their outputs are tool messages, reasoning and approvals are not passed on."""
+    if isinstance(item, ReasoningItem | McpApprovalResponseItem):
         return
     if isinstance(item, FunctionCallItem):
         last = messages[-1] if messages else None
@@ -306,30 +317,45 @@ class ResponsesFunctionTool(_Closed):
 
 
 class HostedTool(BaseModel):
-    """One of OpenAI's own tools (web_search, file_search, mcp, ...): refused by its type."""
+    """One of OpenAI's own tools (web_search, file_search, ...): refused by its type."""
 
     model_config = ConfigDict(extra="allow")
     type: str
 
 
+def _tool_type(value: Any) -> str:
+    kind = _item_type(value)
+    return f"type:{kind}" if kind in ("function", "mcp") else "type:hosted"
+
+
 Tool = Annotated[
-    # The document lists function tools alone: a hosted one is refused by name (400), as unserved.
+    # The document lists function tools and remote MCP servers (a task body's, as OpenAI shapes
+    # them): another hosted tool is refused by name (400), as unserved.
     Annotated[ResponsesFunctionTool, Tag("type:function")]
+    | Annotated[McpServer, Tag("type:mcp")]
     | SkipJsonSchema[Annotated[HostedTool, Tag("type:hosted")]],
-    Discriminator(lambda value: "type:function" if _item_type(value) == "function" else "type:hosted"),
+    Discriminator(_tool_type),
 ]
 
 
-def chat_tools(tools: list[ResponsesFunctionTool | HostedTool]) -> list[FunctionTool]:
-    served = []
+def chat_tools(tools: list[ResponsesFunctionTool | McpServer | HostedTool]) -> list[FunctionTool | McpServer]:
+    """The task body's tools: functions in Chat Completions' shape, MCP servers as they are."""
+    served: list[FunctionTool | McpServer] = []
     for tool in tools:
         if isinstance(tool, HostedTool):
             raise Refused(
-                f"the hosted tool '{tool.type[:40]}' is not served: llmtasks serves function tools",
+                f"the hosted tool '{tool.type[:40]}' is not served: llmtasks serves function tools"
+                " and remote MCP servers",
                 field="tools",
             )
-        served.append(tool.chat())
+        served.append(tool if isinstance(tool, McpServer) else tool.chat())
     return served
+
+
+def flat_mcp_tool(server: McpServer) -> dict[str, Any]:
+    """A task's MCP server as the Response object gives it back (its headers never are)."""
+    shown = server.model_dump(mode="json", exclude={"headers"})
+    return {**shown, "headers": None, "server_description": None}
 
 
 def flat_tool(tool: FunctionTool) -> dict[str, Any]:

@@ -7,17 +7,22 @@ A Response's `output` is OpenAI's: a `reasoning` item where the provider gave a 
 `function_call` item per tool call. The request's fields come back in OpenAI's names. An answer
 cut at max_output_tokens (finish_reason length) or by the content filter is `incomplete`. A run
 waiting for its client's function outputs (requires_action) is `completed` with a function_call
-item per call to answer, as OpenAI's response that called functions is."""
+item per call to answer, as OpenAI's response that called functions is. A completed run with MCP
+servers gives, before its answer, an `mcp_list_tools` item per server listed and an `mcp_call`
+item per call of their tools, in step order, as OpenAI's response with remote MCP tools does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from llmtasks.api.openai_inputs import flat_tool, flat_tool_choice, text_config
+from llmtasks.api.openai_inputs import flat_mcp_tool, flat_tool, flat_tool_choice, text_config
 from llmtasks.domain.errors import RATE_LIMITED
 from llmtasks.domain.events import INCOMPLETE_REASONS, response_id
 from llmtasks.domain.llm_request import ToolCall
+from llmtasks.domain.mcp_servers import DENIED, McpApprovalRequest
 from llmtasks.domain.models import Task, TaskStatus, Usage
+from llmtasks.domain.steps import RunStep, is_tool_error
 
 _STATUSES = {
     TaskStatus.PENDING: "queued",
@@ -102,17 +107,79 @@ def function_call_item(
     }
 
 
-def waiting_items(task_id: str, step: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """The calls a run waits for (asked by model step `step`) as function_call items."""
-    return [function_call_item(task_id, index, call, step=step) for index, call in enumerate(calls)]
+def waiting_items(
+    task_id: str, step: int, calls: list[ToolCall], approvals: Sequence[McpApprovalRequest] = ()
+) -> list[dict[str, Any]]:
+    """What a run waits for (asked by model step `step`): the calls to answer as function_call
+    items, then the MCP calls to approve as mcp_approval_request items (answered by their id)."""
+    items = [function_call_item(task_id, index, call, step=step) for index, call in enumerate(calls)]
+    return items + [request.model_dump(mode="json") for request in approvals]
 
 
-def output_items(task: Task) -> list[dict[str, Any]]:
+def mcp_items(task_id: str, steps: Sequence[RunStep]) -> list[dict[str, Any]]:
+    """A run's MCP steps as OpenAI's items: each server's list (mcp_list_tools), then each call
+    of its tools (mcp_call, by the server's name of the tool), in step order."""
+    names: dict[str, str] = {}  # the function the model called: the server's tool
+    items: list[dict[str, Any]] = []
+    for step in steps:
+        if step.type == "mcp_list_tools":
+            tools = step.tools or []
+            names |= {tool.function_name: tool.name for tool in tools}
+            items.append(
+                {
+                    "type": "mcp_list_tools",
+                    "id": f"mcpl_{task_id}_{step.step}",
+                    "server_label": step.server_label or "",
+                    "tools": [
+                        {
+                            "name": tool.name,
+                            "description": tool.description,
+                            "input_schema": tool.input_schema,
+                            "annotations": None
+                            if tool.read_only is None
+                            else {"read_only_hint": tool.read_only},
+                        }
+                        for tool in tools
+                    ],
+                    "error": None,
+                }
+            )
+        elif step.type == "tool_call" and step.source == "mcp" and step.tool_call is not None:
+            call = step.tool_call.function
+            output = step.output or ""
+            failed = is_tool_error(step) or output.startswith(DENIED)
+            items.append(
+                {
+                    "type": "mcp_call",
+                    "id": f"mcp_{task_id}_{step.step}",
+                    "server_label": step.server_label or "",
+                    "name": names.get(call.name, call.name),
+                    "arguments": call.arguments,
+                    "output": None if failed else output,
+                    "error": {
+                        "type": "mcp_tool_execution_error",
+                        "content": [{"type": "text", "text": output}],
+                    }
+                    if failed
+                    else None,
+                    "status": "failed" if failed else "completed",
+                    "approval_request_id": None,
+                }
+            )
+    return items
+
+
+def output_items(task: Task, steps: Sequence[RunStep] = ()) -> list[dict[str, Any]]:
+    """The response's output: a run's `steps` give its MCP items (a completed run's)."""
     if task.status is TaskStatus.REQUIRES_ACTION and task.required_action is not None:
-        return waiting_items(task.task_id, task.action_step or 0, task.required_action.tool_calls)
+        action = task.required_action
+        return waiting_items(
+            task.task_id, task.action_step or 0, action.tool_calls, action.mcp_approval_requests or []
+        )
     if task.status is not TaskStatus.COMPLETED:
         return []
-    items = [reasoning_item(task.task_id, task.reasoning)] if task.reasoning else []
+    items = mcp_items(task.task_id, steps)
+    items += [reasoning_item(task.task_id, task.reasoning)] if task.reasoning else []
     if has_message(task):
         status = "incomplete" if incomplete_reason(task) else "completed"
         items.append(message_item(task.task_id, message_parts(task), status))
@@ -132,8 +199,9 @@ def response_usage(usage: Usage | None) -> dict[str, Any] | None:
     }
 
 
-def response_object(task: Task) -> dict[str, Any]:
-    """A task as OpenAI's Response object (background mode)."""
+def response_object(task: Task, steps: Sequence[RunStep] = ()) -> dict[str, Any]:
+    """A task as OpenAI's Response object (background mode); a run's recorded `steps` give its
+    MCP items."""
     request = task.request
     completed = task.status is TaskStatus.COMPLETED
     error = None
@@ -154,7 +222,7 @@ def response_object(task: Task) -> dict[str, Any]:
         "max_output_tokens": request.output_limit,
         "metadata": task.metadata if isinstance(task.metadata, dict) else {},
         "model": task.model or request.model or "",
-        "output": output_items(task),
+        "output": output_items(task, steps),
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "reasoning": {"effort": request.reasoning_effort, "summary": None}
         if request.reasoning_effort
@@ -164,7 +232,8 @@ def response_object(task: Task) -> dict[str, Any]:
         "top_logprobs": request.top_logprobs,
         "text": text_config(request.response_format),
         "tool_choice": flat_tool_choice(request.tool_choice),
-        "tools": [flat_tool(tool) for tool in request.tools or []],
+        "tools": [flat_tool(tool) for tool in request.tools or []]
+        + [flat_mcp_tool(server) for server in task.mcp_servers or []],
         "truncation": "disabled",
         "service_tier": request.service_tier,
         "prompt_cache_key": request.prompt_cache_key,

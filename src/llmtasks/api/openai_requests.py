@@ -23,6 +23,7 @@ from llmtasks.api.openai_inputs import (
     FunctionCallOutputItem,
     InputItem,
     Invalid,
+    McpApprovalResponseItem,
     Refused,
     TextConfig,
     Tool,
@@ -75,8 +76,15 @@ class ReasoningConfig(_Closed):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-# Reasoning items sent back as history go to no provider: the input needs another item.
-_NOT_REASONING = {"not": {"properties": {"type": {"const": "reasoning"}}, "required": ["type"]}}
+# Reasoning items sent back as history go to no provider, nor do approvals of MCP calls: the
+# input needs another item (a response waiting for approvals alone takes them alone, which its
+# state says and the document cannot).
+_NOT_REASONING = {
+    "not": {
+        "properties": {"type": {"enum": ["reasoning", "mcp_approval_response"]}},
+        "required": ["type"],
+    }
+}
 
 
 def _required(schema: dict[str, Any]) -> None:
@@ -161,25 +169,26 @@ class CreateResponse(_Closed):
             raise InvalidInput("a background response is stored: store=false cannot be served", field="store")
 
     def tool_outputs(self) -> SubmitToolOutputs:
-        """The input as the outputs a waiting run takes (POST /tasks/{id}/tool_outputs' body):
-        function_call_output items alone, each answering one call."""
+        """The input as the answers a waiting run takes (POST /tasks/{id}/tool_outputs' body):
+        function_call_output and mcp_approval_response items alone, each answering one call."""
         self._served()
+        alone = (
+            "a response waiting for its function calls or approvals takes function_call_output"
+            " and mcp_approval_response items alone"
+        )
         if isinstance(self.input, str):
-            raise InvalidInput(
-                "a response waiting for its function calls takes function_call_output items alone",
-                field="input",
-            )
-        outputs = []
+            raise InvalidInput(alone, field="input")
+        outputs: list[dict[str, Any]] = []
+        approvals: list[dict[str, Any]] = []
         for index, item in enumerate(self.input):
-            if not isinstance(item, FunctionCallOutputItem):
-                raise InvalidInput(
-                    f"a response waiting for its function calls takes function_call_output items alone,"
-                    f" not {item.type or 'message'}",
-                    field=f"input.{index}",
-                )
-            outputs.append({"tool_call_id": item.call_id, "output": item.chat().content})
+            if isinstance(item, McpApprovalResponseItem):
+                approvals.append(item.model_dump(include={"approval_request_id", "approve", "reason"}))
+            elif isinstance(item, FunctionCallOutputItem):
+                outputs.append({"tool_call_id": item.call_id, "output": item.chat().content})
+            else:
+                raise InvalidInput(f"{alone}, not {item.type or 'message'}", field=f"input.{index}")
         try:
-            return SubmitToolOutputs.model_validate({"tool_outputs": outputs})
+            return SubmitToolOutputs.model_validate({"tool_outputs": outputs, "mcp_approvals": approvals})
         except ValidationError as invalid:
             first = invalid.errors()[0]
             message = str(first.get("msg", "invalid")).removeprefix("Value error, ")

@@ -37,7 +37,11 @@ A run (a task with tools) writes no output chunks: its events are numbered from 
 instead (run_events). Each wait its client answered is the response that completed with the
 calls to answer (their function_call items' events, response.completed), then went on
 (response.in_progress); then the wait it is in, or its end (its items' events, then
-response.completed, .incomplete or .failed). Read from its journal's steps, they are the same for
+response.completed, .incomplete or .failed). A completed run's MCP steps are items of its end,
+before its answer: each server's list (output_item.added, mcp_list_tools.in_progress and
+.completed, output_item.done) and each call of its tools (output_item.added,
+mcp_call.in_progress, mcp_call_arguments.delta and .done, mcp_call.completed or .failed,
+output_item.done). Read from its journal's steps, they are the same for
 every reader at any time; a continuation's stream starts after the wait it answered.
 """
 
@@ -59,6 +63,7 @@ from llmtasks.api.openai_objects import (
     waiting_items,
 )
 from llmtasks.domain.llm_request import ToolCall
+from llmtasks.domain.mcp_servers import McpApprovalRequest, McpListedTool, McpServer
 from llmtasks.domain.models import Task, TaskStatus
 from llmtasks.domain.runs import RequiredAction
 from llmtasks.domain.steps import RunStep, usage_of
@@ -145,6 +150,30 @@ def item_events(item: dict[str, Any], index: int) -> list[tuple[str, dict[str, A
     function call's arguments, a reasoning summary, or a message's text in one delta each."""
     at = {"output_index": index}
     where = {**at, "item_id": item["id"]}
+    if item["type"] == "mcp_approval_request":
+        return [
+            ("response.output_item.added", {**at, "item": item}),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
+    if item["type"] == "mcp_list_tools":
+        return [
+            ("response.output_item.added", {**at, "item": {**item, "tools": []}}),
+            ("response.mcp_list_tools.in_progress", where),
+            ("response.mcp_list_tools.completed", where),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
+    if item["type"] == "mcp_call":
+        arguments = item["arguments"]
+        announced = {**item, "arguments": "", "output": None, "error": None, "status": "in_progress"}
+        ended = "response.mcp_call.failed" if item["status"] == "failed" else "response.mcp_call.completed"
+        return [
+            ("response.output_item.added", {**at, "item": announced}),
+            ("response.mcp_call.in_progress", where),
+            ("response.mcp_call_arguments.delta", {**where, "delta": arguments}),
+            ("response.mcp_call_arguments.done", {**where, "arguments": arguments}),
+            (ended, where),
+            ("response.output_item.done", {**at, "item": item}),
+        ]
     if item["type"] == "function_call":
         arguments = item["arguments"]
         announced = {**item, "arguments": "", "status": "in_progress"}
@@ -187,17 +216,52 @@ def item_events(item: dict[str, Any], index: int) -> list[tuple[str, dict[str, A
 # --- a run's events ----------------------------------------------------------------------------
 
 
-def answered_waits(steps: list[RunStep]) -> list[tuple[int, list[ToolCall]]]:
-    """Each model step whose calls the client answered (its tool outputs recorded), with those
-    calls, in order."""
-    waits: dict[int, list[ToolCall]] = {}
-    model_step = 0
+def approval_requests(task: Task, steps: list[RunStep]) -> dict[str, McpApprovalRequest]:
+    """Each call of an MCP tool the run's model asked for that waits, or waited, for the client's
+    approval (by its server's require_approval), by the call's id."""
+    servers = {server.server_label: server for server in task.mcp_servers or []}
+    tools: dict[str, tuple[McpServer, McpListedTool]] = {}
     for step in steps:
-        if step.type == "model_call":
-            model_step = step.step
-        elif step.source == "client" and step.tool_call is not None:
-            waits.setdefault(model_step, []).append(step.tool_call)
-    return sorted(waits.items())
+        server = servers.get(step.server_label or "")
+        if step.type == "mcp_list_tools" and server is not None:
+            for tool in step.tools or []:
+                tools.setdefault(tool.function_name, (server, tool))
+    requests: dict[str, McpApprovalRequest] = {}
+    for step in steps:
+        for call in _calls(step):
+            found = tools.get(call.function.name)
+            if found is not None and found[0].needs_approval(found[1]):
+                requests[call.id] = McpApprovalRequest(
+                    id=call.id,
+                    server_label=found[0].server_label,
+                    name=found[1].name,
+                    arguments=call.function.arguments,
+                )
+    return requests
+
+
+def _calls(step: RunStep) -> list[ToolCall]:
+    """The calls a model step asked for (none for another step)."""
+    return (step.completion.tool_calls or []) if step.completion is not None else []
+
+
+def answered_waits(task: Task, steps: list[RunStep]) -> list[tuple[int, list[ToolCall]]]:
+    """Each model step whose wait the client answered, with the calls it waited for (its client
+    functions' and the MCP calls to approve), in order: answered once one of them has its step
+    (an output, a denial, an approved call made) or is an approved call not made yet."""
+    approvals = approval_requests(task, steps)
+    approved = set(task.approved_calls or [])
+    done = {step.tool_call.id: step for step in steps if step.tool_call is not None}
+    waits: list[tuple[int, list[ToolCall]]] = []
+    for step in steps:
+        waited = [
+            call
+            for call in _calls(step)
+            if call.id in approvals or (call.id in done and done[call.id].source == "client")
+        ]
+        if any(call.id in done or call.id in approved for call in waited):
+            waits.append((step.step, waited))
+    return waits
 
 
 Event = tuple[int, str, dict[str, Any]]
@@ -223,15 +287,18 @@ def run_events(task: Task, steps: list[RunStep]) -> list[Event]:
         return events
     add("response.in_progress", response=_as_of(task, TaskStatus.PROCESSING))
     waiting = task.action_step if task.status is TaskStatus.REQUIRES_ACTION else None
-    for model_step, calls in answered_waits(steps):
+    approvals = approval_requests(task, steps)
+    for model_step, waited in answered_waits(task, steps):
         if model_step == waiting:
             continue  # its outputs are being taken: the run still waits
-        add_items(waiting_items(task_id, model_step, calls))
+        calls = [call for call in waited if call.id not in approvals]
+        asked = [approvals[call.id] for call in waited if call.id in approvals]
+        add_items(waiting_items(task_id, model_step, calls, asked))
         before = [step for step in steps if step.step <= model_step]
         then = task.model_copy(
             update={
                 "status": TaskStatus.REQUIRES_ACTION,
-                "required_action": RequiredAction(tool_calls=calls),
+                "required_action": RequiredAction(tool_calls=calls, mcp_approval_requests=asked or None),
                 "action_step": model_step,
                 "usage": usage_of(before),
             }
@@ -242,9 +309,9 @@ def run_events(task: Task, steps: list[RunStep]) -> list[Event]:
         add_items(output_items(task))
         add("response.completed", response=response_object(task))
     elif task.status is TaskStatus.COMPLETED:
-        add_items(output_items(task))
+        add_items(output_items(task, steps))
         kind = "response.incomplete" if incomplete_reason(task) else "response.completed"
-        add(kind, response=response_object(task))
+        add(kind, response=response_object(task, steps))
     elif task.status.is_terminal:
         kind = "response.failed" if task.status is TaskStatus.FAILED else "response.incomplete"
         add(kind, response=response_object(task))
@@ -255,7 +322,7 @@ def resumed_after(task: Task, steps: list[RunStep], model_step: int | None = Non
     """Where a run's events go on after its client's outputs for the calls of `model_step` (its
     latest answered wait's when None): the number of the response.completed that wait ended with."""
     waiting = task.action_step if task.status is TaskStatus.REQUIRES_ACTION else None
-    waits = [step for step, _ in answered_waits(steps) if step != waiting]
+    waits = [step for step, _ in answered_waits(task, steps) if step != waiting]
     # The first response.in_progress is the run's start; each one after it follows a wait.
     resumed = [number for number, kind, _ in run_events(task, steps) if kind == "response.in_progress"][1:]
     return resumed[waits.index(model_step) if model_step is not None else -1] - 1
