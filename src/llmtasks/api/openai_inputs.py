@@ -1,8 +1,10 @@
 """The Responses API's shapes beside its top-level fields, as OpenAI's SDK sends them: input
-items (messages with content parts, function calls and their outputs), function tools, tool
-choice and text formats. Each maps onto the Chat Completions shape a task carries
-(domain/llm_request.py); a shape OpenAI has that a task cannot serve (a hosted tool, a file by
-URL, a stored item's reference) is refused by name (`Refused`, with the field's path)."""
+items (messages with content parts, function calls and their outputs), function and MCP tools,
+tool choice and text formats. Each maps onto the shape a task carries (domain/llm_request.py);
+one OpenAI has that a task cannot serve (a hosted tool, a file by URL, a stored item's
+reference) is refused by name (`Refused`, with the field's path).
+
+Long because the input items and the tools are one vocabulary, each item's rule beside it."""
 
 from __future__ import annotations
 
