@@ -4,8 +4,9 @@ OpenAI's background mode (the Responses API, llm/openai_responses.py) where a ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -206,21 +207,11 @@ class OpenAIChat:
         """One unstreamed request of the Responses API on one key: the answer's body."""
         url = endpoint.base_url.rstrip("/") + path
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        try:
+        with _transport_errors(timeout_s):
             async with asyncio.timeout(timeout_s):
                 response = await self._client().request(
                     method, url, json=body, headers=headers, timeout=timeout_s
                 )
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise LLMError(
-                f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
-            ) from exc
-        except httpx.TransportError as exc:
-            raise LLMError(
-                f"The LLM could not be reached ({type(exc).__name__}).",
-                code="llm_unreachable",
-                transient=True,
-            ) from exc
         heard.update(response.headers)
         if response.status_code >= 400:
             raise _http_error(response)
@@ -239,7 +230,7 @@ class OpenAIChat:
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         if on_progress is not None:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        try:
+        with _transport_errors(timeout_s):
             # httpx's timeout bounds each read, not the call: a server that trickles bytes would
             # outlive it (and the function). asyncio.timeout bounds the whole call.
             deadline = asyncio.get_running_loop().time() + timeout_s
@@ -256,16 +247,22 @@ class OpenAIChat:
                 ):
                     return await _read_stream(response, body["model"], on_progress, deadline=deadline)
                 return _completion(await response.aread(), body["model"])
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise LLMError(
-                f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
-            ) from exc
-        except httpx.TransportError as exc:
-            raise LLMError(
-                f"The LLM could not be reached ({type(exc).__name__}).",
-                code="llm_unreachable",
-                transient=True,
-            ) from exc
+
+
+@contextlib.contextmanager
+def _transport_errors(timeout_s: float) -> Iterator[None]:
+    """httpx's timeouts and connection failures (and asyncio's timeout) as the transient
+    LLMErrors every call of this provider raises."""
+    try:
+        yield
+    except (httpx.TimeoutException, TimeoutError) as exc:
+        raise LLMError(
+            f"The LLM did not answer within {timeout_s:.0f} s.", code="llm_timeout", transient=True
+        ) from exc
+    except httpx.TransportError as exc:
+        raise LLMError(
+            f"The LLM could not be reached ({type(exc).__name__}).", code="llm_unreachable", transient=True
+        ) from exc
 
 
 def _http_error(response: httpx.Response) -> LLMError:
