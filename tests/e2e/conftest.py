@@ -15,6 +15,33 @@ from tests.helpers import HANG_S, ROOT, WebhookReceiver, eventually, serve
 
 RunningStack = LaunchedStack
 
+# A failing test's report shows what its stacks said went wrong: an invocation that failed (the
+# gateway's `[Function] error` line, API Gateway's bare 500), a line logged at ERROR, a traceback.
+# Their logs are temp files that a CI machine does not keep.
+_STACK_TROUBLE = ("Function] ", '"level":"ERROR"', "Traceback", "Error:")
+_TROUBLE_LINES = 40
+
+
+def _stacks_of(values: Any) -> Iterator[RunningStack]:
+    for value in values:
+        if isinstance(value, LaunchedStack):
+            yield value
+        elif isinstance(value, tuple):
+            yield from _stacks_of(value)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed and isinstance(item, pytest.Function):
+        for stack in _stacks_of(item.funcargs.values()):
+            with open(stack.log, errors="replace") as log:
+                trouble = [line.rstrip()[:600] for line in log if any(m in line for m in _STACK_TROUBLE)]
+            if trouble:
+                said = "\n".join(trouble[-_TROUBLE_LINES:])
+                report.sections.append((f"stack {stack.api}: {stack.log}", said))
+    return report
+
 
 def start_stack(*extra: str, env: dict[str, str] | None = None) -> RunningStack:
     # Revoked keys stop working within a second here (the authorizer cache's TTL: 60 s by

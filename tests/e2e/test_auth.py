@@ -156,10 +156,14 @@ def test_a_revoked_key_is_refused_within_the_cache_ttl(auth_stack: RunningStack)
 def test_a_key_s_requests_a_second_are_capped_and_a_flood_leaves_another_key_alone(
     auth_stack: RunningStack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flooder = auth_stack.cli("keys", "create", "--tenant", "flood", "--rps", "5").strip()
+    # The flooding key allows one request a second: its threads' requests meet in a second
+    # however slowly a loaded machine serves them (at 5, three threads whose requests took a
+    # second each never passed it).
+    flooder = auth_stack.cli("keys", "create", "--tenant", "flood", "--rps", "1").strip()
     quiet = auth_stack.cli("keys", "create", "--tenant", "quiet", "--rps", "5").strip()
     flood_statuses: Counter[int] = Counter()
     retry_after: set[str] = set()
+    refused = threading.Event()
     stop = threading.Event()
 
     def flood() -> None:
@@ -170,6 +174,7 @@ def test_a_key_s_requests_a_second_are_capped_and_a_flood_leaves_another_key_alo
                 if reply.status_code == 429:
                     retry_after.add(reply.headers["retry-after"])
                     assert reply.headers["content-type"] == "application/problem+json"
+                    refused.set()
 
     def quiet_submits() -> list[float]:
         seconds = []
@@ -187,7 +192,9 @@ def test_a_key_s_requests_a_second_are_capped_and_a_flood_leaves_another_key_alo
     for thread in flooders:
         thread.start()
     try:
-        during = quiet_submits()  # every one accepted while the other key floods
+        # Once the flood is being refused, every one of the other key's submits is accepted
+        assert refused.wait(HANG_S), flood_statuses
+        during = quiet_submits()
     finally:
         stop.set()
         for thread in flooders:

@@ -278,14 +278,16 @@ def retry_button_runs_a_batch_s_failed_items_again(stack: RunningStack, browser:
 
 
 def run_timeline(task_id: str, *, until: str) -> Callable[[webdriver.Chrome], list[str] | None]:
-    """The run's steps and pauses on its timeline, in order, once one of them says `until`."""
+    """The run's steps and pauses on its timeline, in order, once one of them says `until` and
+    its steps are read: an overview out of time shows the task without them (its `incomplete`
+    names them), and the next redraw reads them again."""
 
     def read(driver: webdriver.Chrome) -> list[str] | None:
-        found = driver.find_elements(
-            By.CSS_SELECTOR, f"#recent tr[data-task-id='{task_id}'] [data-role^=run-]"
-        )
+        row = f"#recent tr[data-task-id='{task_id}']"
+        found = driver.find_elements(By.CSS_SELECTOR, f"{row} [data-role^=run-]")
         texts = [element.text for element in found]
-        return texts if any(until in text for text in texts) else None
+        steps = driver.find_elements(By.CSS_SELECTOR, f"{row} [data-role=run-step]")
+        return texts if steps and any(until in text for text in texts) else None
 
     return read
 

@@ -20,7 +20,7 @@ from llmtasks.domain.output import OutputChunk, TaskOutputPage
 from llmtasks.worker import progress
 from llmtasks_local.mock_llm import reply_text
 from tests.conftest import RunningMock
-from tests.helpers import eventually
+from tests.helpers import HANG_S, eventually
 from tests.unit.test_api import Api, api  # noqa: F401 - the fixture
 from tests.unit.test_streaming import run_in_background
 from tests.unit.test_worker import Worker
@@ -37,6 +37,15 @@ def follow(worker: Worker, task_id: str, after: int = 0, *, tenant: str = "defau
         pages.append(page)
         after = page.after
     return pages
+
+
+def first_chunks(worker: Worker, task_id: str) -> TaskOutputPage:
+    """The first page with chunks: a loaded machine's worker can take longer than one wait to
+    start the call."""
+    give_up = time.monotonic() + HANG_S
+    while not (page := worker.service.output("default", task_id, after=0, wait_s=5)).chunks:
+        assert time.monotonic() < give_up, f"no output within {HANG_S} s"
+    return page
 
 
 def chunks_of(pages: list[TaskOutputPage]) -> list[OutputChunk]:
@@ -191,15 +200,16 @@ def test_a_cancelled_task_s_output_ends_with_the_cancel(worker: Worker, mock_llm
     mock_llm.configure(latency_s=6, reply_chars=400)
     task_id = worker.submit("cancel me while I stream")
     thread = run_in_background(worker, progress_interval_s=0.3)
-    first = worker.service.output("default", task_id, after=0, wait_s=5)
-    assert first.chunks
+    first = first_chunks(worker, task_id)
     # A reader waiting for more is answered by the cancel
     waiting: list[TaskOutputPage] = []
     reader = threading.Thread(target=lambda: waiting.extend(follow(worker, task_id, first.after)))
     reader.start()
     worker.service.cancel("default", task_id)
-    reader.join(timeout=10)
-    thread.join(timeout=10)
+    reader.join(timeout=HANG_S)
+    thread.join(timeout=HANG_S)
+    assert not reader.is_alive()
+    assert not thread.is_alive()
     assert waiting[-1].final
     assert waiting[-1].status is TaskStatus.CANCELLED
     # No chunk after the cancel's end: a late one of the call is never counted
@@ -346,8 +356,7 @@ def test_a_task_whose_head_never_heard_of_its_end_still_ends_its_output(
     mock_llm.configure(latency_s=6, reply_chars=400)
     task_id = worker.submit("cancel me, quietly")
     thread = run_in_background(worker, progress_interval_s=0.3)
-    first = worker.service.output("default", task_id, after=0, wait_s=5)
-    assert first.chunks
+    first = first_chunks(worker, task_id)
     real_update = worker.aws.dynamodb.update_item
 
     def head_writes_fail(**request: Any) -> Any:
@@ -359,7 +368,8 @@ def test_a_task_whose_head_never_heard_of_its_end_still_ends_its_output(
 
     monkeypatch.setattr(worker.aws.dynamodb, "update_item", head_writes_fail)
     worker.service.cancel("default", task_id)
-    thread.join(timeout=10)
+    thread.join(timeout=HANG_S)
+    assert not thread.is_alive()
     # When a reader waits on it: the head says nothing of the end
     page = worker.service.output("default", task_id, after=first.after, wait_s=1)
     # Then the wait's end reads the task, and the page is the final one
