@@ -274,7 +274,7 @@ def _result(text: str) -> JobResult:
             line.custom_id,
             LLMError(
                 f"OpenAI's batch did not run the request: {failure.message or code}",
-                code=f"llm_batch_{code}",
+                code=f"llm_{code}" if code.startswith("batch_") else f"llm_batch_{code}",
                 transient=code in ENDED_BY_BATCH,
             ),
         )
