@@ -2,8 +2,8 @@
 `GET /v1/batches` (newest first, `after` and `limit`), `POST /v1/batches/{id}/cancel`.
 
 A batch runs on the mock's clock, `batch_delay_s` from create to end: `validating` (its input
-file checked as OpenAI checks it; a bad file fails the batch with OpenAI's error codes and line
-numbers), `in_progress` (its lines answered as the chat or Responses endpoint answers them, spread
+file checked as OpenAI checks it, batch_input.py; a bad file fails the batch with OpenAI's error
+codes and line numbers), `in_progress` (its lines answered as the chat or Responses endpoint answers them, spread
 over the time, `request_counts` moving), `finalizing`, then `completed` with its output file
 (answered lines) and error file (failed ones). `rate_batch_fail` or `[mock:batch-fail]` fails a
 line with a 500. Past `batch_expire_s` it `expired`: the lines not run go to the error file as
@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmtasks_local.mock_llm.background import send_event
+from llmtasks_local.mock_llm.batch_input import read_input
 from llmtasks_local.mock_llm.files_api import FilesAPI, StoredFile
 from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
 from llmtasks_local.mock_llm.responses import read_response_call, response_object
@@ -38,15 +39,8 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 PHASE_MAX_S = 0.5  # the longest validating, finalizing and cancelling take (a tenth of the delay)
 TICK_S = 0.05
 BATCH_ENTRIES = 10_000
-ERRORS_SHOWN = 100  # the validation errors a failed batch lists
 EXPIRED = "This request could not be executed before the completion window expired."
 ENDED = ("completed", "failed", "expired", "cancelled")
-
-
-class _Invalid(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.error = {"code": code, "message": message, "param": param}
 
 
 @dataclass
@@ -247,80 +241,15 @@ class BatchesAPI:
 
     def _validate(self, job: Job) -> None:
         """The input file read as OpenAI reads it: its lines, or the batch failed with why."""
-        errors: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        raw = [line for line in job.data.split(b"\n") if line.strip()]
-        if not raw:
-            errors.append(
-                {
-                    "code": "empty_file",
-                    "message": "The batch input file is empty.",
-                    "param": None,
-                    "line": None,
-                }
-            )
-        elif len(raw) > self.mock.config.batch_max_requests:
-            limit = self.mock.config.batch_max_requests
-            message = f"The batch input file has {len(raw)} requests; a batch may hold at most {limit}."
-            errors.append({"code": "too_many_tasks", "message": message, "param": None, "line": None})
-        for number, text in enumerate(raw if not errors else (), start=1):
-            try:
-                custom_id, body = self._line(job, text, seen)
-            except _Invalid as invalid:
-                if len(errors) < ERRORS_SHOWN:
-                    errors.append({**invalid.error, "line": number})
-                continue
-            job.lines.append((custom_id, body))
-        if errors:
-            job.errors, job.lines = errors, []
+        read = read_input(job.data, job.endpoint, max_requests=self.mock.config.batch_max_requests)
+        job.model = read.model
+        if read.errors:
+            job.errors = read.errors
             self._end(job, "failed")
             return
+        job.lines = read.lines
         job.status = "in_progress"
         job.at["in_progress_at"] = int(time.time())
-
-    def _line(self, job: Job, text: bytes, seen: set[str]) -> tuple[str, dict[str, Any]]:
-        try:
-            line = json.loads(text)
-        except ValueError:
-            raise _Invalid("invalid_json_line", "This line is not parseable as valid JSON.") from None
-        if not isinstance(line, dict):
-            raise _Invalid("invalid_json_line", "This line is not a JSON object.")
-        custom_id = line.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise _Invalid(
-                "missing_required_parameter", "Missing required parameter: 'custom_id'.", "custom_id"
-            )
-        if custom_id in seen:
-            raise _Invalid(
-                "duplicate_custom_id",
-                "The custom_id for this request is a duplicate of another request. The custom_id"
-                " parameter must be unique for each request in a batch.",
-                "custom_id",
-            )
-        seen.add(custom_id)
-        if line.get("method") != "POST":
-            raise _Invalid("invalid_method", "The method of each request must be POST.", "method")
-        if line.get("url") != job.endpoint:
-            raise _Invalid(
-                "url_mismatch",
-                f"The url of this request does not match the batch's endpoint, {job.endpoint}.",
-                "url",
-            )
-        body = line.get("body")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            raise _Invalid(
-                "missing_required_parameter", "Missing required parameter: 'body.model'.", "body.model"
-            )
-        if job.model is None:
-            job.model = body["model"]
-        elif body["model"] != job.model:
-            raise _Invalid(
-                "model_mismatch",
-                f"The model of this request, {body['model']}, is not the batch's model, {job.model}: a batch"
-                " holds requests to one model.",
-                "body.model",
-            )
-        return custom_id, body
 
     def _run(self, job: Job, custom_id: str, body: dict[str, Any]) -> None:
         """One line answered as its endpoint answers it, or failed."""
