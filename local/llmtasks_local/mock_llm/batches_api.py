@@ -1,16 +1,16 @@
 """The mock's Batch API, as OpenAI serves it: `POST /v1/batches`, `GET /v1/batches/{id}`,
 `GET /v1/batches` (newest first, `after` and `limit`), `POST /v1/batches/{id}/cancel`.
 
-A batch runs on the mock's clock, `batch_delay_s` from create to end: `validating` (its input
-file checked as OpenAI checks it, batch_input.py; a bad file fails the batch with OpenAI's error
-codes and line numbers), `in_progress` (its lines answered as the chat or Responses endpoint answers them, spread
-over the time, `request_counts` moving), `finalizing`, then `completed` with its output file
-(answered lines) and error file (failed ones). `rate_batch_fail` or `[mock:batch-fail]` fails a
-line with a 500. Past `batch_expire_s` it `expired`: the lines not run go to the error file as
-`batch_expired`, as OpenAI writes them. A cancel is `cancelling`, then `cancelled` with the lines
-run so far; those not run are in neither file, as with OpenAI. The state is advanced by a ticker
-task and by every read. When a batch ends and `webhook_url` is set, OpenAI's `batch.<status>`
-event is sent, signed as background.py signs the Responses events.
+A batch runs on the mock's clock, `batch_delay_s` from create to end: `validating` (its input file
+checked as OpenAI checks it, batch_input.py; a bad file fails the batch with OpenAI's error codes
+and line numbers), `in_progress` (its lines answered as the chat or Responses endpoint answers
+them, spread over the time, `request_counts` moving), `finalizing`, then `completed` with its
+output file (answered lines) and error file (failed ones). `rate_batch_fail` or `[mock:batch-fail]`
+fails a line with a 500. Past `batch_expire_s` it `expired`: the lines not run go to the error file
+as `batch_expired`, as OpenAI writes them. A cancel is `cancelling`, then `cancelled` with the
+lines run so far; those not run are in neither file, as with OpenAI. The state is advanced by a
+ticker task and by every read. When a batch ends and `webhook_url` is set, OpenAI's
+`batch.<status>` event is sent, signed as background.py signs the Responses events.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Job:
     id: str
     endpoint: str
     input_file_id: str
-    data: bytes  # the input file's bytes as the create found them
+    data: bytes  # the input file's bytes as the create found them (until validated)
     metadata: dict[str, str] | None
     created_at: int
     started: float = field(default_factory=time.monotonic)
@@ -58,6 +58,7 @@ class Job:
     at: dict[str, int] = field(default_factory=dict)  # in_progress_at, finalizing_at, ... when reached
     lines: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (custom_id, body)
     model: str | None = None
+    total: int = 0  # lines, once validated
     run: int = 0  # lines run so far (answered or failed)
     completed: int = 0
     failed: int = 0
@@ -233,7 +234,7 @@ class BatchesAPI:
                 job.at["finalizing_at"] = int(time.time())
         if job.status == "finalizing" and now - job.started >= delay:
             self._end(job, "completed")
-        elif expire_at is not None and now - job.started >= expire_at and job.status != "validating":
+        elif expire_at is not None and now - job.started >= expire_at and job.status == "in_progress":
             for custom_id, _ in job.lines[job.run :]:
                 job.errors_out.append(_line(custom_id, None, {"code": "batch_expired", "message": EXPIRED}))
                 job.failed += 1
@@ -242,12 +243,12 @@ class BatchesAPI:
     def _validate(self, job: Job) -> None:
         """The input file read as OpenAI reads it: its lines, or the batch failed with why."""
         read = read_input(job.data, job.endpoint, max_requests=self.mock.config.batch_max_requests)
-        job.model = read.model
+        job.model, job.data = read.model, b""
         if read.errors:
             job.errors = read.errors
             self._end(job, "failed")
             return
-        job.lines = read.lines
+        job.lines, job.total = read.lines, len(read.lines)
         job.status = "in_progress"
         job.at["in_progress_at"] = int(time.time())
 
@@ -311,7 +312,7 @@ class BatchesAPI:
             job.error_file_id = self.files.add(
                 f"{job.id}_error.jsonl", "batch_output", b"".join(job.errors_out)
             ).id
-        job.output, job.errors_out = [], []
+        job.output, job.errors_out, job.lines = [], [], []  # kept in its files now
         with self.mock.lock:
             ended = self.mock.stats.batches_ended
             ended[status] = ended.get(status, 0) + 1
@@ -349,7 +350,7 @@ class BatchesAPI:
                 )
             },
             "request_counts": {
-                "total": len(job.lines),  # none until validated
+                "total": job.total,
                 "completed": job.completed,
                 "failed": job.failed,
             },
