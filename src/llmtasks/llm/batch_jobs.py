@@ -77,8 +77,10 @@ class JobStatus:
 
 class JobResult(NamedTuple):
     """One request's outcome, by the `custom_id` it was sent with: its completion, or the error
-    it ended with (an `LLMError` whose `code` says the provider's reason). A request that never
-    ran (the job expired or was cancelled first) may be absent: compare with what was sent."""
+    it ended with, an `LLMError` whose `code` says why: `llm_http_<status>` for the provider's
+    answer to it (transient as a single call's would be), `llm_batch_expired` for one the window
+    closed on (transient: worth a retry), `llm_batch_<code>` for the provider's other reasons. A
+    request that never ran (the job was cancelled first) may be absent: compare with what was sent."""
 
     custom_id: str
     outcome: Completion | LLMError
