@@ -104,6 +104,31 @@ def test_a_request_becomes_converse_arguments_and_the_reply_a_completion(client:
     )
 
 
+def test_a_flex_request_asks_bedrocks_flex_tier_and_the_reply_says_the_tier_that_served_it(
+    client: Any,
+) -> None:
+    request = LLMRequest(messages=[ChatMessage(role="user", content="Hi")], service_tier="flex")
+    expected = {
+        "modelId": MODEL,
+        "messages": [{"role": "user", "content": [{"text": "Hi"}]}],
+        "serviceTier": {"type": "flex"},
+    }
+    # Bedrock answers with the tier that served the call (ConverseResponse.serviceTier).
+    reply = {**converse_reply("Hello."), "serviceTier": {"type": "default"}}
+    with Stubber(client) as stub:
+        stub.add_response("converse", reply, expected)
+        completion = asyncio.run(
+            BedrockConverse(default_model=MODEL, client=client).complete(request, timeout_s=5)
+        )
+        stub.assert_no_pending_responses()
+    assert completion.usage.service_tier == "default"
+
+
+def test_service_tier_auto_asks_bedrock_for_no_tier(client: Any) -> None:
+    request = LLMRequest(messages=[ChatMessage(role="user", content="Hi")], service_tier="auto")
+    assert "serviceTier" not in converse_arguments(request, client)
+
+
 @pytest.mark.parametrize(
     ("error", "status", "transient", "code"),
     [
@@ -701,7 +726,7 @@ def document(data: str, filename: str | None = None) -> dict[str, Any]:
         ({"seed": 1}, MODEL, "seed"),
         ({"presence_penalty": 0.5}, MODEL, "presence_penalty"),
         ({"frequency_penalty": 0.5}, MODEL, "frequency_penalty"),
-        ({"service_tier": "flex"}, MODEL, "service_tier"),
+        ({"service_tier": "scale"}, MODEL, "service_tier"),
         ({"prompt_cache_key": "k"}, MODEL, "prompt_cache_key"),
         ({"user": "ünïcode"}, MODEL, "user"),
         ({"tools": [weather_tool()], "parallel_tool_calls": False}, MODEL, "parallel_tool_calls"),

@@ -33,6 +33,7 @@ from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.answers import answer_problem
 from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
+    FLEX_UNAVAILABLE,
     RATE_LIMITED,
     BackendError,
     KeysFull,
@@ -858,6 +859,9 @@ class TaskRunner:
         while retries and time remain; failed otherwise, the answer's text kept."""
         now = self._clock()
         logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
+        if error.code == FLEX_UNAVAILABLE:
+            self._wait_for_flex(task, lease_id, error, now)
+            return
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
@@ -889,6 +893,31 @@ class TaskRunner:
             return
         usage = answer.usage if answer else None
         self._schedule_retry(task, lease_id, delay, str(error), error.code, usage=usage)
+
+    def _wait_for_flex(self, task: Task, lease_id: str, error: LLMError, now: float) -> None:
+        """The provider's flex tier had no capacity for the call (its 429 Resource Unavailable,
+        not billed, and not the key's limit): the task goes back on its queue, costing none of
+        its retries, until its timeout_s from its submit (else flex_wait_s) runs out; then it
+        fails. Each wait is drawn between retry_base_delay_s and the time the task has waited so
+        far (so the waits about double), at most retry_max_delay_s, at least a Retry-After."""
+        settings = self._settings
+        base = settings.retry_base_delay_s
+        ceiling = max(base, min(settings.retry_max_delay_s, now - task.created_at))
+        delay = self._rng.uniform(base, ceiling)
+        if error.retry_after is not None:
+            delay = max(delay, min(error.retry_after, settings.retry_after_cap_s))
+        deadline = task.deadline
+        give_up = deadline if deadline is not None else task.created_at + settings.flex_wait_s
+        if now + delay >= give_up:
+            waited = (
+                f"its timeout_s ({task.timeout_s:g} s)"
+                if task.timeout_s is not None
+                else f"the {settings.flex_wait_s:g} s a flex task without a timeout_s waits"
+            )
+            why = f"{error} (no flex capacity came before {waited} ran out)"
+            self._fail(task, lease_id, why, FLEX_UNAVAILABLE)
+            return
+        self._schedule_retry(task, lease_id, delay, str(error), FLEX_UNAVAILABLE, attempted=False)
 
     def _schedule_retry(
         self,
