@@ -221,3 +221,21 @@ def test_a_flex_task_fails_when_its_time_runs_out_before_flex_capacity_comes(
     assert mock_llm.stats.calls == 1
     time.sleep(0.1)
     assert worker.queued() == []
+
+
+def test_a_flex_task_whose_message_comes_back_after_its_timeout_fails_as_a_flex_wait(
+    worker: Worker, mock_llm: RunningMock
+) -> None:
+    # Given a flex task sent back on its queue once by the flex tier
+    task_id = worker.submit("[mock:flex-unavailable=99] late", service_tier="flex", timeout_s=30)
+    worker.run(worker.queued())
+    waiting = worker.task(task_id)
+    assert (waiting.status, waiting.last_error_code) == (TaskStatus.PENDING, FLEX_UNAVAILABLE)
+    # When its message comes back after its timeout_s ran out
+    worker.clock = lambda: waiting.created_at + 31
+    worker.run(eventually(worker.queued, bool, timeout_s=10, what="the task's message"))
+    # Then it fails without a call, saying it waited for flex capacity
+    failed = worker.task(task_id)
+    assert (failed.status, failed.error_code) == (TaskStatus.FAILED, FLEX_UNAVAILABLE)
+    assert "no flex capacity came before its timeout_s (30 s) ran out" in failed.error
+    assert mock_llm.stats.calls == 1

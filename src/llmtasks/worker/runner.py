@@ -254,6 +254,9 @@ class TaskRunner:
         `_reserve_again`) fails without a call (its error and code), if it does: its deadline
         passed, or its key's budget has no room for the call."""
         deadline = task.deadline
+        if deadline is not None and now >= deadline and task.last_error_code == FLEX_UNAVAILABLE:
+            # It waited on its queue for the flex tier, and its message came back too late.
+            return f"{task.last_error} ({_flex_ran_out(task.timeout_s)})", FLEX_UNAVAILABLE
         if deadline is not None and now >= deadline:
             return "The task's deadline passed before it could run.", "deadline_exceeded"
         return await self._reserve_again(task, request, attempt=attempt)
@@ -909,12 +912,7 @@ class TaskRunner:
         deadline = task.deadline
         give_up = deadline if deadline is not None else task.created_at + settings.flex_wait_s
         if now + delay >= give_up:
-            waited = (
-                f"its timeout_s ({task.timeout_s:g} s)"
-                if task.timeout_s is not None
-                else f"the {settings.flex_wait_s:g} s a flex task without a timeout_s waits"
-            )
-            why = f"{error} (no flex capacity came before {waited} ran out)"
+            why = f"{error} ({_flex_ran_out(task.timeout_s, settings.flex_wait_s)})"
             self._fail(task, lease_id, why, FLEX_UNAVAILABLE)
             return
         self._schedule_retry(task, lease_id, delay, str(error), FLEX_UNAVAILABLE, attempted=False)
@@ -1024,6 +1022,16 @@ class TaskRunner:
         self._store.output.ended(task, TaskStatus.FAILED)
         logger.info("failed", **task_keys(task), error_code=error_code)
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))
+
+
+def _flex_ran_out(timeout_s: float | None, flex_wait_s: float | None = None) -> str:
+    """Why a flex task that never found flex capacity failed: its time ran out."""
+    waited = (
+        f"its timeout_s ({timeout_s:g} s)"
+        if timeout_s is not None
+        else f"the {flex_wait_s:g} s a flex task without a timeout_s waits"
+    )
+    return f"no flex capacity came before {waited} ran out"
 
 
 def _background_call(call: ProviderCall) -> BackgroundCall:
