@@ -636,6 +636,18 @@ def ending(stop_reason: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def test_a_streamed_flex_call_asks_for_flex_and_its_metadata_says_the_tier_that_served_it() -> None:
+    served = {
+        "usage": {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7},
+        "serviceTier": {"type": "flex"},
+    }
+    events = [("messageStart", {"role": "assistant"}), delta(0, text="Hi."), ("metadata", served)]
+    request = LLMRequest(prompt="Hello", service_tier="flex")
+    completion, _, bedrock = stream(events, request)
+    assert bedrock.bodies[0]["serviceTier"] == {"type": "flex"}
+    assert (completion.text, completion.usage.service_tier) == ("Hi.", "flex")
+
+
 def test_a_stream_assembles_reasoning_text_and_tool_calls_and_reports_the_text_as_it_grows() -> None:
     events = [
         ("messageStart", {"role": "assistant"}),
