@@ -227,7 +227,7 @@ class MockLLM:
         if outcome == "limited":
             said = "Rate limit reached for requests or tokens per min (mock)."
             return error(429, said, headers=headers)
-        if outcome == "flex_unavailable":  # at once, unbilled, and not counted against the key
+        if outcome == "flex_unavailable":  # at once, unbilled: its tokens given back to the key
             return flex_unavailable(self.settle(call, key, 0))
         if not await self._held(request) or (latency and not await _stay_connected(request, latency)):
             self._hung_up(slot)

@@ -256,7 +256,8 @@ class TaskRunner:
         deadline = task.deadline
         if deadline is not None and now >= deadline and task.last_error_code == FLEX_UNAVAILABLE:
             # It waited on its queue for the flex tier, and its message came back too late.
-            return f"{task.last_error} ({_flex_ran_out(task.timeout_s)})", FLEX_UNAVAILABLE
+            ran_out = _flex_ran_out(task.timeout_s, self._settings.flex_wait_s)
+            return f"{task.last_error} ({ran_out})", FLEX_UNAVAILABLE
         if deadline is not None and now >= deadline:
             return "The task's deadline passed before it could run.", "deadline_exceeded"
         return await self._reserve_again(task, request, attempt=attempt)
@@ -1024,7 +1025,7 @@ class TaskRunner:
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))
 
 
-def _flex_ran_out(timeout_s: float | None, flex_wait_s: float | None = None) -> str:
+def _flex_ran_out(timeout_s: float | None, flex_wait_s: float) -> str:
     """Why a flex task that never found flex capacity failed: its time ran out."""
     waited = (
         f"its timeout_s ({timeout_s:g} s)"
