@@ -64,6 +64,8 @@ class Usage(_Reply):
     reasoning_tokens: int = 0  # tokens a reasoning model thought with (part of completion_tokens)
     cost_usd: float | None = None
     cost_unknown: bool = False  # a model the deploy's price table lacks (priced at 0)
+    service_tier: str | None = None  # the tier that served the calls (default, flex, ...), priced at it
+    tier_unpriced: bool = False  # a tier the price table lacks for the model: priced at standard
 
 
 class UsageTotals(_Reply):

@@ -264,6 +264,9 @@ class RunnerSettings(ModelDefault, CallTimeout, SubmitGrace, WebhookTargets, Pri
     background_first_look_s: float = Field(default=5.0, gt=0, le=900)
     # A provider's Retry-After beyond this fails the task instead of parking it for hours.
     retry_after_cap_s: float = Field(default=900.0, ge=0, le=900)
+    # How long after its submit a flex task without a timeout_s waits for the provider's flex
+    # tier to have capacity (its 429 Resource Unavailable); a task with one waits up to it.
+    flex_wait_s: float = Field(default=86400.0, gt=0)
     # How much longer than the invocation's remaining time a claim's lease lives.
     lease_margin_s: float = Field(default=30.0, ge=0)
     # TaskQueue's maxReceiveCount and visibility timeout (template.yaml: TaskMaxReceiveCount,

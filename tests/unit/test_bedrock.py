@@ -104,6 +104,31 @@ def test_a_request_becomes_converse_arguments_and_the_reply_a_completion(client:
     )
 
 
+def test_a_flex_request_asks_bedrocks_flex_tier_and_the_reply_says_the_tier_that_served_it(
+    client: Any,
+) -> None:
+    request = LLMRequest(messages=[ChatMessage(role="user", content="Hi")], service_tier="flex")
+    expected = {
+        "modelId": MODEL,
+        "messages": [{"role": "user", "content": [{"text": "Hi"}]}],
+        "serviceTier": {"type": "flex"},
+    }
+    # Bedrock answers with the tier that served the call (ConverseResponse.serviceTier).
+    reply = {**converse_reply("Hello."), "serviceTier": {"type": "default"}}
+    with Stubber(client) as stub:
+        stub.add_response("converse", reply, expected)
+        completion = asyncio.run(
+            BedrockConverse(default_model=MODEL, client=client).complete(request, timeout_s=5)
+        )
+        stub.assert_no_pending_responses()
+    assert completion.usage.service_tier == "default"
+
+
+def test_service_tier_auto_asks_bedrock_for_no_tier(client: Any) -> None:
+    request = LLMRequest(messages=[ChatMessage(role="user", content="Hi")], service_tier="auto")
+    assert "serviceTier" not in converse_arguments(request, client)
+
+
 @pytest.mark.parametrize(
     ("error", "status", "transient", "code"),
     [
@@ -611,6 +636,18 @@ def ending(stop_reason: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def test_a_streamed_flex_call_asks_for_flex_and_its_metadata_says_the_tier_that_served_it() -> None:
+    served = {
+        "usage": {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7},
+        "serviceTier": {"type": "flex"},
+    }
+    events = [("messageStart", {"role": "assistant"}), delta(0, text="Hi."), ("metadata", served)]
+    request = LLMRequest(prompt="Hello", service_tier="flex")
+    completion, _, bedrock = stream(events, request)
+    assert bedrock.bodies[0]["serviceTier"] == {"type": "flex"}
+    assert (completion.text, completion.usage.service_tier) == ("Hi.", "flex")
+
+
 def test_a_stream_assembles_reasoning_text_and_tool_calls_and_reports_the_text_as_it_grows() -> None:
     events = [
         ("messageStart", {"role": "assistant"}),
@@ -701,7 +738,7 @@ def document(data: str, filename: str | None = None) -> dict[str, Any]:
         ({"seed": 1}, MODEL, "seed"),
         ({"presence_penalty": 0.5}, MODEL, "presence_penalty"),
         ({"frequency_penalty": 0.5}, MODEL, "frequency_penalty"),
-        ({"service_tier": "flex"}, MODEL, "service_tier"),
+        ({"service_tier": "scale"}, MODEL, "service_tier"),
         ({"prompt_cache_key": "k"}, MODEL, "prompt_cache_key"),
         ({"user": "ünïcode"}, MODEL, "user"),
         ({"tools": [weather_tool()], "parallel_tool_calls": False}, MODEL, "parallel_tool_calls"),

@@ -29,6 +29,14 @@ class MockConfig(BaseSettings):
     rate_429: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 429.")
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with each 429.")
     rate_500: float = Field(default=0.0, ge=0, le=1, description="Share of calls answered 500.")
+    rate_flex_unavailable: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of flex calls (service_tier flex) answered OpenAI's 429 Resource"
+        " Unavailable, unbilled; `[mock:flex-unavailable=N]` in a message does it to the first N"
+        " flex calls of that prompt.",
+    )
     rate_hang: float = Field(
         default=0.0, ge=0, le=1, description="Share of calls that hang: 200 sent, then a byte a second."
     )
@@ -140,7 +148,8 @@ class MockConfig(BaseSettings):
 # "gone": the caller hung up before its answer (its own timeout fired first), so it never saw
 # what was drawn for it.
 # "limited": refused by the key's tokens or requests a minute (tpm, rpm, key_limits).
-Outcome = Literal["ok", "429", "500", "hang", "rps", "limited", "gone"]
+# "flex_unavailable": a flex call the flex tier had no capacity for (429 Resource Unavailable).
+Outcome = Literal["ok", "429", "500", "hang", "rps", "limited", "gone", "flex_unavailable"]
 # Where one call's outcome is written: its prompt's list and its place there.
 OutcomeSlot = tuple[list[Outcome], int]
 # A call's fate as drawn on arrival: its outcome, the Retry-After of a 429, its latency, where its
@@ -156,6 +165,7 @@ class MockStats(BaseModel):
     hangs: int = 0
     rps_limited: int = 0
     key_limited: int = 0  # 429s of the keys' tokens and requests a minute
+    flex_unavailable: int = 0  # flex calls answered 429 Resource Unavailable
     tokens_by_key: dict[str, int] = Field(default_factory=dict)  # usage answered, by key's last 4
     in_flight: int = 0
     max_in_flight: int = 0

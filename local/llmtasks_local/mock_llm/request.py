@@ -80,6 +80,25 @@ def error(
     return JSONResponse(body, status, headers=headers)
 
 
+def flex_unavailable(headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's answer to a flex call its flex tier has no capacity for: 429 Resource Unavailable,
+    not billed (OpenAI's flex guide). OpenAI documents the status and its name, not the body:
+    this one is its error shape with the name as the code."""
+    message = (
+        "Resource Unavailable: flex processing has no capacity for this request right now. You"
+        " were not charged; retry later, or send service_tier auto for standard processing (mock)."
+    )
+    body = {
+        "error": {
+            "message": message,
+            "type": "service_unavailable_error",
+            "param": None,
+            "code": "resource_unavailable",
+        }
+    }
+    return JSONResponse(body, 429, headers=headers)
+
+
 @dataclass
 class ChatCall:
     """One valid request, read: what the answer is built from."""

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from llmtasks_local.mock_llm.background import ResponseStore, Stored, event_type, send_event
 from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error
+from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, flex_unavailable
 from llmtasks_local.mock_llm.responses import output_items, read_response_call, response_id, response_object
 
 Headers = dict[str, str]
@@ -147,6 +147,8 @@ class ResponsesAPI:
             return error(429, "requests per second limit (mock)", retry_after=wait)
         if outcome == "limited":
             return error(429, "Rate limit reached for requests or tokens per min (mock).", headers=headers)
+        if outcome == "flex_unavailable":
+            return flex_unavailable(self.mock.settle(stored.call, stored.key, 0))
         if outcome == "429":
             headers = self.mock.settle(stored.call, stored.key, 0)
             return error(429, "rate limited (mock)", retry_after=wait, headers=headers)

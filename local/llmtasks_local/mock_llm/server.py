@@ -16,6 +16,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -33,7 +34,7 @@ from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats, Outc
 from llmtasks_local.mock_llm.files_api import FilesAPI
 from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
+from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, flex_unavailable, read_call
 from llmtasks_local.mock_llm.responses_api import ResponsesAPI, Shape
 
 __all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
@@ -41,6 +42,8 @@ __all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
 Headers = dict[str, str]
 # The prompt prefixes remembered for cached_tokens (the oldest forgotten past this many).
 CACHE_ENTRIES = 10_000
+# `[mock:flex-unavailable=N]`: the first N flex calls of the prompt get 429 Resource Unavailable.
+FLEX_UNAVAILABLE = re.compile(r"\[mock:flex-unavailable=(?P<calls>\d{1,4})\]")
 
 
 class _RateLimit:
@@ -92,6 +95,7 @@ class MockLLM:
             if wait is None:
                 admitted, headers = self._counts.admit(key, _admitted_tokens(call), time.time())
             draw = self._random.random()
+            record = self.stats.outcomes_by_prompt.setdefault(prompt, [])
             outcome: Outcome
             if wait is not None:
                 outcome = "rps"
@@ -99,6 +103,9 @@ class MockLLM:
             elif not admitted:
                 outcome = "limited"
                 self.stats.key_limited += 1
+            elif self._no_flex_capacity(call, record):
+                outcome = "flex_unavailable"
+                self.stats.flex_unavailable += 1
             elif draw < config.rate_429:
                 outcome, wait = "429", config.retry_after_s
                 self.stats.errors_429 += 1
@@ -110,13 +117,23 @@ class MockLLM:
                 self.stats.hangs += 1
             else:
                 outcome = "ok"
-            record = self.stats.outcomes_by_prompt.setdefault(prompt, [])
             record.append(outcome)
-            if outcome not in ("rps", "hang"):  # the calls that take their drawn time
+            if outcome not in ("rps", "hang", "flex_unavailable"):  # the calls that take their drawn time
                 self.stats.latency_total_s += latency
             self.stats.in_flight += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         return outcome, wait, latency, (record, len(record) - 1), headers
+
+    def _no_flex_capacity(self, call: ChatCall, record: list[Outcome]) -> bool:
+        """Whether this flex call finds no flex capacity: one of the first N flex calls of a
+        prompt marked `[mock:flex-unavailable=N]`, or the `rate_flex_unavailable` draw."""
+        if call.body.get("service_tier") != "flex":
+            return False
+        marked = FLEX_UNAVAILABLE.search(call.text)
+        if marked is not None:
+            return record.count("flex_unavailable") < int(marked["calls"])
+        rate = self.config.rate_flex_unavailable
+        return rate > 0 and self._random.random() < rate
 
     def settle(self, call: ChatCall, key: str, used: int) -> Headers:
         """The admitted call counted at the tokens it used; the key's headers after it."""
@@ -220,6 +237,8 @@ class MockLLM:
         if outcome == "limited":
             said = "Rate limit reached for requests or tokens per min (mock)."
             return error(429, said, headers=headers)
+        if outcome == "flex_unavailable":  # at once, unbilled: its tokens given back to the key
+            return flex_unavailable(self.settle(call, key, 0))
         if not await self._held(request) or (latency and not await _stay_connected(request, latency)):
             self._hung_up(slot)
             return Response(status_code=499)  # nobody is listening any more

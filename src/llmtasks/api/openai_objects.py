@@ -235,7 +235,8 @@ def response_object(task: Task, steps: Sequence[RunStep] = ()) -> dict[str, Any]
         "tools": [flat_tool(tool) for tool in request.tools or []]
         + [flat_mcp_tool(server) for server in task.mcp_servers or []],
         "truncation": "disabled",
-        "service_tier": request.service_tier,
+        # The tier that served the calls, as the provider said; else the one asked for.
+        "service_tier": (task.usage and task.usage.service_tier) or request.service_tier,
         "prompt_cache_key": request.prompt_cache_key,
         "safety_identifier": request.safety_identifier,
         "user": request.user,
@@ -262,7 +263,7 @@ def chat_completion(task: Task, usage: Usage | None, created: int) -> dict[str, 
         "choices": [
             {"index": 0, "message": message, "finish_reason": task.finish_reason or "stop", "logprobs": None}
         ],
-        "service_tier": task.request.service_tier,
+        "service_tier": (usage and usage.service_tier) or task.request.service_tier,
         "usage": usage
         and {
             "prompt_tokens": usage.prompt_tokens,

@@ -96,10 +96,13 @@ _NO_COUNTERPART = {
     "seed": "a seed",
     "presence_penalty": "penalties",
     "frequency_penalty": "penalties",
-    "service_tier": "service tiers",
     "prompt_cache_key": "a prompt cache key",
 }
 
+
+# service_tier as Converse's serviceTier (Bedrock's tiers: default, flex, priority); `auto` asks
+# for none (the account's default). OpenAI's `scale` tier has no counterpart.
+BEDROCK_TIERS = ("default", "flex", "priority")
 
 # user and safety_identifier go into Converse's requestMetadata (to filter invocation logs by),
 # whose values take these characters.
@@ -162,6 +165,8 @@ def check_request(request: LLMRequest, model: str) -> None:
             raise Refusal(
                 name, "Bedrock's requestMetadata takes letters, digits, spaces and :_@$#=/+,-. only"
             )
+    if request.service_tier not in (None, "auto", *BEDROCK_TIERS):
+        raise Refusal("service_tier", "Bedrock's service tiers are default, flex and priority")
     if request.temperature is not None and request.temperature > 1:
         raise Refusal("temperature", "Bedrock's models take a temperature from 0 to 1")
     if request.parallel_tool_calls is False:

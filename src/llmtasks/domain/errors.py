@@ -5,6 +5,9 @@ from __future__ import annotations
 
 # The error code of a provider's 429 (the pace reacts to it).
 RATE_LIMITED = "llm_rate_limited"
+# ... and of its flex tier's 429 Resource Unavailable: the provider had no flex capacity for the
+# call (and billed none). Not the key's limit: the task waits on its queue until its time runs out.
+FLEX_UNAVAILABLE = "llm_flex_unavailable"
 
 
 class ApiError(Exception):

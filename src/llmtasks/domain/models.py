@@ -276,6 +276,17 @@ class Usage(BaseModel):
     cost_unknown: bool = Field(
         default=False, description="A model the price table lacks was billed: priced at 0, never guessed."
     )
+    service_tier: str | None = Field(
+        default=None,
+        description="The tier that served the call, as the provider said (OpenAI's `service_tier`:"
+        " default, flex, priority, scale; `batch` for a provider's batch job); the price is that"
+        " tier's. Null when the provider says none, or a task's calls were served at several.",
+    )
+    tier_unpriced: bool = Field(
+        default=False,
+        description="The price table has no price for the model at the tier that served the call:"
+        " priced at its standard price.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -302,7 +313,16 @@ class Usage(BaseModel):
             # Summed as decimals: 0.1 + 0.2 is 0.3 here, as in DynamoDB's counters
             cost_usd=float(sum(Decimal(repr(c)) for c in costs)) if costs else None,
             cost_unknown=self.cost_unknown or other.cost_unknown,
+            service_tier=_one_tier(self, other),
+            tier_unpriced=self.tier_unpriced or other.tier_unpriced,
         )
+
+
+def _one_tier(*usages: Usage) -> str | None:
+    """The tier that served every call summed, or None: none said, or several (an empty usage,
+    the start of a sum, names none)."""
+    said = {usage.service_tier for usage in usages if usage.total_tokens or usage.service_tier}
+    return said.pop() if len(said) == 1 else None
 
 
 class AttemptRecord(BaseModel):

@@ -5,6 +5,13 @@ replaces it whole with the template's PriceTable parameter (settings.PriceSettin
 table lacks prices at 0 with `cost_unknown` set: never a guess (a dated snapshot may cost other
 than its alias, so names match exactly). Decimal arithmetic throughout: the per-token prices
 are exact decimals, and so are the sums DynamoDB keeps of them.
+
+A model may carry prices of its own for the provider's other tiers: `batch` (a provider's batch
+job), `flex` (OpenAI's and Bedrock's flex tier) and `priority`. A call is priced at the tier that
+served it (the provider's answer says which: a flex request served at `default` costs the
+standard price). A tier the model has no price for is priced at the standard price and the usage
+says so (`tier_unpriced`): for batch and flex, discounts, that price is an upper bound, so a
+budget never counts less than was billed.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,20 +39,42 @@ COST_PLACES = Decimal("1e-12")
 UNPRICED_OUTPUT_TOKENS = 4_096
 
 Price = Annotated[Decimal, Field(ge=0, le=100_000, allow_inf_nan=False)]
+# The columns of a model's prices: its standard (on-demand) price and the tiers it may price apart.
+PricedTier = Literal["standard", "batch", "flex", "priority"]
+TIERS: tuple[PricedTier, ...] = ("batch", "flex", "priority")
 
 
-class ModelPrice(BaseModel):
-    """One model's prices, USD per million tokens."""
+def priced_tier(service_tier: str | None) -> PricedTier:
+    """The column a call served at `service_tier` is priced from: OpenAI's `default` (and `auto`,
+    `scale`, none: what a request without a tier gets) is the standard price."""
+    return next((tier for tier in TIERS if tier == service_tier), "standard")
+
+
+class TierPrice(BaseModel):
+    """A model's prices at one tier, USD per million tokens."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     input: Price
     output: Price
     # Prompt tokens the provider served from its cache (OpenAI's prompt_tokens_details.cached_tokens,
-    # Bedrock's cacheReadInputTokens); the input price when the model has no cache price.
+    # Bedrock's cacheReadInputTokens); the input price when there is no cache price.
     cached_input: Price | None = None
+
+
+class ModelPrice(TierPrice):
+    """One model's prices, USD per million tokens: the standard ones, and those of the tiers it
+    prices apart (each optional)."""
+
     # The most a call can write: what a budget reserves for a task that sets no max_tokens.
     max_output_tokens: int = Field(ge=1, le=10_000_000)
+    batch: TierPrice | None = None  # the provider's batch jobs (OpenAI Batch, Bedrock batch inference)
+    flex: TierPrice | None = None  # the flex tier (`service_tier: "flex"`)
+    priority: TierPrice | None = None  # the priority tier (`service_tier: "priority"`)
+
+    def at(self, tier: PricedTier) -> TierPrice | None:
+        """The prices at `tier`; None for a tier this model has no price for."""
+        return self if tier == "standard" else getattr(self, tier)
 
 
 class PriceTable(BaseModel):
@@ -55,19 +84,26 @@ class PriceTable(BaseModel):
     source: str | None = None
     models: dict[str, ModelPrice]
 
-    def price(self, usage: Usage, model: str) -> Usage:
-        """`usage` with its cost: `cost_usd` from this table, or 0 and `cost_unknown` when the
-        table has no price for `model`."""
+    def price(self, usage: Usage, model: str, tier: str | None = None) -> Usage:
+        """`usage` with its cost: `cost_usd` from this table at `tier` (else the tier that served
+        the call, `usage.service_tier`; "batch" for a provider's batch job), or 0 and
+        `cost_unknown` when the table has no price for `model`. A tier the model has no price for
+        is priced at the standard price, with `tier_unpriced` set."""
         prices = self.models.get(model)
         if prices is None:
-            return usage.model_copy(update={"cost_usd": 0.0, "cost_unknown": True})
-        cached = min(usage.cached_tokens, usage.prompt_tokens)
-        cost = (
-            (usage.prompt_tokens - cached) * prices.input
-            + cached * (prices.input if prices.cached_input is None else prices.cached_input)
-            + usage.completion_tokens * prices.output
-        ) / PER
-        return usage.model_copy(update={"cost_usd": float(cost.quantize(COST_PLACES)), "cost_unknown": False})
+            return usage.model_copy(update={"cost_usd": 0.0, "cost_unknown": True, "tier_unpriced": False})
+        column = priced_tier(tier if tier is not None else usage.service_tier)
+        at = prices.at(column)
+        cost = _cost(usage, at or prices)
+        return usage.model_copy(
+            update={"cost_usd": float(cost), "cost_unknown": False, "tier_unpriced": at is None}
+        )
+
+    def has_tier(self, model: str, tier: str) -> bool:
+        """Whether the table prices `model` at `tier` ("batch", "flex", ...) apart from its
+        standard price."""
+        prices = self.models.get(model)
+        return prices is not None and prices.at(priced_tier(tier)) is not None
 
     def most_cost(
         self, request: LLMRequest, model: str, files: Mapping[str, FileFacts] | None = None
@@ -78,13 +114,18 @@ class PriceTable(BaseModel):
         dearer of the input prices; the reply at most its `output_limit` (max_completion_tokens
         or max_tokens, reasoning included), else the model's output limit, at the output price.
         `files` sizes the files named by id (one not in it is bound as the largest a task may
-        name). 0 for a model the table lacks (priced at 0)."""
-        prices = self.models.get(model)
-        if prices is None:
+        name). 0 for a model the table lacks (priced at 0). At the standard prices, which a
+        flex request is billed at when the provider serves it at its default tier; at the
+        priority ones for a priority request the table prices so."""
+        standard = self.models.get(model)
+        if standard is None:
             return Decimal(0)
+        prices: TierPrice = standard
+        if request.service_tier == "priority" and standard.priority is not None:
+            prices = standard.priority
         prompt_tokens = most_prompt_tokens(request, model, files or {})
         input_price = max(prices.input, prices.cached_input or prices.input)
-        output_tokens = request.output_limit or prices.max_output_tokens
+        output_tokens = request.output_limit or standard.max_output_tokens
         return ((prompt_tokens * input_price + output_tokens * prices.output) / PER).quantize(COST_PLACES)
 
     def most_tokens(
@@ -96,6 +137,17 @@ class PriceTable(BaseModel):
         prices = self.models.get(model)
         default_output = prices.max_output_tokens if prices is not None else UNPRICED_OUTPUT_TOKENS
         return most_prompt_tokens(request, model, files or {}) + (request.output_limit or default_output)
+
+
+def _cost(usage: Usage, prices: TierPrice) -> Decimal:
+    """The usage at these prices: cached prompt tokens at the cache price (else the input's)."""
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    cost = (
+        (usage.prompt_tokens - cached) * prices.input
+        + cached * (prices.input if prices.cached_input is None else prices.cached_input)
+        + usage.completion_tokens * prices.output
+    ) / PER
+    return cost.quantize(COST_PLACES)
 
 
 def most_prompt_tokens(request: LLMRequest, model: str, files: Mapping[str, FileFacts]) -> int:

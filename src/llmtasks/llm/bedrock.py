@@ -25,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError,
 
 from llmtasks.domain.bedrock_models import (
     ANSWER_TOKENS,
+    BEDROCK_TIERS,
     IMAGE_FORMATS,
     METADATA_FIELDS,
     Refusal,
@@ -101,6 +102,8 @@ def converse_request(request: LLMRequest, default_model: str) -> dict[str, Any]:
         },
     }
     body["toolConfig"] = _tool_config(request, body["messages"])
+    if request.service_tier in BEDROCK_TIERS:
+        body["serviceTier"] = {"type": request.service_tier}
     if budget is not None:
         body["additionalModelRequestFields"] = {"thinking": {"type": "enabled", "budget_tokens": budget}}
     return {name: value for name, value in body.items() if value or name == "messages"}
@@ -360,6 +363,7 @@ class BedrockConverse:
                 completion_tokens=usage.get("outputTokens", 0),
                 total_tokens=usage.get("totalTokens", 0),
                 cached_tokens=usage.get("cacheReadInputTokens", 0),
+                service_tier=(reply.get("serviceTier") or {}).get("type"),  # the tier that served it
             ),
             finish_reason=finish,
             tool_calls=None if answered else calls or None,
@@ -390,6 +394,8 @@ class _StreamedReply:
             self._reply["stopReason"] = event["messageStop"].get("stopReason")
         elif "metadata" in event:
             self._reply["usage"] = event["metadata"].get("usage", {})
+            if "serviceTier" in event["metadata"]:
+                self._reply["serviceTier"] = event["metadata"]["serviceTier"]
         return None
 
     def _delta(self, event: dict[str, Any]) -> tuple[str, int] | None:

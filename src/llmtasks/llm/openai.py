@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from llmtasks.domain.errors import RATE_LIMITED, LLMError
+from llmtasks.domain.errors import FLEX_UNAVAILABLE, RATE_LIMITED, LLMError
 from llmtasks.domain.llm_request import FunctionCall, LLMRequest, ToolCall
 from llmtasks.domain.messages import Completion
 from llmtasks.domain.models import Usage
@@ -63,6 +63,27 @@ class _ChatReply(BaseModel):
     model: str | None = None
     choices: list[_Choice]
     usage: Usage | None = None
+    service_tier: str | None = None  # the tier that served the call (OpenAI's; others send none)
+
+
+def _error_body(response: httpx.Response) -> dict[str, Any]:
+    """The `error` object of OpenAI's error answer, or {} (another shape, or no JSON)."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _flex_unavailable(response: httpx.Response) -> bool:
+    """OpenAI's flex tier's `429 Resource Unavailable` (no flex capacity for the call, which is
+    not billed), told from a rate limit's 429 by its error's code or its words."""
+    if response.status_code != 429:
+        return False
+    error = _error_body(response)
+    said = " ".join(str(error.get(name) or "") for name in ("code", "type", "message")).lower()
+    return "resource_unavailable" in said or "resource unavailable" in said
 
 
 def chat_body(request: LLMRequest, model: str) -> dict[str, Any]:
@@ -73,11 +94,7 @@ def chat_body(request: LLMRequest, model: str) -> dict[str, Any]:
 def _error_message(response: httpx.Response) -> str:
     """The provider's own words (kept in the task's error), without the key the call sent:
     some providers quote it back."""
-    try:
-        body: Any = response.json()
-        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
-    except ValueError:
-        message = None
+    message = _error_body(response).get("message")
     text = str(message or response.reason_phrase or "error")
     key = response.request.headers.get("authorization", "").partition(" ")[2].strip()
     if key:
@@ -144,6 +161,11 @@ class OpenAIChat:
                     self._unstreamed.add(endpoint.base_url)
                     await self._pool.answered(index, reserved, 0, heard)
                     continue
+                if error.code == FLEX_UNAVAILABLE:
+                    # Not the key's limit, and a call the provider neither ran nor counted: its
+                    # reservation is given back, the key goes on, and the task waits (runner.py).
+                    await self._pool.answered(index, reserved, 0, heard, counted=False)
+                    raise
                 if error.code != RATE_LIMITED:
                     raise  # the reservation stands: the provider may have counted the call
                 await self._pool.refused(index, reserved, heard, error.retry_after)
@@ -172,6 +194,8 @@ class OpenAIChat:
             try:
                 content = await self._exchange("POST", endpoint, "/responses", timeout_s, heard, body)
             except LLMError as error:
+                if error.code == FLEX_UNAVAILABLE:  # as in complete: the key's reservation given back
+                    await self._pool.answered(index, reserved, 0, heard, counted=False)
                 if error.code != RATE_LIMITED:
                     raise
                 await self._pool.refused(index, reserved, heard, error.retry_after)
@@ -269,6 +293,13 @@ def transport_errors(timeout_s: float) -> Iterator[None]:
 def http_error(response: httpx.Response) -> LLMError:
     status = response.status_code
     retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if _flex_unavailable(response):
+        return LLMError(
+            f"The LLM's flex tier had no capacity for the call: {_error_message(response)}",
+            code=FLEX_UNAVAILABLE,
+            transient=True,
+            retry_after=retry_after,
+        )
     if status == 429 and retry_after is None:
         # OpenAI's rate-limit 429s say when the exhausted count is whole again in their headers.
         retry_after = RateHeaders.read(response.headers).reset_s()
@@ -298,10 +329,11 @@ def read_chat_reply(content: bytes | dict[str, Any], model: str) -> Completion:
     message = choice.message
     if message.content is None and message.refusal is None and not message.tool_calls:
         raise LLMError("The LLM's reply has no text.", code="llm_invalid_reply", transient=False)
+    usage = (reply.usage or Usage()).model_copy(update={"service_tier": reply.service_tier})
     return Completion(
         text=message.content or "",
         model=reply.model or model,
-        usage=reply.usage or Usage(),
+        usage=usage,
         finish_reason=choice.finish_reason,
         refusal=message.refusal,
         tool_calls=[call.call() for call in message.tool_calls or []] or None,
@@ -358,7 +390,7 @@ class _StreamedMessage:
             whole["arguments"] += call.function.arguments or ""
         self.finish_reason = choice.finish_reason or self.finish_reason
 
-    def completion(self, model: str, usage: Usage | None) -> Completion:
+    def completion(self, model: str, usage: Usage | None, service_tier: str | None = None) -> Completion:
         calls = [
             ToolCall(id=call["id"], function=FunctionCall(name=call["name"], arguments=call["arguments"]))
             for _, call in sorted(self.calls.items())
@@ -366,7 +398,7 @@ class _StreamedMessage:
         return Completion(
             text="".join(self.parts),
             model=model,
-            usage=usage or Usage(),
+            usage=(usage or Usage()).model_copy(update={"service_tier": service_tier}),
             finish_reason=self.finish_reason,
             refusal="".join(self.refusal) or None,
             tool_calls=calls or None,
@@ -378,6 +410,7 @@ class _StreamChunk(BaseModel):
     model: str | None = None
     choices: list[_StreamChoice] = []
     usage: Usage | None = None
+    service_tier: str | None = None
 
 
 async def _read_stream(
@@ -388,18 +421,20 @@ async def _read_stream(
     `deadline` is the call's end on the loop's clock."""
     message = _StreamedMessage()
     usage: Usage | None = None
+    tier: str | None = None  # each chunk names the tier that serves the call
     lines = response.aiter_lines()
     try:
         async for line in lines:
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":
                 await _finish_body(lines, deadline)
-                return message.completion(model, usage)
+                return message.completion(model, usage, tier)
             if not data:
                 continue
             chunk = _chunk(data)
             model = chunk.model or model
             usage = chunk.usage or usage
+            tier = chunk.service_tier or tier
             before = len(message.parts)
             for choice in chunk.choices[:1]:
                 message.add(choice)

@@ -121,6 +121,7 @@ class _Response(BaseModel):
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, Any] | None = None
+    service_tier: str | None = None  # the tier that served the call
 
 
 def response_id(content: bytes) -> tuple[str, str]:
@@ -178,7 +179,7 @@ def completion(content: bytes, model: str) -> Completion | None:
     return Completion(
         text=text,
         model=response.model or model,
-        usage=_usage(response.usage or {}),
+        usage=_usage(response.usage or {}).model_copy(update={"service_tier": response.service_tier}),
         finish_reason=finish,
         refusal=refusal,
         tool_calls=calls or None,

@@ -33,6 +33,7 @@ from llmtasks.aws.store import ClaimRefused, TaskStore
 from llmtasks.domain.answers import answer_problem
 from llmtasks.domain.budgets import BUDGET_EXHAUSTED
 from llmtasks.domain.errors import (
+    FLEX_UNAVAILABLE,
     RATE_LIMITED,
     BackendError,
     KeysFull,
@@ -253,6 +254,10 @@ class TaskRunner:
         `_reserve_again`) fails without a call (its error and code), if it does: its deadline
         passed, or its key's budget has no room for the call."""
         deadline = task.deadline
+        if deadline is not None and now >= deadline and task.last_error_code == FLEX_UNAVAILABLE:
+            # It waited on its queue for the flex tier, and its message came back too late.
+            ran_out = _flex_ran_out(task.timeout_s, self._settings.flex_wait_s)
+            return f"{task.last_error} ({ran_out})", FLEX_UNAVAILABLE
         if deadline is not None and now >= deadline:
             return "The task's deadline passed before it could run.", "deadline_exceeded"
         return await self._reserve_again(task, request, attempt=attempt)
@@ -858,6 +863,9 @@ class TaskRunner:
         while retries and time remain; failed otherwise, the answer's text kept."""
         now = self._clock()
         logger.warning("llm error", **task_keys(task), error_code=error.code, transient=error.transient)
+        if error.code == FLEX_UNAVAILABLE:
+            self._wait_for_flex(task, lease_id, error, now)
+            return
         if not error.transient:
             self._fail(task, lease_id, str(error), error.code)
             return
@@ -889,6 +897,26 @@ class TaskRunner:
             return
         usage = answer.usage if answer else None
         self._schedule_retry(task, lease_id, delay, str(error), error.code, usage=usage)
+
+    def _wait_for_flex(self, task: Task, lease_id: str, error: LLMError, now: float) -> None:
+        """The provider's flex tier had no capacity for the call (its 429 Resource Unavailable,
+        not billed, and not the key's limit): the task goes back on its queue, costing none of
+        its retries, until its timeout_s from its submit (else flex_wait_s) runs out; then it
+        fails. Each wait is drawn between retry_base_delay_s and the time the task has waited so
+        far (so the waits about double), at most retry_max_delay_s, at least a Retry-After."""
+        settings = self._settings
+        base = settings.retry_base_delay_s
+        ceiling = max(base, min(settings.retry_max_delay_s, now - task.created_at))
+        delay = self._rng.uniform(base, ceiling)
+        if error.retry_after is not None:
+            delay = max(delay, min(error.retry_after, settings.retry_after_cap_s))
+        deadline = task.deadline
+        give_up = deadline if deadline is not None else task.created_at + settings.flex_wait_s
+        if now + delay >= give_up:
+            why = f"{error} ({_flex_ran_out(task.timeout_s, settings.flex_wait_s)})"
+            self._fail(task, lease_id, why, FLEX_UNAVAILABLE)
+            return
+        self._schedule_retry(task, lease_id, delay, str(error), FLEX_UNAVAILABLE, attempted=False)
 
     def _schedule_retry(
         self,
@@ -995,6 +1023,16 @@ class TaskRunner:
         self._store.output.ended(task, TaskStatus.FAILED)
         logger.info("failed", **task_keys(task), error_code=error_code)
         emit(Metric.FAILED, error_code=error_code, **dimensions_of(task, self._settings.llm_model))
+
+
+def _flex_ran_out(timeout_s: float | None, flex_wait_s: float) -> str:
+    """Why a flex task that never found flex capacity failed: its time ran out."""
+    waited = (
+        f"its timeout_s ({timeout_s:g} s)"
+        if timeout_s is not None
+        else f"the {flex_wait_s:g} s a flex task without a timeout_s waits"
+    )
+    return f"no flex capacity came before {waited} ran out"
 
 
 def _background_call(call: ProviderCall) -> BackgroundCall:
