@@ -206,12 +206,13 @@ def test_a_flex_task_waits_out_resource_unavailable_without_spending_retries_and
 def test_a_flex_task_fails_when_its_time_runs_out_before_flex_capacity_comes(
     worker: Worker, mock_llm: RunningMock, timeout_s: float | None
 ) -> None:
-    # Given a flex task whose calls never find flex capacity, claimed half a second before its
-    # timeout_s (or, with none, the stack's flex_wait_s) runs out, and a backoff of at least 1 s
+    # Given a flex task whose calls never find flex capacity, claimed 10 s before its timeout_s
+    # (or, with none, the stack's flex_wait_s) runs out, and a backoff of at least 15 s (the call
+    # has its 10 s: half a second was too little for a loaded machine's call to the mock)
     task_id = worker.submit("[mock:flex-unavailable=99] never", service_tier="flex", timeout_s=timeout_s)
     created = worker.task(task_id).created_at
-    worker.clock = lambda: created + 29.5
-    worker.run(worker.queued(), retry_base_delay_s=1.0, flex_wait_s=30.0)
+    worker.clock = lambda: created + 20
+    worker.run(worker.queued(), retry_base_delay_s=15.0, flex_wait_s=30.0)
     # Then it fails, saying why, with no message left to bring it back
     failed = worker.task(task_id)
     assert (failed.status, failed.error_code) == (TaskStatus.FAILED, FLEX_UNAVAILABLE)

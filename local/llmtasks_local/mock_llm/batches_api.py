@@ -30,8 +30,9 @@ from starlette.routing import Route
 
 from llmtasks_local.mock_llm.background import send_event
 from llmtasks_local.mock_llm.batch_input import read_input
+from llmtasks_local.mock_llm.errors import OpenAIError, error
 from llmtasks_local.mock_llm.files_api import FilesAPI, StoredFile
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
+from llmtasks_local.mock_llm.request import ChatCall, read_call
 from llmtasks_local.mock_llm.responses import read_response_call, response_object
 from llmtasks_local.mock_llm.responses_api import Mock
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llmtasks_local.mock_llm.request import error
+from llmtasks_local.mock_llm.errors import error
 from llmtasks_local.mock_llm.responses_api import Mock
 
 # What a caller may upload for (OpenAI's purposes); `batch_output` is written by batches only.

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
+from llmtasks_local.mock_llm.errors import OpenAIError
 
 # Every top-level parameter of OpenAI's chat.completions.create; any other gets a 400.
 PARAMETERS = frozenset(
@@ -48,55 +48,6 @@ EFFORTS = {"none": 0, "minimal": 16, "low": 64, "medium": 256, "high": 1024, "xh
 REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 IMAGE_TOKENS_LOW, IMAGE_TOKENS = 85, 765
 FILE_TOKENS = 85
-
-
-class OpenAIError(Exception):
-    """A request OpenAI refuses, with the body it answers."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.body = {
-            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-        }
-
-
-def error(
-    status: int,
-    message: str,
-    *,
-    retry_after: float | None = None,
-    headers: dict[str, str] | None = None,
-    param: str | None = None,
-) -> JSONResponse:
-    """OpenAI's error answer: its body, and Retry-After when given.
-    Fractions are off-standard but keep compressed test schedules short; llmtasks reads them."""
-    # (see above) are off-standard but keep compressed test schedules short; llmtasks reads them.
-    headers = dict(headers or {})
-    if retry_after is not None:
-        value = f"{retry_after:.0f}" if float(retry_after).is_integer() else f"{retry_after:.3f}"
-        headers["Retry-After"] = value
-    kind = {429: "rate_limit_exceeded", 500: "server_error"}.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status, headers=headers)
-
-
-def flex_unavailable(headers: dict[str, str] | None = None) -> JSONResponse:
-    """OpenAI's answer to a flex call its flex tier has no capacity for: 429 Resource Unavailable,
-    not billed (OpenAI's flex guide). OpenAI documents the status and its name, not the body:
-    this one is its error shape with the name as the code."""
-    message = (
-        "Resource Unavailable: flex processing has no capacity for this request right now. You"
-        " were not charged; retry later, or send service_tier auto for standard processing (mock)."
-    )
-    body = {
-        "error": {
-            "message": message,
-            "type": "service_unavailable_error",
-            "param": None,
-            "code": "resource_unavailable",
-        }
-    }
-    return JSONResponse(body, 429, headers=headers)
 
 
 @dataclass

@@ -17,7 +17,8 @@ import time
 import uuid
 from typing import Any
 
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, read_call
+from llmtasks_local.mock_llm.errors import OpenAIError
+from llmtasks_local.mock_llm.request import ChatCall, read_call
 
 # Every top-level parameter of OpenAI's responses.create the mock takes; any other gets a 400.
 PARAMETERS = frozenset(

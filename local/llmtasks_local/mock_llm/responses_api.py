@@ -23,7 +23,8 @@ from starlette.routing import Route
 
 from llmtasks_local.mock_llm.background import ResponseStore, Stored, event_type, send_event
 from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, flex_unavailable
+from llmtasks_local.mock_llm.errors import OpenAIError, error, flex_unavailable
+from llmtasks_local.mock_llm.request import ChatCall
 from llmtasks_local.mock_llm.responses import output_items, read_response_call, response_id, response_object
 
 Headers = dict[str, str]

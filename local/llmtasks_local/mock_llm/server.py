@@ -31,10 +31,11 @@ from starlette.routing import Route
 from llmtasks_local import KEEP_ALIVE_S
 from llmtasks_local.mock_llm.batches_api import BatchesAPI
 from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats, Outcome, OutcomeSlot
+from llmtasks_local.mock_llm.errors import OpenAIError, error, flex_unavailable
 from llmtasks_local.mock_llm.files_api import FilesAPI
 from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
-from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, flex_unavailable, read_call
+from llmtasks_local.mock_llm.request import ChatCall, read_call
 from llmtasks_local.mock_llm.responses_api import ResponsesAPI, Shape
 
 __all__ = ["MockConfig", "MockLLM", "MockStats", "serve"]
