@@ -23,7 +23,14 @@ from llmtasks.domain.errors import LLMError
 from llmtasks.domain.llm_request import JsonSchemaFormat, LLMRequest
 from llmtasks.domain.messages import Completion
 from llmtasks.llm.batch_jobs import JobState, JobStatus
-from llmtasks.llm.bedrock_batch import BEDROCK_BATCH_LIMITS, PREFIX, BedrockBatchJobs, job_name, record_id
+from llmtasks.llm.bedrock_batch import (
+    BEDROCK_BATCH_LIMITS,
+    PREFIX,
+    BedrockBatchJobs,
+    job_name,
+    job_parts,
+    record_id,
+)
 from llmtasks_local.moto_patches import bedrock_batch_run as emulator
 from tests.helpers import moto_endpoint
 
@@ -422,6 +429,22 @@ def test_a_job_past_bedrock_s_limits_is_refused_before_anything_is_sent(plain: S
         jobs.submit(MODEL, [("same", LLMRequest(prompt="x"))] * 2, tag="twice")
 
     assert plain.keys(PREFIX) == []
+
+
+def test_a_batch_past_one_job_s_records_or_bytes_is_cut_in_order_into_jobs_that_fit(plain: Stack) -> None:
+    jobs = jobs_of(plain)
+    lines = [(f"c{n}", LLMRequest(prompt="x" * (10 if n != 4 else 175))) for n in range(7)]
+    short, long = (len(jobs.encode(MODEL, c, r)) for c, r in (lines[0], lines[4]))
+    jobs.limits = type(BEDROCK_BATCH_LIMITS)(max_requests=3, max_bytes=short * 3 + 50, min_records=0)
+
+    parts = job_parts(jobs, MODEL, lines)
+
+    # Three short lines fill a job's records; c4's line cannot join c3's within the bytes, nor
+    # c5 join c4's.
+    assert short + long > jobs.limits.max_bytes >= long
+    assert [[c for c, _ in part] for part in parts] == [["c0", "c1", "c2"], ["c3"], ["c4"], ["c5", "c6"]]
+    assert [c for part in parts for c, _ in part] == [c for c, _ in lines]
+    assert job_parts(jobs, MODEL, lines[:2]) == [lines[:2]]
 
 
 def test_a_provider_error_of_a_call_is_an_llm_error(plain: Stack) -> None:

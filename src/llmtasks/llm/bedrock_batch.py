@@ -246,6 +246,25 @@ def _calls(service: str) -> Iterator[None]:
         ) from exc
 
 
+def job_parts(
+    jobs: BedrockBatchJobs, model: str, lines: Sequence[tuple[str, LLMRequest]]
+) -> list[Sequence[tuple[str, LLMRequest]]]:
+    """`lines` cut, in order, into the fewest runs that each fit one job's `limits` (records and
+    bytes): what a caller submits as several jobs. (A short run's padding, at most 99 one-token
+    records, is left out of the bytes; `submit` still refuses a job past them.)"""
+    limits = jobs.limits
+    parts: list[Sequence[tuple[str, LLMRequest]]] = []
+    start, size = 0, 0
+    for index, (custom_id, request) in enumerate(lines):
+        line = len(jobs.encode(model, custom_id, request))
+        if index > start and (index - start >= limits.max_requests or size + line > limits.max_bytes):
+            parts.append(lines[start:index])
+            start, size = index, 0
+        size += line
+    parts.append(lines[start:])
+    return parts
+
+
 def bedrock_batch_jobs(*, bucket: str, role_arn: str) -> BedrockBatchJobs:
     """The stack's: its bucket and batch service role, clients from the process's session."""
     from llmtasks.aws.clients import new_client
