@@ -21,8 +21,10 @@ Knobs (environment variables of the process that runs moto, read at each create)
 LLMTASKS_BEDROCK_BATCH_DELAY_S, seconds from submit to the output (default 5);
 LLMTASKS_BEDROCK_BATCH_ERROR_RATE, the share of records (0 to 1, drawn from each record id, so
 the same records fail at each run) answered with an error; a record whose text holds
-`[mock:batch-error]` always is. Differences from AWS, by design: no IAM (the role is only
-checked for its form), jobs are not kept in the state dir across a restart of the stack.
+`[mock:batch-error]` always is. Each job is kept as an object of the endpoint's own S3 (bucket
+llmtasks-local-bedrock-jobs), so a state dir keeps it across a restart (even a SIGKILL) and the
+first Bedrock call after runs it on. Differences from AWS, by design: no IAM (the role is only
+checked for its form); that bucket shows in ListBuckets.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from llmtasks_local.moto_patches.bedrock_batch_run import (
     ERROR_RATE_VARIABLE,
     InvocationJob,
     JobRun,
+    kept_jobs,
 )
 
 # botocore's service model (bedrock 2023-04-20): the patterns AWS checks a create against.
@@ -81,12 +84,30 @@ class ResourceNotFoundException(JsonRESTError):
         super().__init__("ResourceNotFoundException", message)
 
 
+_loading = threading.Lock()
+
+
 def _jobs(backend: BedrockBackend) -> dict[str, InvocationJob]:
+    """The backend's jobs; at the first call of a process, those it kept before a restart, each
+    unended one run on from where its times put it (a job Stopping is Stopped)."""
     jobs: dict[str, InvocationJob] | None = getattr(backend, "_llmtasks_invocation_jobs", None)
-    if jobs is None:
-        jobs = {}
-        backend._llmtasks_invocation_jobs = jobs  # type: ignore[attr-defined]
+    if jobs is not None:
+        return jobs
+    with _loading:
+        jobs = getattr(backend, "_llmtasks_invocation_jobs", None)
+        if jobs is None:
+            jobs = {job.arn: job for job in kept_jobs(backend.account_id, backend.region_name)}
+            for job in jobs.values():
+                if job.status == "Stopping":
+                    job.move("Stopped")
+                elif job.status not in ENDED:
+                    _start(job)
+            backend._llmtasks_invocation_jobs = jobs  # type: ignore[attr-defined]
     return jobs
+
+
+def _start(job: InvocationJob) -> None:
+    threading.Thread(target=JobRun(job).run, name=f"bedrock-batch-{job.job_id}", daemon=True).start()
 
 
 def _check(value: Any, pattern: re.Pattern[str], name: str) -> str:
@@ -145,7 +166,8 @@ def create_job(backend: BedrockBackend, request: dict[str, Any]) -> InvocationJo
         region=backend.region_name,
     )
     jobs[job.arn] = job
-    threading.Thread(target=JobRun(job).run, name=f"bedrock-batch-{job_id}", daemon=True).start()
+    job.keep()
+    _start(job)
     return job
 
 

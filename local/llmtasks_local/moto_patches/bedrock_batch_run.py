@@ -22,7 +22,7 @@ DELAY_VARIABLE = "LLMTASKS_BEDROCK_BATCH_DELAY_S"
 ERROR_RATE_VARIABLE = "LLMTASKS_BEDROCK_BATCH_ERROR_RATE"
 ERROR_MARKER = "[mock:batch-error]"
 DEFAULT_DELAY_S = 5.0
-STOPPING_S = 0.2  # how long a stopped job shows Stopping
+STOPPING_S = 0.5  # how long a stopped job shows Stopping
 
 # Bedrock's default quotas for batch inference (Service Quotas: per model and account).
 MIN_RECORDS_PER_JOB = 100
@@ -32,6 +32,15 @@ MAX_FILE_BYTES = 1024**3
 MAX_JOB_BYTES = 5 * 1024**3
 
 ENDED = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
+RUNNING = ("Submitted", "Validating", "Scheduled", "InProgress")
+# Each job is kept as a JSON object here, in the endpoint's own S3: the state dir keeps it (and
+# its output) across a restart of the stack, and the next Bedrock call picks the job up again.
+JOBS_BUCKET = "llmtasks-local-bedrock-jobs"
+_KEPT = (
+    *("arn", "name", "model_id", "role_arn", "input_uri", "output_uri", "invocation_type"),
+    *("timeout_hours", "token", "delay_s", "error_rate", "account_id", "region", "submitted"),
+    *("status", "message", "modified", "ended", "counts"),
+)
 
 
 @dataclass
@@ -67,6 +76,15 @@ class InvocationJob:
             self.message = message
         if status in ENDED:
             self.ended = self.modified
+        self.keep()
+
+    def keep(self) -> None:
+        """Writes the job to JOBS_BUCKET (after each change)."""
+        s3 = s3_backends[self.account_id][get_partition(self.region)]
+        if JOBS_BUCKET not in s3.buckets:
+            s3.create_bucket(JOBS_BUCKET, self.region)
+        body = json.dumps({name: getattr(self, name) for name in _KEPT}).encode()
+        s3.put_object(JOBS_BUCKET, f"{self.account_id}/{self.region}/{self.job_id}.json", body)
 
     def view(self) -> dict[str, Any]:
         """The job as GetModelInvocationJob (and a ListModelInvocationJobs summary) shows it."""
@@ -94,6 +112,20 @@ class InvocationJob:
         return view
 
 
+def kept_jobs(account_id: str, region: str) -> list[InvocationJob]:
+    """The jobs JOBS_BUCKET holds for this account and region (what a restarted endpoint had)."""
+    s3 = s3_backends[account_id][get_partition(region)]
+    if JOBS_BUCKET not in s3.buckets:
+        return []
+    bucket = s3.get_bucket(JOBS_BUCKET)
+    prefix = f"{account_id}/{region}/"
+    return [
+        InvocationJob(**json.loads(bytes(bucket.keys[key].value)))
+        for key in bucket.keys
+        if key.startswith(prefix)
+    ]
+
+
 def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
 
@@ -109,7 +141,7 @@ class JobRun:
         job = self.job
         if self._waits(0.1):
             return
-        job.move("Validating")
+        self._reach("Validating")
         try:
             files = self._inputs()
         except ValueError as failed:
@@ -121,7 +153,7 @@ class JobRun:
         for status, share in (("Scheduled", 0.2), ("InProgress", 0.3)):
             if self._waits(share):
                 return
-            job.move(status)
+            self._reach(status)
         if self._waits(1.0):
             return
         summary = {"totalRecordCount": total, "processedRecordCount": 0, "successRecordCount": 0}
@@ -136,6 +168,12 @@ class JobRun:
             "errorRecordCount": summary["errorRecordCount"],
         }
         job.move("PartiallyCompleted" if summary["errorRecordCount"] else "Completed")
+
+    def _reach(self, status: str) -> None:
+        """Moves the job on to `status`, never back (a job run on after a restart of the
+        endpoint goes through the steps it has passed without showing them again)."""
+        if RUNNING.index(status) > RUNNING.index(self.job.status):
+            self.job.move(status)
 
     def _waits(self, share: float) -> bool:
         """Waits until `share` of the delay has passed since the submit; True when the job was
