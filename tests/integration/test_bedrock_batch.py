@@ -33,6 +33,7 @@ from llmtasks.llm.bedrock_batch import (
     record_id,
 )
 from llmtasks_local.emulator.processes import stop
+from llmtasks_local.moto_patches import bedrock_batch as emulator_patterns
 from llmtasks_local.moto_patches import bedrock_batch_run as emulator
 from tests.helpers import local_client, moto_endpoint
 from tests.integration.test_durable_state import Endpoint
@@ -494,3 +495,13 @@ def test_a_job_survives_a_sigkill_of_the_endpoint_and_a_submit_sent_again_finds_
     finally:
         if endpoint.process is not None and endpoint.process.poll() is None:
             stop(endpoint.process)
+
+
+def test_tags_bedrock_s_name_rules_would_merge_still_name_jobs_of_their_own() -> None:
+    tags = ["b_1", "b-1", "b.1", "x" * 80, "x" * 80 + "y", "foo-pad5"]
+
+    names = [job_name(tag, 99) for tag in tags]
+
+    assert len(set(names)) == len(tags)
+    assert all(emulator_patterns.JOB_NAME.fullmatch(name) and len(name) <= 63 for name in names)
+    assert job_name("foo-pad5") != "foo-pad5"  # never read back as five padding records

@@ -55,7 +55,8 @@ PAD_INPUT = {
 }
 # Converse request fields a batch record does not carry: the model is the job's.
 _NOT_IN_RECORD = ("modelId", "requestMetadata")
-_NAME_MAX = 63
+# A job name has at most 63 characters: the tag's part leaves room for `-pad<n>` (n < 100).
+_TAG_MAX = 56
 _PAD_NAME = re.compile(r"-pad(\d+)$")
 
 STATES = {
@@ -78,10 +79,13 @@ def record_id(index: int, *, pad: bool = False) -> str:
 
 
 def job_name(tag: str, pads: int = 0) -> str:
-    """The job's name: the tag in the characters Bedrock allows, with the padding's count."""
-    safe = re.sub(r"[^a-zA-Z0-9-]", "-", tag).strip("-") or "batch"
-    suffix = f"-pad{pads}" if pads else ""
-    return safe[: _NAME_MAX - len(suffix)] + suffix
+    """The job's name (and its files' folder): the tag in the characters Bedrock allows, and when
+    they changed or cut it, a digest of the whole tag (two tags never share a job); then the
+    padding's count."""
+    safe = re.sub(r"[^a-zA-Z0-9-]", "-", tag).strip("-")
+    if safe != tag or len(safe) > _TAG_MAX or _PAD_NAME.search(safe):
+        safe = f"{safe[: _TAG_MAX - 13]}-{hashlib.sha256(tag.encode()).hexdigest()[:12]}".lstrip("-")
+    return safe + (f"-pad{pads}" if pads else "")
 
 
 class BedrockBatchJobs:
