@@ -231,6 +231,18 @@ class FanoutSettings(ItemLimits, SubmitGrace, Prices):
     """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
 
 
+class BedrockBatchSettings(SettingsSection):
+    """A provider batch on Bedrock (llm/bedrock_batch.py): BatchFunction."""
+
+    # The service role a batch inference job runs as (template: BedrockBatchRole); "" off Bedrock.
+    bedrock_batch_role_arn: str | None = None
+
+    @field_validator("bedrock_batch_role_arn", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+
 class LlmSettings(ModelDefault, CallTimeout):
     """The LLM provider and its keys (llm/): WorkerFunction."""
 
@@ -319,7 +331,9 @@ class WebhookSettings(WebhookTargets):
         return value
 
 
-class Settings(SubmitSettings, FanoutSettings, LlmSettings, RunnerSettings, WebhookSettings):
+class Settings(
+    SubmitSettings, FanoutSettings, BedrockBatchSettings, LlmSettings, RunnerSettings, WebhookSettings
+):
     """Every section in one: the whole list of variables, and what tests build services from.
     A function reads only its own sections (wiring)."""
 

@@ -44,6 +44,32 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("WorkerFunction", "secretsmanager:GetSecretValue", "*"): "the LLM key, with LlmApiKeySecretArn set",
     ("WorkerFunction", "bedrock:InvokeModel", "*"): "LlmProvider=bedrock",
     ("WorkerFunction", "bedrock:InvokeModelWithResponseStream", "*"): "LlmProvider=bedrock, streamed",
+    ("BatchFunction", "bedrock:CreateModelInvocationJob", "*"): "LlmProvider=bedrock, a provider batch",
+    (
+        "BatchFunction",
+        "bedrock:GetModelInvocationJob",
+        "*",
+    ): "LlmProvider=bedrock, a provider batch's progress",
+    (
+        "BatchFunction",
+        "bedrock:StopModelInvocationJob",
+        "*",
+    ): "LlmProvider=bedrock, a provider batch cancelled",
+    ("BatchFunction", "bedrock:ListModelInvocationJobs", "*"): (
+        "LlmProvider=bedrock, a provider batch whose submit crashed before its job id was stored"
+    ),
+    ("BatchFunction", "iam:PassRole", "*"): "LlmProvider=bedrock, BedrockBatchRole handed to a job",
+    (
+        "BatchFunction",
+        "s3:PutObject",
+        "*",
+    ): "LlmProvider=bedrock, a provider batch's records (bedrock-batch/)",
+    (
+        "BatchFunction",
+        "s3:GetObject",
+        "*",
+    ): "LlmProvider=bedrock, a provider batch's answers (bedrock-batch/)",
+    ("BatchFunction", "s3:ListBucket", "*"): "LlmProvider=bedrock, a provider batch's output files",
     ("WebhookFunction", "sqs:SendMessage", "llmtasks-local-WebhookDLQ"): "a delivery's last failure",
     ("WorkerFunction", "sqs:ChangeMessageVisibility", "*"): "a message whose lease is held elsewhere",
     ("WorkerFunction", "sqs:DeleteMessage", "*"): (

@@ -180,9 +180,10 @@ def test_large_results_outlive_their_tasks_by_default(aws: Aws) -> None:
     bucket = aws.resources.bucket_names["ResultsBucket"]
     rules = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
     # Large results, batch manifests (a batch's items until they are fanned out), files (uploads,
-    # outputs) expire; the parts of a file written in parts that never completed are dropped.
+    # outputs), a Bedrock batch job's records and answers expire; the parts of a file written in
+    # parts that never completed are dropped.
     expiring = {rule["Filter"].get("Prefix", rule.get("Prefix")) for rule in rules if "Expiration" in rule}
-    assert expiring == {"results/", "batches/", "files/", "uploads/"}
+    assert expiring == {"results/", "batches/", "files/", "uploads/", "bedrock-batch/"}
     days = {rule["Filter"]["Prefix"]: rule["Expiration"]["Days"] for rule in rules if "Expiration" in rule}
     assert days.pop("uploads/") == 1  # an upload's parts, a day after it expired
     assert set(days.values()) == {int(parameters["ResultRetentionDays"])}

@@ -9,6 +9,8 @@ each is checked against a real endpoint's behaviour by tests/integration/test_aw
 - `fair_queues`: a standard queue hands out the messages of quiet tenants (MessageGroupId) first,
   as SQS fair queues do;
 - `redrive`: SQS's message move tasks (StartMessageMoveTask and friends), which moto lacks;
+- `bedrock_batch`: Bedrock's batch inference jobs (CreateModelInvocationJob and friends), which
+  moto lacks, run against moto's S3 with the mock LLM's answers;
 - `queue_index`: an SQS queue's receives and deletes find their messages without scanning it;
 - `fast_paths`: moto's replies and expressions computed the same way at a fraction of the cost
   (tests/unit/test_fast_paths.py); with them `index_queries`, a Query on an index that reads
@@ -77,9 +79,18 @@ def install(beneath_fair_queues: Callable[[], None] | None = None) -> bool:
     records the atomic writes, so replays take the same locks and keep the indexes)."""
     if not enabled():
         return False
-    from llmtasks_local.moto_patches import atomic, fair_queues, fast_paths, queue_index, redrive, ttl_index
+    from llmtasks_local.moto_patches import (
+        atomic,
+        bedrock_batch,
+        fair_queues,
+        fast_paths,
+        queue_index,
+        redrive,
+        ttl_index,
+    )
 
     redrive.install()
+    bedrock_batch.install()
     atomic.install()
     queue_index.install()
     ttl_index.install()

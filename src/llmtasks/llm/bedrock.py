@@ -273,7 +273,7 @@ class BedrockConverse:
                     reply: Any = await asyncio.to_thread(self._client.converse, **arguments)
                 else:
                     reply = await asyncio.to_thread(
-                        self._stream, arguments, _answer_tool(request), on_progress, loop
+                        self._stream, arguments, answer_tool(request), on_progress, loop
                     )
         except (TimeoutError, ReadTimeoutError, ConnectTimeoutError) as exc:
             raise LLMError(
@@ -293,7 +293,7 @@ class BedrockConverse:
                 code="llm_unreachable",
                 transient=True,
             ) from exc
-        return self._completion(reply, arguments["modelId"], _answer_tool(request))
+        return converse_completion(reply, arguments["modelId"], answer_tool(request))
 
     def _stream(
         self,
@@ -326,49 +326,52 @@ class BedrockConverse:
             return 500
         return int(shape.metadata.get("error", {}).get("httpStatusCode", 500))
 
-    def _completion(self, reply: Any, model: str, answer: str | None) -> Completion:
-        blocks = reply.get("output", {}).get("message", {}).get("content", [])
-        texts: list[str] = []
-        reasoning: list[str] = []
-        calls: list[ToolCall] = []
-        answered = False
-        for block in blocks:
-            if "text" in block:
-                texts.append(block["text"])
-            elif "reasoningContent" in block:
-                reasoning.append(block["reasoningContent"].get("reasoningText", {}).get("text", ""))
-            elif "toolUse" in block:
-                use = block["toolUse"]
-                if use["name"] == answer:  # a json_schema's answer: the tool's input
-                    texts, answered = [json.dumps(use.get("input", {}))], True
-                    break
-                arguments_text = json.dumps(use.get("input", {}))
-                calls.append(
-                    ToolCall(
-                        id=use["toolUseId"], function=FunctionCall(name=use["name"], arguments=arguments_text)
-                    )
+
+def converse_completion(reply: Any, model: str, answer: str | None) -> Completion:
+    """A Converse reply as a Completion (`answer`: the json_schema tool whose input is the
+    answer); LLMError when it holds no answer. A batch job's modelOutput is read the same way."""
+    blocks = reply.get("output", {}).get("message", {}).get("content", [])
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    answered = False
+    for block in blocks:
+        if "text" in block:
+            texts.append(block["text"])
+        elif "reasoningContent" in block:
+            reasoning.append(block["reasoningContent"].get("reasoningText", {}).get("text", ""))
+        elif "toolUse" in block:
+            use = block["toolUse"]
+            if use["name"] == answer:  # a json_schema's answer: the tool's input
+                texts, answered = [json.dumps(use.get("input", {}))], True
+                break
+            arguments_text = json.dumps(use.get("input", {}))
+            calls.append(
+                ToolCall(
+                    id=use["toolUseId"], function=FunctionCall(name=use["name"], arguments=arguments_text)
                 )
-        if not answered and not texts and not calls:
-            raise LLMError("Bedrock's reply has no text.", code="llm_invalid_reply", transient=False)
-        usage = reply.get("usage", {})
-        stop = reply.get("stopReason")
-        finish = "stop" if answered else FINISH_REASONS.get(stop, stop) if stop else None
-        return Completion(
-            text="".join(texts),
-            model=model,
-            # Converse counts cache reads apart from inputTokens; Usage has them inside the
-            # prompt's tokens, as OpenAI does, so that one price rule serves both.
-            usage=Usage(
-                prompt_tokens=usage.get("inputTokens", 0) + usage.get("cacheReadInputTokens", 0),
-                completion_tokens=usage.get("outputTokens", 0),
-                total_tokens=usage.get("totalTokens", 0),
-                cached_tokens=usage.get("cacheReadInputTokens", 0),
-                service_tier=(reply.get("serviceTier") or {}).get("type"),  # the tier that served it
-            ),
-            finish_reason=finish,
-            tool_calls=None if answered else calls or None,
-            reasoning="".join(reasoning) or None,
-        )
+            )
+    if not answered and not texts and not calls:
+        raise LLMError("Bedrock's reply has no text.", code="llm_invalid_reply", transient=False)
+    usage = reply.get("usage", {})
+    stop = reply.get("stopReason")
+    finish = "stop" if answered else FINISH_REASONS.get(stop, stop) if stop else None
+    return Completion(
+        text="".join(texts),
+        model=model,
+        # Converse counts cache reads apart from inputTokens; Usage has them inside the
+        # prompt's tokens, as OpenAI does, so that one price rule serves both.
+        usage=Usage(
+            prompt_tokens=usage.get("inputTokens", 0) + usage.get("cacheReadInputTokens", 0),
+            completion_tokens=usage.get("outputTokens", 0),
+            total_tokens=usage.get("totalTokens", 0),
+            cached_tokens=usage.get("cacheReadInputTokens", 0),
+            service_tier=(reply.get("serviceTier") or {}).get("type"),  # the tier that served it
+        ),
+        finish_reason=finish,
+        tool_calls=None if answered else calls or None,
+        reasoning="".join(reasoning) or None,
+    )
 
 
 class _StreamedReply:
@@ -437,7 +440,7 @@ class _StreamedReply:
         return {**self._reply, "output": {"message": {"role": "assistant", "content": content}}}
 
 
-def _answer_tool(request: LLMRequest) -> str | None:
+def answer_tool(request: LLMRequest) -> str | None:
     """The tool whose input is the answer: a json_schema format's, named after the schema."""
     form = request.response_format
     return form.json_schema.name if isinstance(form, JsonSchemaFormat) else None
