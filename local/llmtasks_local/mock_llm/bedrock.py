@@ -19,7 +19,8 @@ import uuid
 from typing import Any
 
 from llmtasks_local.mock_llm import reply
-from llmtasks_local.mock_llm.request import OpenAIError, read_call
+from llmtasks_local.mock_llm.errors import OpenAIError
+from llmtasks_local.mock_llm.request import read_call
 
 CONVERSE_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 CLAUDE_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
