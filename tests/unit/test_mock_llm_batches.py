@@ -9,7 +9,6 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -32,24 +31,17 @@ CHAT = "/v1/chat/completions"
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[MockLLM, str]]:
-    mock = MockLLM()
-    with serve(mock.app()) as url:
-        yield mock, url + "/v1"
-
-
 @pytest.fixture(autouse=True)
-def mock(server: tuple[MockLLM, str]) -> MockLLM:
+def mock(mock_server: tuple[MockLLM, str]) -> MockLLM:
     """The module's mock with quick batches and zeroed counters, for every test."""
-    server[0].configure(MockConfig(batch_delay_s=0.5, seed=7), reseed=True)
-    server[0].reset_stats()
-    return server[0]
+    mock_server[0].configure(MockConfig(batch_delay_s=0.5, seed=7), reseed=True)
+    mock_server[0].reset_stats()
+    return mock_server[0]
 
 
 @pytest.fixture
-def client(server: tuple[MockLLM, str]) -> OpenAI:
-    return OpenAI(base_url=server[1], api_key="sk-mock", max_retries=0)
+def client(mock_server: tuple[MockLLM, str]) -> OpenAI:
+    return OpenAI(base_url=mock_server[1], api_key="sk-mock", max_retries=0)
 
 
 def knobs(mock: MockLLM, **changes: Any) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
@@ -18,7 +17,6 @@ from pydantic import BaseModel
 
 from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
 from llmtasks_local.mock_llm.schema import broken, instance
-from tests.helpers import serve
 
 pytestmark = pytest.mark.unit
 
@@ -52,28 +50,21 @@ class Label(BaseModel):
     pages: int
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[MockLLM, str]]:
-    mock = MockLLM()
-    with serve(mock.app()) as url:
-        yield mock, url + "/v1"
-
-
 @pytest.fixture(autouse=True)
-def mock(server: tuple[MockLLM, str]) -> MockLLM:
+def mock(mock_server: tuple[MockLLM, str]) -> MockLLM:
     """The module's mock with default knobs and zeroed counters, for every test."""
-    server[0].configure(MockConfig(), reseed=True)
-    server[0].reset_stats()
-    return server[0]
+    mock_server[0].configure(MockConfig(), reseed=True)
+    mock_server[0].reset_stats()
+    return mock_server[0]
 
 
 @pytest.fixture
-def client(server: tuple[MockLLM, str], mock: MockLLM) -> OpenAI:
-    return OpenAI(base_url=server[1], api_key="sk-mock", max_retries=0)
+def client(mock_server: tuple[MockLLM, str], mock: MockLLM) -> OpenAI:
+    return OpenAI(base_url=mock_server[1], api_key="sk-mock", max_retries=0)
 
 
-def post(server: tuple[MockLLM, str], body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{server[1]}/chat/completions", json=body, timeout=10)
+def post(mock_server: tuple[MockLLM, str], body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{mock_server[1]}/chat/completions", json=body, timeout=10)
 
 
 def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -106,7 +97,7 @@ def test_image_parts_reach_the_provider_counted_at_openai_s_documented_tokens(
 
 
 def test_file_and_audio_parts_are_counted_and_their_decoded_bytes_summed(
-    server: tuple[MockLLM, str], mock: MockLLM
+    mock_server: tuple[MockLLM, str], mock: MockLLM
 ) -> None:
     pdf = b"%PDF-1.4 " + b"x" * 391  # 400 bytes: 100 tokens, and 85 for the file
     audio = b"\x00" * 6400  # two tokens of audio
@@ -123,7 +114,7 @@ def test_file_and_audio_parts_are_counted_and_their_decoded_bytes_summed(
             },
         ),
     }
-    reply = post(server, body)
+    reply = post(mock_server, body)
     assert reply.status_code == 200, reply.text
     usage = reply.json()["usage"]
     assert usage["prompt_tokens"] == 2 + (85 + 100) + 85 + 2
@@ -133,7 +124,7 @@ def test_file_and_audio_parts_are_counted_and_their_decoded_bytes_summed(
 
 
 def test_every_role_is_taken_an_assistant_s_content_null_beside_its_tool_calls(
-    server: tuple[MockLLM, str],
+    mock_server: tuple[MockLLM, str],
 ) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
@@ -148,7 +139,7 @@ def test_every_role_is_taken_an_assistant_s_content_null_beside_its_tool_calls(
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
-    reply = post(server, {"model": "gpt-4o", "messages": messages, "tools": [WEATHER]})
+    reply = post(mock_server, {"model": "gpt-4o", "messages": messages, "tools": [WEATHER]})
     assert reply.status_code == 200, reply.text
     # After a tool message the answer quotes the tool results: a multi-step run used them
     assert (
@@ -219,10 +210,10 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("change", "expected"), MALFORMED)
 def test_a_malformed_request_gets_openai_s_400_naming_the_parameter(
-    server: tuple[MockLLM, str], mock: MockLLM, change: dict[str, Any], expected: tuple[str, str]
+    mock_server: tuple[MockLLM, str], mock: MockLLM, change: dict[str, Any], expected: tuple[str, str]
 ) -> None:
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], **change}
-    reply = post(server, body)
+    reply = post(mock_server, body)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (*expected, "invalid_request_error")
@@ -270,7 +261,7 @@ def test_without_a_label_in_the_prompt_the_enum_s_first_value_is_given(client: O
     assert reply.choices[0].message.parsed == Label(label="invoice", confidence=0.0, pages=0)
 
 
-def test_a_label_in_a_file_s_data_steers_the_enum(server: tuple[MockLLM, str]) -> None:
+def test_a_label_in_a_file_s_data_steers_the_enum(mock_server: tuple[MockLLM, str]) -> None:
     pdf = b"%PDF-1.4\nBT (Dear Sir, this letter) Tj ET\n%%EOF"
     file_data = "data:application/pdf;base64," + base64.b64encode(pdf).decode()
     body = {
@@ -283,7 +274,7 @@ def test_a_label_in_a_file_s_data_steers_the_enum(server: tuple[MockLLM, str]) -
             "json_schema": {"name": "label", "schema": Label.model_json_schema(), "strict": True},
         },
     }
-    content = post(server, body).json()["choices"][0]["message"]["content"]
+    content = post(mock_server, body).json()["choices"][0]["message"]["content"]
     assert json.loads(content)["label"] == "letter"
 
 
@@ -332,13 +323,13 @@ def test_the_generated_json_fits_its_schema_and_the_broken_json_does_not() -> No
 
 
 def test_a_marker_or_the_rate_knob_gets_json_that_breaks_its_schema(
-    server: tuple[MockLLM, str], mock: MockLLM
+    mock_server: tuple[MockLLM, str], mock: MockLLM
 ) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA, "strict": True}}
 
     def answer(prompt: str) -> Any:
         body = {"model": "gpt-4o", "messages": [{"role": "user", "content": prompt}], "response_format": fmt}
-        return json.loads(post(server, body).json()["choices"][0]["message"]["content"])
+        return json.loads(post(mock_server, body).json()["choices"][0]["message"]["content"])
 
     jsonschema.validate(answer("fine"), SCHEMA)
     with pytest.raises(jsonschema.ValidationError):
@@ -350,7 +341,7 @@ def test_a_marker_or_the_rate_knob_gets_json_that_breaks_its_schema(
 
 
 def test_json_object_mode_answers_a_json_object_and_the_marker_cuts_it_short(
-    server: tuple[MockLLM, str],
+    mock_server: tuple[MockLLM, str],
 ) -> None:
     def content(prompt: str) -> str:
         body = {
@@ -358,7 +349,7 @@ def test_json_object_mode_answers_a_json_object_and_the_marker_cuts_it_short(
             "messages": [{"role": "user", "content": prompt}],
             "response_format": {"type": "json_object"},
         }
-        return str(post(server, body).json()["choices"][0]["message"]["content"])
+        return str(post(mock_server, body).json()["choices"][0]["message"]["content"])
 
     assert isinstance(json.loads(content("answer in JSON")), dict)
     with pytest.raises(json.JSONDecodeError):
@@ -405,7 +396,7 @@ def test_tool_choice_required_calls_every_tool_with_arguments_that_fit(client: O
     ],
 )
 def test_which_tools_are_called_follows_tool_choice_and_parallel_tool_calls(
-    server: tuple[MockLLM, str], choice: Any, parallel: bool, prompt: str, called: list[str]
+    mock_server: tuple[MockLLM, str], choice: Any, parallel: bool, prompt: str, called: list[str]
 ) -> None:
     body = {
         "model": "gpt-4o",
@@ -414,7 +405,7 @@ def test_which_tools_are_called_follows_tool_choice_and_parallel_tool_calls(
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
     }
-    message = post(server, body).json()["choices"][0]["message"]
+    message = post(mock_server, body).json()["choices"][0]["message"]
     assert [c["function"]["name"] for c in message.get("tool_calls") or []] == called
     assert (message["content"] is None) == bool(called)
 
@@ -560,10 +551,10 @@ def test_a_prompt_prefix_seen_before_is_reported_as_cached_tokens(client: OpenAI
 
 
 def test_a_streamed_answer_carries_the_role_a_word_a_chunk_and_the_finish_reason_last(
-    server: tuple[MockLLM, str],
+    mock_server: tuple[MockLLM, str],
 ) -> None:
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "stream it"}], "stream": True}
-    with httpx.stream("POST", f"{server[1]}/chat/completions", json=body, timeout=10) as reply:
+    with httpx.stream("POST", f"{mock_server[1]}/chat/completions", json=body, timeout=10) as reply:
         lines = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]

@@ -54,24 +54,17 @@ class Label(BaseModel):
     pages: int
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[MockLLM, str]]:
-    mock = MockLLM()
-    with serve(mock.app()) as url:
-        yield mock, url + "/v1"
-
-
 @pytest.fixture(autouse=True)
-def mock(server: tuple[MockLLM, str]) -> MockLLM:
+def mock(mock_server: tuple[MockLLM, str]) -> MockLLM:
     """The module's mock with default knobs and zeroed counters, for every test."""
-    server[0].configure(MockConfig(), reseed=True)
-    server[0].reset_stats()
-    return server[0]
+    mock_server[0].configure(MockConfig(), reseed=True)
+    mock_server[0].reset_stats()
+    return mock_server[0]
 
 
 @pytest.fixture
-def client(server: tuple[MockLLM, str], mock: MockLLM) -> OpenAI:
-    return OpenAI(base_url=server[1], api_key="sk-mock", max_retries=0)
+def client(mock_server: tuple[MockLLM, str], mock: MockLLM) -> OpenAI:
+    return OpenAI(base_url=mock_server[1], api_key="sk-mock", max_retries=0)
 
 
 class Receiver:
@@ -318,7 +311,7 @@ def test_call_tools_answers_function_call_items_with_arguments_that_fit(client: 
     ],
 )
 def test_which_tools_are_called_follows_tool_choice(
-    server: tuple[MockLLM, str], choice: Any, parallel: bool, called: list[str]
+    mock_server: tuple[MockLLM, str], choice: Any, parallel: bool, called: list[str]
 ) -> None:
     body = {
         "model": "gpt-4o",
@@ -327,7 +320,7 @@ def test_which_tools_are_called_follows_tool_choice(
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
     }
-    reply = httpx.post(f"{server[1]}/responses", json=body, timeout=10)
+    reply = httpx.post(f"{mock_server[1]}/responses", json=body, timeout=10)
     assert reply.status_code == 200, reply.text
     assert [i["name"] for i in reply.json()["output"] if i["type"] == "function_call"] == called
 
@@ -476,10 +469,10 @@ def test_max_output_tokens_leaves_the_response_incomplete(
     ],
 )
 def test_a_malformed_request_gets_openai_s_400(
-    server: tuple[MockLLM, str], mock: MockLLM, change: dict[str, Any], param: str
+    mock_server: tuple[MockLLM, str], mock: MockLLM, change: dict[str, Any], param: str
 ) -> None:
     body = {"model": "gpt-4o", "input": "hi", **change}
-    reply = httpx.post(f"{server[1]}/responses", json=body, timeout=10)
+    reply = httpx.post(f"{mock_server[1]}/responses", json=body, timeout=10)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert (error["param"], error["type"]) == (param, "invalid_request_error")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,30 +20,23 @@ from llmtasks.llm.keys import LlmEndpoint
 from llmtasks.llm.openai import OpenAIChat, chat_body
 from llmtasks.llm.openai_batches import OpenAIBatchJobs
 from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
-from tests.helpers import HANG_S, free_port, serve
+from tests.helpers import HANG_S, free_port
 
 pytestmark = pytest.mark.unit
 
 MODEL = "gpt-4o-mini"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[MockLLM, str]]:
-    mock = MockLLM()
-    with serve(mock.app()) as url:
-        yield mock, url + "/v1"
-
-
 @pytest.fixture(autouse=True)
-def mock(server: tuple[MockLLM, str]) -> MockLLM:
-    server[0].configure(MockConfig(batch_delay_s=0.5, seed=3), reseed=True)
-    server[0].reset_stats()
-    return server[0]
+def mock(mock_server: tuple[MockLLM, str]) -> MockLLM:
+    mock_server[0].configure(MockConfig(batch_delay_s=0.5, seed=3), reseed=True)
+    mock_server[0].reset_stats()
+    return mock_server[0]
 
 
 @pytest.fixture
-def jobs(server: tuple[MockLLM, str]) -> OpenAIBatchJobs:
-    return OpenAIBatchJobs(LlmEndpoint(server[1], "sk-batch"), timeout_s=10)
+def jobs(mock_server: tuple[MockLLM, str]) -> OpenAIBatchJobs:
+    return OpenAIBatchJobs(LlmEndpoint(mock_server[1], "sk-batch"), timeout_s=10)
 
 
 def knobs(mock: MockLLM, **changes: Any) -> None:
@@ -95,7 +87,7 @@ def test_a_job_is_submitted_looked_at_and_read_back(jobs: OpenAIBatchJobs, mock:
 
 
 def test_a_line_is_the_body_openai_chat_sends_for_the_same_request(
-    server: tuple[MockLLM, str], jobs: OpenAIBatchJobs, mock: MockLLM
+    mock_server: tuple[MockLLM, str], jobs: OpenAIBatchJobs, mock: MockLLM
 ) -> None:
     request = LLMRequest.model_validate(
         {
@@ -115,7 +107,7 @@ def test_a_line_is_the_body_openai_chat_sends_for_the_same_request(
     }
 
     # The mock counts each top-level parameter it is sent: one call, then one batch line
-    asyncio.run(OpenAIChat(base_url=server[1], default_model=MODEL).complete(request, timeout_s=5))
+    asyncio.run(OpenAIChat(base_url=mock_server[1], default_model=MODEL).complete(request, timeout_s=5))
     by_call = dict(mock.stats.params)
     mock.reset_stats()
     status = ended(jobs, jobs.submit(MODEL, [("one", request)], tag="t"))
@@ -185,9 +177,11 @@ def test_a_job_the_provider_refuses_is_failed_with_its_reasons_and_no_results(
 
 
 def test_a_job_past_the_limits_is_refused_before_anything_is_sent(
-    server: tuple[MockLLM, str], mock: MockLLM
+    mock_server: tuple[MockLLM, str], mock: MockLLM
 ) -> None:
-    small = OpenAIBatchJobs(LlmEndpoint(server[1], "sk"), limits=BatchLimits(max_requests=3, max_bytes=600))
+    small = OpenAIBatchJobs(
+        LlmEndpoint(mock_server[1], "sk"), limits=BatchLimits(max_requests=3, max_bytes=600)
+    )
     with pytest.raises(ValueError, match="at most 3 requests"):
         small.submit(MODEL, prompts(4), tag="t")
     with pytest.raises(ValueError, match="at most 600 bytes"):
