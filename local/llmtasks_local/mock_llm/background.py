@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from standardwebhooks import Webhook
 
-from llmtasks_local.mock_llm.config import MockConfig
+from llmtasks_local.mock_llm.config import MockConfig, MockStats
 from llmtasks_local.mock_llm.request import ChatCall
 
 # The responses kept for retrieval (the oldest forgotten past this many).
@@ -80,6 +81,25 @@ class ResponseStore:
 
 def event_type(status: str) -> str:
     return f"response.{status}"
+
+
+class _Counts(Protocol):
+    lock: threading.Lock
+    stats: MockStats
+
+
+def delivery_counter(mock: _Counts) -> Callable[[bool], None]:
+    """`send_event`'s `counted` that counts each attempt in the mock's stats (read at the
+    attempt: a reset in between starts them again)."""
+
+    def counted(delivered: bool) -> None:
+        with mock.lock:
+            if delivered:
+                mock.stats.webhooks_sent += 1
+            else:
+                mock.stats.webhook_failures += 1
+
+    return counted
 
 
 async def send_event(

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llmtasks_local.mock_llm.background import send_event
+from llmtasks_local.mock_llm.background import delivery_counter, send_event
 from llmtasks_local.mock_llm.batch_input import read_input
 from llmtasks_local.mock_llm.errors import OpenAIError, error
 from llmtasks_local.mock_llm.files_api import FilesAPI, StoredFile
@@ -318,14 +318,7 @@ class BatchesAPI:
             ended = self.mock.stats.batches_ended
             ended[status] = ended.get(status, 0) + 1
 
-        def counted(delivered: bool) -> None:
-            with self.mock.lock:
-                if delivered:
-                    self.mock.stats.webhooks_sent += 1
-                else:
-                    self.mock.stats.webhook_failures += 1
-
-        self._spawn(send_event(self.mock.config, f"batch.{status}", job.id, counted))
+        self._spawn(send_event(self.mock.config, f"batch.{status}", job.id, delivery_counter(self.mock)))
 
     def _object(self, job: Job) -> dict[str, Any]:
         """The Batch object as it stands."""

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmtasks_local.mock_llm.background import ResponseStore, Stored, event_type, send_event
+from llmtasks_local.mock_llm.background import ResponseStore, Stored, delivery_counter, event_type, send_event
 from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats
 from llmtasks_local.mock_llm.errors import OpenAIError, error, flex_unavailable
 from llmtasks_local.mock_llm.request import ChatCall
@@ -208,15 +208,8 @@ class ResponsesAPI:
         """OpenAI's webhook event for a background response that ended (when one is configured)."""
         assert stored.response is not None
 
-        def counted(delivered: bool) -> None:
-            with self.mock.lock:
-                if delivered:
-                    self.mock.stats.webhooks_sent += 1
-                else:
-                    self.mock.stats.webhook_failures += 1
-
         kind = event_type(stored.response["status"])
-        self._spawn(send_event(self.mock.config, kind, stored.id, counted))
+        self._spawn(send_event(self.mock.config, kind, stored.id, delivery_counter(self.mock)))
 
     def _view(self, stored: Stored) -> dict[str, Any]:
         """The response as it stands now (ending it first when its time is up)."""
