@@ -82,7 +82,8 @@ class MockConfig(BaseSettings):
     webhook_url: str | None = Field(
         default=None,
         description="Where OpenAI's webhook events go when a background response ends (response.completed,"
-        " .failed, .cancelled, .incomplete), signed as OpenAI signs them (Standard Webhooks); None: none.",
+        " .failed, .cancelled, .incomplete) or a batch does (batch.completed, .failed, .expired,"
+        " .cancelled), signed as OpenAI signs them (Standard Webhooks); None: none.",
     )
     webhook_secret: str | None = Field(
         default=None, description="The webhooks' signing secret, `whsec_` and base64 (as OpenAI's are)."
@@ -94,6 +95,29 @@ class MockConfig(BaseSettings):
     )
     webhook_retry_s: float = Field(
         default=0.5, ge=0, description="The first pause between attempts; each next one doubles."
+    )
+    batch_delay_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="A batch's time from create to completed: validating, its lines run spread over"
+        " the time, finalizing.",
+    )
+    rate_batch_fail: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of a batch's lines that fail (a 500 in its error file); `[mock:batch-fail]`"
+        " in a line's messages fails that line.",
+    )
+    batch_expire_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A batch still running this long after its create expires: its lines not run are"
+        " written to the error file as batch_expired. None: the 24 h window (never, in a test).",
+    )
+    batch_max_requests: int = Field(default=50_000, ge=1, description="Lines a batch may hold (OpenAI's).")
+    batch_max_bytes: int = Field(
+        default=200 * 1024 * 1024, ge=1, description="Bytes a batch input file may hold (OpenAI's 200 MB)."
     )
     seed: int | None = None
 
@@ -162,6 +186,13 @@ class MockStats(BaseModel):
     cancel_requests: int = 0  # POST /v1/responses/{id}/cancel, answered or refused
     webhooks_sent: int = 0  # events delivered (a 2xx)
     webhook_failures: int = 0  # attempts that got no 2xx
+    # The Files and Batches APIs.
+    files_uploaded: int = 0
+    batches_created: int = 0
+    batch_lines_run: int = 0  # lines answered (200) or failed (4xx, 5xx); not the expired ones
+    batch_lines_failed: int = 0
+    batch_polls: int = 0  # GET /v1/batches/{id}
+    batches_ended: dict[str, int] = Field(default_factory=dict)  # by end: completed, failed, ...
 
     def calls_for(self, prompt: str) -> int:
         return len(self.outcomes_by_prompt.get(prompt, ()))

@@ -1,10 +1,11 @@
-"""The mock LLM: OpenAI's Chat Completions and Responses APIs in miniature, with knobs.
+"""The mock LLM: OpenAI's Chat Completions, Responses and Batch APIs in miniature, with knobs.
 
 `llmtasks mock-llm` runs it; the local stack starts it unless LLM_BASE_URL is set. It reads a
 request as OpenAI does (request.py: content parts, tools, response_format, reasoning; a 400 in
 OpenAI's words for what OpenAI refuses) and answers in OpenAI's shapes (reply.py). A Responses
 call is read into the same chat call and its answer written back as a Response (responses.py);
-background mode and its webhooks are background.py. Knobs are set
+background mode and its webhooks are background.py; the Files and Batches APIs are
+files_api.py and batches_api.py. Knobs are set
 at start (flags or MOCK_LLM_* variables) and per run over HTTP (`PUT /_mock/config`); the
 counters at `GET /_mock/stats` let tests assert concurrency, spend and what reached the provider.
 """
@@ -27,7 +28,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmtasks_local import KEEP_ALIVE_S
+from llmtasks_local.mock_llm.batches_api import BatchesAPI
 from llmtasks_local.mock_llm.config import Decision, MockConfig, MockStats, Outcome, OutcomeSlot
+from llmtasks_local.mock_llm.files_api import FilesAPI
 from llmtasks_local.mock_llm.limits import KeyCounts, KeyLimit
 from llmtasks_local.mock_llm.reply import chunks, completion
 from llmtasks_local.mock_llm.request import ChatCall, OpenAIError, error, read_call
@@ -68,6 +71,8 @@ class MockLLM:
         self._counts = _key_counts(self.config)
         self._prefixes: OrderedDict[str, None] = OrderedDict()  # prompt prefixes seen (cached_tokens)
         self.responses = ResponsesAPI(self)
+        self.files = FilesAPI(self)
+        self.batches = BatchesAPI(self, self.files)
 
     def decide(self, call: ChatCall, key: str) -> Decision:
         """This call's fate and its time, drawn and counted under the lock; the rate-limit
@@ -125,6 +130,11 @@ class MockLLM:
         with self.lock:
             record, index = slot
             record[index] = "gone"
+
+    def draw(self) -> float:
+        """A draw of the mock's seeded random, in [0, 1)."""
+        with self.lock:
+            return self._random.random()
 
     def leave(self) -> None:
         with self.lock:
@@ -309,6 +319,8 @@ class MockLLM:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/chat/completions", self.chat_completions, methods=["POST"]),
                 *self.responses.routes(),
+                *self.files.routes(),
+                *self.batches.routes(),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/_mock/stats", self.get_stats, methods=["GET"]),
                 Route("/_mock/config", self.put_config, methods=["PUT"]),

@@ -65,6 +65,11 @@ class _ChatReply(BaseModel):
     usage: Usage | None = None
 
 
+def chat_body(request: LLMRequest, model: str) -> dict[str, Any]:
+    """The Chat Completions body of a request: a call's, and a batch line's (llm/openai_batches.py)."""
+    return {"model": model, "messages": request.chat_messages(), **request.parameters()}
+
+
 def _error_message(response: httpx.Response) -> str:
     """The provider's own words (kept in the task's error), without the key the call sent:
     some providers quote it back."""
@@ -119,11 +124,7 @@ class OpenAIChat:
         on_progress: OnProgress | None = None,
         tokens: int = 0,
     ) -> Completion:
-        body: dict[str, Any] = {
-            "model": request.model or self._default_model,
-            "messages": request.chat_messages(),
-            **request.parameters(),
-        }
+        body = chat_body(request, request.model or self._default_model)
         give_up = time.monotonic() + timeout_s
         tried: set[int] = set()
         while True:
@@ -207,14 +208,14 @@ class OpenAIChat:
         """One unstreamed request of the Responses API on one key: the answer's body."""
         url = endpoint.base_url.rstrip("/") + path
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        with _transport_errors(timeout_s):
+        with transport_errors(timeout_s):
             async with asyncio.timeout(timeout_s):
                 response = await self._client().request(
                     method, url, json=body, headers=headers, timeout=timeout_s
                 )
         heard.update(response.headers)
         if response.status_code >= 400:
-            raise _http_error(response)
+            raise http_error(response)
         return response.content
 
     async def _call(
@@ -230,7 +231,7 @@ class OpenAIChat:
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         if on_progress is not None:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        with _transport_errors(timeout_s):
+        with transport_errors(timeout_s):
             # httpx's timeout bounds each read, not the call: a server that trickles bytes would
             # outlive it (and the function). asyncio.timeout bounds the whole call.
             deadline = asyncio.get_running_loop().time() + timeout_s
@@ -241,16 +242,16 @@ class OpenAIChat:
                 heard.update(response.headers)
                 if response.status_code >= 400:
                     await response.aread()
-                    raise _http_error(response)
+                    raise http_error(response)
                 if on_progress is not None and response.headers.get("content-type", "").startswith(
                     "text/event-stream"
                 ):
                     return await _read_stream(response, body["model"], on_progress, deadline=deadline)
-                return _completion(await response.aread(), body["model"])
+                return read_chat_reply(await response.aread(), body["model"])
 
 
 @contextlib.contextmanager
-def _transport_errors(timeout_s: float) -> Iterator[None]:
+def transport_errors(timeout_s: float) -> Iterator[None]:
     """httpx's timeouts and connection failures (and asyncio's timeout) as the transient
     LLMErrors every call of this provider raises."""
     try:
@@ -265,7 +266,7 @@ def _transport_errors(timeout_s: float) -> Iterator[None]:
         ) from exc
 
 
-def _http_error(response: httpx.Response) -> LLMError:
+def http_error(response: httpx.Response) -> LLMError:
     status = response.status_code
     retry_after = parse_retry_after(response.headers.get("retry-after"))
     if status == 429 and retry_after is None:
@@ -279,9 +280,14 @@ def _http_error(response: httpx.Response) -> LLMError:
     )
 
 
-def _completion(content: bytes, model: str) -> Completion:
+def read_chat_reply(content: bytes | dict[str, Any], model: str) -> Completion:
+    """A chat completion (its JSON, or the object a batch's output line holds) as a Completion."""
     try:
-        reply = _ChatReply.model_validate_json(content)
+        reply = (
+            _ChatReply.model_validate_json(content)
+            if isinstance(content, bytes)
+            else _ChatReply.model_validate(content)
+        )
     except ValidationError as exc:
         raise LLMError(
             "The LLM's reply is not a chat completion.", code="llm_invalid_reply", transient=False
