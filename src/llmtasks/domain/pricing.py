@@ -55,9 +55,10 @@ class PriceTable(BaseModel):
     source: str | None = None
     models: dict[str, ModelPrice]
 
-    def price(self, usage: Usage, model: str) -> Usage:
+    def price(self, usage: Usage, model: str, tier: str | None = None) -> Usage:
         """`usage` with its cost: `cost_usd` from this table, or 0 and `cost_unknown` when the
-        table has no price for `model`."""
+        table has no price for `model`. `tier` ("batch": a provider's batch job) names the
+        column to price at; this table has the standard one only, an upper bound for it."""
         prices = self.models.get(model)
         if prices is None:
             return usage.model_copy(update={"cost_usd": 0.0, "cost_unknown": True})

@@ -1,0 +1,303 @@
+"""Provider batches (`mode: "provider"`): a batch's chunks sent as the provider's batch jobs, on
+moto in-process with the mock LLM's Batch API over real HTTP (OpenAIBatchJobs), through the
+handlers the template names. The rules alone (backoff, parts, counts) first."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from llmtasks.aws.provider_jobs import ProviderJobs
+from llmtasks.aws.queues import Queue
+from llmtasks.domain.batches import BatchStatus
+from llmtasks.domain.llm_request import LLMRequest
+from llmtasks.domain.messages import FanoutMessage
+from llmtasks.domain.models import TaskStatus
+from llmtasks.domain.provider_batches import (
+    LOOK_MAX_S,
+    ProviderJob,
+    index_of,
+    item_custom_id,
+    job_parts,
+    job_tag,
+    look_delay,
+    provider_refusal,
+    shown_counts,
+)
+from llmtasks.llm.keys import LlmEndpoint
+from llmtasks.llm.openai_batches import OpenAIBatchJobs
+from llmtasks.services.batch_items import BatchFanout
+from llmtasks.services.batch_outcomes import batch_task_id
+from llmtasks.services.provider_batches import ProviderBatches
+from llmtasks.settings import Settings
+from llmtasks_local.mock_llm import reply_text
+from tests.conftest import Aws, RunningMock
+from tests.helpers import blobs, eventually
+from tests.unit.test_batches import Rig, counters
+
+pytestmark = pytest.mark.unit
+CHUNK = 4
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def test_looks_back_off_by_half_again_each_time_up_to_sqs_s_longest_delay() -> None:
+    assert [look_delay(n, 30) for n in range(5)] == [30, 45, 67, 101, 151]
+    assert look_delay(20, 30) == LOOK_MAX_S == 900
+    assert look_delay(3, 0) == 0  # a stack that looks at once (the tests')
+
+
+def test_a_chunk_s_jobs_hold_one_model_each_within_the_provider_s_limits() -> None:
+    lines = [(0, "a", 10), (1, "b", 10), (2, "a", 10), (3, "a", 30), (4, "a", 10), (5, "b", 10)]
+    assert job_parts(lines, max_requests=2, max_bytes=1000) == [[0, 2], [3, 4], [1, 5]]
+    assert job_parts(lines, max_requests=10, max_bytes=40) == [[0, 2], [3, 4], [1, 5]]
+    assert job_parts(lines, max_requests=10, max_bytes=1000) == [[0, 2, 3, 4], [1, 5]]
+    # A line larger than a job's bytes still goes, alone (the provider says why it refuses it).
+    assert job_parts([(0, "a", 50), (1, "a", 5)], max_requests=10, max_bytes=20) == [[0], [1]]
+
+
+def test_custom_ids_name_the_item_s_place_and_pads_name_none() -> None:
+    assert index_of(item_custom_id(1234)) == 1234
+    assert index_of("pad-0") is None
+    assert index_of("i") is None
+    assert job_tag("b" * 32, 3, 1) == f"llmtasks-{'b' * 32}-3-1"
+
+
+def test_counts_while_jobs_run_are_the_provider_s_never_below_the_exact_ones() -> None:
+    exact = {"pending": 0, "processing": 10, "completed": 0, "failed": 0, "cancelled": 0}
+    shown = shown_counts(exact, 10, {"0-0": [3, 1], "1-0": [2, 0]})
+    assert shown == {"pending": 0, "processing": 4, "completed": 5, "failed": 1, "cancelled": 0}
+    # Exact counts past the provider's (a job ended, its items counted): the exact ones hold.
+    later = {"pending": 0, "processing": 2, "completed": 7, "failed": 1, "cancelled": 0}
+    assert shown_counts(later, 10, {"0-0": [3, 1], "1-0": [2, 0]}) == later
+    assert shown_counts(exact, 10, {}) == exact
+    # Providers' counts that would pass the total with the cancelled: the exact ones.
+    cancelled = {"pending": 0, "processing": 2, "completed": 0, "failed": 0, "cancelled": 8}
+    assert shown_counts(cancelled, 10, {"0-0": [5, 0]}) == cancelled
+
+
+def test_only_providers_with_a_batch_api_take_provider_batches() -> None:
+    assert provider_refusal("openai") is None
+    refusal = provider_refusal("bedrock")
+    assert refusal is not None
+    assert "no batch API" in refusal
+
+
+# --- through the handlers ----------------------------------------------------------------------
+
+
+class RecordingQueue(Queue):
+    """BatchFanoutQueue, with each look's delay kept (moto hides a delayed message until due)."""
+
+    def __init__(self, url: str, client: Any) -> None:
+        super().__init__(url, client)
+        self.delays: list[tuple[FanoutMessage, float]] = []
+
+    def send(self, body: Any, *, delay_s: float = 0, **kwargs: Any) -> str:
+        if isinstance(body, FanoutMessage) and body.action == "look":
+            self.delays.append((body, delay_s))
+        return super().send(body, delay_s=delay_s, **kwargs)
+
+
+class ProviderRig(Rig):
+    def __init__(self, aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> None:
+        super().__init__(aws, handler, settings, mock_llm)
+        self.jobs_store = ProviderJobs(settings.tasks_table_name, aws.dynamodb)
+        self.provider = OpenAIBatchJobs(LlmEndpoint(mock_llm.url, "sk-batch"), timeout_s=10)
+        self.looks = RecordingQueue(settings.batch_fanout_queue_url, aws.sqs)
+        self.provider_batches = ProviderBatches(
+            settings, self.store, self.jobs_store, self.provider, self.looks, blobs(settings)
+        )
+        self.fanout = BatchFanout(
+            settings,
+            self.store,
+            self.batches,
+            self.lanes,
+            ends=self.ends,
+            results=blobs(settings),
+            provider=self.provider_batches,
+        )
+        self.mock = mock_llm
+
+    def provider_jobs(self, batch_id: str) -> list[dict[str, Any]]:
+        """The batch's jobs the mock holds (GET /v1/batches: the mock serves every test)."""
+        listed = httpx.get(f"{self.mock.url}/batches", params={"limit": 100}).json()["data"]
+        prefix = f"llmtasks-{batch_id}-"
+        return [job for job in listed if job["metadata"]["llmtasks_job"].startswith(prefix)]
+
+    def settle(self, batch_id: str, *, timeout_s: float = 30) -> None:
+        """Fan-out messages and looks delivered, the stream counted, until the batch has ended."""
+
+        def step() -> BatchStatus:
+            self.fan_out()
+            self.count(self.stream())
+            return self.batch(batch_id).status
+
+        eventually(step, lambda status: status.is_terminal, timeout_s=timeout_s, every_s=0.1, what="the end")
+
+
+@pytest.fixture
+def rig(aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> ProviderRig:
+    mock_llm.configure(batch_delay_s=0.6)
+    overrides = {"provider_batch_chunk_size": CHUNK, "provider_batch_look_s": 0.0, "retry_base_delay_s": 0.0}
+    return ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm)
+
+
+def items(count: int) -> list[dict[str, Any]]:
+    return [{"prompt": f"item {i}", "custom_id": f"c{i}"} for i in range(count)]
+
+
+def test_a_provider_batch_runs_as_jobs_and_keeps_the_batch_contract(rig: ProviderRig) -> None:
+    accepted = rig.submit(items(10), mode="provider", webhook_url="http://127.0.0.1:9/hook")
+    batch_id = accepted["batch_id"]
+    assert rig.batch(batch_id).chunk_size == CHUNK
+    # The fan-out writes the items processing and sends one job a chunk: no item on a lane.
+    rig.fan_out()
+    assert rig.aws.messages("BatchTaskQueue") == []
+    tasks = rig.store.get_many([batch_task_id(batch_id, i) for i in range(10)])
+    assert {task.status for task in tasks.values()} == {TaskStatus.PROCESSING}
+    assert all(task.lease_id is None for task in tasks.values())
+    jobs = rig.provider_jobs(batch_id)
+    assert len(jobs) == 3  # 10 items, 4 a chunk
+    assert sorted(job["metadata"]["llmtasks_job"] for job in jobs) == [
+        job_tag(batch_id, chunk, 0) for chunk in range(3)
+    ]
+    rig.settle(batch_id)
+    batch = rig.batch(batch_id)
+    assert batch.status is BatchStatus.COMPLETED
+    assert counters(batch) == rig.full_count(batch) == Counter(
+        {"completed": 10, "pending": 0, "processing": 0, "failed": 0, "cancelled": 0}
+    )
+    # The worker never called the LLM: the jobs answered every item.
+    assert rig.mock.stats.calls == 0
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [(r["index"], r["custom_id"], r["status"]) for r in results] == [
+        (i, f"c{i}", "completed") for i in range(10)
+    ]
+    assert [r["result"] for r in results] == [reply_text(f"item {i}") for i in range(10)]
+    assert all(r["usage"]["total_tokens"] > 0 and r["attempts"] == 1 for r in results)
+    view = rig.api.call("GET", f"/batches/{batch_id}")["json"]
+    assert view["mode"] == "provider"
+    assert view["usage"]["total_tokens"] == sum(r["usage"]["total_tokens"] for r in results)
+    # One batch.completed event, as for any batch.
+    events = rig.relay(rig.stream())
+    assert [(e.event_type, e.batch_id) for e in events] == [("batch.completed", batch_id)]
+
+
+def test_a_redelivered_chunk_sends_no_second_job(rig: ProviderRig) -> None:
+    batch_id = rig.submit(items(3), mode="provider")["batch_id"]
+    [message] = rig.aws.messages("BatchFanoutQueue")
+    for _ in range(3):  # SQS is at-least-once: the same message three times
+        rig.batch_fn(rig._sqs_event("BatchFanoutQueue", [message]), rig.batch_ctx)
+    assert len(rig.provider_jobs(batch_id)) == 1
+    rig.settle(batch_id)
+    assert rig.batch(batch_id).completed == 3
+
+
+def test_a_chunk_that_died_between_the_job_and_its_id_finds_the_job_by_its_tag(rig: ProviderRig) -> None:
+    batch_id = rig.submit(items(3), mode="provider")["batch_id"]
+    batch = rig.batch(batch_id)
+    # Its first run wrote the job `creating`, sent it, and died before storing the id.
+    rig.jobs_store.begin(ProviderJob(batch_id=batch_id, chunk=0, part=0, expires_at=batch.expires_at))
+    lines = [(item_custom_id(i), LLMRequest(prompt=f"item {i}")) for i in range(3)]
+    sent = rig.provider.submit("gpt-4o-mini", lines, tag=job_tag(batch_id, 0, 0))
+    rig.fan_out()
+    assert [job["id"] for job in rig.provider_jobs(batch_id)] == [sent]
+    stored = rig.jobs_store.get(batch_id, 0, 0)
+    assert stored is not None
+    assert (stored.phase, stored.job_id) == ("running", sent)
+    rig.settle(batch_id)
+    assert rig.batch(batch_id).completed == 3
+
+
+def test_looks_back_off_and_store_the_provider_s_counts(
+    aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=30)
+    overrides = {"provider_batch_chunk_size": CHUNK, "provider_batch_look_s": 10.0}
+    rig = ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm)
+    batch_id = rig.submit(items(4), mode="provider")["batch_id"]
+    rig.fan_out()
+    look = FanoutMessage(batch_id=batch_id, chunk=0, action="look")
+    for _ in range(3):  # each look delivered at once here (their delays are SQS's)
+        rig.fanout.handle(look, sent_at=time.time())
+    assert [delay for _, delay in rig.looks.delays] == [10, 15, 22, 33]
+    job = rig.jobs_store.get(batch_id, 0, 0)
+    assert job is not None
+    assert (job.phase, job.looks) == ("running", 3)
+    assert rig.batch(batch_id).provider_counts == {"0-0": [job.completed, job.failed]}
+
+
+def test_failed_and_expired_lines_fail_their_items_and_a_retry_runs_them_as_tasks(
+    rig: ProviderRig, mock_llm: RunningMock
+) -> None:
+    batch_id = rig.submit(
+        [{"prompt": "ok 0"}, {"prompt": "[mock:batch-fail] 1"}, {"prompt": "ok 2"}], mode="provider"
+    )["batch_id"]
+    rig.settle(batch_id)
+    batch = rig.batch(batch_id)
+    assert batch.status is BatchStatus.COMPLETED_WITH_ERRORS
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [r["status"] for r in results] == ["completed", "failed", "completed"]
+    assert results[1]["error_code"] == "llm_http_500"
+    # The retry runs the failed item as an ordinary task, on its lane.
+    reply = rig.api.call("POST", f"/batches/{batch_id}/retry")
+    assert reply["statusCode"] == 202, reply
+    rig.fan_out()
+    assert rig.run_items() == 1
+    assert mock_llm.stats.calls == 1
+    rig.count(rig.stream())
+    # (The mock's batch-fail mark fails a job's line only: the on-demand call answers.)
+    assert rig.batch(batch_id).status is BatchStatus.COMPLETED
+    retried = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"][1]
+    assert (retried["status"], retried["result"]) == ("completed", reply_text("[mock:batch-fail] 1"))
+
+
+def test_lines_the_window_closed_on_fail_expired(rig: ProviderRig, mock_llm: RunningMock) -> None:
+    mock_llm.configure(batch_delay_s=60, batch_expire_s=0.3)
+    batch_id = rig.submit(items(4), mode="provider")["batch_id"]
+    rig.settle(batch_id)
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert {r["error_code"] for r in results} == {"expired"}
+    assert rig.batch(batch_id).failed == 4
+
+
+def test_a_cancel_cancels_the_jobs_and_their_unrun_items(rig: ProviderRig, mock_llm: RunningMock) -> None:
+    mock_llm.configure(batch_delay_s=60)
+    batch_id = rig.submit(items(6), mode="provider")["batch_id"]
+    rig.fan_out()
+    reply = rig.api.call("POST", f"/batches/{batch_id}/cancel")
+    assert reply["statusCode"] == 200, reply
+    rig.settle(batch_id)
+    batch = rig.batch(batch_id)
+    assert batch.status is BatchStatus.CANCELLED
+    assert counters(batch) == rig.full_count(batch)
+    assert batch.cancelled == 6
+    assert {job["status"] for job in rig.provider_jobs(batch_id)} == {"cancelled"}
+
+
+def test_a_provider_batch_is_refused_where_the_provider_has_no_batch_api(
+    aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock
+) -> None:
+    rig = ProviderRig(aws, handler, settings.model_copy(update={"llm_provider": "bedrock"}), mock_llm)
+    reply = rig.api.call("POST", "/batches", {"items": items(2), "mode": "provider"})
+    assert reply["statusCode"] == 422
+    assert "no batch API" in reply["json"]["detail"]
+
+
+def test_an_item_naming_an_uploaded_file_is_refused_in_a_provider_batch(rig: ProviderRig) -> None:
+    item = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"file_id": "file-" + "0" * 32}}],
+            }
+        ]
+    }
+    reply = rig.api.call("POST", "/batches", {"items": [item], "mode": "provider"})
+    assert reply["statusCode"] == 422
+    assert "uploaded files" in reply["json"]["detail"]
