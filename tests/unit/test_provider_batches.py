@@ -4,6 +4,8 @@ handlers the template names. The rules alone (backoff, parts, counts) first."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmtasks.api.openai_batch_files import ENDPOINTS, line_parser
 from llmtasks.aws.provider_jobs import ProviderJobs
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.batches import BatchStatus
@@ -30,6 +33,7 @@ from llmtasks.domain.provider_batches import (
 )
 from llmtasks.llm.keys import LlmEndpoint
 from llmtasks.llm.openai_batches import OpenAIBatchJobs
+from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchFanout
 from llmtasks.services.batch_outcomes import batch_task_id
 from llmtasks.services.provider_batches import ProviderBatches
@@ -120,6 +124,13 @@ class ProviderRig(Rig):
             ends=self.ends,
             results=blobs(settings),
             provider=self.provider_batches,
+            inputs=BatchInputReader(
+                settings,
+                self.batches,
+                blobs(settings),
+                self.fanout_queue,
+                parsers={endpoint: line_parser(endpoint) for endpoint in ENDPOINTS},
+            ),
         )
         self.mock = mock_llm
 
@@ -169,8 +180,10 @@ def test_a_provider_batch_runs_as_jobs_and_keeps_the_batch_contract(rig: Provide
     rig.settle(batch_id)
     batch = rig.batch(batch_id)
     assert batch.status is BatchStatus.COMPLETED
-    assert counters(batch) == rig.full_count(batch) == Counter(
-        {"completed": 10, "pending": 0, "processing": 0, "failed": 0, "cancelled": 0}
+    assert (
+        counters(batch)
+        == rig.full_count(batch)
+        == Counter({"completed": 10, "pending": 0, "processing": 0, "failed": 0, "cancelled": 0})
     )
     # The worker never called the LLM: the jobs answered every item.
     assert rig.mock.stats.calls == 0
@@ -301,3 +314,61 @@ def test_an_item_naming_an_uploaded_file_is_refused_in_a_provider_batch(rig: Pro
     reply = rig.api.call("POST", "/batches", {"items": [item], "mode": "provider"})
     assert reply["statusCode"] == 422
     assert "uploaded files" in reply["json"]["detail"]
+
+
+def test_v1_batches_takes_the_mode_and_answers_in_openai_s_files(rig: ProviderRig) -> None:
+    request = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
+    data = b"".join(
+        json.dumps(
+            {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": request}
+        ).encode()
+        + b"\n"
+        for i in range(6)
+    )
+    rig.service.put_file("default", "file-" + "b" * 32, data, filename="in.jsonl", purpose="batch")
+    created = rig.api.call(
+        "POST",
+        "/v1/batches",
+        {
+            "input_file_id": "file-" + "b" * 32,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "mode": "provider",
+        },
+    )
+    assert created["statusCode"] == 200, created
+    batch_id = created["json"]["id"].removeprefix("batch_")
+    assert rig.batch(batch_id).mode == "provider"
+    rig.settle(batch_id)
+    assert len(rig.provider_jobs(batch_id)) == 2  # 6 lines, 4 a chunk
+    ended = rig.api.call("GET", f"/v1/batches/batch_{batch_id}")["json"]
+    assert (ended["status"], ended["request_counts"]) == (
+        "completed",
+        {"total": 6, "completed": 6, "failed": 0},
+    )
+    output = rig.api.call("GET", f"/v1/files/{ended['output_file_id']}/content")
+    body = base64.b64decode(output["body"]) if output.get("isBase64Encoded") else output["body"].encode()
+    assert [json.loads(line)["custom_id"] for line in body.splitlines()] == [f"r{i}" for i in range(6)]
+    assert rig.mock.stats.calls == 0
+
+
+def test_get_counts_the_provider_s_progress_while_the_job_runs(
+    rig: ProviderRig, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=4)
+    batch_id = rig.submit(items(4), mode="provider")["batch_id"]
+    rig.fan_out()
+    rig.count(rig.stream())
+    look = FanoutMessage(batch_id=batch_id, chunk=0, action="look")
+
+    def looked() -> dict[str, Any]:
+        rig.fanout.handle(look, sent_at=time.time())
+        return dict(rig.api.call("GET", f"/batches/{batch_id}")["json"])
+
+    view = eventually(looked, lambda v: v["completed"] > 0, timeout_s=20, what="a count from the provider")
+    exact = rig.batch(batch_id)
+    assert exact.completed == 0  # no item has ended: the count is the provider's
+    assert view["status"] == "processing"
+    assert view["completed"] + view["failed"] + view["processing"] == 4
+    rig.settle(batch_id)
+    assert rig.api.call("GET", f"/batches/{batch_id}")["json"]["completed"] == 4
