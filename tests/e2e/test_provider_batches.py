@@ -6,16 +6,20 @@ on-demand call was made, and a retry runs the failed items as ordinary tasks."""
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from llmtasks_local.mock_llm import reply_text
+from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.e2e.test_batches import Progress, batch_events, results_of
-from tests.helpers import WebhookReceiver, eventually
+from tests.helpers import WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -77,3 +81,56 @@ def test_a_provider_batch_completes_with_exact_counts_ordered_results_and_one_we
             )
             assert (again["status"], again["completed"]) == ("completed", ITEMS)
             assert provider_stack.mock_stats()["calls"] == len(failed)  # as on-demand tasks
+
+
+@pytest.fixture
+def outside_llm() -> Iterator[tuple[MockLLM, str]]:
+    # Outside the stack, so that its jobs and counts span both of the stack's runs.
+    mock = MockLLM(MockConfig(batch_delay_s=12))
+    with serve(mock.app()) as url:
+        yield mock, url + "/v1"
+
+
+@pytest.mark.load
+@pytest.mark.crash
+@pytest.mark.timeout(600)
+def test_a_crash_while_the_jobs_run_loses_nothing_and_sends_no_second_job(
+    outside_llm: tuple[MockLLM, str], receiver: tuple[WebhookReceiver, str], tmp_path: Path
+) -> None:
+    mock, llm_url = outside_llm
+    hook, url = receiver
+    seed = int(os.environ.get("CRASH_SEED", random.randrange(1_000_000)))
+    kill_after_s = random.Random(seed).uniform(0.5, 8)  # in the fan-out, the jobs' sends or the looks
+    print(f"CRASH_SEED={seed}: the stack is killed {kill_after_s:.1f} s after the submit")
+    args = ("--state-dir", str(tmp_path / "state"))
+    env = {"LLM_BASE_URL": llm_url, "PROVIDER_BATCH_LOOK_S": "1", "PROVIDER_BATCH_CHUNK_SIZE": "100"}
+    items = [{"prompt": f"crash item {i}", "custom_id": f"item-{i}"} for i in range(ITEMS)]
+    first = start_stack(*args, env=env)
+    with first.client(timeout=60) as client:
+        reply = client.post("/batches", json={"items": items, "webhook_url": url, "mode": "provider"})
+        assert reply.status_code == 202, reply.text
+        batch_id = reply.json()["batch_id"]
+        time.sleep(kill_after_s)
+        first.crash()
+    second = start_stack(*args, env=env)
+    try:
+        with second.client() as client:
+            final = eventually(
+                lambda: client.get(f"/batches/{batch_id}").json(),
+                lambda view: view["status"] in ("completed", "completed_with_errors"),
+                timeout_s=300,
+                every_s=1,
+                what="the batch ended",
+            )
+            rows = results_of(client, batch_id)
+            hook.wait_for(1)
+            time.sleep(1)
+    finally:
+        second.stop(timeout_s=60)
+    assert (final["status"], final["completed"]) == ("completed", ITEMS)
+    assert [(row["custom_id"], row["status"]) for row in rows] == [
+        (f"item-{i}", "completed") for i in range(ITEMS)
+    ]
+    assert mock.stats.batches_created == ITEMS // 100  # one job a chunk, whatever the crash cut
+    assert mock.stats.calls == 0
+    assert [json.loads(d.body)["type"] for d in hook.deliveries] == ["batch.completed"]
