@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 
 from llmtasks_local.mock_llm import MockConfig, MockLLM, reply_text
 from tests.e2e.conftest import RunningStack, start_stack
@@ -81,6 +82,50 @@ def test_a_provider_batch_completes_with_exact_counts_ordered_results_and_one_we
             )
             assert (again["status"], again["completed"]) == ("completed", ITEMS)
             assert provider_stack.mock_stats()["calls"] == len(failed)  # as on-demand tasks
+
+
+@pytest.mark.timeout(300)
+def test_the_openai_sdk_s_batch_flow_runs_unchanged_with_the_provider_mode(
+    provider_stack: RunningStack,
+) -> None:
+    provider_stack.configure_mock(batch_delay_s=2)
+    lines = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"sdk {i}"}]},
+            }
+        ).encode()
+        + b"\n"
+        for i in range(150)
+    )
+    with OpenAI(base_url=provider_stack.api + "/v1", api_key=provider_stack.api_key, max_retries=0) as openai:
+        uploaded = openai.files.create(file=("in.jsonl", lines), purpose="batch")
+        created = openai.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"mode": "provider"},
+        )
+        ended = eventually(
+            lambda: openai.batches.retrieve(created.id),
+            lambda batch: batch.status in ("completed", "failed", "cancelled", "expired"),
+            timeout_s=240,
+            every_s=0.5,
+            what="the batch's end",
+        )
+        assert ended.status == "completed"
+        assert ended.request_counts is not None
+        assert (ended.request_counts.completed, ended.request_counts.failed) == (150, 0)
+        assert ended.output_file_id is not None
+        output = openai.files.content(ended.output_file_id).text.splitlines()
+    answers = {json.loads(line)["custom_id"]: json.loads(line)["response"]["body"] for line in output}
+    assert sorted(answers) == sorted(f"req-{i}" for i in range(150))
+    assert answers["req-7"]["choices"][0]["message"]["content"] == reply_text("sdk 7")
+    stats = provider_stack.mock_stats()
+    assert (stats["calls"], stats["batches_created"]) == (0, 2)  # 150 lines, 100 a job
 
 
 @pytest.fixture

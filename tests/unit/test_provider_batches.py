@@ -235,14 +235,29 @@ def test_looks_back_off_and_store_the_provider_s_counts(
     rig = ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm)
     batch_id = rig.submit(items(4), mode="provider")["batch_id"]
     rig.fan_out()
-    look = FanoutMessage(batch_id=batch_id, chunk=0, action="look")
     for _ in range(3):  # each look delivered at once here (their delays are SQS's)
-        rig.fanout.handle(look, sent_at=time.time())
-    assert [delay for _, delay in rig.looks.delays] == [10, 15, 22, 33]
+        rig.fanout.handle(rig.looks.delays[-1][0], sent_at=time.time())
+    assert [(message.looks, delay) for message, delay in rig.looks.delays] == [
+        (0, 10),
+        (1, 15),
+        (2, 22),
+        (3, 33),
+    ]
     job = rig.jobs_store.get(batch_id, 0, 0)
     assert job is not None
     assert (job.phase, job.looks) == ("running", 3)
     assert rig.batch(batch_id).provider_counts == {"0-0": [job.completed, job.failed]}
+    # A copy of a look already done (SQS redelivers), and the chunk's message again: the job
+    # keeps one chain of looks.
+    rig.fanout.handle(rig.looks.delays[1][0], sent_at=time.time())
+    assert len(rig.looks.delays) == 4
+    rig.fanout.handle(FanoutMessage(batch_id=batch_id, chunk=0), sent_at=time.time())
+    again = rig.looks.delays[-1][0]
+    assert again.looks == 3  # the same look number as the chain's pending one
+    for copy in (rig.looks.delays[3][0], again):
+        rig.fanout.handle(copy, sent_at=time.time())
+    assert [message.looks for message, _ in rig.looks.delays[5:]] == [4]  # one next look, not two
+    assert len(rig.provider_jobs(batch_id)) == 1
 
 
 def test_failed_and_expired_lines_fail_their_items_and_a_retry_runs_them_as_tasks(
@@ -359,10 +374,9 @@ def test_get_counts_the_provider_s_progress_while_the_job_runs(
     batch_id = rig.submit(items(4), mode="provider")["batch_id"]
     rig.fan_out()
     rig.count(rig.stream())
-    look = FanoutMessage(batch_id=batch_id, chunk=0, action="look")
 
     def looked() -> dict[str, Any]:
-        rig.fanout.handle(look, sent_at=time.time())
+        rig.fanout.handle(rig.looks.delays[-1][0], sent_at=time.time())
         return dict(rig.api.call("GET", f"/batches/{batch_id}")["json"])
 
     view = eventually(looked, lambda v: v["completed"] > 0, timeout_s=20, what="a count from the provider")

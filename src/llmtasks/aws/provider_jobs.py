@@ -84,20 +84,22 @@ class ProviderJobs:
             raise BackendError(f"provider job {job.tag}: its item is gone")
         return stored
 
-    def looked(self, job: ProviderJob, *, completed: int, failed: int) -> None:
-        """One more look at the running job, with the provider's counts (never lowered), on the
-        job and on its batch's `provider_counts`."""
+    def looked(self, job: ProviderJob, look: int, *, completed: int, failed: int) -> bool:
+        """Look number `look` at the running job done, with the provider's counts (never
+        lowered), on the job and on its batch's `provider_counts`; False when that look, or a
+        later one, was counted first (a copy)."""
         completed, failed = max(completed, job.completed), max(failed, job.failed)
-        with dynamodb_errors("write"):
-            self._client.update_item(
-                TableName=self.table_name,
-                Key=job_key(job.batch_id, job.chunk, job.part),
-                UpdateExpression="SET #looks = :looks, #completed = :completed, #failed = :failed",
-                ExpressionAttributeNames={"#looks": "looks", "#completed": "completed", "#failed": "failed"},
-                ExpressionAttributeValues=serialize(
-                    {":looks": job.looks + 1, ":completed": completed, ":failed": failed}
-                ),
-            )
+        counted = updated_if(
+            self._client,
+            self.table_name,
+            job_key(job.batch_id, job.chunk, job.part),
+            "SET #looks = :looks, #completed = :completed, #failed = :failed",
+            condition="#looks <= :seen",
+            values={":looks": look + 1, ":seen": look, ":completed": completed, ":failed": failed},
+            names={"#looks": "looks", "#completed": "completed", "#failed": "failed"},
+        )
+        if counted is None:
+            return False
         # The batch's map exists from its submit; a batch gone (expired) has none to count on.
         updated_if(
             self._client,
@@ -108,6 +110,7 @@ class ProviderJobs:
             values={":counts": [completed, failed]},
             names={"#job": job.name},
         )
+        return True
 
     def ended(self, job: ProviderJob) -> None:
         """Every item of the job has its outcome: later looks at it do nothing."""

@@ -87,9 +87,11 @@ class FanoutMessage(BaseModel):
     # Which retry of the batch a "retry" message runs (Batch.retries once asked), or whose end a
     # "files" message writes.
     retry: int = 0
-    # A provider batch's "look" at one of its chunk's jobs: which part, and how many of the
-    # job's results earlier looks have ended items with already.
+    # A provider batch's "look" at one of its chunk's jobs: which part, the job's looks before
+    # it (a look whose number the job has passed is a copy: dropped), and how many of the job's
+    # results earlier looks have ended items with already.
     part: int = 0
+    looks: int = 0
     offset: int = 0
 
 

@@ -146,7 +146,7 @@ class BatchFanout:
             self._ends.write_files(batch, message.retry)
             return
         items = self._items(batch, message.chunk)
-        self._providers(batch).look(batch, message.chunk, message.part, message.offset, items)
+        self._providers(batch).look(batch, message, items)
 
     def _providers(self, batch: Batch) -> ProviderBatches:
         if self._provider is None:

@@ -106,7 +106,7 @@ class ProviderBatches:
             if job.job_id is not None:
                 # Its first run stored the id; its look may not have been sent: send one (a
                 # second chain of looks costs reads, never a second job).
-                self._send_look(job, 0)
+                self._send_look(job, job.looks)
                 continue
             job_id = None if fresh else self._provider.find(job.tag)
             if job_id is None:
@@ -147,40 +147,40 @@ class ProviderBatches:
         return lines
 
     def _send_look(self, job: ProviderJob, looks: int, *, offset: int = 0, now: bool = False) -> None:
+        """Look number `looks` at the job: due after its backoff, or at once. A job follows one
+        chain of looks: a look runs unless a later one has (the job counts them), so copies (a
+        redelivery, a chunk's message again, a cancel's look) die out at the next."""
         delay = 0 if now else look_delay(looks, self._settings.provider_batch_look_s)
-        self._queue.send(
-            FanoutMessage(
-                batch_id=job.batch_id, chunk=job.chunk, part=job.part, action="look", offset=offset
-            ),
-            delay_s=delay,
+        message = FanoutMessage(
+            batch_id=job.batch_id, chunk=job.chunk, part=job.part, action="look", looks=looks, offset=offset
         )
+        self._queue.send(message, delay_s=delay)
 
-    def look(
-        self, batch: Batch, chunk: int, part: int, offset: int, items: list[tuple[int, BatchItem]]
-    ) -> None:
+    def look(self, batch: Batch, message: FanoutMessage, items: list[tuple[int, BatchItem]]) -> None:
         """One look at the job (see the module's docstring)."""
+        chunk, part, offset = message.chunk, message.part, message.offset
         job = self._jobs.get(batch.batch_id, chunk, part)
-        if job is None or job.phase != "running" or job.job_id is None:
-            logger.info(
-                "a look at a job not running; dropped",
-                batch_id=batch.batch_id,
-                tag=job_tag(batch.batch_id, chunk, part),
-            )
+        if job is None or job.phase != "running" or job.job_id is None or message.looks < job.looks:
+            tag = job_tag(batch.batch_id, chunk, part)
+            logger.info("a look at a job not running, or a copy; dropped", batch_id=batch.batch_id, tag=tag)
             return
         status = self._provider.look(job.job_id)
         if not status.state.is_ended:
-            self._jobs.looked(job, completed=status.completed, failed=status.failed)
-            self._send_look(job, job.looks + 1)
+            # The next look first, then this one counted: a crash between leaves the next to
+            # go on (this one's redelivery is stale by then); the other order could leave the
+            # job no look.
+            self._send_look(job, message.looks + 1)
+            self._jobs.looked(job, message.looks, completed=status.completed, failed=status.failed)
             return
         indexes = set(self._parts(items)[part])
         if status.state.has_results:
             page = self._page(status, offset)
             self._ingest(batch, indexes, page)
             if len(page) == INGEST_PAGE:
-                self._send_look(job, job.looks, offset=offset + INGEST_PAGE, now=True)
+                self._send_look(job, message.looks, offset=offset + INGEST_PAGE, now=True)
                 return
         self._sweep(batch, sorted(indexes), status)
-        self._jobs.looked(job, completed=status.completed, failed=status.failed)
+        self._jobs.looked(job, message.looks, completed=status.completed, failed=status.failed)
         self._jobs.ended(job)
         logger.info("provider job ended", batch_id=batch.batch_id, job_id=job.job_id, state=status.state)
 
