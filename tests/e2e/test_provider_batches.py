@@ -88,7 +88,7 @@ def test_a_provider_batch_completes_with_exact_counts_ordered_results_and_one_we
 def test_the_openai_sdk_s_batch_flow_runs_unchanged_with_the_provider_mode(
     provider_stack: RunningStack,
 ) -> None:
-    provider_stack.configure_mock(batch_delay_s=2)
+    provider_stack.configure_mock(batch_delay_s=2, rate_batch_fail=0.0)
     lines = b"".join(
         json.dumps(
             {

@@ -31,6 +31,7 @@ from llmtasks.domain.provider_batches import (
     provider_refusal,
     shown_counts,
 )
+from llmtasks.llm.batch_jobs import OPENAI_BATCH_LIMITS, BatchLimits
 from llmtasks.llm.keys import LlmEndpoint
 from llmtasks.llm.openai_batches import OpenAIBatchJobs
 from llmtasks.services.batch_inputs import BatchInputReader
@@ -108,10 +109,17 @@ class RecordingQueue(Queue):
 
 
 class ProviderRig(Rig):
-    def __init__(self, aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock) -> None:
+    def __init__(
+        self,
+        aws: Aws,
+        handler: Any,
+        settings: Settings,
+        mock_llm: RunningMock,
+        limits: BatchLimits = OPENAI_BATCH_LIMITS,
+    ) -> None:
         super().__init__(aws, handler, settings, mock_llm)
         self.jobs_store = ProviderJobs(settings.tasks_table_name, aws.dynamodb)
-        self.provider = OpenAIBatchJobs(LlmEndpoint(mock_llm.url, "sk-batch"), timeout_s=10)
+        self.provider = OpenAIBatchJobs(LlmEndpoint(mock_llm.url, "sk-batch"), timeout_s=10, limits=limits)
         self.looks = RecordingQueue(settings.batch_fanout_queue_url, aws.sqs)
         self.provider_batches = ProviderBatches(
             settings, self.store, self.jobs_store, self.provider, self.looks, blobs(settings)
@@ -386,3 +394,36 @@ def test_get_counts_the_provider_s_progress_while_the_job_runs(
     assert view["completed"] + view["failed"] + view["processing"] == 4
     rig.settle(batch_id)
     assert rig.api.call("GET", f"/batches/{batch_id}")["json"]["completed"] == 4
+
+
+def test_a_job_the_provider_fails_whole_fails_its_items_with_why(
+    rig: ProviderRig, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=0.6, batch_max_requests=2)  # the mock refuses 4 lines a job
+    batch_id = rig.submit(items(4), mode="provider")["batch_id"]
+    rig.settle(batch_id)
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert {r["error_code"] for r in results} == {"provider_batch_failed"}
+    assert "The provider's batch job failed" in results[0]["error"]
+    assert rig.batch(batch_id).status is BatchStatus.COMPLETED_WITH_ERRORS
+
+
+def test_a_line_past_the_provider_s_bytes_fails_alone_and_the_rest_run(
+    aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=0.6)
+    overrides = {"provider_batch_chunk_size": CHUNK, "provider_batch_look_s": 0.0}
+    # A provider whose jobs hold 1,000 bytes.
+    limits = BatchLimits(max_requests=100, max_bytes=1000)
+    rig = ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm, limits)
+    big = {"prompt": "x" * 2000, "custom_id": "big"}
+    batch_id = rig.submit([*items(2), big], mode="provider")["batch_id"]
+    rig.settle(batch_id)
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [(r["custom_id"], r["status"]) for r in results] == [
+        ("c0", "completed"),
+        ("c1", "completed"),
+        ("big", "failed"),
+    ]
+    assert results[2]["error_code"] == "provider_batch_failed"
+    assert len(rig.provider_jobs(batch_id)) == 1  # the big line's job was never sent

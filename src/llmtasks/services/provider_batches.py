@@ -114,7 +114,9 @@ class ProviderBatches:
                 if not lines:
                     self._jobs.ended(job)
                     continue
-                job_id = self._provider.submit(self._model(by_index[indexes[0]]), lines, tag=job.tag)
+                job_id = self._submit(batch, job, self._model(by_index[indexes[0]]), lines)
+                if job_id is None:
+                    continue
             else:
                 logger.info("provider job found by its tag", batch_id=batch.batch_id, tag=job.tag)
             stored = self._jobs.started(job, job_id)
@@ -125,6 +127,31 @@ class ProviderBatches:
                 continue
             logger.info("provider job sent", batch_id=batch.batch_id, chunk=chunk, part=part, job_id=job_id)
             self._send_look(stored, 0)
+
+    def _submit(
+        self, batch: Batch, job: ProviderJob, model: str, lines: list[tuple[str, LLMRequest]]
+    ) -> str | None:
+        """The job sent; None when the provider refused it for good (or it breaks the provider's
+        per-job limits: one line over its bytes): its items fail with why, and it has ended. A
+        transient refusal raises: the chunk's message comes back and tries again."""
+        try:
+            return self._provider.submit(model, lines, tag=job.tag)
+        except LLMError as refused:
+            if refused.transient:
+                raise
+            error = refused
+        except ValueError as past_limits:
+            error = LLMError(
+                f"The provider's batch job cannot hold it: {past_limits}", code=JOB_FAILED, transient=False
+            )
+        logger.warning("provider job refused", batch_id=batch.batch_id, tag=job.tag, code=error.code)
+        indexes = [index for custom_id, _ in lines if (index := index_of(custom_id)) is not None]
+        tasks = self._store.get_many([batch_task_id(batch.batch_id, index) for index in indexes])
+        for task in tasks.values():
+            if is_waiting(task):
+                self._end(task, None, error)
+        self._jobs.ended(job)
+        return None
 
     def _sendable(self, batch: Batch, items: list[tuple[int, BatchItem]]) -> list[tuple[str, LLMRequest]]:
         """The job's lines: its items still waiting (not refused by the budget, not cancelled);
