@@ -104,8 +104,8 @@ class ProviderBatches:
             if job.phase == "ended":
                 continue
             if job.job_id is not None:
-                # Its first run stored the id; its look may not have been sent: send one (a
-                # second chain of looks costs reads, never a second job).
+                # Its first run stored the id; its look may not have been sent: send one, under
+                # the job's look count (a copy of the chain's pending look, dropped after it).
                 self._send_look(job, job.looks)
                 continue
             job_id = None if fresh else self._provider.find(job.tag)
