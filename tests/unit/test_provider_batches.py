@@ -36,7 +36,7 @@ from llmtasks.llm.keys import LlmEndpoint
 from llmtasks.llm.openai_batches import OpenAIBatchJobs
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchFanout
-from llmtasks.services.batch_outcomes import batch_task_id
+from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
 from llmtasks.services.provider_batches import ProviderBatches
 from llmtasks.settings import Settings
 from llmtasks_local.mock_llm import reply_text
@@ -427,3 +427,27 @@ def test_a_line_past_the_provider_s_bytes_fails_alone_and_the_rest_run(
     ]
     assert results[2]["error_code"] == "provider_batch_failed"
     assert len(rig.provider_jobs(batch_id)) == 1  # the big line's job was never sent
+
+
+def test_a_look_the_provider_does_not_answer_comes_again_after_its_backoff(
+    rig: ProviderRig, settings: Settings
+) -> None:
+    batch_id = rig.submit(items(2), mode="provider")["batch_id"]
+    rig.fan_out()
+    [(pending, _)] = rig.looks.delays
+    unreachable = ProviderBatches(
+        rig.settings,
+        rig.store,
+        rig.jobs_store,
+        OpenAIBatchJobs(LlmEndpoint("http://127.0.0.1:9/v1", "sk-batch"), timeout_s=2),
+        rig.looks,
+        blobs(settings),
+    )
+    batch = rig.batch(batch_id)
+    unreachable.look(batch, pending, list(enumerate(read_chunk(blobs(settings), batch, 0))))
+    assert [message for message, _ in rig.looks.delays] == [pending, pending]  # the same look again
+    job = rig.jobs_store.get(batch_id, 0, 0)
+    assert job is not None
+    assert (job.phase, job.looks) == ("running", 0)
+    rig.settle(batch_id)  # and it goes on once the provider answers
+    assert rig.batch(batch_id).completed == 2

@@ -184,14 +184,33 @@ class ProviderBatches:
         self._queue.send(message, delay_s=delay)
 
     def look(self, batch: Batch, message: FanoutMessage, items: list[tuple[int, BatchItem]]) -> None:
-        """One look at the job (see the module's docstring)."""
-        chunk, part, offset = message.chunk, message.part, message.offset
+        """One look at the job (see the module's docstring). The provider unreachable (a
+        transient error): the same look again after its backoff, as a message of its own, so an
+        outage longer than the queue's redeliveries leaves the job its looks."""
+        chunk, part = message.chunk, message.part
         job = self._jobs.get(batch.batch_id, chunk, part)
         if job is None or job.phase != "running" or job.job_id is None or message.looks < job.looks:
             tag = job_tag(batch.batch_id, chunk, part)
             logger.info("a look at a job not running, or a copy; dropped", batch_id=batch.batch_id, tag=tag)
             return
-        status = self._provider.look(job.job_id)
+        try:
+            self._look(batch, job, job.job_id, message, items)
+        except LLMError as failed:
+            if not failed.transient:
+                raise
+            logger.warning("provider job not looked at; again later", tag=job.tag, code=failed.code)
+            self._send_look(job, message.looks, offset=message.offset)
+
+    def _look(
+        self,
+        batch: Batch,
+        job: ProviderJob,
+        job_id: str,
+        message: FanoutMessage,
+        items: list[tuple[int, BatchItem]],
+    ) -> None:
+        part, offset = message.part, message.offset
+        status = self._provider.look(job_id)
         if not status.state.is_ended:
             # The next look first, then this one counted: a crash between leaves the next to
             # go on (this one's redelivery is stale by then); the other order could leave the
