@@ -116,13 +116,14 @@ class ProviderRig(Rig):
         settings: Settings,
         mock_llm: RunningMock,
         limits: BatchLimits = OPENAI_BATCH_LIMITS,
+        page: int = 500,
     ) -> None:
         super().__init__(aws, handler, settings, mock_llm)
         self.jobs_store = ProviderJobs(settings.tasks_table_name, aws.dynamodb)
         self.provider = OpenAIBatchJobs(LlmEndpoint(mock_llm.url, "sk-batch"), timeout_s=10, limits=limits)
         self.looks = RecordingQueue(settings.batch_fanout_queue_url, aws.sqs)
         self.provider_batches = ProviderBatches(
-            settings, self.store, self.jobs_store, self.provider, self.looks, blobs(settings)
+            settings, self.store, self.jobs_store, self.provider, self.looks, blobs(settings), page=page
         )
         self.fanout = BatchFanout(
             settings,
@@ -451,3 +452,16 @@ def test_a_look_the_provider_does_not_answer_comes_again_after_its_backoff(
     assert (job.phase, job.looks) == ("running", 0)
     rig.settle(batch_id)  # and it goes on once the provider answers
     assert rig.batch(batch_id).completed == 2
+
+
+def test_an_ended_job_s_results_end_their_items_a_page_a_look(
+    aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=0.6, rate_batch_fail=0.0)
+    overrides = {"provider_batch_chunk_size": CHUNK, "provider_batch_look_s": 0.0}
+    rig = ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm, page=3)
+    batch_id = rig.submit(items(4), mode="provider")["batch_id"]
+    rig.settle(batch_id)
+    pages = [message.offset for message, _ in rig.looks.delays if message.offset]
+    assert pages == [3]  # 4 results: 3, then the last one in the next look
+    assert rig.batch(batch_id).completed == 4

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from llmtasks.aws.provider_jobs import ProviderJobs
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 # The error code of an item whose job failed whole (its input refused, ...), and of one a job
 # that ended left without an answer.
 JOB_FAILED = "provider_batch_failed"
+INGEST_THREADS = 8
 NO_ANSWER = "provider_batch_no_answer"
 
 
@@ -73,7 +75,9 @@ class ProviderBatches:
         results: ResultBlobs,
         *,
         clock: Clock = time.time,
+        page: int = INGEST_PAGE,
     ) -> None:
+        self._page_size = page  # results a look ends, the rest in the next
         self._settings = settings
         self._store = store
         self._jobs = jobs
@@ -222,8 +226,8 @@ class ProviderBatches:
         if status.state.has_results:
             page = self._page(status, offset)
             self._ingest(batch, indexes, page)
-            if len(page) == INGEST_PAGE:
-                self._send_look(job, message.looks, offset=offset + INGEST_PAGE, now=True)
+            if len(page) == self._page_size:
+                self._send_look(job, message.looks, offset=offset + self._page_size, now=True)
                 return
         self._sweep(batch, sorted(indexes), status)
         self._jobs.looked(job, message.looks, completed=status.completed, failed=status.failed)
@@ -236,23 +240,31 @@ class ProviderBatches:
             if number < offset:
                 continue
             page.append(result)
-            if len(page) == INGEST_PAGE:
+            if len(page) == self._page_size:
                 break
         return page
 
     def _ingest(self, batch: Batch, indexes: set[int], page: Iterable[JobResult]) -> None:
         """Each result of the page ends its item (one of this job's, still waiting)."""
         wanted = {index_of(result.custom_id): result for result in page}
-        ids = {batch_task_id(batch.batch_id, i): i for i in wanted if i is not None and i in indexes}
+        ids = {batch_task_id(batch.batch_id, i): i for i in sorted(i for i in wanted if i in indexes)}
         tasks = self._store.get_many(list(ids))
-        for task_id, index in ids.items():
-            task = tasks.get(task_id)
-            if task is not None and is_waiting(task):
-                outcome = wanted[index].outcome
-                if isinstance(outcome, LLMError) and outcome.code == "llm_batch_cancelled":
-                    self._cancel(task)
-                else:
-                    self._end(task, outcome if isinstance(outcome, Completion) else None, outcome)
+        due = [
+            (task, wanted[index].outcome)
+            for task_id, index in ids.items()
+            if (task := tasks.get(task_id)) is not None and is_waiting(task)
+        ]
+
+        def end(work: tuple[Task, Completion | LLMError]) -> None:
+            task, outcome = work
+            if isinstance(outcome, LLMError) and outcome.code == "llm_batch_cancelled":
+                self._cancel(task)
+            else:
+                self._end(task, outcome if isinstance(outcome, Completion) else None, outcome)
+
+        # In index order, a few at once: each item's end is a few writes, a page 500 items.
+        with ThreadPoolExecutor(INGEST_THREADS) as pool:
+            list(pool.map(end, due))
 
     def _sweep(self, batch: Batch, indexes: list[int], status: JobStatus) -> None:
         """The job's items its results left waiting: cancelled when it was cancelled, `expired`
