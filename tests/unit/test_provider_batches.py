@@ -80,9 +80,24 @@ def test_counts_while_jobs_run_are_the_provider_s_never_below_the_exact_ones() -
     later = {"pending": 0, "processing": 2, "completed": 7, "failed": 1, "cancelled": 0}
     assert shown_counts(later, 10, {"0-0": [3, 1], "1-0": [2, 0]}) == later
     assert shown_counts(exact, 10, {}) == exact
-    # Providers' counts that would pass the total with the cancelled: the exact ones.
+    # The stream has not counted every item created processing yet: the rest come from pending.
+    lagging = {"pending": 6, "processing": 4, "completed": 0, "failed": 0, "cancelled": 0}
+    assert shown_counts(lagging, 10, {"0-0": [7, 0]}) == {
+        "pending": 3,
+        "processing": 0,
+        "completed": 7,
+        "failed": 0,
+        "cancelled": 0,
+    }
+    # Never past what is left to end (a cancel ended the others).
     cancelled = {"pending": 0, "processing": 2, "completed": 0, "failed": 0, "cancelled": 8}
-    assert shown_counts(cancelled, 10, {"0-0": [5, 0]}) == cancelled
+    assert shown_counts(cancelled, 10, {"0-0": [5, 1]}) == {
+        "pending": 0,
+        "processing": 0,
+        "completed": 2,
+        "failed": 0,
+        "cancelled": 8,
+    }
 
 
 def test_only_providers_with_a_batch_api_take_provider_batches() -> None:

@@ -128,14 +128,21 @@ def job_parts(lines: Sequence[tuple[int, str, int]], *, max_requests: int, max_b
 def shown_counts(exact: dict[str, int], total: int, running: dict[str, list[int]] | None) -> dict[str, int]:
     """A provider batch's counts while its jobs run: completed and failed at least the
     providers' request counts summed over the jobs (`running`: job name -> [completed, failed]),
-    never below the exact ones; processing what is left."""
+    never below the exact ones. What the providers count past the exact ones is taken from the
+    items not ended yet, processing first, then pending (the stream may not have counted an item
+    created processing yet), so the counts still add up to `total`."""
     if not running:
         return exact
-    shown = dict(exact)
-    shown["completed"] = max(exact["completed"], sum(counts[0] for counts in running.values()))
-    shown["failed"] = max(exact["failed"], sum(counts[1] for counts in running.values()))
-    rest = total - shown["pending"] - shown["completed"] - shown["failed"] - shown["cancelled"]
-    if rest < 0:  # the providers count items the exact counts hold as cancelled: keep the exact
-        return exact
-    shown["processing"] = rest
-    return shown
+    room = exact["pending"] + exact["processing"]
+    more_completed = max(0, sum(counts[0] for counts in running.values()) - exact["completed"])
+    more_failed = max(0, sum(counts[1] for counts in running.values()) - exact["failed"])
+    take_completed = min(more_completed, room)
+    take_failed = min(more_failed, room - take_completed)
+    taken = take_completed + take_failed
+    from_processing = min(taken, exact["processing"])
+    return exact | {
+        "completed": exact["completed"] + take_completed,
+        "failed": exact["failed"] + take_failed,
+        "processing": exact["processing"] - from_processing,
+        "pending": exact["pending"] - (taken - from_processing),
+    }
