@@ -480,3 +480,31 @@ def test_an_ended_job_s_results_end_their_items_a_page_a_look(
     pages = [message.offset for message, _ in rig.looks.delays if message.offset]
     assert pages == [3]  # 4 results: 3, then the last one in the next look
     assert rig.batch(batch_id).completed == 4
+
+
+def test_a_job_short_of_the_provider_s_fewest_records_is_padded_and_its_pads_ignored(
+    aws: Aws, handler: Any, settings: Settings, mock_llm: RunningMock
+) -> None:
+    mock_llm.configure(batch_delay_s=0.6, rate_batch_fail=0.0)
+    overrides = {"provider_batch_chunk_size": CHUNK, "provider_batch_look_s": 0.0}
+    limits = BatchLimits(max_requests=100, max_bytes=1_000_000, min_records=5)  # as Bedrock's 100
+    rig = ProviderRig(aws, handler, settings.model_copy(update=overrides), mock_llm, limits)
+    batch_id = rig.submit(items(2), mode="provider")["batch_id"]
+    rig.settle(batch_id)
+    [job] = rig.provider_jobs(batch_id)
+    assert job["request_counts"]["total"] == 5  # two items and three copies of the first
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [(r["custom_id"], r["result"]) for r in results] == [
+        ("c0", reply_text("item 0")),
+        ("c1", reply_text("item 1")),
+    ]
+    assert rig.batch(batch_id).completed == 2
+
+
+def test_a_batch_cancelled_before_its_fan_out_sends_no_job(rig: ProviderRig) -> None:
+    batch_id = rig.submit(items(6), mode="provider")["batch_id"]
+    assert rig.api.call("POST", f"/batches/{batch_id}/cancel")["statusCode"] == 200
+    rig.settle(batch_id)
+    batch = rig.batch(batch_id)
+    assert (batch.status, batch.cancelled) == (BatchStatus.CANCELLED, 6)
+    assert rig.provider_jobs(batch_id) == []
