@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from llmtasks.api.openai_batch_files import ENDPOINTS, line_parser
-from llmtasks.aws.provider_jobs import ProviderJobs
+from llmtasks.aws.provider_jobs import ProviderJobs, job_key
 from llmtasks.aws.queues import Queue
 from llmtasks.domain.batches import BatchStatus
 from llmtasks.domain.llm_request import LLMRequest
@@ -508,3 +508,24 @@ def test_a_batch_cancelled_before_its_fan_out_sends_no_job(rig: ProviderRig) -> 
     batch = rig.batch(batch_id)
     assert (batch.status, batch.cancelled) == (BatchStatus.CANCELLED, 6)
     assert rig.provider_jobs(batch_id) == []
+
+
+def test_a_job_the_provider_no_longer_has_fails_its_items(rig: ProviderRig) -> None:
+    batch_id = rig.submit(items(2), mode="provider")["batch_id"]
+    rig.fan_out()
+    [(pending, _)] = rig.looks.delays
+    # The provider forgot the job (deleted there, past its retention).
+    rig.aws.dynamodb.update_item(
+        TableName=rig.settings.tasks_table_name,
+        Key=job_key(batch_id, 0, 0),
+        UpdateExpression="SET job_id = :gone",
+        ExpressionAttributeValues={":gone": {"S": "batch_" + "0" * 32}},
+    )
+    rig.fanout.handle(pending, sent_at=time.time())
+    rig.count(rig.stream())
+    results = rig.api.call("GET", f"/batches/{batch_id}/results")["json"]["data"]
+    assert [(r["status"], r["error_code"]) for r in results] == [("failed", "provider_batch_failed")] * 2
+    job = rig.jobs_store.get(batch_id, 0, 0)
+    assert job is not None
+    assert job.phase == "ended"
+    assert rig.batch(batch_id).status is BatchStatus.COMPLETED_WITH_ERRORS

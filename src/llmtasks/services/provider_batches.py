@@ -200,6 +200,14 @@ class ProviderBatches:
         try:
             self._look(batch, job, job.job_id, message, items)
         except LLMError as failed:
+            if failed.code == "llm_http_404":
+                # The provider has no such job (deleted there, or past its retention): nothing
+                # of it will come; its items fail with why, retryable as tasks.
+                logger.warning("provider job not found; its items fail", tag=job.tag)
+                gone = JobStatus(job.job_id, JobState.FAILED, "not_found", error=str(failed))
+                self._sweep(batch, sorted(self._parts(items)[part]), gone)
+                self._jobs.ended(job)
+                return
             if not failed.transient:
                 raise
             logger.warning("provider job not looked at; again later", tag=job.tag, code=failed.code)
