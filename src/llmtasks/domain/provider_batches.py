@@ -28,8 +28,10 @@ BATCH_API_PROVIDERS = frozenset({"openai", "mock"})
 LOOK_FIRST_S = 30
 LOOK_GROWTH = 1.5
 LOOK_MAX_S = 900
-# Results a look ends in one message; the rest go on in the next (delayed by nothing).
-INGEST_PAGE = 500
+# Results a look ends in one message; the rest go on in the next (delayed by nothing). Each
+# page reads the job's results from their start again (the provider's files are streamed, not
+# kept), so pages are large: a few minutes of writes at most.
+INGEST_PAGE = 2000
 # What an item the provider's window closed on fails with: retryable through POST .../retry.
 EXPIRED = "expired"
 # A job padded to a provider's fewest records repeats its first request under these ids.

@@ -270,7 +270,7 @@ class ProviderBatches:
             else:
                 self._end(task, outcome if isinstance(outcome, Completion) else None, outcome)
 
-        # In index order, a few at once: each item's end is a few writes, a page 500 items.
+        # In index order, a few at once: each item's end is a few writes, a page thousands of items.
         with ThreadPoolExecutor(INGEST_THREADS) as pool:
             list(pool.map(end, due))
 
