@@ -16,6 +16,7 @@ import pytest
 from llmtasks.api.openai_batch_files import ENDPOINTS, line_parser
 from llmtasks.aws.provider_jobs import ProviderJobs, job_key
 from llmtasks.aws.queues import Queue
+from llmtasks.aws.store import TaskStore
 from llmtasks.domain.batches import BatchStatus
 from llmtasks.domain.llm_request import LLMRequest
 from llmtasks.domain.messages import FanoutMessage
@@ -37,11 +38,14 @@ from llmtasks.llm.openai_batches import OpenAIBatchJobs
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchFanout
 from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
-from llmtasks.services.provider_batches import ProviderBatches
+from llmtasks.services.provider_batches import JobEnds, ProviderBatches
+from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from llmtasks_local.mock_llm import reply_text
 from tests.conftest import Aws, RunningMock
-from tests.helpers import blobs, eventually
+from tests.helpers import blobs, eventually, task_lanes
+from tests.unit.test_api import Api
+from tests.unit.test_background_runs import SECRET, completed_event, signed
 from tests.unit.test_batches import Rig, counters
 
 pytestmark = pytest.mark.unit
@@ -529,3 +533,35 @@ def test_a_job_the_provider_no_longer_has_fails_its_items(rig: ProviderRig) -> N
     assert job is not None
     assert job.phase == "ended"
     assert rig.batch(batch_id).status is BatchStatus.COMPLETED_WITH_ERRORS
+
+
+def test_the_provider_s_webhook_of_a_job_s_end_sends_its_look_at_once(
+    rig: ProviderRig, aws: Aws, handler: Any, settings: Settings
+) -> None:
+    secret = settings.model_copy(update={"openai_webhook_secret": SECRET})
+    # SubmitFunction's task service, wired as wiring/api.py wires it.
+    service = TaskService(
+        secret,
+        TaskStore(secret.tasks_table_name, aws.dynamodb),
+        task_lanes(secret, aws.sqs),
+        results=blobs(secret),
+        job_ended=JobEnds(rig.jobs_store, rig.looks).ended,
+    )
+    api = Api(aws, handler, service)
+    batch_id = rig.submit(items(2), mode="provider")["batch_id"]
+    rig.fan_out()
+    job = rig.jobs_store.get(batch_id, 0, 0)
+    assert job is not None
+    assert job.job_id is not None
+    event = completed_event(job.job_id) | {"type": "batch.completed"}
+    payload, headers = signed(event)
+    taken = api.call("POST", "/provider-webhooks/openai", raw=payload, headers=headers)
+    assert (taken["statusCode"], taken["json"]) == (200, {"woken": True})
+    [first, (now, delay)] = rig.looks.delays
+    assert (now.looks, delay, now.chunk, now.part) == (first[0].looks, 0, 0, 0)  # a copy, undelayed
+    payload, headers = signed(completed_event("batch_unknown") | {"type": "batch.completed"})
+    assert api.call("POST", "/provider-webhooks/openai", raw=payload, headers=headers)["json"] == {
+        "woken": False
+    }
+    rig.settle(batch_id)
+    assert rig.batch(batch_id).completed == 2

@@ -84,6 +84,33 @@ class ProviderJobs:
             raise BackendError(f"provider job {job.tag}: its item is gone")
         return stored
 
+    def note_provider_id(self, job: ProviderJob, job_id: str) -> None:
+        """Which job a provider's job id is (its webhook names the id alone): `pjobid#<id>`,
+        expiring with the batch."""
+        with dynamodb_errors("write"):
+            self._client.put_item(
+                TableName=self.table_name,
+                Item=serialize(
+                    {
+                        "pk": f"pjobid#{job_id}",
+                        "batch_id": job.batch_id,
+                        "chunk": job.chunk,
+                        "part": job.part,
+                        "expires_at": job.expires_at,
+                    }
+                ),
+            )
+
+    def of_provider_id(self, job_id: str) -> ProviderJob | None:
+        """The job the provider's id is, as stored; None for an id no batch sent."""
+        with dynamodb_errors("read"):
+            reply = self._client.get_item(TableName=self.table_name, Key={"pk": {"S": f"pjobid#{job_id}"}})
+        item = reply.get("Item")
+        if not item:
+            return None
+        noted = deserialize(item)
+        return self.get(str(noted["batch_id"]), int(noted["chunk"]), int(noted["part"]))
+
     def looked(self, job: ProviderJob, look: int, *, completed: int, failed: int) -> bool:
         """Look number `look` at the running job done, with the provider's counts (never
         lowered), on the job and on its batch's `provider_counts`; False when that look, or a

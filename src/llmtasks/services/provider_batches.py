@@ -130,6 +130,7 @@ class ProviderBatches:
                 self._provider.cancel(job_id)
                 continue
             logger.info("provider job sent", batch_id=batch.batch_id, chunk=chunk, part=part, job_id=job_id)
+            self._jobs.note_provider_id(stored, job_id)
             self._send_look(stored, 0)
 
     def _submit(
@@ -373,3 +374,25 @@ class ProviderBatches:
             for task in tasks.values():
                 if is_waiting(task):
                     self._cancel(task)
+
+
+class JobEnds:
+    """The provider's word that a job ended (its webhook: OpenAI's `batch.completed`, ...): a
+    look at the job sent at once instead of at its next backoff. It carries the job's look
+    count, so it is a copy of the chain's pending look and the later of the two is dropped."""
+
+    def __init__(self, jobs: ProviderJobs, queue: Queue) -> None:
+        self._jobs = jobs
+        self._queue = queue
+
+    def ended(self, job_id: str) -> bool:
+        """Whether a running job of a batch is `job_id` (then its look is sent)."""
+        job = self._jobs.of_provider_id(job_id)
+        if job is None or job.phase != "running":
+            return False
+        look = FanoutMessage(
+            batch_id=job.batch_id, chunk=job.chunk, part=job.part, action="look", looks=job.looks
+        )
+        self._queue.send(look)
+        logger.info("provider job ended: looked at now", batch_id=job.batch_id, tag=job.tag)
+        return True
