@@ -604,8 +604,9 @@ class Client:
     ) -> BatchView:
         """A new batch (`202`) of task bodies, each with an optional `custom_id`, or of the
         lines of a file `upload_batch_file` sent (its file id); `options`: webhook_url,
-        webhook_events, metadata, priority. An item's response_format may be a model class and
-        its parts LocalFiles, as `submit` takes them. Retried under one Idempotency-Key."""
+        webhook_events, metadata, priority, mode ("provider": the provider's batch jobs). An
+        item's response_format may be a model class and its parts LocalFiles, as `submit` takes
+        them. Retried under one Idempotency-Key."""
         body = self._uploaded(self._policy.batch_body(items, options))
         accepted = self._request("POST", "/batches", **self._policy.posted(body, idempotency_key))
         return self.get_batch(accepted["batch_id"])

@@ -239,6 +239,7 @@ class BatchView(_Reply):
     metadata: dict[str, Any] | None = None
     webhook: WebhookState | None = None
     retries: int = 0  # times its failed or cancelled items were run again (retry_batch)
+    mode: str = "tasks"  # provider: its items run as the provider's batch jobs
     events: int = 0  # its last event's number: follow_batch(after=events) reads on from this read
     usage: Usage | None = None  # its items' billed calls, summed
     input_file_id: str | None = None  # a batch made from an uploaded file

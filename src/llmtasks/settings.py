@@ -220,6 +220,9 @@ class SubmitSettings(ItemLimits, WebhookTargets, Prices):
     task_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     # Items a fan-out message creates (or cancels): one BatchFunction invocation's work.
     batch_chunk_size: int = Field(default=100, ge=1, le=1000)
+    # A provider batch's chunk: its items become tasks in one message and one or more provider
+    # jobs (split further by the provider's per-job limits). Larger: fewer jobs, longer messages.
+    provider_batch_chunk_size: int = Field(default=1000, ge=1, le=50_000)
     # After a rotation, the previous secret still signs (beside the new one) this long.
     webhook_secret_overlap_s: float = Field(default=24 * 3600, ge=0)
     # The secret (whsec_...) OpenAI signs its webhooks with: set, POST /provider-webhooks/openai
@@ -229,6 +232,12 @@ class SubmitSettings(ItemLimits, WebhookTargets, Prices):
 
 class FanoutSettings(ItemLimits, SubmitGrace, Prices):
     """A batch's fan-out into tasks (BatchFanout): BatchFunction."""
+
+    # The first look at a provider batch's job after it is sent; each later one waits 1.5 times
+    # longer, up to SQS's 900 s (domain/provider_batches.py).
+    provider_batch_look_s: float = Field(default=30.0, ge=0, le=900)
+    # A provider batch's answers longer than this go to ResultsBucket, as the worker's do.
+    max_inline_result_bytes: int = Field(default=100 * KIB, ge=0)
 
 
 class BedrockBatchSettings(SettingsSection):

@@ -23,7 +23,15 @@ from pydantic import ValidationError
 from llmtasks.api.openai_batch_files import file_ids
 from llmtasks.api.openai_requests import CompleteUpload, CreateBatch, CreateUpload
 from llmtasks.domain.batch_input import first_error
-from llmtasks.domain.batches import Batch, BatchFiles, BatchStatus, FileUpload, StoredFile, SubmitBatchRequest
+from llmtasks.domain.batches import (
+    Batch,
+    BatchFiles,
+    BatchStatus,
+    BatchView,
+    FileUpload,
+    StoredFile,
+    SubmitBatchRequest,
+)
 from llmtasks.domain.caller import Caller
 from llmtasks.domain.errors import ApiError, InvalidInput
 from llmtasks.domain.errors import FileNotFound as NoSuchFile
@@ -181,6 +189,7 @@ class OpenAIBatches:
                 metadata=described,
                 webhook_url=webhook_url,
                 webhook_format="openai" if webhook_url else None,
+                mode=body.mode,
             )
         except ValidationError as refused:
             raise InvalidInput(first_error(refused), field=str(refused.errors()[0]["loc"][0])) from None
@@ -217,6 +226,7 @@ class OpenAIBatches:
         created = int(batch.created_at)
         ended = int(batch.completed_at) if batch.completed_at else None
         status = _STATUSES[batch.status]
+        counts = BatchView.of(batch)  # a provider batch's: its jobs' counts while they run
         if status == "in_progress" and batch.all_ended:
             status = "finalizing"  # every request has ended; BatchFunction writes its files
         return {
@@ -240,8 +250,8 @@ class OpenAIBatches:
             "cancelled_at": ended if status == "cancelled" else None,
             "request_counts": {
                 "total": batch.total + invalid,
-                "completed": batch.completed,
-                "failed": batch.failed + invalid,
+                "completed": counts.completed,
+                "failed": counts.failed + invalid,
             },
             "metadata": described.get("metadata"),
         }

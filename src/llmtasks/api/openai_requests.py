@@ -46,6 +46,7 @@ from llmtasks.domain.llm_request import (
     ServiceTier,
 )
 from llmtasks.domain.models import WEBHOOK_URL_RULE, SubmitTaskRequest
+from llmtasks.domain.provider_batches import BatchMode
 from llmtasks.domain.runs import SubmitToolOutputs
 
 # OpenAI's metadata: up to 16 string values.
@@ -274,6 +275,11 @@ class CreateBatch(_Closed):
     completion_window: Literal["24h"]
     metadata: OpenAIMetadata | None = None
     webhook_url: OpenAIWebhookUrl | None = None
+    mode: BatchMode = Field(
+        default="tasks",
+        description="llmtasks' own (the SDK's extra_body): 'provider' runs the batch as the"
+        " provider's batch job, as POST /batches does; 'tasks', the default, as on-demand calls.",
+    )
 
 
 class CreateUpload(_Closed):

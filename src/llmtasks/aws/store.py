@@ -427,6 +427,50 @@ class TaskStore:
             keep_lease_until=True,
         )
 
+    def end_provider_item(
+        self,
+        task_id: str,
+        *,
+        status: TaskStatus,
+        now: float,
+        attempt: AttemptRecord,
+        completion: Completion | None = None,
+        result_ref: str | None = None,
+        error: str | None = None,
+        error_code: str | None = None,
+    ) -> bool:
+        """A provider batch's item (processing with no lease, never retried) ended with its job's
+        outcome: its answer, or its error; False when it is not so any more (cancelled, ended
+        by an earlier look): nothing is written over it."""
+        values: dict[str, Any] = _answer_values(completion, result_ref) if completion else {}
+        values |= {"usage": completion.usage.model_dump()} if completion else {}
+        values |= {"error": error, "error_code": error_code, "completed_at": now}
+        values = {k: v for k, v in values.items() if v is not None}
+        assignments = ", ".join(f"#{k} = :{k}" for k in values)
+        try:
+            self._update(
+                task_id,
+                returned="NONE",
+                update=f"SET #status = :status, {_REVISE}, {assignments},"
+                " attempt_log = list_append(if_not_exists(attempt_log, :no_attempts), :attempt)"
+                f" REMOVE {_LEASE_FIELDS}",
+                condition="#status = :processing AND attribute_not_exists(lease_id)"
+                " AND attribute_not_exists(retried_at)",
+                names={"#status": "status", **{f"#{k}": k for k in values}},
+                values={
+                    ":status": status.value,
+                    ":processing": TaskStatus.PROCESSING.value,
+                    ":zero": 0,
+                    ":one": 1,
+                    ":no_attempts": [],
+                    ":attempt": [attempt.model_dump(mode="json", exclude_none=True)],
+                    **{f":{k}": v for k, v in values.items()},
+                },
+            )
+        except _ConditionFailed:
+            return False
+        return True
+
     def note_provider_call(self, response_id: str, *, task_id: str, expires_at: int) -> None:
         """Which task a background call at the provider is (its webhook names the response
         alone): `providercall#<response id>`, expiring with the task."""

@@ -44,6 +44,7 @@ from llmtasks.domain.models import (
     _utc,
     parsed_output,
 )
+from llmtasks.domain.provider_batches import BatchMode, item_refusal, shown_counts
 from llmtasks.domain.usage import BatchSpend
 
 MAX_BATCH_ITEMS = 100_000
@@ -122,6 +123,13 @@ class SubmitBatchRequest(Strict):
     priority: Priority | None = Field(
         default=None, description="The items' priority, for those that do not give their own."
     )
+    mode: BatchMode = Field(
+        default="tasks",
+        description="'tasks': each item runs as an on-demand call (the default). 'provider': the"
+        " items are sent as the provider's own batch jobs (OpenAI's Batch API), answered within"
+        " 24 hours at its batch price; counts, results, cancel, retry and the webhook as for"
+        " 'tasks'. Refused (422) on a provider without a batch API.",
+    )
 
     @field_validator("items")
     @classmethod
@@ -135,6 +143,15 @@ class SubmitBatchRequest(Strict):
                     raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
                 seen.add(item.custom_id)
         return items
+
+    @model_validator(mode="after")
+    def _items_fit_a_provider_job(self) -> SubmitBatchRequest:
+        if self.mode == "provider":
+            for index, item in enumerate(self.items or []):
+                refusal = item_refusal(item.llm_request())
+                if refusal is not None:
+                    raise ValueError(f"items[{index}] {refusal}")
+        return self
 
     @model_validator(mode="after")
     def _items_or_a_file(self) -> SubmitBatchRequest:
@@ -257,6 +274,10 @@ class Batch(BaseModel):
     max_in_flight: int | None = None
     # Where its outcomes were written as it ended (see ends_in_files): its last end's.
     files: BatchFiles | None = None
+    mode: BatchMode = "tasks"  # provider: its chunks run as the provider's batch jobs
+    # A provider batch's jobs' request counts at their last look: "<chunk>-<part>" ->
+    # [completed, failed] (GET /batches/{id} shows them while the items are still processing).
+    provider_counts: dict[str, list[int]] | None = None
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -329,6 +350,9 @@ class BatchView(BaseModel):
     metadata: dict[str, Any] | None = None
     webhook: WebhookView | None = None
     retries: int = Field(default=0, description="Times its failed or cancelled items were run again.")
+    mode: BatchMode = Field(
+        default="tasks", description="How its items run: on-demand calls, or the provider's batch jobs."
+    )
     events: int = Field(
         default=0,
         description="Its last event's sequence number: pass it as `after` to GET /batches/{id}/events"
@@ -360,11 +384,15 @@ class BatchView(BaseModel):
 
     @classmethod
     def of(cls, batch: Batch, spend: BatchSpend | None = None) -> BatchView:
+        counts = {name: getattr(batch, name) for name in ITEM_COUNTS}
+        if batch.mode == "provider" and not batch.status.is_terminal and not batch.retries:
+            counts = shown_counts(counts, batch.total, batch.provider_counts)
         return cls(
             batch_id=batch.batch_id,
             status=batch.read_status,
             total=batch.total,
-            **{name: getattr(batch, name) for name in ITEM_COUNTS},
+            mode=batch.mode,
+            **counts,
             created_at=_at(batch.created_at),
             completed_at=_utc(batch.completed_at),
             expires_at=_at(batch.expires_at),

@@ -78,14 +78,21 @@ class TaskMessage(BaseModel):
 class FanoutMessage(BaseModel):
     """BatchFanoutQueue body: one chunk of a batch's items to create as tasks, to cancel, or to
     run again (a retry); a batch's input file to read (`read`, chunk 0); or an ended batch's
-    outcomes to write to its files before it ends (`files`, chunk 0)."""
+    outcomes to write to its files before it ends (`files`, chunk 0); or a look at one of a
+    provider batch's jobs (`look`, see domain/provider_batches.py)."""
 
     batch_id: str
     chunk: int
-    action: Literal["create", "cancel", "retry", "read", "files"] = "create"
+    action: Literal["create", "cancel", "retry", "read", "files", "look"] = "create"
     # Which retry of the batch a "retry" message runs (Batch.retries once asked), or whose end a
     # "files" message writes.
     retry: int = 0
+    # A provider batch's "look" at one of its chunk's jobs: which part, the job's looks before
+    # it (a look whose number the job has passed is a copy: dropped), and how many of the job's
+    # results earlier looks have ended items with already.
+    part: int = 0
+    looks: int = 0
+    offset: int = 0
 
 
 class WebhookMessage(BaseModel):

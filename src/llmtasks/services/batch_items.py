@@ -36,6 +36,7 @@ from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_outcomes import batch_task_id, read_chunk
 from llmtasks.services.counted_once import count_once
 from llmtasks.services.input_files import InputFiles
+from llmtasks.services.provider_batches import ProviderBatches
 from llmtasks.settings import FanoutSettings
 
 # Tasks written before their messages are sent: one TransactWriteItems (TaskStore.create_many),
@@ -68,6 +69,14 @@ def item_task(batch: Batch, index: int, item: BatchItem, *, cancelled_at: float 
     )
 
 
+def waiting_on_job(task: Task, now: float) -> Task:
+    """A provider batch's item as created: processing with no lease and on no lane, its one
+    attempt under way at the provider (sweeps and workers leave it alone: no message names it)."""
+    return task.model_copy(
+        update={"status": TaskStatus.PROCESSING, "attempts": 1, "started_at": now, "attempt_started_at": now}
+    )
+
+
 class BatchFanout:
     """What BatchFunction does with one BatchFanoutQueue message."""
 
@@ -83,8 +92,10 @@ class BatchFanout:
         results: ResultBlobs,
         budgets: KeyBudgets | None = None,
         inputs: BatchInputReader | None = None,
+        provider: ProviderBatches | None = None,
     ) -> None:
         self._settings = settings
+        self._provider = provider
         self._ends = ends
         self._inputs = inputs
         self._store = store
@@ -109,8 +120,8 @@ class BatchFanout:
             if message.chunk < max(batch.chunks, 1):  # a batch cancelled while validating has none
                 self._cancel_chunk(batch, message.chunk)
             self._ends.if_done(batch.batch_id)
-        elif message.action == "files":
-            self._ends.write_files(batch, message.retry)
+        elif message.action in ("files", "look"):
+            self._of_ended_work(batch, message)
         elif batch.status is BatchStatus.VALIDATING and fresh:
             # Its file's read sends the chunks' messages just before it counts the items.
             raise RetryLater(2, "the batch's input is not counted yet")
@@ -129,6 +140,22 @@ class BatchFanout:
         else:
             self._create_chunk(batch, message.chunk)
 
+    def _of_ended_work(self, batch: Batch, message: FanoutMessage) -> None:
+        """An ended batch's files to write, or a look at one of a provider batch's jobs."""
+        if message.action == "files":
+            self._ends.write_files(batch, message.retry)
+            return
+        items = self._items(batch, message.chunk)
+        self._providers(batch).look(batch, message, items)
+
+    def _providers(self, batch: Batch) -> ProviderBatches:
+        if self._provider is None:
+            raise BackendError(f"batch {batch.batch_id} runs as provider jobs: this stack sends none")
+        return self._provider
+
+    def _items(self, batch: Batch, chunk: int) -> list[tuple[int, BatchItem]]:
+        return list(zip(batch.indexes(chunk), read_chunk(self._results, batch, chunk), strict=True))
+
     def _read_input(self, batch: Batch) -> None:
         if batch.status is not BatchStatus.VALIDATING or self._inputs is None:
             logger.warning("a read of a batch not validating; dropped", batch_id=batch.batch_id)
@@ -142,20 +169,25 @@ class BatchFanout:
         message sent twice so costs a redelivery, never a second call (the claim's lease)."""
         cancelling = batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
         cancelled_at = self._clock() if cancelling else None
-        items = list(zip(batch.indexes(chunk), read_chunk(self._results, batch, chunk), strict=True))
+        provider = batch.mode == "provider"
+        items = self._items(batch, chunk)
         existing = self._store.get_many([batch_task_id(batch.batch_id, i) for i, _ in items])
         unclaimed = [
-            task for task in existing.values() if task.status is TaskStatus.PENDING and not task.revision
+            task
+            for task in existing.values()
+            if task.status is TaskStatus.PENDING and not task.revision and not provider
         ]
         created = [item_task(batch, i, item, cancelled_at=cancelled_at) for i, item in items]
         created = [task for task in created if task.task_id not in existing]
+        if provider and not cancelling:
+            created = [waiting_on_job(task, self._clock()) for task in created]
         if not cancelling:
             created = [self._reserved(batch, task) for task in created]
         over_budget = 0
         for start in range(0, len(created), WRITE_GROUP):
             stored = self._store.create_many(created[start : start + WRITE_GROUP])
             over_budget += sum(task.status is TaskStatus.FAILED for task in stored)
-            if not cancelling:
+            if not cancelling and not provider:
                 self._lanes.send_many([task for task in stored if task.status is TaskStatus.PENDING])
         if over_budget:
             self._store.usage.count_over_budget(batch.batch_id, over_budget, expires_at=batch.expires_at)
@@ -167,6 +199,8 @@ class BatchFanout:
                 emit(Metric.SUBMITTED, count, MetricUnit.Count, **dict(dimensions))
         if unclaimed and not cancelling:
             self._lanes.send_many(unclaimed)
+        if provider and not cancelling:
+            self._providers(batch).start(batch, chunk, items)
         logger.info(
             "batch chunk fanned out",
             batch_id=batch.batch_id,
@@ -208,6 +242,9 @@ class BatchFanout:
         return task
 
     def _cancel_chunk(self, batch: Batch, chunk: int) -> None:
+        if batch.mode == "provider":
+            self._providers(batch).cancel(batch, chunk, self._items(batch, chunk))
+            return
         cancelled = 0
         for index in batch.indexes(chunk):
             try:

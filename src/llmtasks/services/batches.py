@@ -47,6 +47,7 @@ from llmtasks.domain.errors import (
 from llmtasks.domain.input_files import INPUT_PURPOSES, pdf_pages, sniff_mime
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import TaskStatus, WebhookStatus, _at
+from llmtasks.domain.provider_batches import provider_refusal
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
@@ -200,6 +201,10 @@ class BatchService:
         return BatchSubmission(batch, replayed=replayed)
 
     def _check(self, tenant_id: str, body: SubmitBatchRequest) -> None:
+        if body.mode == "provider":
+            refusal = provider_refusal(self._settings.llm_provider)
+            if refusal is not None:
+                raise InvalidInput(refusal, field="mode")
         if body.input_file_id is not None:
             self._check_file(tenant_id, body.input_file_id)
         files = InputFiles(self._results)
@@ -249,7 +254,8 @@ class BatchService:
         input_format: str,
     ) -> Batch:
         now = self._clock()
-        chunk_size = self._settings.batch_chunk_size
+        provider = body.mode == "provider"
+        chunk_size = self._settings.provider_batch_chunk_size if provider else self._settings.batch_chunk_size
         lines = [item.model_dump_json(exclude_unset=True).encode() + b"\n" for item in body.items or []]
         offsets = [0]
         for start in range(0, len(lines), chunk_size):
@@ -280,6 +286,8 @@ class BatchService:
                 key_id=caller.key_id if caller is not None else None,
                 budget=caller.budget if caller is not None else None,
                 max_in_flight=caller.max_in_flight if caller is not None else None,
+                mode=body.mode,
+                provider_counts={} if provider else None,
                 input=BatchInput(file_id=body.input_file_id, format=input_format, priority=body.priority)
                 if body.input_file_id is not None
                 else None,

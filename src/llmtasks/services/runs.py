@@ -7,7 +7,7 @@ whose background call the provider's webhook says has ended."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from llmtasks.aws.queues import TaskLanes
 from llmtasks.aws.results import ResultBlobs
@@ -21,6 +21,8 @@ from llmtasks.domain.steps import RunStep, StepList, StepView, conversation
 from llmtasks.observability import logger, task_keys
 
 # OpenAI's webhook events that end a background response.
+# OpenAI's events of a batch's end: a provider batch's job looked at at once.
+BATCH_ENDED_EVENTS = frozenset({"batch.completed", "batch.failed", "batch.expired", "batch.cancelled"})
 ENDED_EVENTS = frozenset(
     {"response.completed", "response.failed", "response.cancelled", "response.incomplete"}
 )
@@ -39,7 +41,9 @@ class RunService:
         *,
         clock: Clock = time.time,
         openai_webhook_secret: str | None = None,
+        job_ended: Callable[[str], bool] | None = None,
     ) -> None:
+        self._job_ended = job_ended  # a provider batch's job the provider says ended
         self._store = store
         self._openai_webhook_secret = openai_webhook_secret
         self._lanes = lanes
@@ -136,7 +140,11 @@ class RunService:
         except (WebhookVerificationError, ValueError) as exc:
             raise Unauthorized(f"The webhook's signature does not verify ({exc}).") from None
         kind, data = event.get("type"), event.get("data")
-        if kind not in ENDED_EVENTS or not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            return False
+        if kind in BATCH_ENDED_EVENTS and self._job_ended is not None:
+            return self._job_ended(data["id"])
+        if kind not in ENDED_EVENTS:
             return False
         response_id = data["id"]
         task_id = self._store.task_of_provider_call(response_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
@@ -70,7 +71,9 @@ class TaskService:
         idempotency: IdempotencyKeys | None = None,
         limits: KeyLimits | None = None,
         budgets: KeyBudgets | None = None,
+        job_ended: Callable[[str], bool] | None = None,
     ) -> None:
+        self._job_ended = job_ended  # the provider's webhook of a provider batch's job
         self._settings = settings
         self._store = store
         self._lanes = lanes
@@ -152,6 +155,7 @@ class TaskService:
             self._results,
             clock=self._clock,
             openai_webhook_secret=self._settings.openai_webhook_secret,
+            job_ended=self._job_ended,
         )
 
     def _most_cost(self, body: SubmitTaskRequest, files: dict[str, FileFacts]) -> Decimal:

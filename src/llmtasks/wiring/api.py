@@ -5,14 +5,17 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmtasks.aws.idempotency import IdempotencyKeys
+from llmtasks.aws.provider_jobs import ProviderJobs
 from llmtasks.aws.queues import Queue
 from llmtasks.services.batches import BatchService
+from llmtasks.services.provider_batches import JobEnds
 from llmtasks.services.tasks import TaskService
 from llmtasks.services.webhook_controls import WebhookControls
 from llmtasks.settings import (
     ApiResources,
     BatchFanoutQueue,
     SubmitSettings,
+    TasksTable,
     WebhookQueue,
     resources,
     section,
@@ -45,6 +48,11 @@ def task_service() -> TaskService:
         idempotency=idempotency_keys(),
         limits=key_limits(),
         budgets=key_budgets(),
+        # OpenAI's webhook of a provider batch's job: a look at it sent at once.
+        job_ended=JobEnds(
+            ProviderJobs(resources(TasksTable).tasks_table_name, dynamodb()),
+            Queue(resources(BatchFanoutQueue).batch_fanout_queue_url, sqs()),
+        ).ended,
     )
 
 

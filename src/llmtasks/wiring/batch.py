@@ -5,13 +5,25 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmtasks.api.openai_batch_files import ENDPOINTS, OpenAIBatchFiles, line_parser
+from llmtasks.aws.provider_jobs import ProviderJobs
 from llmtasks.aws.queues import Queue
 from llmtasks.aws.task_counts import TaskCounts
+from llmtasks.domain.provider_batches import provider_refusal
+from llmtasks.llm.openai_batches import OpenAIBatchJobs
 from llmtasks.services.batch_inputs import BatchInputReader
 from llmtasks.services.batch_items import BatchEnds, BatchFanout, BatchProgress
 from llmtasks.services.batch_outcomes import BatchOutcomes
+from llmtasks.services.provider_batches import ProviderBatches
 from llmtasks.services.task_tally import TaskTally
-from llmtasks.settings import BatchFanoutQueue, BatchResources, FanoutSettings, TasksTable, resources, section
+from llmtasks.settings import (
+    BatchFanoutQueue,
+    BatchResources,
+    FanoutSettings,
+    LlmSettings,
+    TasksTable,
+    resources,
+    section,
+)
 from llmtasks.wiring import build_in_lambda, check_configuration
 from llmtasks.wiring.adapters import (
     batch_store,
@@ -51,6 +63,7 @@ def batch_fanout() -> BatchFanout:
         ends=batch_ends(),
         results=result_blobs(),
         budgets=key_budgets(),
+        provider=provider_batches(),
         inputs=BatchInputReader(
             section(FanoutSettings),
             batch_store(),
@@ -60,6 +73,22 @@ def batch_fanout() -> BatchFanout:
             parsers={endpoint: line_parser(endpoint) for endpoint in ENDPOINTS},
             limits=key_limits(),
         ),
+    )
+
+
+def provider_batches() -> ProviderBatches | None:
+    """A provider batch's jobs, on a stack whose provider has a batch API (else None: such a
+    batch is refused at submit)."""
+    llm = section(LlmSettings)
+    if provider_refusal(llm.llm_provider) is not None:
+        return None
+    return ProviderBatches(
+        section(FanoutSettings),
+        task_store(),
+        ProviderJobs(resources(TasksTable).tasks_table_name, dynamodb()),
+        OpenAIBatchJobs.from_settings(llm),
+        batch_fanout_queue(),
+        result_blobs(),
     )
 
 
