@@ -42,6 +42,9 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
         "Powertools reads a record when its conditional put does not return the one in the way"
     ),
     ("WorkerFunction", "secretsmanager:GetSecretValue", "*"): "the LLM key, with LlmApiKeySecretArn set",
+    ("BatchFunction", "secretsmanager:GetSecretValue", "*"): (
+        "the LLM key for a provider batch's jobs, with LlmApiKeySecretArn set"
+    ),
     ("WorkerFunction", "bedrock:InvokeModel", "*"): "LlmProvider=bedrock",
     ("WorkerFunction", "bedrock:InvokeModelWithResponseStream", "*"): "LlmProvider=bedrock, streamed",
     ("BatchFunction", "bedrock:CreateModelInvocationJob", "*"): "LlmProvider=bedrock, a provider batch",
