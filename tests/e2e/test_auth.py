@@ -109,12 +109,16 @@ def test_a_good_key_s_decision_is_cached_for_the_ttl(auth_stack: RunningStack) -
     time.sleep(AUTH_CACHE_S)  # real time is the point: the cache's TTL
     before = settled(auth_stack)
     with auth_stack.client(key) as client:
+        started = time.monotonic()
         for _ in range(5):
             assert client.get("/tasks").status_code == 200
+        span_s = time.monotonic() - started
     after = settled(auth_stack)
     assert after["StatusFunction"] - before["StatusFunction"] == 5
-    # Five requests within the TTL of one decision (a second one if the TTL ran out mid-way)
-    assert 1 <= after["AuthorizerFunction"] - before["AuthorizerFunction"] <= 2
+    # One decision, and another only once a whole TTL has passed since the last: a loaded
+    # machine's five requests can take several TTLs, quiet ones well under one.
+    decisions = after["AuthorizerFunction"] - before["AuthorizerFunction"]
+    assert 1 <= decisions <= 1 + int(span_s // AUTH_CACHE_S), (decisions, span_s)
 
 
 def test_health_and_the_docs_need_no_key(auth_stack: RunningStack) -> None:

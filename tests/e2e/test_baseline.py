@@ -13,7 +13,7 @@ import redis
 
 from llmtasks_local.mock_llm import reply_text
 from tests.conftest import RunningMock
-from tests.helpers import ROOT, eventually
+from tests.helpers import HANG_S, ROOT, eventually
 
 sys.path.insert(0, str(ROOT / "bench"))
 from baseline import running_baseline
@@ -28,7 +28,17 @@ def test_the_baseline_runs_tasks_through_celery_and_redis(mock_llm: RunningMock)
             reply = client.post("/tasks", json={"prompt": f"baseline {i}"})
             assert reply.status_code == 202, reply.text
             ids[reply.json()["task_id"]] = f"baseline {i}"
-        done = {task_id: client.get(f"/tasks/{task_id}", params={"wait": 20}).json() for task_id in ids}
+        # Each read until its task has ended: a loaded machine's Celery worker can take longer
+        # than one long poll
+        done = {
+            task_id: eventually(
+                lambda task_id=task_id: client.get(f"/tasks/{task_id}", params={"wait": 5}).json(),
+                lambda task: task["status"] in ("completed", "failed"),
+                timeout_s=HANG_S,
+                what=f"task {task_id} ended",
+            )
+            for task_id in ids
+        }
         assert {task["status"] for task in done.values()} == {"completed"}
         assert all(done[task_id]["result"] == reply_text(prompt) for task_id, prompt in ids.items())
         assert mock_llm.stats.calls == 5
@@ -37,12 +47,12 @@ def test_the_baseline_runs_tasks_through_celery_and_redis(mock_llm: RunningMock)
         # A 500 is retried
         mock_llm.configure(rate_500=1.0)
         retried = client.post("/tasks", json={"prompt": "retried"}).json()["task_id"]
-        eventually(lambda: mock_llm.stats.errors_500, lambda n: n >= 1, timeout_s=20, what="a 500")
+        eventually(lambda: mock_llm.stats.errors_500, lambda n: n >= 1, timeout_s=HANG_S, what="a 500")
         mock_llm.configure(rate_500=0.0)
         task = eventually(
             lambda: client.get(f"/tasks/{retried}", params={"wait": 5}).json(),
             lambda t: t["status"] == "completed",
-            timeout_s=30,
+            timeout_s=HANG_S,
             what="the retried task completed",
         )
         assert task["result"] == reply_text("retried")

@@ -27,7 +27,7 @@ import pytest
 
 from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.e2e.conftest import start_stack, still_running
-from tests.helpers import WebhookReceiver, eventually, serve
+from tests.helpers import HANG_S, WebhookReceiver, eventually, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.load, pytest.mark.crash]
 
@@ -162,7 +162,7 @@ def test_a_crash_at_a_random_moment_loses_no_accepted_task(
         delivered = eventually(
             lambda: {json.loads(d.body)["data"]["task_id"] for d in hook.deliveries},
             lambda seen: hooked <= seen,
-            timeout_s=60,
+            timeout_s=HANG_S,
             every_s=0.5,
             what="every webhook task's delivery",
         )

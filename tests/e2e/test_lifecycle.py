@@ -25,7 +25,7 @@ def read_task(client: httpx.Client, task_id: str) -> Callable[[], dict[str, Any]
     return read
 
 
-def wait_for(client: httpx.Client, task_id: str, status: str, timeout_s: float = 15) -> dict[str, Any]:
+def wait_for(client: httpx.Client, task_id: str, status: str, timeout_s: float = HANG_S) -> dict[str, Any]:
     return eventually(read_task(client, task_id), lambda t: t["status"] == status, timeout_s=timeout_s)
 
 
@@ -99,6 +99,7 @@ def test_a_task_that_cannot_finish_in_time_fails_with_deadline_exceeded(fresh_mo
     # The call was cut at the deadline: the mock's 10 s stream never reached its end
     assert fresh_mock.mock_stats()["completed"] == 0
     assert fresh_mock.mock_stats()["outcomes_by_prompt"] == {"hurry": ["ok"]}
-    # and the provider saw the caller go away (the mock stops waiting when its client does)
-    time.sleep(0.5)
-    assert fresh_mock.mock_stats()["in_flight"] == 0
+    # and the provider saw the caller go away (the mock stops waiting when its client does): its
+    # call ends unanswered, however long a loaded machine takes to tell it
+    eventually(fresh_mock.mock_stats, lambda stats: stats["in_flight"] == 0, timeout_s=HANG_S)
+    assert fresh_mock.mock_stats()["completed"] == 0

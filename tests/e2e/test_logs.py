@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 
 from tests.e2e.conftest import RunningStack, start_stack
 from tests.e2e.test_local_stack import wait_terminal
-from tests.helpers import HANG_S, WebhookReceiver, serve
+from tests.helpers import HANG_S, WebhookReceiver, eventually, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +121,13 @@ def test_one_task_s_life_carries_its_task_id_on_every_line_and_the_request_id_as
             task_id, request_id = reply.json()["task_id"], reply.headers["apigw-requestid"]
             assert wait_terminal(client, task_id)["status"] == "completed"
             hook.wait_for(1)
-            time.sleep(0.5)  # the delivery's own lines
+            # The delivery's own lines, written once the receiver has answered
+            eventually(
+                fresh.log.read_text,
+                lambda log: '"webhook delivered"' in log,
+                timeout_s=HANG_S,
+                what="the delivery's log line",
+            )
     finally:
         fresh.stop()
     lines = [json.loads(line) for line in fresh.log.read_text().splitlines() if line.startswith('{"level"')]

@@ -281,7 +281,7 @@ def test_a_cancelled_batch_ends_cancelled_with_its_unrun_requests_in_the_error_f
     eventually(
         lambda: client.batches.retrieve(created.id),
         lambda seen: seen.status == "in_progress",
-        timeout_s=60,
+        timeout_s=HANG_S,
         every_s=0.5,
         what=f"{created.id} in progress",
     )

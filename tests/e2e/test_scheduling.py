@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import RunningStack, start_stack, still_running
-from tests.helpers import eventually
+from tests.helpers import HANG_S, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.load]
 
@@ -110,7 +110,7 @@ def test_a_quiet_tenant_and_a_high_priority_task_overtake_another_tenant_s_backl
         eventually(
             lambda: len(pending_now(flood) & set(backlog)),
             lambda still_pending: still_pending <= FLOOD - 10,
-            timeout_s=60,
+            timeout_s=HANG_S,
             what="the flood's first calls running",
         )
         quiet_ids = submit_all(quiet, [{"prompt": f"quiet {i}"} for i in range(3)])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import resource
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,7 +102,13 @@ def test_a_second_ctrl_c_stops_at_once_and_the_cut_calls_run_again_after_a_resta
         ids = [client.post("/tasks", json={"prompt": f"cut {i}"}).json()["task_id"] for i in range(2)]
     eventually(lambda: mock.stats.in_flight, lambda n: n == 2, timeout_s=HANG_S, what="both calls in flight")
     first.process.send_signal(signal.SIGINT)
-    time.sleep(1)
+    # The second SIGINT once the first is taken (two sent before its handler ran are one)
+    eventually(
+        lambda: "Stopping: the calls in flight" in first.log.read_text(),
+        bool,
+        timeout_s=HANG_S,
+        what="the first SIGINT taken",
+    )
     assert first.stop() == 0  # the second SIGINT
     # It ended before either call was answered: it waited out neither the grace nor the calls.
     assert mock.stats.completed == 0

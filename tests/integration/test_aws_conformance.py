@@ -483,7 +483,8 @@ def test_sqs_concurrent_receives_hand_each_message_to_one_poller(remote: dict[st
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=HANG_S)
+    assert not [thread for thread in threads if thread.is_alive()]
     received += visible(remote, url)
     assert errors == []
     assert {body for body, n in Counter(received).items() if n > 1} == set()
@@ -629,8 +630,10 @@ def test_streams_starting_position(
     stop = threading.Event()
     source = StreamSource("F", "S", arn, starting_position=position)
     poller = StreamPoller(source, FunctionRuntime(toy_function(tmp_path, STREAM_RECORDER)), client, stop)
+    reading = threading.Event()  # its first read, once it has taken every shard's iterator
+    client.meta.events.register("before-call.dynamodb-streams.GetRecords", lambda **_: reading.set())
     poller.start()
-    time.sleep(1)  # the poller has taken its iterators
+    assert reading.wait(HANG_S)
     put(remote, "after")
     run_pollers(poller, stop, lambda: "after" in stream_keys(tmp_path))
     assert stream_keys(tmp_path) == expected

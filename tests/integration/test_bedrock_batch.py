@@ -35,7 +35,7 @@ from llmtasks.llm.bedrock_batch import (
 from llmtasks_local.emulator.processes import stop
 from llmtasks_local.moto_patches import bedrock_batch as emulator_patterns
 from llmtasks_local.moto_patches import bedrock_batch_run as emulator
-from tests.helpers import local_client, moto_endpoint
+from tests.helpers import HANG_S, local_client, moto_endpoint
 from tests.integration.test_durable_state import Endpoint
 
 pytestmark = pytest.mark.integration
@@ -90,7 +90,7 @@ class Stack:
     def wait(self, arn: str, *, until: frozenset[str] = emulator.ENDED) -> tuple[dict[str, Any], list[str]]:
         """The job once its status is in `until`, and every status seen on the way."""
         seen: list[str] = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:
             job: dict[str, Any] = self.bedrock.get_model_invocation_job(jobIdentifier=arn)
             if not seen or seen[-1] != job["status"]:
@@ -310,7 +310,7 @@ def jobs_of(stack: Stack) -> BedrockBatchJobs:
 
 
 def ended(jobs: BedrockBatchJobs, job_id: str) -> JobStatus:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         status = jobs.look(job_id)
         if status.state.is_ended:

@@ -44,6 +44,7 @@ from llmtasks_local.sam.template import Template
 from tests.conftest import RunningMock
 from tests.helpers import (
     EVENTS,
+    HANG_S,
     ROOT,
     TEMPLATE,
     WebhookReceiver,
@@ -406,7 +407,7 @@ def test_invoke_stops_a_handler_at_its_timeout_and_its_late_write_never_lands(to
     # The sandbox was killed at the deadline, not left to finish: its process is gone, so
     # nothing of it can write the file.
     pid = int((toy_template.parent / "code" / "pid").read_text())
-    eventually(lambda: not process_exists(pid), bool, timeout_s=5, what="the sandbox's process gone")
+    eventually(lambda: not process_exists(pid), bool, timeout_s=HANG_S, what="the sandbox's process gone")
     assert not (toy_template.parent / "code" / "late").exists()
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from llmtasks_local.emulator.launcher import LaunchedStack, launch
-from tests.helpers import ROOT, endpoint_or_moto, local_client
+from tests.helpers import HANG_S, ROOT, endpoint_or_moto, eventually, local_client
 
 # Integration (the LocalStack suite runs it with SQS there) and end-to-end: each case starts the
 # whole stack, so make test-fast (no end-to-end stack) leaves it to make test.
@@ -39,7 +39,13 @@ def test_a_task_runs_with_sqs_on_its_own_endpoint_and_the_rest_on_moto(sqs_endpo
     try:
         with stack.client() as client:
             task_id = client.post("/tasks", json={"prompt": "split"}).json()["task_id"]
-            task = client.get(f"/tasks/{task_id}", params={"wait": 20}).json()
+            # Read until it has ended: a loaded machine's cold starts can outlast one long poll
+            task = eventually(
+                lambda: client.get(f"/tasks/{task_id}", params={"wait": 5}).json(),
+                lambda task: task["status"] in ("completed", "failed", "cancelled"),
+                timeout_s=HANG_S,
+                what="the task ended",
+            )
         assert task["status"] == "completed", task
         assert "llmtasks-local-TaskQueue" in queue_names(sqs_endpoint)
         assert queue_names(stack.endpoint) == set()  # the embedded moto holds no queue

@@ -22,7 +22,7 @@ from llmtasks_local.emulator.moto_server import STREAM_RECORDS_PATH
 from llmtasks_local.emulator.processes import listen_on, spawn_moto_server, stop
 from llmtasks_local.emulator.ttl import TtlSweeper, TtlTable, expired_on
 from llmtasks_local.moto_patches import serving
-from tests.helpers import local_client
+from tests.helpers import HANG_S, local_client
 
 pytestmark = pytest.mark.integration
 STOCK_LINE = "running on stock moto: slower, never wrong"
@@ -217,7 +217,8 @@ def test_stock_moto_hands_each_message_to_one_of_many_pollers(stock_endpoint: st
     for poller in pollers:
         poller.start()
     for poller in pollers:
-        poller.join(timeout=60)
+        poller.join(timeout=HANG_S)
+    assert not [poller for poller in pollers if poller.is_alive()]
 
     assert sorted(received) == sorted(f"m{i}" for i in range(100))  # each once
 

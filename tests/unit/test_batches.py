@@ -42,6 +42,7 @@ from llmtasks_local.sam.events import pattern_matcher, stream_record
 from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock
 from tests.helpers import (
+    HANG_S,
     blobs,
     count_tasks,
     emf_records,
@@ -313,7 +314,7 @@ def test_counts_stay_exact_when_records_come_in_pieces_and_some_are_replayed(
         runs[0] += rig.run_items()
         return runs[0]
 
-    eventually(run_due, lambda done: done >= 6, timeout_s=20, every_s=0.2, what="six retries run")
+    eventually(run_due, lambda done: done >= 6, timeout_s=HANG_S, every_s=0.2, what="six retries run")
     second = rig.stream()
     every = first + second
     half = len(every) // 2

@@ -36,7 +36,7 @@ from llmtasks.services.batches import BatchService
 from llmtasks.services.tasks import TaskService
 from llmtasks.settings import Settings
 from tests.conftest import StackSettings
-from tests.helpers import blobs, eventually, serve, task_lanes
+from tests.helpers import HANG_S, blobs, eventually, serve, task_lanes
 from tests.unit.test_worker import Worker
 
 pytestmark = pytest.mark.unit
@@ -192,7 +192,7 @@ def test_the_worker_retries_a_throttled_bedrock_call_and_completes_the_task(
         assert worker.run_queued(llm=bedrock, **unstreamed) == {"batchItemFailures": []}
         throttled = worker.task(task_id)
         assert (throttled.status, throttled.last_error_code) == (TaskStatus.PENDING, RATE_LIMITED)
-        retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+        retry = eventually(worker.queued, bool, timeout_s=HANG_S, what="the retry's message")
         assert worker.run(retry, llm=bedrock, **unstreamed) == {"batchItemFailures": []}
     done = worker.task(task_id)
     assert (done.status, done.result, done.attempts, done.model) == (

@@ -16,7 +16,7 @@ from llmtasks.domain.models import Lease, TaskStatus, WebhookStatus
 from llmtasks.ops.deadletters import DeadLetters
 from llmtasks.ops.deployment import QUEUES, Deployment, QueueName
 from tests.conftest import Aws
-from tests.helpers import pending_task
+from tests.helpers import HANG_S, pending_task
 
 pytestmark = pytest.mark.unit
 
@@ -122,7 +122,7 @@ def test_a_redrive_during_a_listing_waits_for_it_and_moves_every_message(aws: Aw
 
         def change_message_visibility_batch(self, **request: Any) -> Any:
             listing_holds_them.set()
-            assert release.wait(10)
+            assert release.wait(HANG_S)
             return aws.sqs.change_message_visibility_batch(**request)
 
     deployment = Deployment(
@@ -134,15 +134,17 @@ def test_a_redrive_during_a_listing_waits_for_it_and_moves_every_message(aws: Aw
     dead_letters = DeadLetters(deployment, dynamodb=aws.dynamodb, sqs=SlowToShowAgain())  # type: ignore[arg-type]
     listing = threading.Thread(target=dead_letters.letters, args=("tasks",))
     listing.start()
-    assert listing_holds_them.wait(10)
+    assert listing_holds_them.wait(HANG_S)
     redrives: list[Any] = []
     redriving = threading.Thread(target=lambda: redrives.append(dead_letters.redrive("tasks")))
     redriving.start()
     redriving.join(0.5)
     assert redriving.is_alive()  # it waits for the listing to show the messages again
     release.set()
-    listing.join(10)
-    redriving.join(10)
+    listing.join(HANG_S)
+    redriving.join(HANG_S)
+    assert not listing.is_alive()
+    assert not redriving.is_alive()
     [redrive] = redrives
     assert (redrive.messages, redrive.requeued_tasks) == (1, ["t1"])
 

@@ -20,7 +20,7 @@ from llmtasks.llm.keys import KeyPool, LlmEndpoint
 from llmtasks.llm.openai import OpenAIChat
 from llmtasks.settings import default_price_table
 from tests.conftest import RunningMock
-from tests.helpers import eventually
+from tests.helpers import HANG_S, eventually
 from tests.unit.test_worker import Worker
 
 pytestmark = pytest.mark.unit
@@ -177,7 +177,7 @@ def test_a_flex_task_waits_out_resource_unavailable_without_spending_retries_and
     task_id = worker.submit("[mock:flex-unavailable=2] sort me", service_tier="flex", max_retries=0)
     for _ in range(2):
         # When its call is refused, the task is back on its queue, its attempt given back
-        assert worker.run(eventually(worker.queued, bool, timeout_s=10, what="the task's message")) == {
+        assert worker.run(eventually(worker.queued, bool, timeout_s=HANG_S, what="the task's message")) == {
             "batchItemFailures": []
         }
         waiting = worker.task(task_id)
@@ -186,7 +186,7 @@ def test_a_flex_task_waits_out_resource_unavailable_without_spending_retries_and
             FLEX_UNAVAILABLE,
             0,
         )
-    worker.run(eventually(worker.queued, bool, timeout_s=10, what="the third delivery"))
+    worker.run(eventually(worker.queued, bool, timeout_s=HANG_S, what="the third delivery"))
     # Then it completes, priced at the flex price (the two refusals billed nothing)
     done = worker.task(task_id)
     assert done.status is TaskStatus.COMPLETED
@@ -234,7 +234,7 @@ def test_a_flex_task_whose_message_comes_back_after_its_timeout_fails_as_a_flex_
     assert (waiting.status, waiting.last_error_code) == (TaskStatus.PENDING, FLEX_UNAVAILABLE)
     # When its message comes back after its timeout_s ran out
     worker.clock = lambda: waiting.created_at + 31
-    worker.run(eventually(worker.queued, bool, timeout_s=10, what="the task's message"))
+    worker.run(eventually(worker.queued, bool, timeout_s=HANG_S, what="the task's message"))
     # Then it fails without a call, saying it waited for flex capacity
     failed = worker.task(task_id)
     assert (failed.status, failed.error_code) == (TaskStatus.FAILED, FLEX_UNAVAILABLE)

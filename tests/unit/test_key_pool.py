@@ -23,7 +23,7 @@ from llmtasks.llm.openai import OpenAIChat
 from llmtasks.settings import Settings
 from llmtasks_local.mock_llm import MockConfig, MockLLM
 from tests.conftest import Aws, RunningMock
-from tests.helpers import eventually, serve
+from tests.helpers import HANG_S, eventually, serve
 from tests.unit.test_worker import Worker
 
 pytestmark = pytest.mark.unit
@@ -211,7 +211,7 @@ def test_calls_go_to_keys_with_room_and_the_rest_wait_on_the_queue_without_a_429
     # (within the minute: when the first key has room for sure, at the latest)
     assert all(t.next_attempt_at < time.time() + 61 for t in waiting)
     # Then each comes back with its message once its key may have room, and runs when it has
-    give_up = time.monotonic() + 60
+    give_up = time.monotonic() + HANG_S  # past the minute the last may wait, and its run
     while any(worker.task(i).status is not TaskStatus.COMPLETED for i in ids) and time.monotonic() < give_up:
         if messages := worker.queued():
             assert worker.run(messages, llm=llm) == {"batchItemFailures": []}
@@ -315,7 +315,7 @@ def test_a_waiting_task_is_due_when_its_message_comes_however_late_its_release_i
     # When its message comes back, the seconds it was delayed after it was sent
     now[0] = due[-1]
     messages: list[dict[str, object]] = []
-    give_up = time.monotonic() + 15
+    give_up = time.monotonic() + HANG_S
     while not messages and time.monotonic() < give_up:
         messages = worker.queued()
         time.sleep(0.2)

@@ -60,10 +60,11 @@ def test_a_reader_gets_every_chunk_once_in_order_while_the_call_runs_then_the_en
     task_id = worker.submit(prompt)
     thread = run_in_background(worker, progress_interval_s=0.3)
     # When a reader follows the output from the start
-    first = worker.service.output("default", task_id, after=0, wait_s=5)
+    first = first_chunks(worker, task_id)
     running_when_first_chunk_came = thread.is_alive()
     pages = [first, *follow(worker, task_id, first.after)]
-    thread.join(timeout=30)
+    thread.join(timeout=HANG_S)
+    assert not thread.is_alive()
     chunks = chunks_of(pages)
     whole = reply_text(prompt, 600)
     # Then it got chunks while the call ran, each once, numbered 1, 2, ..., that add up to the result
@@ -115,7 +116,7 @@ def a_first_attempt_broken_after_some_chunks(
     assert first.chunks
     assert not first.final
     mock_llm.configure(latency_s=retry_latency_s, reply_chars=400)
-    return task_id, eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+    return task_id, eventually(worker.queued, bool, timeout_s=HANG_S, what="the retry's message")
 
 
 def test_a_retried_attempt_writes_its_text_again_in_chunks_numbered_on(

@@ -37,7 +37,7 @@ from llmtasks.settings import Settings
 from llmtasks.worker.runner import TaskRunner
 from llmtasks_local.sam.provision import local_deployment
 from tests.conftest import Aws, RunningMock, lambda_context
-from tests.helpers import ToolEndpoint, blobs, count_tasks, emf_records, eventually, serve
+from tests.helpers import HANG_S, ToolEndpoint, blobs, count_tasks, emf_records, eventually, serve
 from tests.unit.test_worker import CrashingLLM, Worker, redelivered
 
 pytestmark = pytest.mark.unit
@@ -72,7 +72,7 @@ class RunWorker(Worker):
 
     def deliver(self) -> dict[str, Any]:
         """The queued messages (a resume's is delayed a second) handed to the worker."""
-        messages = eventually(self.queued, bool, timeout_s=10, every_s=0.2)
+        messages = eventually(self.queued, bool, timeout_s=HANG_S, every_s=0.2)
         return self.run(messages)
 
 

@@ -75,7 +75,7 @@ def test_a_stream_cut_off_halfway_is_retried_like_a_dropped_call(
         None,
     )
     mock_llm.configure(reply_chars=200)
-    retry = eventually(worker.queued, bool, timeout_s=10, what="the retry's message")
+    retry = eventually(worker.queued, bool, timeout_s=HANG_S, what="the retry's message")
     worker.run(retry, progress_interval_s=0.1)
     assert worker.task(task_id).result == reply_text("a stream that breaks", 200)
 
@@ -87,7 +87,7 @@ def test_cancelling_a_streaming_task_stops_its_call(worker: Worker, mock_llm: Ru
     eventually(
         lambda: worker.service.get("default", task_id).progress_at,
         bool,
-        timeout_s=5,
+        timeout_s=HANG_S,
         what="a first progress write",
     )
     worker.service.cancel("default", task_id)

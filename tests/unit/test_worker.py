@@ -799,7 +799,7 @@ def test_a_call_given_up_before_its_answer_is_counted_gone_at_the_mock(mock_llm:
     eventually(
         lambda: dict(mock_llm.stats.outcomes_by_prompt),
         lambda seen: seen == {"slow ok": ["gone"], "slow 500": ["gone"]},
-        timeout_s=10,
+        timeout_s=HANG_S,
         what="both calls counted gone",
     )
 
