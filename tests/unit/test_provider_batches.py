@@ -47,6 +47,7 @@ from tests.helpers import blobs, eventually, task_lanes
 from tests.unit.test_api import Api
 from tests.unit.test_background_runs import SECRET, completed_event, signed
 from tests.unit.test_batches import Rig, counters
+from tests.unit.test_input_files import PNG, upload_file
 
 pytestmark = pytest.mark.unit
 CHUNK = 4
@@ -346,17 +347,18 @@ def test_a_provider_batch_is_refused_where_the_provider_has_no_batch_api(
 
 
 def test_an_item_naming_an_uploaded_file_is_refused_in_a_provider_batch(rig: ProviderRig) -> None:
-    item = {
-        "messages": [
-            {
-                "role": "user",
-                "content": [{"type": "image_url", "image_url": {"file_id": "file-" + "0" * 32}}],
-            }
-        ]
-    }
-    reply = rig.api.call("POST", "/batches", {"items": [item], "mode": "provider"})
+    def item(file_id: str) -> dict[str, Any]:
+        part = {"type": "image_url", "image_url": {"file_id": file_id}}
+        return {"messages": [{"role": "user", "content": [part]}]}
+
+    # A file the tenant has is still no line of a provider's job: 422, saying so
+    uploaded = upload_file(rig, PNG, "vision")["json"]["id"]
+    reply = rig.api.call("POST", "/batches", {"items": [item(uploaded)], "mode": "provider"})
     assert reply["statusCode"] == 422
     assert "uploaded files" in reply["json"]["detail"]
+    # One it does not have is a 404, as in any batch
+    unknown = rig.api.call("POST", "/batches", {"items": [item("file-" + "0" * 32)], "mode": "provider"})
+    assert unknown["statusCode"] == 404
 
 
 def test_v1_batches_takes_the_mode_and_answers_in_openai_s_files(rig: ProviderRig) -> None:

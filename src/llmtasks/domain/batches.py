@@ -44,7 +44,7 @@ from llmtasks.domain.models import (
     _utc,
     parsed_output,
 )
-from llmtasks.domain.provider_batches import BatchMode, item_refusal, shown_counts
+from llmtasks.domain.provider_batches import BatchMode, shown_counts
 from llmtasks.domain.usage import BatchSpend
 
 MAX_BATCH_ITEMS = 100_000
@@ -143,15 +143,6 @@ class SubmitBatchRequest(Strict):
                     raise ValueError(f"items[{index}].custom_id '{item.custom_id}' is used twice")
                 seen.add(item.custom_id)
         return items
-
-    @model_validator(mode="after")
-    def _items_fit_a_provider_job(self) -> SubmitBatchRequest:
-        if self.mode == "provider":
-            for index, item in enumerate(self.items or []):
-                refusal = item_refusal(item.llm_request())
-                if refusal is not None:
-                    raise ValueError(f"items[{index}] {refusal}")
-        return self
 
     @model_validator(mode="after")
     def _items_or_a_file(self) -> SubmitBatchRequest:

@@ -47,7 +47,7 @@ from llmtasks.domain.errors import (
 from llmtasks.domain.input_files import INPUT_PURPOSES, pdf_pages, sniff_mime
 from llmtasks.domain.messages import FanoutMessage
 from llmtasks.domain.models import TaskStatus, WebhookStatus, _at
-from llmtasks.domain.provider_batches import provider_refusal
+from llmtasks.domain.provider_batches import item_refusal, provider_refusal
 from llmtasks.domain.rules import check_limits, check_metadata, is_task_id
 from llmtasks.domain.usage import BatchSpend
 from llmtasks.observability import logger
@@ -211,6 +211,11 @@ class BatchService:
         for index, item in enumerate(body.items or []):
             check_limits(item, self._settings.size_limits, where=f"items[{index}]")
             files.check(tenant_id, item.llm_request(), where=f"items[{index}]")
+            # After the files are found (an unknown one is a 404, whatever the mode): a known one
+            # is still no line of a provider's job.
+            refusal = item_refusal(item.llm_request()) if body.mode == "provider" else None
+            if refusal is not None:
+                raise InvalidInput(f"items[{index}] {refusal}", field=f"items[{index}]")
         if body.metadata is not None:
             check_metadata(body.metadata, self._settings.size_limits)
         if body.webhook_url is not None:
